@@ -1,0 +1,49 @@
+# miaohui — two commands on a fresh machine: `make run` and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+HOST   ?= 127.0.0.1
+PORT   ?= 8000
+GRPC_PORT ?= 8001
+PYTEST_ARGS ?=
+
+.PHONY: install run prepare test test-fast lint format bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml scripts/install.sh
+	PYTHON=$(PYTHON) VENV=$(VENV) bash scripts/install.sh
+	touch $(STAMP)
+
+## Build the default engines if missing (trains the intent model on first run), then serve.
+run: $(STAMP)
+	$(BIN)/miaohui prepare
+	$(BIN)/miaohui serve --host $(HOST) --port $(PORT) --grpc-port $(GRPC_PORT)
+
+prepare: $(STAMP)
+	$(BIN)/miaohui prepare
+
+## The CPU test suite (what CI runs). Real models, real engines, real servers on localhost.
+test: $(STAMP)
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+## Quick loop while developing: skips the tests marked slow.
+test-fast: $(STAMP)
+	$(BIN)/pytest -m "not slow" $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/mypy
+
+format: $(STAMP)
+	$(BIN)/ruff check --fix src tests benchmarks
+	$(BIN)/ruff format src tests benchmarks
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/bench_intent_cpu.py
+
+clean:
+	rm -rf var .pytest_cache .mypy_cache .ruff_cache

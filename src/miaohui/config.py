@@ -1,0 +1,184 @@
+"""Build configuration: what changes the compiled graph, with ``compute_hash()`` for build keys.
+
+Shape profiles use TensorRT's min/opt/max vocabulary. The CLI syntax is
+``input_ids:1x1,8x64,32x128`` (min, opt, max); several inputs are separated by ``;``.
+Inputs that share named dynamic axes with a given input (``attention_mask`` shares
+``batch`` and ``sequence`` with ``input_ids``) inherit its ranges.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from miaohui.errors import ConfigError
+
+Backend = Literal["onnxruntime", "tensorrt", "tensorrt-rtx", "inductor", "torch"]
+Precision = Literal["fp32", "fp16", "bf16", "int8"]
+CalibrationMethod = Literal["minmax", "entropy", "percentile"]
+
+BACKENDS: tuple[str, ...] = ("onnxruntime", "tensorrt", "tensorrt-rtx", "inductor", "torch")
+PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "bf16", "int8")
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class InputRange(Frozen):
+    """min/opt/max shape of one input (an optimization profile entry)."""
+
+    min: tuple[int, ...]
+    """Smallest shape a request may have."""
+    opt: tuple[int, ...]
+    """Shape the builder tunes for."""
+    max: tuple[int, ...]
+    """Largest shape a request may have; larger requests are rejected with a clear error."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> InputRange:
+        if not (len(self.min) == len(self.opt) == len(self.max)):
+            raise ConfigError(
+                f"shape profile ranks differ: min={_fmt(self.min)} opt={_fmt(self.opt)} max={_fmt(self.max)}",
+                "give min, opt and max with the same number of dimensions, e.g. 1x1,8x64,32x128",
+            )
+        for lo, mid, hi in zip(self.min, self.opt, self.max, strict=True):
+            if lo < 1:
+                raise ConfigError(f"shape profile has a dimension {lo} < 1 in min={_fmt(self.min)}",
+                                  "every dimension must be at least 1")
+            if not lo <= mid <= hi:
+                raise ConfigError(
+                    f"shape profile is not ordered: min={_fmt(self.min)} opt={_fmt(self.opt)} "
+                    f"max={_fmt(self.max)}",
+                    "each dimension must satisfy min <= opt <= max",
+                )
+        return self
+
+    def contains(self, shape: tuple[int, ...]) -> bool:
+        return len(shape) == len(self.min) and all(
+            lo <= s <= hi for s, lo, hi in zip(shape, self.min, self.max, strict=True)
+        )
+
+    def __str__(self) -> str:
+        return f"{_fmt(self.min)},{_fmt(self.opt)},{_fmt(self.max)}"
+
+
+def _fmt(shape: tuple[int, ...]) -> str:
+    return "x".join(str(d) for d in shape)
+
+
+def _parse_dims(text: str, where: str) -> tuple[int, ...]:
+    try:
+        dims = tuple(int(d) for d in text.lower().split("x"))
+    except ValueError:
+        raise ConfigError(
+            f"cannot read shape {text!r} in {where!r}", "write shapes as NxM, e.g. input_ids:1x1,8x64,32x128"
+        ) from None
+    return dims
+
+
+def parse_shapes(spec: str) -> dict[str, InputRange]:
+    """Parse ``name:min,opt,max[;name:min,opt,max]`` into per-input ranges."""
+    ranges: dict[str, InputRange] = {}
+    for part in filter(None, (p.strip() for p in spec.split(";"))):
+        name, sep, rest = part.partition(":")
+        pieces = rest.split(",") if sep else []
+        if not sep or not name or len(pieces) != 3:
+            raise ConfigError(
+                f"cannot read shape profile {part!r}",
+                "use NAME:MIN,OPT,MAX, e.g. input_ids:1x1,8x64,32x128 (several inputs separated by ';')",
+            )
+        lo, mid, hi = (_parse_dims(p, part) for p in pieces)
+        ranges[name.strip()] = InputRange(min=lo, opt=mid, max=hi)
+    if not ranges:
+        raise ConfigError(f"empty shape profile {spec!r}", "give at least one NAME:MIN,OPT,MAX")
+    return ranges
+
+
+def format_shapes(ranges: dict[str, InputRange]) -> str:
+    return ";".join(f"{name}:{r}" for name, r in ranges.items())
+
+
+class CalibrationConfig(Frozen):
+    """INT8 calibration: which statistic sets each tensor's range, and on how much text."""
+
+    method: CalibrationMethod = "percentile"
+    """``minmax`` (absolute range), ``entropy`` (KL-divergence threshold, TensorRT's classic choice)
+    or ``percentile`` (clip outliers at ``percentile``)."""
+    percentile: float = Field(default=99.999, gt=50.0, le=100.0)
+    """Percentile of |x| kept when method is ``percentile``."""
+    num_samples: int = Field(default=256, ge=8, le=100_000)
+    """Representative texts fed through the model to collect ranges."""
+    per_channel: bool = True
+    """Per-output-channel weight scales (more accurate; supported by ORT and TensorRT)."""
+    quantize_embeddings: bool = True
+    """Also store the (large) embedding tables as int8 with a gather-side dequantize."""
+
+
+class BuildConfig(Frozen):
+    """Everything that changes the compiled graph. Its hash is part of the build key."""
+
+    backend: Backend = "onnxruntime"
+    """Which engine builder to use."""
+    precision: Precision = "fp32"
+    """Numeric precision of the graph."""
+    shapes: dict[str, InputRange] = Field(default_factory=dict)
+    """Dynamic shape profile per input; empty means the export spec's defaults."""
+    calibration: CalibrationConfig = Field(default_factory=CalibrationConfig)
+    """INT8 only: calibration settings."""
+    target: str | None = None
+    """GPU target for TensorRT builds, e.g. ``sm86`` (A10) or ``sm89`` (L4); None = this machine."""
+    opt_level: int = Field(default=3, ge=0, le=5)
+    """Builder optimization level (TensorRT builder level; ORT: >=1 basic, >=2 extended, >=3 all)."""
+    autotune: bool = True
+    """inductor: max-autotune GEMM selection."""
+
+    @field_validator("target")
+    @classmethod
+    def _target(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        v = v.lower().replace(".", "")
+        if v.startswith("sm"):
+            v = v[2:]
+        if not v.isdigit() or len(v) not in (2, 3):
+            raise ConfigError(f"unknown target {v!r}", "use a compute capability such as sm80, sm86, sm89 or sm120")
+        return f"sm{v}"
+
+    @model_validator(mode="after")
+    def _cross(self) -> BuildConfig:
+        if self.backend == "onnxruntime" and self.precision in ("fp16", "bf16"):
+            raise ConfigError(
+                f"precision {self.precision} with backend onnxruntime (CPU)",
+                "ONNX Runtime's CPU kernels are fp32/int8; use --precision int8 or fp32, "
+                "or a GPU backend (tensorrt, tensorrt-rtx, inductor) for fp16/bf16",
+            )
+        if self.backend in ("tensorrt", "tensorrt-rtx") and self.precision == "bf16":
+            # TensorRT supports bf16 from 9.0 on; kept explicit so the error is ours if the library refuses.
+            pass
+        if self.target is not None and self.backend not in ("tensorrt", "tensorrt-rtx"):
+            raise ConfigError(
+                f"--target {self.target} with backend {self.backend}",
+                "a target is chosen only for TensorRT builds; other backends build for this machine",
+            )
+        if self.backend == "inductor" and self.precision == "int8":
+            raise ConfigError("precision int8 with backend inductor",
+                              "use fp16 or bf16 on the GPU (int8 is the CPU / TensorRT path)")
+        return self
+
+    def compute_hash(self) -> str:
+        """Digest of exactly the fields that change the compiled graph."""
+        fields = self.model_dump(mode="json")
+        if self.precision != "int8":
+            fields.pop("calibration")
+        if self.backend != "inductor":
+            fields.pop("autotune")
+        return digest_json(fields)
+
+
+def digest_json(obj: object) -> str:
+    text = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode()).hexdigest()

@@ -1,0 +1,60 @@
+"""miaohui's own errors. Each says what was wrong (the value) and how to fix it."""
+
+from __future__ import annotations
+
+
+class MiaohuiError(Exception):
+    """Base class. ``fix`` is a sentence telling the user what to do."""
+
+    def __init__(self, message: str, fix: str | None = None) -> None:
+        self.message = message
+        self.fix = fix
+        super().__init__(f"{message} — {fix}" if fix else message)
+
+
+class ConfigError(MiaohuiError):
+    """A configuration value is invalid or inconsistent."""
+
+
+class ShapeError(MiaohuiError):
+    """An input's shape or dtype does not match the engine's profile."""
+
+
+class UnsupportedOperatorError(MiaohuiError):
+    """The graph holds operators the chosen backend cannot build."""
+
+
+class ExportError(MiaohuiError):
+    """Export to ONNX failed or the exported graph disagrees with PyTorch."""
+
+
+class BuildError(MiaohuiError):
+    """An engine build failed; no artifact was written."""
+
+
+class ArtifactError(MiaohuiError):
+    """An engine artifact is missing, corrupt, truncated or made for another machine."""
+
+
+class BackendUnavailableError(MiaohuiError):
+    """The backend's library is not installed or cannot run on this machine."""
+
+
+class ValidationGateError(MiaohuiError):
+    """An engine failed the validation gate."""
+
+
+class ModelNotFoundError(MiaohuiError):
+    """No model (or version) of that name is in the repository."""
+
+
+class QueueFullError(MiaohuiError):
+    """The model's queue is full; the request was rejected (HTTP 429)."""
+
+
+class DeadlineExceededError(MiaohuiError):
+    """The request's deadline passed before it was answered (HTTP 504)."""
+
+
+class InputError(MiaohuiError):
+    """A request's input is invalid (HTTP 400)."""

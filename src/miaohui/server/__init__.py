@@ -1,0 +1,1 @@
+"""miaohui.server"""
