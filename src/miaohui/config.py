@@ -47,8 +47,10 @@ class InputRange(Frozen):
             )
         for lo, mid, hi in zip(self.min, self.opt, self.max, strict=True):
             if lo < 1:
-                raise ConfigError(f"shape profile has a dimension {lo} < 1 in min={_fmt(self.min)}",
-                                  "every dimension must be at least 1")
+                raise ConfigError(
+                    f"shape profile has a dimension {lo} < 1 in min={_fmt(self.min)}",
+                    "every dimension must be at least 1",
+                )
             if not lo <= mid <= hi:
                 raise ConfigError(
                     f"shape profile is not ordered: min={_fmt(self.min)} opt={_fmt(self.opt)} "
@@ -145,7 +147,9 @@ class BuildConfig(Frozen):
         if v.startswith("sm"):
             v = v[2:]
         if not v.isdigit() or len(v) not in (2, 3):
-            raise ConfigError(f"unknown target {v!r}", "use a compute capability such as sm80, sm86, sm89 or sm120")
+            raise ConfigError(
+                f"unknown target {v!r}", "use a compute capability such as sm80, sm86, sm89 or sm120"
+            )
         return f"sm{v}"
 
     @model_validator(mode="after")
@@ -165,8 +169,10 @@ class BuildConfig(Frozen):
                 "a target is chosen only for TensorRT builds; other backends build for this machine",
             )
         if self.backend == "inductor" and self.precision == "int8":
-            raise ConfigError("precision int8 with backend inductor",
-                              "use fp16 or bf16 on the GPU (int8 is the CPU / TensorRT path)")
+            raise ConfigError(
+                "precision int8 with backend inductor",
+                "use fp16 or bf16 on the GPU (int8 is the CPU / TensorRT path)",
+            )
         return self
 
     def compute_hash(self) -> str:

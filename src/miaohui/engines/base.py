@@ -150,9 +150,9 @@ class Engine(abc.ABC):
                 )
             if spec.profile is not None and not spec.profile.contains(tuple(arr.shape)):
                 shape = "x".join(map(str, arr.shape))
+                lo, hi = ("x".join(map(str, s)) for s in (spec.profile.min, spec.profile.max))
                 raise ShapeError(
-                    f"input {spec.name!r} has shape {shape}, outside the engine's profile "
-                    f"min {'x'.join(map(str, spec.profile.min))} .. max {'x'.join(map(str, spec.profile.max))}",
+                    f"input {spec.name!r} has shape {shape}, outside the profile min {lo} .. max {hi}",
                     "split the batch, truncate the sequence, or rebuild with a larger --shapes max",
                 )
 

@@ -1,0 +1,128 @@
+"""A trained model on disk: ``miaohui-model.json`` + ``model.safetensors`` + ``tokenizer.json``.
+
+This is the *source* every engine is built from; its digest is part of every build key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from safetensors.torch import load_file, save_file
+from tokenizers import Tokenizer
+from transformers import BertConfig, BertModel
+
+from miaohui.errors import ArtifactError
+from miaohui.models.intent import IntentClassifier, SentenceEncoder
+
+META_NAME = "miaohui-model.json"
+WEIGHTS_NAME = "model.safetensors"
+TOKENIZER_NAME = "tokenizer.json"
+
+
+class ModelMeta(BaseModel):
+    """What a checkpoint is: architecture, labels, tokenizer limits, how it was trained."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["intent", "encoder"]
+    """``intent`` (logits over labels) or ``encoder`` (normalized sentence embeddings)."""
+    base: str
+    """Backbone it was made from, e.g. ``e5-small`` or ``minilm``."""
+    bert_config: dict[str, Any]
+    labels: list[str] = Field(default_factory=list)
+    max_length: int = 128
+    """Longest token sequence (special tokens included) the model accepts."""
+    train: dict[str, Any] = Field(default_factory=dict)
+    """Training settings and dev metrics, for the record."""
+
+
+@dataclass
+class LoadedModel:
+    path: Path
+    meta: ModelMeta
+    module: torch.nn.Module
+    tokenizer: Tokenizer
+    digest: str
+
+
+def save_checkpoint(path: Path, module: torch.nn.Module, meta: ModelMeta, tokenizer: Tokenizer) -> Path:
+    """Write atomically: a temp dir next to ``path`` renamed into place."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        state = {k: v.detach().contiguous() for k, v in module.state_dict().items()}
+        save_file(state, str(tmp / WEIGHTS_NAME))
+        (tmp / TOKENIZER_NAME).write_text(tokenizer.to_str(), encoding="utf-8")
+        (tmp / META_NAME).write_text(meta.model_dump_json(indent=2), encoding="utf-8")
+        if path.exists():
+            shutil.rmtree(path)
+        os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return path
+
+
+def read_meta(path: Path) -> ModelMeta:
+    meta_file = Path(path) / META_NAME
+    if not meta_file.is_file():
+        raise ArtifactError(
+            f"{path} is not a miaohui model (no {META_NAME})",
+            "train one with `miaohui train-intent` or point at a model directory",
+        )
+    try:
+        return ModelMeta.model_validate_json(meta_file.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise ArtifactError(
+            f"{meta_file} is damaged: {exc}", "retrain or restore the model directory"
+        ) from exc
+
+
+def model_digest(path: Path) -> str:
+    """sha256 over the checkpoint's files (meta, weights, tokenizer)."""
+    h = hashlib.sha256()
+    for name in (META_NAME, WEIGHTS_NAME, TOKENIZER_NAME):
+        with open(Path(path) / name, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 22), b""):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def build_module(meta: ModelMeta, attn_implementation: str = "sdpa") -> torch.nn.Module:
+    config = BertConfig(**meta.bert_config)
+    config._attn_implementation = attn_implementation
+    encoder = BertModel(config, add_pooling_layer=False)
+    if meta.kind == "intent":
+        return IntentClassifier(encoder, num_labels=len(meta.labels))
+    return SentenceEncoder(encoder)
+
+
+def load_checkpoint(path: Path, attn_implementation: str = "sdpa") -> LoadedModel:
+    """Load a checkpoint in eval mode. ``attn_implementation='eager'`` for ONNX export."""
+    path = Path(path)
+    meta = read_meta(path)
+    module = build_module(meta, attn_implementation)
+    try:
+        state = load_file(str(path / WEIGHTS_NAME))
+        module.load_state_dict(state)
+        tokenizer = Tokenizer.from_file(str(path / TOKENIZER_NAME))
+    except Exception as exc:
+        raise ArtifactError(
+            f"cannot load model {path}: {exc}", "retrain or restore the model directory"
+        ) from exc
+    module.eval()
+    return LoadedModel(path=path, meta=meta, module=module, tokenizer=tokenizer, digest=model_digest(path))
+
+
+def meta_json(meta: ModelMeta) -> str:
+    return json.dumps(meta.model_dump(mode="json"), ensure_ascii=False)

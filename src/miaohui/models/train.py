@@ -1,0 +1,221 @@
+"""``miaohui train-intent``: fine-tune encoder + head on the project's intent data, on CPU, in minutes.
+
+The bottom ``L - trainable_layers`` encoder layers are frozen; their outputs are computed once
+(:class:`FrozenPrefix`), so an epoch runs only the top layers and the head.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from torch import nn
+from transformers import BertModel
+
+from miaohui.models.checkpoint import ModelMeta, save_checkpoint
+from miaohui.models.intent import IntentClassifier, mean_pool
+from miaohui.nlp.normalize import normalize_text
+from miaohui.nlp.tokenizer import TextTokenizer, pad_batch, truncate_ids
+from miaohui.zoo.backbones import load_backbone
+from miaohui.zoo.intents import LABELS, IntentExample, load_split
+
+
+class TrainConfig(BaseModel):
+    """Fine-tuning settings. Defaults reach ≥ 92 % dev accuracy with e5-small in a few CPU minutes."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    backbone: str = "e5-small"
+    """Encoder to start from (``e5-small`` or ``minilm``)."""
+    epochs: int = Field(default=8, ge=1, le=100)
+    batch_size: int = Field(default=32, ge=1, le=1024)
+    lr_encoder: float = Field(default=8e-5, gt=0)
+    """Learning rate of the fine-tuned encoder layers."""
+    lr_head: float = Field(default=3e-3, gt=0)
+    warmup: float = Field(default=0.1, ge=0, lt=1)
+    """Fraction of steps with linear warm-up."""
+    max_length: int = Field(default=128, ge=8, le=512)
+    """Longest sequence the model accepts at serving time; training truncates to ``train_length``."""
+    train_length: int = Field(default=64, ge=8, le=512)
+    trainable_layers: int = Field(default=4, ge=0, le=48)
+    """Top encoder layers that are fine-tuned (the rest are frozen and cached)."""
+    seed: int = 0
+    threads: int = Field(default=2, ge=1)
+
+
+@dataclass
+class EvalReport:
+    accuracy: float
+    per_label: dict[str, float]
+    n: int
+
+
+def _progress(enabled: bool) -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.fields[stage]}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+        disable=not enabled,
+    )
+
+
+def _token_ids(tok: TextTokenizer, texts: list[str], length: int) -> list[list[int]]:
+    return [truncate_ids(ids, length) for ids in tok.token_ids([normalize_text(t) for t in texts])]
+
+
+def _additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[B, T] 0/1 → [B, 1, 1, T] additive mask (0 keep, dtype-min drop), as BERT layers consume it."""
+    return (1.0 - mask[:, None, None, :].to(dtype)) * torch.finfo(dtype).min
+
+
+class FrozenPrefix:
+    """Hidden states after the frozen layers, one [T_i, H] tensor per example, computed once."""
+
+    def __init__(self, model: IntentClassifier, ids: list[list[int]], frozen: int, pad_id: int) -> None:
+        self.states: list[torch.Tensor] = [torch.empty(0)] * len(ids)
+        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+        enc = model.encoder
+        with torch.inference_mode():
+            for start in range(0, len(order), 64):
+                rows = order[start : start + 64]
+                a, m = (torch.from_numpy(x) for x in pad_batch([ids[i] for i in rows], pad_id))
+                h = enc.embeddings(input_ids=a)
+                ext = _additive_mask(m, h.dtype)
+                for layer in enc.encoder.layer[:frozen]:
+                    h = _run_layer(layer, h, ext)
+                for r, i in enumerate(rows):
+                    self.states[i] = h[r, : len(ids[i])].clone()
+
+    def batch(self, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        width = max(self.states[i].shape[0] for i in rows)
+        hidden = self.states[rows[0]].shape[1]
+        h = torch.zeros(len(rows), width, hidden)
+        m = torch.zeros(len(rows), width, dtype=torch.long)
+        for r, i in enumerate(rows):
+            n = self.states[i].shape[0]
+            h[r, :n] = self.states[i]
+            m[r, :n] = 1
+        return h, m
+
+
+def _run_layer(layer: nn.Module, h: torch.Tensor, ext_mask: torch.Tensor) -> torch.Tensor:
+    out = layer(h, attention_mask=ext_mask)
+    return out[0] if isinstance(out, tuple) else out
+
+
+def _top_forward(model: IntentClassifier, h: torch.Tensor, m: torch.Tensor, frozen: int) -> torch.Tensor:
+    ext = _additive_mask(m, h.dtype)
+    for layer in model.encoder.encoder.layer[frozen:]:
+        h = _run_layer(layer, h, ext)
+    return model.head(model.dropout(mean_pool(h, m)))
+
+
+@torch.inference_mode()
+def evaluate(
+    model: IntentClassifier, tok: TextTokenizer, data: list[IntentExample], length: int
+) -> EvalReport:
+    """Accuracy of the full model (no cache) on ``data``, overall and per label."""
+    model.eval()
+    hits: dict[str, list[int]] = defaultdict(list)
+    for start in range(0, len(data), 64):
+        batch = data[start : start + 64]
+        a, m = (
+            torch.from_numpy(x)
+            for x in pad_batch(_token_ids(tok, [x.text for x in batch], length), tok.pad_id)
+        )
+        pred = model(a, m).argmax(-1).tolist()
+        for ex, p in zip(batch, pred, strict=True):
+            hits[ex.intent].append(int(LABELS[p] == ex.intent))
+    total = sum(sum(v) for v in hits.values())
+    return EvalReport(
+        accuracy=total / max(1, len(data)),
+        per_label={k: sum(v) / len(v) for k, v in sorted(hits.items())},
+        n=len(data),
+    )
+
+
+def train_intent(cfg: TrainConfig, out_dir: Path, progress: bool = True) -> tuple[Path, EvalReport]:
+    """Fine-tune, evaluate on the dev split, save a checkpoint to ``out_dir``."""
+    torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    rng = random.Random(cfg.seed)
+    encoder, raw_tok = load_backbone(cfg.backbone)
+    tok = TextTokenizer(raw_tok, cfg.max_length)
+    model = IntentClassifier(encoder, len(LABELS))
+    n_layers = len(encoder.encoder.layer)
+    frozen = n_layers - min(cfg.trainable_layers, n_layers)
+    for p in list(encoder.embeddings.parameters()) + list(encoder.encoder.layer[:frozen].parameters()):
+        p.requires_grad_(False)
+    train, dev = load_split("train"), load_split("dev")
+    targets = torch.tensor([LABELS.index(x.intent) for x in train])
+
+    started = time.perf_counter()
+    model.eval()
+    cache = FrozenPrefix(
+        model, _token_ids(tok, [x.text for x in train], cfg.train_length), frozen, tok.pad_id
+    )
+    trainable = [p for n, p in model.named_parameters() if p.requires_grad and not n.startswith("head.")]
+    opt = torch.optim.AdamW(
+        [{"params": trainable, "lr": cfg.lr_encoder}, {"params": model.head.parameters(), "lr": cfg.lr_head}],
+        weight_decay=0.01,
+    )
+    steps = cfg.epochs * math.ceil(len(train) / cfg.batch_size)
+    warm = max(1, int(cfg.warmup * steps))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min((s + 1) / warm, max(0.0, (steps - s) / max(1, steps - warm)))
+    )
+    loss_fn = nn.CrossEntropyLoss(label_smoothing=0.05)
+    with _progress(progress) as bar:
+        task = bar.add_task("", total=steps, stage="train-intent")
+        for epoch in range(cfg.epochs):
+            model.train()
+            order = list(range(len(train)))
+            rng.shuffle(order)
+            for start in range(0, len(order), cfg.batch_size):
+                rows = order[start : start + cfg.batch_size]
+                h, m = cache.batch(rows)
+                loss = loss_fn(_top_forward(model, h, m, frozen), targets[rows])
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                opt.step()
+                sched.step()
+                bar.update(
+                    task, advance=1, description=f"epoch {epoch + 1}/{cfg.epochs} loss {loss.item():.3f}"
+                )
+    seconds = time.perf_counter() - started
+    report = evaluate(model, tok, dev, cfg.max_length)
+    meta = ModelMeta(
+        kind="intent",
+        base=cfg.backbone,
+        bert_config=_bert_config(encoder),
+        labels=list(LABELS),
+        max_length=cfg.max_length,
+        train={
+            "config": cfg.model_dump(),
+            "seconds": round(seconds, 1),
+            "dev_accuracy": report.accuracy,
+            "dev_per_label": report.per_label,
+            "n_train": len(train),
+            "n_dev": len(dev),
+        },
+    )
+    save_checkpoint(out_dir, model, meta, raw_tok)
+    return out_dir, report
+
+
+def _bert_config(encoder: BertModel) -> dict[str, object]:
+    cfg = encoder.config.to_dict()
+    drop = ("transformers_version", "architectures", "_attn_implementation_autoset", "dtype", "torch_dtype")
+    for key in drop:
+        cfg.pop(key, None)
+    return cfg
