@@ -53,8 +53,7 @@ class InputRange(Frozen):
                 )
             if not lo <= mid <= hi:
                 raise ConfigError(
-                    f"shape profile is not ordered: min={_fmt(self.min)} opt={_fmt(self.opt)} "
-                    f"max={_fmt(self.max)}",
+                    f"shape profile is not ordered: min={_fmt(self.min)} opt={_fmt(self.opt)} max={_fmt(self.max)}",
                     "each dimension must satisfy min <= opt <= max",
                 )
         return self
@@ -147,9 +146,7 @@ class BuildConfig(Frozen):
         if v.startswith("sm"):
             v = v[2:]
         if not v.isdigit() or len(v) not in (2, 3):
-            raise ConfigError(
-                f"unknown target {v!r}", "use a compute capability such as sm80, sm86, sm89 or sm120"
-            )
+            raise ConfigError(f"unknown target {v!r}", "use a compute capability such as sm80, sm86, sm89 or sm120")
         return f"sm{v}"
 
     @model_validator(mode="after")

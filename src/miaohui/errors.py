@@ -58,3 +58,7 @@ class DeadlineExceededError(MiaohuiError):
 
 class InputError(MiaohuiError):
     """A request's input is invalid (HTTP 400)."""
+
+
+class UnavailableError(MiaohuiError):
+    """The server or model is shutting down or not ready (HTTP 503)."""

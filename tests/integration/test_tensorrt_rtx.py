@@ -110,9 +110,7 @@ def custom_op_onnx(tmp_path_factory: pytest.TempPathFactory) -> Path:
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 4])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", 4])],
     )
-    model = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.acme", 1)]
-    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.acme", 1)])
     path = tmp_path_factory.mktemp("custom") / "custom.onnx"
     onnx.save(model, str(path))
     return path
@@ -154,9 +152,7 @@ def test_build_sm86_fp32(tiny_onnx: Path, tmp_path: Path) -> None:
         ("input_ids", "int64", ["batch", "sequence"]),
         ("attention_mask", "int64", ["batch", "sequence"]),
     ]
-    assert [(t["name"], t["dtype"], t["dims"][-1]) for t in facts["outputs"]] == [
-        ("logits", "float32", LABELS)
-    ]
+    assert [(t["name"], t["dtype"], t["dims"][-1]) for t in facts["outputs"]] == [("logits", "float32", LABELS)]
     # the facts fit the manifest models
     Target(**facts["target"])
     TensorSpec(**facts["inputs"][0], profile=RANGE)
@@ -356,18 +352,14 @@ def test_compatibility_check_messages() -> None:
     runnable = list(trt_engine.rtx_targets(trt_engine.trt_module(FLAVOR)))
     check = trt_engine._check_compatibility
     check(FLAVOR, "sm86", "1.7.1.116", "sm86", "NVIDIA A10", "1.7.1.116", runnable)  # same: no error
-    with pytest.raises(
-        ArtifactError, match=r"built for sm86 with TensorRT-RTX 1\.7\.1\.116; this GPU is sm89"
-    ) as e:
+    with pytest.raises(ArtifactError, match=r"built for sm86 with TensorRT-RTX 1\.7\.1\.116; this GPU is sm89") as e:
         check(FLAVOR, "sm86", "1.7.1.116", "sm89", "NVIDIA L4", "1.7.1.116", runnable)
     assert "--target sm89" in (e.value.fix or "")
     with pytest.raises(ArtifactError, match=r"TensorRT-RTX 1\.6\.0"):
         check(FLAVOR, "sm86", "1.6.0.1", "sm86", "NVIDIA A10", "1.7.1.116", runnable)
     with pytest.raises(BackendUnavailableError, match=r"sm90 .*cannot run on"):
         check(FLAVOR, "sm86", "1.7.1.116", "sm90", "NVIDIA H200", "1.7.1.116", runnable)
-    with pytest.raises(
-        ArtifactError, match="this GPU is sm90"
-    ):  # full TensorRT: any GPU, but not another's plan
+    with pytest.raises(ArtifactError, match="this GPU is sm90"):  # full TensorRT: any GPU, but not another's plan
         check("tensorrt", "sm86", "10.9.0", "sm90", "NVIDIA H200", "10.9.0", None)
 
 

@@ -15,8 +15,7 @@ from miaohui.errors import ConfigError, DeadlineExceededError, InputError, Miaoh
 from miaohui.serving.batcher import BatcherConfig, BatcherObserver, DynamicBatcher
 
 SHUTDOWN = (
-    "batcher for 'model' is stopping; the request was not computed — "
-    "retry the request later or on another replica"
+    "batcher for 'model' is stopping; the request was not computed — retry the request later or on another replica"
 )
 
 QUEUED_LATE = (
@@ -110,9 +109,7 @@ async def hold(batcher: DynamicBatcher[int, int], engine: FakeEngine) -> asyncio
     return blocker
 
 
-async def queue(
-    batcher: DynamicBatcher[int, int], items: Sequence[tuple[int, int]]
-) -> list[asyncio.Task[int]]:
+async def queue(batcher: DynamicBatcher[int, int], items: Sequence[tuple[int, int]]) -> list[asyncio.Task[int]]:
     """Submit (payload, length) pairs as tasks and wait until all are queued."""
     before = batcher.queue_depth
     tasks = [asyncio.create_task(batcher.submit(p, n)) for p, n in items]
@@ -337,9 +334,7 @@ async def test_default_timeout_and_past_deadlines() -> None:
     async with serve(engine, max_queue_delay_ms=0, default_timeout_ms=20) as (batcher, recorder):
         with pytest.raises(DeadlineExceededError, match="passed while computing"):
             await batcher.submit(1, 1)
-        with pytest.raises(
-            DeadlineExceededError, match="ms before it was submitted — give a deadline in the"
-        ):
+        with pytest.raises(DeadlineExceededError, match="ms before it was submitted — give a deadline in the"):
             await batcher.submit(2, 1, deadline=time.monotonic() - 0.001)
     assert engine.batches == [[1]]
     assert recorder.rejects == ["deadline", "deadline"]
@@ -412,8 +407,7 @@ async def test_wrong_number_of_results_is_an_error_not_a_hang() -> None:
             await batcher.submit(2, 1)
         assert await batcher.submit(3, 1) == 3
     assert str(info.value) == (
-        "run_batch returned 0 results for a batch of 1 — "
-        "return exactly one result (or exception) per input, in order"
+        "run_batch returned 0 results for a batch of 1 — return exactly one result (or exception) per input, in order"
     )
 
 
@@ -428,9 +422,7 @@ async def test_a_failing_observer_never_stops_the_batcher() -> None:
         def on_compute(self, seconds: float, size: int, ok: bool) -> None:
             raise RuntimeError("observer down")
 
-    batcher: DynamicBatcher[int, int] = DynamicBatcher(
-        FakeEngine(), BatcherConfig(max_queue_delay_ms=0), Broken()
-    )
+    batcher: DynamicBatcher[int, int] = DynamicBatcher(FakeEngine(), BatcherConfig(max_queue_delay_ms=0), Broken())
     async with batcher:
         assert await asyncio.gather(*(batcher.submit(i, 1) for i in range(5))) == [0, 10, 20, 30, 40]
 
@@ -476,8 +468,7 @@ async def test_submit_checks_start_and_length() -> None:
     with pytest.raises(MiaohuiError) as info:
         await batcher.submit(1, 1)
     assert str(info.value) == (
-        "batcher for 'model' is not started — call batcher.start() inside the event loop "
-        "(or use `async with batcher:`)"
+        "batcher for 'model' is not started — call batcher.start() inside the event loop (or use `async with batcher:`)"
     )
     async with batcher:
         with pytest.raises(InputError) as bad:

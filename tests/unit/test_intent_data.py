@@ -27,9 +27,7 @@ SEEDS = (
 
 def _norm(text: str) -> str:
     """Lower-case, drop punctuation, symbols and whitespace."""
-    return "".join(
-        c for c in text.lower() if not (c.isspace() or unicodedata.category(c)[0] in ("P", "S", "Z"))
-    )
+    return "".join(c for c in text.lower() if not (c.isspace() or unicodedata.category(c)[0] in ("P", "S", "Z")))
 
 
 def _bigrams(text: str) -> frozenset[str]:

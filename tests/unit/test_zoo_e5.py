@@ -170,9 +170,7 @@ def test_embeddings_match_c_engine(is_query: bool, oracle: CTokenizer) -> None:
     cos = (ours * ref).sum(axis=1)
     prefix = QUERY_PREFIX if is_query else PASSAGE_PREFIX
     _, tok = e5mod._shared("original")
-    same = np.array(
-        [tok.encode(prefix + t, add_special_tokens=False).ids == oracle.content(prefix + t) for t in texts]
-    )
+    same = np.array([tok.encode(prefix + t, add_special_tokens=False).ids == oracle.content(prefix + t) for t in texts])
     print(
         f"\ncosine vs C engine (is_query={is_query}): min {cos.min():.6f} mean {cos.mean():.6f}; "
         f"same ids: min {cos[same].min():.6f} ({same.sum()}/{len(texts)} texts)"
@@ -396,9 +394,7 @@ def head_bytes() -> bytes:
     ("cut", "match"),
     [(0, "magic"), (3, "magic"), (20, "truncated"), (1_000_000, "truncated"), (6_000_000, "truncated")],
 )
-def test_truncated_file_raises_artifact_error(
-    tmp_path: Path, head_bytes: bytes, cut: int, match: str
-) -> None:
+def test_truncated_file_raises_artifact_error(tmp_path: Path, head_bytes: bytes, cut: int, match: str) -> None:
     path = _write(tmp_path, head_bytes[:cut])
     with pytest.raises(ArtifactError, match=match) as info:
         read_e5(path)

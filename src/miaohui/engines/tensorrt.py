@@ -104,9 +104,7 @@ def trt_module(flavor: Flavor) -> Any:
         ) from None
     # Branch: full TensorRT must be 10+ (strongly typed networks, execute_async_v3, IProgressMonitor).
     if flavor == "tensorrt" and int(str(trt.__version__).split(".")[0]) < 10:
-        raise BackendUnavailableError(
-            f"TensorRT {trt.__version__} is too old for miaohui", "install TensorRT 10+"
-        )
+        raise BackendUnavailableError(f"TensorRT {trt.__version__} is too old for miaohui", "install TensorRT 10+")
     return trt
 
 
@@ -166,9 +164,7 @@ def _load_graph(onnx_path: Path) -> onnx.ModelProto:
     try:
         return onnx.load(str(onnx_path), load_external_data=False)
     except Exception as exc:  # protobuf/onnx raise several types
-        raise BuildError(
-            f"cannot read ONNX file {onnx_path}: {exc}", "re-export the model (miaohui export)"
-        ) from None
+        raise BuildError(f"cannot read ONNX file {onnx_path}: {exc}", "re-export the model (miaohui export)") from None
 
 
 def _op_label(node: Any) -> str:
@@ -307,9 +303,7 @@ def _resolve_target(trt: Any, flavor: Flavor, target: str | None) -> tuple[str, 
 # ---------------------------------------------------------------------------------------------- build
 
 
-def _prepare_graph(
-    onnx_path: Path, model: onnx.ModelProto, precision: str, workdir: Path
-) -> tuple[Path, str]:
+def _prepare_graph(onnx_path: Path, model: onnx.ModelProto, precision: str, workdir: Path) -> tuple[Path, str]:
     """Check/convert the graph for ``precision``; returns (ONNX to parse, how precision was obtained)."""
     floats = _float_types(model)
     if precision == "int8":
@@ -337,9 +331,7 @@ def _cast_fp16(onnx_path: Path, workdir: Path) -> Path:
     from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST, convert_float_to_float16
 
     model = onnx.load(str(onnx_path))
-    cast = convert_float_to_float16(
-        model, keep_io_types=True, op_block_list=[*DEFAULT_OP_BLOCK_LIST, *_FP32_OPS]
-    )
+    cast = convert_float_to_float16(model, keep_io_types=True, op_block_list=[*DEFAULT_OP_BLOCK_LIST, *_FP32_OPS])
     out = workdir / f"{onnx_path.stem}.fp16.onnx"
     onnx.save(cast, str(out), save_as_external_data=True, location=f"{out.name}.data", size_threshold=1024)
     return out
@@ -394,8 +386,7 @@ def _resolve_profile(
             continue
         names = onnx_dims.get(name, ["?"] * len(dims))
         triples = [
-            (d, d, d) if d >= 0 else axes.get(str(names[i]) if i < len(names) else "?")
-            for i, d in enumerate(dims)
+            (d, d, d) if d >= 0 else axes.get(str(names[i]) if i < len(names) else "?") for i, d in enumerate(dims)
         ]
         if any(t is None for t in triples):
             raise ConfigError(
@@ -531,8 +522,7 @@ def _io_specs(trt: Any, network: Any, onnx_dims: dict[str, list[str | int]]) -> 
         return {"name": t.name, "dtype": _DTYPES.get(t.dtype.name, t.dtype.name.lower()), "dims": dims}
 
     inputs = [
-        spec(network.get_input(i), onnx_dims.get(network.get_input(i).name, []))
-        for i in range(network.num_inputs)
+        spec(network.get_input(i), onnx_dims.get(network.get_input(i).name, [])) for i in range(network.num_inputs)
     ]
     outputs = [spec(network.get_output(i), []) for i in range(network.num_outputs)]
     return inputs, outputs
@@ -556,9 +546,7 @@ def build_engine(
     with tempfile.TemporaryDirectory(prefix="miaohui-trt-") as tmp:
         source, precision_from = _prepare_graph(onnx_path, model, cfg.precision, Path(tmp))
         builder, network, _parser = _parse(trt, source, flavor, onnx_path)
-        net_dims = {
-            network.get_input(i).name: tuple(network.get_input(i).shape) for i in range(network.num_inputs)
-        }
+        net_dims = {network.get_input(i).name: tuple(network.get_input(i).shape) for i in range(network.num_inputs)}
         profile = _resolve_profile(net_dims, onnx_dims, cfg.shapes)
         config = _builder_config(trt, builder, cfg, cc, profile)
         label = f"building {_NAMES[flavor]} engine ({cc_name}, {cfg.precision})"
@@ -568,8 +556,7 @@ def build_engine(
         seconds = time.perf_counter() - start
         if blob is None:
             raise BuildError(
-                f"{_NAMES[flavor]} failed to build {onnx_path.name} for {cc_name}: "
-                f"{_logger(trt).sink.tail()}",
+                f"{_NAMES[flavor]} failed to build {onnx_path.name} for {cc_name}: {_logger(trt).sink.tail()}",
                 "see the library message; try another --precision, --opt-level or --target",
             )
         size = _write_atomic(engine_path, blob)
@@ -589,9 +576,7 @@ def build_engine(
         "network_layers": layers,
         "inputs": inputs,
         "outputs": outputs,
-        "profile": {
-            n: {"min": list(r.min), "opt": list(r.opt), "max": list(r.max)} for n, r in profile.items()
-        },
+        "profile": {n: {"min": list(r.min), "opt": list(r.opt), "max": list(r.max)} for n, r in profile.items()},
         "unsupported_nodes": [],
     }
 
@@ -616,8 +601,7 @@ def _check_header(flavor: Flavor, blob: bytes, path: Path) -> dict[str, Any]:
     _magic, declared, major, minor, patch, build, _, mask = _RTX_HEADER.unpack_from(blob)
     if declared != len(blob):
         raise ArtifactError(
-            f"engine file {path} is {len(blob)} bytes but its header says {declared}: "
-            "corrupt or truncated engine file",
+            f"engine file {path} is {len(blob)} bytes but its header says {declared}: corrupt or truncated engine file",
             "rebuild it with `miaohui build`",
         )
     order = ["sm75", "sm80", "sm86", "sm89", "sm120", "sm121"]  # bit i = i-th SM member of ComputeCapability
@@ -652,9 +636,7 @@ def inspect_engine(engine_path: Path, flavor: Flavor) -> dict[str, Any]:
     if "built_with" in info:
         info["matches_runtime_version"] = info["built_with"] == info["runtime_version"]
     if _local_gpu() is None:
-        info.update(
-            deserialized=False, note="no CUDA GPU here: deserialization needs one; checked header and size"
-        )
+        info.update(deserialized=False, note="no CUDA GPU here: deserialization needs one; checked header and size")
         return info
     _runtime, engine = _deserialize(trt, blob, engine_path)
     info.update(
@@ -687,9 +669,7 @@ def _deserialize(trt: Any, blob: bytes, path: Path) -> tuple[Any, Any]:
     if validity is not None:
         state, diag = validity(blob[: runtime.engine_header_size])
         if state == trt.EngineValidity.INVALID:
-            reasons = [
-                n for n, m in trt.EngineInvalidityDiagnostics.__members__.items() if int(diag) & int(m)
-            ]
+            reasons = [n for n, m in trt.EngineInvalidityDiagnostics.__members__.items() if int(diag) & int(m)]
             raise ArtifactError(
                 f"engine file {path} cannot run on this GPU: {', '.join(reasons) or 'invalid'}",
                 "rebuild it for this GPU with `miaohui build … --target <this GPU's smXY>`",

@@ -83,9 +83,7 @@ def read_meta(path: Path) -> ModelMeta:
     try:
         return ModelMeta.model_validate_json(meta_file.read_text(encoding="utf-8"))
     except ValueError as exc:
-        raise ArtifactError(
-            f"{meta_file} is damaged: {exc}", "retrain or restore the model directory"
-        ) from exc
+        raise ArtifactError(f"{meta_file} is damaged: {exc}", "retrain or restore the model directory") from exc
 
 
 def model_digest(path: Path) -> str:
@@ -117,9 +115,7 @@ def load_checkpoint(path: Path, attn_implementation: str = "sdpa") -> LoadedMode
         module.load_state_dict(state)
         tokenizer = Tokenizer.from_file(str(path / TOKENIZER_NAME))
     except Exception as exc:
-        raise ArtifactError(
-            f"cannot load model {path}: {exc}", "retrain or restore the model directory"
-        ) from exc
+        raise ArtifactError(f"cannot load model {path}: {exc}", "retrain or restore the model directory") from exc
     module.eval()
     return LoadedModel(path=path, meta=meta, module=module, tokenizer=tokenizer, digest=model_digest(path))
 

@@ -120,18 +120,13 @@ def _top_forward(model: IntentClassifier, h: torch.Tensor, m: torch.Tensor, froz
 
 
 @torch.inference_mode()
-def evaluate(
-    model: IntentClassifier, tok: TextTokenizer, data: list[IntentExample], length: int
-) -> EvalReport:
+def evaluate(model: IntentClassifier, tok: TextTokenizer, data: list[IntentExample], length: int) -> EvalReport:
     """Accuracy of the full model (no cache) on ``data``, overall and per label."""
     model.eval()
     hits: dict[str, list[int]] = defaultdict(list)
     for start in range(0, len(data), 64):
         batch = data[start : start + 64]
-        a, m = (
-            torch.from_numpy(x)
-            for x in pad_batch(_token_ids(tok, [x.text for x in batch], length), tok.pad_id)
-        )
+        a, m = (torch.from_numpy(x) for x in pad_batch(_token_ids(tok, [x.text for x in batch], length), tok.pad_id))
         pred = model(a, m).argmax(-1).tolist()
         for ex, p in zip(batch, pred, strict=True):
             hits[ex.intent].append(int(LABELS[p] == ex.intent))
@@ -160,9 +155,7 @@ def train_intent(cfg: TrainConfig, out_dir: Path, progress: bool = True) -> tupl
 
     started = time.perf_counter()
     model.eval()
-    cache = FrozenPrefix(
-        model, _token_ids(tok, [x.text for x in train], cfg.train_length), frozen, tok.pad_id
-    )
+    cache = FrozenPrefix(model, _token_ids(tok, [x.text for x in train], cfg.train_length), frozen, tok.pad_id)
     trainable = [p for n, p in model.named_parameters() if p.requires_grad and not n.startswith("head.")]
     opt = torch.optim.AdamW(
         [{"params": trainable, "lr": cfg.lr_encoder}, {"params": model.head.parameters(), "lr": cfg.lr_head}],
@@ -189,9 +182,7 @@ def train_intent(cfg: TrainConfig, out_dir: Path, progress: bool = True) -> tupl
                 nn.utils.clip_grad_norm_(model.parameters(), 1.0)
                 opt.step()
                 sched.step()
-                bar.update(
-                    task, advance=1, description=f"epoch {epoch + 1}/{cfg.epochs} loss {loss.item():.3f}"
-                )
+                bar.update(task, advance=1, description=f"epoch {epoch + 1}/{cfg.epochs} loss {loss.item():.3f}")
     seconds = time.perf_counter() - started
     report = evaluate(model, tok, dev, cfg.max_length)
     meta = ModelMeta(

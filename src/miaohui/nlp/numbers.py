@@ -103,9 +103,7 @@ _ONE_UNITS_RE = re.compile(
     r"|个?百分点|个点|楼|层|套房|米|公里|斤|公斤|克|吨|万|亿|千|百|点钟|点半|点整|个工作日)"
 )
 _ONE_AFTER_RE = re.compile(r"(?:周|星期|礼拜|初)$")
-_TIME_OF_DAY_RE = re.compile(
-    r"(?:上午|下午|中午|晚上|早上|早晨|凌晨|傍晚|夜里|半夜|今晚|明晚|今早|明早|早|晚)$"
-)
+_TIME_OF_DAY_RE = re.compile(r"(?:上午|下午|中午|晚上|早上|早晨|凌晨|傍晚|夜里|半夜|今晚|明晚|今早|明早|早|晚)$")
 _CLASSIFIERS = frozenset("个年月天次笔张份只件位家周人元块")
 _RANGE_GAP_RE = re.compile(r"\s*(?:到|至|-|~|～|—|–|to|or)\s*", re.I)
 _APPROX_RANGE_RE = re.compile(r"([一二两三四五六七八九])([二三四五六七八九])([十百千万亿]*)")

@@ -356,9 +356,7 @@ _PERIOD_ONLY_RE = re.compile(
     rf"\s*(?:的)?\s*(?P<p>{_PERIODS}|(?:in\s+the\s+)?(?:morning|afternoon|evening|night))", re.I
 )
 _GAP_RE = re.compile(r"\s*(?:的|,|at|@|on)?\s*", re.I)
-_EN_AT_HOUR_RE = re.compile(
-    r"\s*at\s+(?P<h>\d{1,2})(?::(?P<m>\d{2}))?\b(?!\s*(?:%|percent|yuan|dollars))", re.I
-)
+_EN_AT_HOUR_RE = re.compile(r"\s*at\s+(?P<h>\d{1,2})(?::(?P<m>\d{2}))?\b(?!\s*(?:%|percent|yuan|dollars))", re.I)
 #: Nouns that make a bare ``两点`` "two points" rather than two o'clock.
 _POINTS_NOUN_RE = re.compile(
     r"建议|意见|要求|原因|理由|看法|想法|注意|内容|好处|坏处|不足|问题|区别|说明|疑问|事项|经验|体会|感受|心得"
@@ -385,11 +383,7 @@ def _shift_hour(hour: int, period: str | None) -> tuple[int, int] | None:
         return (hour, 0) if 0 <= hour <= 24 else None
     if hour > 12 or hour < 0:
         # 24-hour clock with a period ("晚上20点") is fine when they agree.
-        return (
-            (hour, 0)
-            if hour <= 23 and period in ("下午", "晚上", "傍晚", "pm", "夜里", "夜间", "深夜")
-            else None
-        )
+        return (hour, 0) if hour <= 23 and period in ("下午", "晚上", "傍晚", "pm", "夜里", "夜间", "深夜") else None
     if period in ("am", "凌晨", "早上", "早晨", "清晨", "上午", "早"):
         return (0, 0) if hour == 12 and period in ("am", "凌晨") else (hour, 0)
     if period == "pm":
@@ -585,9 +579,7 @@ def _iso(day: date, clock: _Clock | None, now: datetime) -> str:
     return moment.replace(tzinfo=now.tzinfo).isoformat()
 
 
-def _date_with_time(
-    folded: str, m: re.Match[str], day: date, period: str | None
-) -> tuple[int, _Clock | None]:
+def _date_with_time(folded: str, m: re.Match[str], day: date, period: str | None) -> tuple[int, _Clock | None]:
     """Extend a date match over a following period word and clock time; returns (end, clock)."""
     end = m.end()
     gap = _GAP_RE.match(folded, end)
@@ -631,9 +623,7 @@ def _datetimes(folded: str, now: datetime) -> list[_Cand]:
     return found
 
 
-def _standalone_times(
-    folded: str, now: datetime, dated: list[_Cand], taken: list[tuple[int, int]]
-) -> list[_Cand]:
+def _standalone_times(folded: str, now: datetime, dated: list[_Cand], taken: list[tuple[int, int]]) -> list[_Cand]:
     """Clock times without a date before them: ``晚上8点`` (today), ``9am tomorrow``, ``两点到四点``."""
     found: list[_Cand] = []
     pos = 0
@@ -904,9 +894,7 @@ _PINYIN_TABLE = """
 洪山区: hongshan
 """
 _PINYIN_DISTRICTS = _parse_table(_PINYIN_TABLE)
-_BARE_GUARD = (
-    "新?区|机场|路|大道|大街|城|公园|站|桥|镇|村|湖|山|江|河|广场|中学|小学|医院|大学|图书馆|体育|街道"
-)
+_BARE_GUARD = "新?区|机场|路|大道|大街|城|公园|站|桥|镇|村|湖|山|江|河|广场|中学|小学|医院|大学|图书馆|体育|街道"
 _CURATED_RE = re.compile(
     "|".join(sorted(_DISTRICTS, key=len, reverse=True))
     + "|"
@@ -955,9 +943,7 @@ def _districts(folded: str) -> list[_Cand]:
     found: list[_Cand] = []
     for m in _CURATED_RE.finditer(folded):
         name = m.group()
-        found.append(
-            _Cand("district", m.start(), m.end(), name if name in _DISTRICTS else _BARE_DISTRICTS[name])
-        )
+        found.append(_Cand("district", m.start(), m.end(), name if name in _DISTRICTS else _BARE_DISTRICTS[name]))
     for m in _PINYIN_RE.finditer(folded):
         pinyin = _PINYIN_DISTRICTS.get(m["name"].lower())
         found.append(_Cand("district", m.start(), m.end(), pinyin or m.group()))
@@ -1004,7 +990,5 @@ def extract_slots(text: str, now: datetime | None = None) -> list[Slot]:
     slots: list[Slot] = []
     for c in _resolve_overlaps(cands):
         start, end = offsets[c.start], offsets[c.end - 1] + 1
-        slots.append(
-            Slot(name=c.name, value=c.value, text=text[start:end], start=start, end=end, unit=c.unit)
-        )
+        slots.append(Slot(name=c.name, value=c.value, text=text[start:end], start=start, end=end, unit=c.unit))
     return slots

@@ -98,8 +98,7 @@ class BatcherConfig(Frozen):
             raise ConfigError(
                 f"preferred_batch_sizes {self.preferred_batch_sizes} has sizes above "
                 f"max_batch_size={self.max_batch_size}: {too_big}",
-                f"remove {too_big} from preferred_batch_sizes or raise max_batch_size to at least "
-                f"{too_big[-1]}",
+                f"remove {too_big} from preferred_batch_sizes or raise max_batch_size to at least {too_big[-1]}",
             )
         return self
 
@@ -409,9 +408,7 @@ class DynamicBatcher(Generic[P, R]):
             if len(items) == 1:
                 self._settle(items[0], exc)
                 return
-            logger.warning(
-                "batcher %r: batch of %d failed (%r); retrying in halves", self.name, len(items), exc
-            )
+            logger.warning("batcher %r: batch of %d failed (%r); retrying in halves", self.name, len(items), exc)
             middle = len(items) // 2
             await self._compute(items[:middle])
             await self._compute(items[middle:])
@@ -468,8 +465,7 @@ class DynamicBatcher(Generic[P, R]):
         waited_ms = 1000 * (time.monotonic() - item.enqueued)
         budget_ms = 0.0 if item.deadline is None else 1000 * (item.deadline - item.enqueued)
         return DeadlineExceededError(
-            f"request deadline passed while {where} "
-            f"({budget_ms:.1f} ms allowed, {waited_ms:.1f} ms since submit)",
+            f"request deadline passed while {where} ({budget_ms:.1f} ms allowed, {waited_ms:.1f} ms since submit)",
             "send a longer timeout, or lower the load / add instances (max_queue_size="
             f"{self.config.max_queue_size}, instances={self.config.instances})",
         )

@@ -231,9 +231,7 @@ def _read_vocab(cur: _Cursor) -> E5Vocab:
     if not np.all(np.isfinite(scores)):
         raise _corrupt(cur.path, "non-finite piece score")
     try:
-        pieces = [
-            blob[a:b].decode("utf-8") for a, b in zip(offs[:-1].tolist(), offs[1:].tolist(), strict=True)
-        ]
+        pieces = [blob[a:b].decode("utf-8") for a, b in zip(offs[:-1].tolist(), offs[1:].tolist(), strict=True)]
     except UnicodeDecodeError as exc:
         raise _corrupt(cur.path, f"a piece is not UTF-8 ({exc})") from exc
     return E5Vocab(pieces, scores.astype(np.float32), bos, eos, pad, unk)
@@ -328,9 +326,7 @@ def _check_tensors(path: Path, header: E5Header, tensors: dict[str, E5Tensor]) -
         if t is None:
             raise _corrupt(path, f"tensor {name!r} is missing")
         if (t.dtype, t.numel) != (dtype, numel):
-            raise _corrupt(
-                path, f"tensor {name!r} is dtype {t.dtype} × {t.numel}, expected {dtype} × {numel}"
-            )
+            raise _corrupt(path, f"tensor {name!r} is dtype {t.dtype} × {t.numel}, expected {dtype} × {numel}")
 
 
 def read_e5(path: str | Path) -> E5File:
@@ -509,9 +505,7 @@ def build_tokenizer(e5: E5File) -> Tokenizer:
     ]
     if len(unk_piece) > 1:
         lookbehind = _char_seq(unk_piece[:-1])
-        pre.append(
-            pre_tokenizers.Split(Regex(f"(?<={lookbehind}){_char_seq(unk_piece[-1])}"), "merged_with_next")
-        )
+        pre.append(pre_tokenizers.Split(Regex(f"(?<={lookbehind}){_char_seq(unk_piece[-1])}"), "merged_with_next"))
 
     tok = Tokenizer(
         models.Unigram(
@@ -784,9 +778,7 @@ def _reference_engine(variant: str) -> Any:
         return engine
 
 
-def reference_embed(
-    texts: str | Sequence[str], is_query: bool = True, variant: str = "original"
-) -> np.ndarray:
+def reference_embed(texts: str | Sequence[str], is_query: bool = True, variant: str = "original") -> np.ndarray:
     """Embeddings [n, 384] from the bundled C engine (int8 × int4 matmuls) — for checking ours."""
     items = _as_list(texts)
     engine = _reference_engine(variant)

@@ -90,8 +90,7 @@ def _parse_line(raw: str, where: str) -> IntentExample:
     except json.JSONDecodeError as exc:
         raise ConfigError(
             f"{where}: not valid JSON ({exc.msg} at column {exc.colno}): {raw[:80]!r}",
-            "write one JSON object per line, e.g. "
-            '{"text": "查余额", "intent": "account_balance", "lang": "zh"}',
+            'write one JSON object per line, e.g. {"text": "查余额", "intent": "account_balance", "lang": "zh"}',
         ) from exc
     if not isinstance(obj, dict):
         raise ConfigError(

@@ -1,0 +1,292 @@
+"""The ``miaohui`` command line. Thin: parses options, calls the library, prints results."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from pydantic import BaseModel, ValidationError
+from rich.console import Console
+from rich.table import Table
+
+from miaohui.errors import ConfigError, MiaohuiError
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _validated(cls: type[M], **values: Any) -> M:
+    """Build a config from CLI values; pydantic's errors become ours (value + fix)."""
+    try:
+        return cls.model_validate(values)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"])
+        raise ConfigError(
+            f"--{field.replace('_', '-')} {first.get('input')!r}: {first['msg']}",
+            "see `miaohui build --help` for the accepted values",
+        ) from None
+
+
+app = typer.Typer(
+    add_completion=False, no_args_is_help=True, help="秒回 miaohui: compile, check and serve dialogue models."
+)
+console = Console()
+err_console = Console(stderr=True)
+
+
+def _fail(exc: MiaohuiError) -> None:
+    err_console.print(f"[bold red]error:[/] {exc.message}")
+    if exc.fix:
+        err_console.print(f"[yellow]fix:[/] {exc.fix}")
+    raise typer.Exit(2)
+
+
+def _repo(repository: Path | None) -> Path:
+    from miaohui.paths import repository_dir
+
+    return repository or repository_dir()
+
+
+RepoOpt = Annotated[
+    Path | None,
+    typer.Option("--repository", "-r", help="Model repository (default $MIAOHUI_HOME/repository)."),
+]
+
+
+@app.command("train-intent")
+def train_intent_cmd(
+    out: Annotated[
+        Path | None,
+        typer.Option(help="Checkpoint directory (default $MIAOHUI_HOME/models/intent-<backbone>)."),
+    ] = None,
+    backbone: Annotated[str, typer.Option(help="e5-small (multilingual) or minilm (English).")] = "e5-small",
+    epochs: Annotated[int, typer.Option(min=1)] = 8,
+    trainable_layers: Annotated[int, typer.Option(min=0, help="Top encoder layers fine-tuned.")] = 4,
+    seed: int = 0,
+) -> None:
+    """Fine-tune an intent classifier (encoder + head) on the project's data; report dev accuracy per label."""
+    from miaohui.models.train import TrainConfig, train_intent
+    from miaohui.paths import models_dir
+
+    try:
+        cfg = TrainConfig(backbone=backbone, epochs=epochs, trainable_layers=trainable_layers, seed=seed)
+        path, report = train_intent(cfg, out or models_dir() / f"intent-{backbone}")
+    except MiaohuiError as exc:
+        _fail(exc)
+        return
+    table = Table("label", "dev accuracy", title=f"dev accuracy {report.accuracy:.2%} on {report.n} utterances")
+    for label, acc in report.per_label.items():
+        table.add_row(label, f"{acc:.0%}")
+    console.print(table)
+    console.print(f"saved {path}")
+
+
+@app.command()
+def export(
+    model: Annotated[Path, typer.Argument(help="Model directory (from train-intent).")],
+    out: Annotated[Path, typer.Option(help="Output .onnx file.")] = Path("model.onnx"),
+) -> None:
+    """Export a model to ONNX (opset 17, dynamic batch/sequence) and check it against PyTorch."""
+    from miaohui.compile.export import export_onnx
+    from miaohui.models.checkpoint import load_checkpoint
+    from miaohui.zoo.intents import load_split
+
+    try:
+        loaded = load_checkpoint(model, attn_implementation="eager")
+        report = export_onnx(loaded, out, real_texts=[x.text for x in load_split("dev")[:64]])
+    except MiaohuiError as exc:
+        _fail(exc)
+        return
+    table = Table(
+        "check",
+        "max abs error",
+        "max rel error",
+        title=f"{out} ({report.bytes / 1e6:.1f} MB, {report.seconds:.1f}s)",
+    )
+    for case in report.cases:
+        table.add_row(case.case, f"{case.max_abs:.2e}", f"{case.max_rel:.2e}")
+    console.print(table)
+
+
+@app.command()
+def build(
+    model: Annotated[Path, typer.Argument(help="Model directory (from train-intent).")],
+    name: Annotated[str, typer.Option(help="Model name in the repository.")] = "intent",
+    backend: Annotated[
+        str, typer.Option(help="onnxruntime | tensorrt | tensorrt-rtx | inductor | torch")
+    ] = "onnxruntime",
+    precision: Annotated[str, typer.Option(help="fp32 | fp16 | bf16 | int8")] = "fp32",
+    shapes: Annotated[str | None, typer.Option(help="Profile NAME:MIN,OPT,MAX e.g. input_ids:1x1,8x64,32x128")] = None,
+    calibration: Annotated[str, typer.Option(help="int8: minmax | entropy | percentile")] = "percentile",
+    percentile: float = 99.999,
+    calib_data: Annotated[
+        Path | None, typer.Option(help="int8: JSONL (text field) or .txt; default: the intent train split.")
+    ] = None,
+    calib_samples: Annotated[int, typer.Option(min=8)] = 256,
+    target: Annotated[str | None, typer.Option(help="TensorRT GPU target, e.g. sm86 (A10), sm89 (L4).")] = None,
+    opt_level: Annotated[int, typer.Option(min=0, max=5)] = 3,
+    repository: RepoOpt = None,
+    force: Annotated[bool, typer.Option(help="Rebuild even if the build key is cached.")] = False,
+) -> None:
+    """Build an engine artifact into the model repository (reused when the build key is unchanged)."""
+    from miaohui.config import BuildConfig, CalibrationConfig, parse_shapes
+    from miaohui.engines.store import build_artifact
+
+    try:
+        cfg = _validated(
+            BuildConfig,
+            backend=backend,
+            precision=precision,
+            shapes=parse_shapes(shapes) if shapes else {},
+            calibration=_validated(
+                CalibrationConfig, method=calibration, percentile=percentile, num_samples=calib_samples
+            ),
+            target=target,
+            opt_level=opt_level,
+        )
+        texts = _calibration_texts(calib_data) if precision == "int8" else []
+        outcome = build_artifact(
+            model,
+            name,
+            cfg,
+            _repo(repository),
+            calib_texts=texts,
+            force=force,
+            log=lambda m: console.print(f"[dim]·[/] {m}"),
+        )
+    except MiaohuiError as exc:
+        _fail(exc)
+        return
+    m = outcome.manifest
+    console.print(
+        f"{'reused' if outcome.reused else 'built'} {m.name} v{m.version}: {m.backend} {m.precision}, "
+        f"target {m.target.describe()}, key {m.build_key[:12]} → {outcome.path}"
+    )
+
+
+def _calibration_texts(path: Path | None) -> list[str]:
+    from miaohui.zoo.intents import load_jsonl, load_split
+
+    if path is None:
+        return [x.text for x in load_split("train")]
+    if path.suffix == ".txt":
+        return [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [x.text for x in load_jsonl(path)]
+
+
+@app.command()
+def inspect(
+    target: Annotated[str, typer.Argument(help="Artifact dir, repository model name[:version], or an .onnx file.")],
+    backend: Annotated[str, typer.Option(help="For .onnx: backend to check operator support for.")] = "onnxruntime",
+    repository: RepoOpt = None,
+) -> None:
+    """Show an artifact's manifest, or report the nodes of an ONNX graph a backend cannot run."""
+    from miaohui.compile.inspect import unsupported_nodes
+    from miaohui.serving.resolve import resolve_artifact
+
+    try:
+        if target.endswith(".onnx"):
+            bad = unsupported_nodes(Path(target), backend)
+            if not bad:
+                console.print(f"every node of {target} is supported by {backend}")
+            for node, op in bad:
+                console.print(f"[red]unsupported[/] {node}: {op}")
+            raise typer.Exit(1 if bad else 0)
+        from miaohui.engines.store import read_manifest
+
+        path = resolve_artifact(target, _repo(repository))
+        console.print_json(read_manifest(path).model_dump_json())
+    except MiaohuiError as exc:
+        _fail(exc)
+
+
+@app.command()
+def validate(
+    engine: Annotated[str, typer.Argument(help="Artifact dir or repository model name[:version].")],
+    data: Annotated[str, typer.Option(help="'dev' (the project's dev split) or a labelled JSONL file.")] = "dev",
+    reference: Annotated[str, typer.Option(help="'torch' (the source model in fp32) or another artifact.")] = "torch",
+    max_drop: Annotated[float, typer.Option(help="Allowed accuracy drop, percentage points.")] = 1.0,
+    min_agreement: Annotated[float, typer.Option(help="Required top-1 agreement (0..1).")] = 0.98,
+    golden: Annotated[
+        str | None, typer.Option(help="Compare against this golden.npz (or artifact) and report drift.")
+    ] = None,
+    repository: RepoOpt = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Write the report as JSON.")] = None,
+) -> None:
+    """Check an engine against a reference on labelled text; exit 1 if the gate fails."""
+    from miaohui.validate.run import run_validation
+
+    try:
+        report, drift = run_validation(engine, _repo(repository), data, reference, max_drop, min_agreement, golden)
+    except MiaohuiError as exc:
+        _fail(exc)
+        return
+    table = Table(
+        "",
+        "engine",
+        "reference",
+        title=f"{report.engine} vs {report.reference} on {report.data} ({report.n})",
+    )
+    table.add_row("accuracy", f"{report.accuracy:.2%}", f"{report.reference_accuracy:.2%}")
+    table.add_row("top-1 agreement", f"{report.agreement:.2%}", "")
+    table.add_row("logit error max / mean", f"{report.max_logit_error:.4f} / {report.mean_logit_error:.4f}", "")
+    console.print(table)
+    if drift is not None:
+        console.print(
+            f"drift vs golden: agreement {drift['agreement']:.2%}, max logit error {drift['max_logit_error']:.4f}"
+        )
+    if json_out:
+        json_out.write_text(json.dumps({"report": report.model_dump(), "drift": drift}, indent=1, ensure_ascii=False))
+    if not report.passed:
+        for failure in report.failures:
+            err_console.print(f"[bold red]gate failed:[/] {failure}")
+        raise typer.Exit(1)
+    console.print("[green]gate passed[/]")
+
+
+@app.command()
+def prepare(
+    repository: RepoOpt = None,
+    quick: Annotated[bool, typer.Option(help="Train for 2 epochs only (tests, smoke runs).")] = False,
+) -> None:
+    """Make the default engines if missing: train the intent model, build ORT int8 + fp32, write configs."""
+    from miaohui.prepare import prepare_defaults
+
+    try:
+        prepare_defaults(_repo(repository), quick=quick, log=lambda m: console.print(f"[dim]·[/] {m}"))
+    except MiaohuiError as exc:
+        _fail(exc)
+
+
+@app.command()
+def serve(
+    repository: RepoOpt = None,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    grpc_port: Annotated[int, typer.Option(help="gRPC port; 0 disables gRPC.")] = 8001,
+    models: Annotated[str | None, typer.Option(help="Comma-separated models to load (default: all).")] = None,
+) -> None:
+    """Serve the repository over HTTP (KServe v2, /v1/intent, /metrics) and gRPC (KServe v2)."""
+    from miaohui.server.app import run_server
+
+    try:
+        run_server(
+            _repo(repository),
+            host=host,
+            port=port,
+            grpc_port=grpc_port,
+            models=models.split(",") if models else None,
+        )
+    except MiaohuiError as exc:
+        _fail(exc)
+
+
+def main() -> None:  # pragma: no cover
+    try:
+        app()
+    except MiaohuiError as exc:
+        err_console.print(f"error: {exc}")
+        sys.exit(2)

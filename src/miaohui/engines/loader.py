@@ -1,0 +1,79 @@
+"""Open an artifact: check manifest, files and machine, then hand it to its backend. Never a crash:
+a mismatch or damage is an :class:`ArtifactError` that says to rebuild."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from miaohui.engines.base import Engine, Manifest
+from miaohui.engines.store import backend_version, file_info, read_manifest
+from miaohui.engines.target import check_target
+from miaohui.errors import ArtifactError, BackendUnavailableError
+
+
+def _same_release(built: str, here: str, backend: str) -> bool:
+    """TensorRT plans need the exact version; others the same major.minor."""
+    if backend in ("tensorrt", "tensorrt-rtx"):
+        return built == here
+    return built.split(".")[:2] == here.split(".")[:2]
+
+
+def check_files(path: Path, manifest: Manifest, verify_checksums: bool = True) -> None:
+    for name, info in manifest.files.items():
+        file = path / name
+        if not file.is_file():
+            raise ArtifactError(f"{file} is missing", f"rebuild {manifest.name} with `miaohui build`")
+        size = file.stat().st_size
+        if size != info.size:
+            raise ArtifactError(
+                f"{file} is {size} bytes, the manifest says {info.size} (truncated or replaced)",
+                f"rebuild {manifest.name} with `miaohui build`",
+            )
+        if verify_checksums and file_info(file).sha256 != info.sha256:
+            raise ArtifactError(
+                f"{file} does not match its sha256 in the manifest (corrupt)",
+                f"rebuild {manifest.name} with `miaohui build`",
+            )
+
+
+def check_machine(manifest: Manifest) -> None:
+    try:
+        here = backend_version(manifest.backend)
+    except (ImportError, BackendUnavailableError) as exc:
+        raise ArtifactError(
+            f"{manifest.name} v{manifest.version} needs backend {manifest.backend}, which is not available here: {exc}",
+            "install it, or rebuild the model for --backend onnxruntime",
+        ) from exc
+    if not _same_release(manifest.backend_version, here, manifest.backend):
+        raise ArtifactError(
+            f"{manifest.name} v{manifest.version} was built with {manifest.backend} {manifest.backend_version}; "
+            f"this machine has {here}",
+            f"rebuild it here with `miaohui build ... --backend {manifest.backend}`",
+        )
+    check_target(manifest.target, f"{manifest.name} v{manifest.version} ({manifest.backend})", manifest.backend)
+
+
+def load_engine(path: Path, threads: int | None = None, verify_checksums: bool = True) -> Engine:
+    """Load the artifact at ``path`` (a version directory)."""
+    path = Path(path)
+    manifest = read_manifest(path)
+    check_files(path, manifest, verify_checksums)
+    check_machine(manifest)
+    backend = manifest.backend
+    if backend == "onnxruntime":
+        from miaohui.engines.onnxruntime import OnnxRuntimeEngine
+
+        return OnnxRuntimeEngine(manifest, path, threads=threads)
+    if backend == "torch":
+        from miaohui.engines.torch import TorchEngine
+
+        return TorchEngine(manifest, path, threads=threads)
+    if backend in ("tensorrt", "tensorrt-rtx"):
+        from miaohui.engines.tensorrt import TensorRTEngine
+
+        return TensorRTEngine(manifest, path)
+    if backend == "inductor":
+        from miaohui.engines.inductor import InductorEngine
+
+        return InductorEngine(manifest, path)
+    raise ArtifactError(f"{path} has unknown backend {backend!r}", "rebuild it with a current miaohui")

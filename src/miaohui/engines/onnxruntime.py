@@ -1,0 +1,99 @@
+"""``onnxruntime`` backend: CPU engines with graph fusion, fp32 or calibrated int8 (QDQ). The embedded default."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from miaohui.compile.inspect import require_supported
+from miaohui.compile.optimize import fuse_bert, op_counts
+from miaohui.compile.quantize import quantize_qdq
+from miaohui.engines.base import Engine, Manifest, TensorSpec
+from miaohui.engines.context import BuildContext, BuiltEngine
+from miaohui.engines.target import cpu_target
+from miaohui.errors import ArtifactError, BuildError
+
+ENGINE_FILE = "model.onnx"
+
+
+def backend_version() -> str:
+    import onnxruntime as ort
+
+    return str(ort.__version__)
+
+
+def io_specs(ctx: BuildContext, output: str, out_dims: list[str | int]) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    inputs = [
+        TensorSpec(name=n, dtype="int64", dims=["batch", "sequence"], profile=ctx.shapes[n])
+        for n in ("input_ids", "attention_mask")
+    ]
+    return inputs, [TensorSpec(name=output, dtype="float32", dims=out_dims)]
+
+
+def build(ctx: BuildContext) -> BuiltEngine:
+    """fp32: fused graph. int8: fused graph (attention unfused) → calibrated QDQ."""
+    if ctx.onnx_path is None or ctx.model is None:
+        raise BuildError("the onnxruntime builder needs an exported model", "build from a model directory")
+    require_supported(ctx.onnx_path, "onnxruntime")
+    bert = ctx.model.meta.bert_config
+    heads, hidden = int(bert["num_attention_heads"]), int(bert["hidden_size"])
+    out = ctx.out_dir / ENGINE_FILE
+    extra: dict[str, object] = {}
+    if ctx.cfg.precision == "fp32":
+        ctx.log("fusing attention, layer norm and GELU for ONNX Runtime")
+        fuse_bert(ctx.onnx_path, out, heads, hidden, attention=True)
+    elif ctx.cfg.precision == "int8":
+        fused = ctx.work_dir / "fused.onnx"
+        ctx.log("fusing layer norm and GELU (attention kept as MatMuls for int8)")
+        fuse_bert(ctx.onnx_path, fused, heads, hidden, attention=False)
+        ctx.log(f"calibrating on {len(ctx.calib_texts)} texts ({ctx.cfg.calibration.method})")
+        summary = quantize_qdq(fused, out, ctx.calibration_feeds(), ctx.calib_texts, ctx.cfg.calibration, "onnxruntime")
+        (ctx.out_dir / "calibration.json").write_text(summary.model_dump_json(indent=1))
+        extra["calibration"] = summary.model_dump(exclude={"ranges"})
+    else:
+        raise BuildError(f"precision {ctx.cfg.precision} is not built by onnxruntime", "use fp32 or int8")
+    extra["op_counts"] = op_counts(out)
+    output = (ctx.model.meta.kind == "intent" and "logits") or "embeddings"
+    width = len(ctx.model.meta.labels) if ctx.model.meta.kind == "intent" else int(hidden)
+    inputs, outputs = io_specs(ctx, output, ["batch", width])
+    return BuiltEngine(
+        engine_file=ENGINE_FILE,
+        backend_version=backend_version(),
+        target=cpu_target(),
+        inputs=inputs,
+        outputs=outputs,
+        extra=extra,
+    )
+
+
+class OnnxRuntimeEngine(Engine):
+    """An ONNX Runtime CPU session. ``threads`` = intra-op threads (default: all cores)."""
+
+    def __init__(self, manifest: Manifest, path: Path, threads: int | None = None) -> None:
+        super().__init__(manifest, path)
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        opts.intra_op_num_threads = threads or (os.cpu_count() or 1)
+        opts.inter_op_num_threads = 1
+        opts.log_severity_level = 3
+        try:
+            self._session = ort.InferenceSession(
+                str(path / manifest.engine_file), opts, providers=["CPUExecutionProvider"]
+            )
+        except Exception as exc:
+            raise ArtifactError(
+                f"ONNX Runtime cannot load {path / manifest.engine_file}: {exc}",
+                "the file is corrupt or truncated; rebuild it with `miaohui build`",
+            ) from exc
+        self._outputs = self.output_names
+
+    def _infer_impl(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        values = self._session.run(self._outputs, feeds)
+        return dict(zip(self._outputs, values, strict=True))
+
+    def close(self) -> None:
+        self.__dict__.pop("_session", None)

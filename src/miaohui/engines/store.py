@@ -1,0 +1,302 @@
+"""Build engine artifacts into a versioned repository: build keys, caching, atomic writes.
+
+    <repository>/<name>/config.yaml          serving config (created with defaults if missing)
+    <repository>/<name>/<version>/           one artifact: manifest.json, engine file, tokenizer, ...
+
+Same build key (source digest, options digest, backend version, target) ⇒ the existing version is
+reused. Otherwise a new version (highest + 1) is written to a temp dir and renamed into place, so a
+failed build leaves nothing behind and the previous version keeps serving.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import os
+import platform
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from miaohui import __version__
+from miaohui.config import BuildConfig, InputRange, digest_json
+from miaohui.engines.base import MANIFEST_NAME, BuildInfo, FileInfo, Manifest, Target
+from miaohui.engines.context import BuildContext, BuiltEngine
+from miaohui.engines.target import cpu_target, cuda_target, target_key
+from miaohui.errors import ArtifactError, ConfigError
+from miaohui.models.checkpoint import LoadedModel, load_checkpoint, model_digest, read_meta
+from miaohui.nlp.tokenizer import TextTokenizer
+from miaohui.paths import home
+
+Log = Callable[[str], None]
+
+
+@dataclass
+class BuildOutcome:
+    path: Path
+    manifest: Manifest
+    reused: bool
+
+
+def default_shapes(max_length: int) -> dict[str, InputRange]:
+    """Profile used when ``--shapes`` is not given: batch 1..64, sequence 1..max_length."""
+    rng = InputRange(min=(1, 1), opt=(8, min(32, max_length)), max=(64, max_length))
+    return {"input_ids": rng, "attention_mask": rng}
+
+
+def resolve_shapes(cfg: BuildConfig, max_length: int) -> dict[str, InputRange]:
+    """Fill inputs that share axes with a given input; check the profile against the model."""
+    shapes = dict(cfg.shapes) or default_shapes(max_length)
+    if "input_ids" in shapes and "attention_mask" not in shapes:
+        shapes["attention_mask"] = shapes["input_ids"]
+    if "attention_mask" in shapes and "input_ids" not in shapes:
+        shapes["input_ids"] = shapes["attention_mask"]
+    unknown = sorted(set(shapes) - {"input_ids", "attention_mask"})
+    if unknown:
+        raise ConfigError(
+            f"--shapes names unknown input(s) {unknown}",
+            "this model's inputs are input_ids and attention_mask",
+        )
+    if shapes["input_ids"] != shapes["attention_mask"]:
+        raise ConfigError(
+            f"input_ids ({shapes['input_ids']}) and attention_mask ({shapes['attention_mask']}) have different "
+            "profiles but share the batch and sequence axes",
+            "give both the same min,opt,max",
+        )
+    rng = shapes["input_ids"]
+    if len(rng.min) != 2:
+        raise ConfigError(
+            f"input_ids profile {rng} has {len(rng.min)} dimensions", "give BATCHxSEQ, e.g. 1x1,8x64,32x128"
+        )
+    if rng.max[1] > max_length:
+        raise ConfigError(
+            f"--shapes max sequence {rng.max[1]} exceeds the model's max_length {max_length}",
+            f"use a max sequence of at most {max_length}",
+        )
+    return shapes
+
+
+def backend_version(backend: str) -> str:
+    if backend == "onnxruntime":
+        from miaohui.engines import onnxruntime
+
+        return onnxruntime.backend_version()
+    if backend in ("tensorrt", "tensorrt-rtx"):
+        from miaohui.engines import tensorrt
+
+        return tensorrt.backend_version(backend)  # type: ignore[arg-type]
+    if backend in ("torch", "inductor"):
+        from miaohui.engines import torch as torch_backend
+
+        return torch_backend.backend_version()
+    raise ConfigError(f"unknown backend {backend!r}", "choose onnxruntime, tensorrt, tensorrt-rtx, inductor or torch")
+
+
+def planned_target(cfg: BuildConfig) -> Target:
+    """The hardware the artifact will be built for (part of the build key)."""
+    if cfg.backend == "tensorrt-rtx" and cfg.target:
+        return Target(device="cuda", compute_capability=cfg.target)
+    if cfg.backend in ("tensorrt", "inductor"):
+        gpu = cuda_target()
+        if gpu is not None:
+            return gpu
+        if cfg.backend == "inductor":
+            return cpu_target()
+        return Target(device="cuda", compute_capability=cfg.target)
+    if cfg.backend == "torch":
+        return cuda_target() or cpu_target()
+    return cpu_target()
+
+
+def build_key(source_digest: str, cfg: BuildConfig, target: Target) -> str:
+    return digest_json(
+        {
+            "source": source_digest,
+            "options": cfg.compute_hash(),
+            "backend": cfg.backend,
+            "backend_version": backend_version(cfg.backend),
+            "target": target_key(target),
+        }
+    )
+
+
+def versions(model_dir: Path) -> list[int]:
+    if not model_dir.is_dir():
+        return []
+    return sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit())
+
+
+def read_manifest(path: Path) -> Manifest:
+    file = Path(path) / MANIFEST_NAME
+    if not file.is_file():
+        raise ArtifactError(
+            f"{path} has no {MANIFEST_NAME}", "it is not an engine artifact; build one with `miaohui build`"
+        )
+    try:
+        return Manifest.model_validate_json(file.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise ArtifactError(f"{file} is damaged: {str(exc).splitlines()[0]}", "rebuild the artifact") from exc
+
+
+def write_manifest(path: Path, manifest: Manifest) -> None:
+    tmp = Path(path) / f".{MANIFEST_NAME}.tmp"
+    tmp.write_text(manifest.model_dump_json(indent=2), encoding="utf-8")
+    os.replace(tmp, Path(path) / MANIFEST_NAME)
+
+
+def find_cached(model_dir: Path, key: str) -> Path | None:
+    for version in reversed(versions(model_dir)):
+        try:
+            if read_manifest(model_dir / str(version)).build_key == key:
+                return model_dir / str(version)
+        except ArtifactError:
+            continue
+    return None
+
+
+def file_info(path: Path) -> FileInfo:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 22), b""):
+            h.update(chunk)
+    return FileInfo(size=path.stat().st_size, sha256=h.hexdigest())
+
+
+def exported_onnx(model: LoadedModel, log: Log, real_texts: list[str]) -> Path:
+    """The fp32 ONNX export of ``model``, cached under ``$MIAOHUI_HOME/onnx`` by source digest."""
+    from miaohui.compile.export import export_onnx
+
+    path = home() / "onnx" / f"{model.meta.kind}-{model.digest[:16]}.onnx"
+    if path.is_file():
+        log(f"reusing ONNX export {path}")
+        return path
+    log("exporting to ONNX and checking it against PyTorch")
+    eager = load_checkpoint(model.path, attn_implementation="eager")
+    report = export_onnx(eager, path, real_texts=real_texts[:32])
+    log(
+        f"exported {path.name} in {report.seconds:.1f}s: max abs error {report.max_abs:.2e}, "
+        f"max rel error {report.max_rel:.2e} over {len(report.cases)} checks"
+    )
+    return path
+
+
+def _run_backend(ctx: BuildContext) -> BuiltEngine:
+    backend = ctx.cfg.backend
+    if backend == "onnxruntime":
+        from miaohui.engines import onnxruntime
+
+        return onnxruntime.build(ctx)
+    if backend in ("tensorrt", "tensorrt-rtx"):
+        from miaohui.engines import trt_build
+
+        return trt_build.build(ctx)
+    if backend == "torch":
+        from miaohui.engines import torch as torch_backend
+
+        return torch_backend.build(ctx)
+    if backend == "inductor":
+        from miaohui.engines import inductor
+
+        return inductor.build(ctx)
+    raise ConfigError(f"unknown backend {backend!r}", "choose onnxruntime, tensorrt, tensorrt-rtx, inductor or torch")
+
+
+def build_artifact(
+    source: Path,
+    name: str,
+    cfg: BuildConfig,
+    repository: Path,
+    *,
+    calib_texts: list[str] | None = None,
+    force: bool = False,
+    log: Log = print,
+) -> BuildOutcome:
+    """Build (or reuse) an engine for the model directory ``source`` into ``repository/name``."""
+    meta = read_meta(source)
+    shapes = resolve_shapes(cfg, meta.max_length)
+    cfg = cfg.model_copy(update={"shapes": shapes})
+    target = planned_target(cfg)
+    key = build_key(model_digest(source), cfg, target)
+    model_dir = Path(repository) / name
+    cached = None if force else find_cached(model_dir, key)
+    if cached is not None:
+        log(
+            f"build key {key[:12]} unchanged: reusing {cached} (same model, options, "
+            f"{cfg.backend} {backend_version(cfg.backend)} and target)"
+        )
+        return BuildOutcome(path=cached, manifest=read_manifest(cached), reused=True)
+
+    model = load_checkpoint(source)
+    texts = list(calib_texts or [])
+    if cfg.precision == "int8" and not texts:
+        raise ConfigError("int8 needs calibration text", "pass --calib-data FILE (JSONL with a text field, or .txt)")
+    texts = texts[: cfg.calibration.num_samples]
+    model_dir.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix=f".build-{name}-", dir=model_dir) as tmp_root:
+        out_dir = Path(tmp_root) / "artifact"
+        work_dir = Path(tmp_root) / "work"
+        out_dir.mkdir()
+        work_dir.mkdir()
+        onnx_path = (
+            exported_onnx(model, log, texts) if cfg.backend in ("onnxruntime", "tensorrt", "tensorrt-rtx") else None
+        )
+        ctx = BuildContext(
+            name=name,
+            cfg=cfg,
+            out_dir=out_dir,
+            work_dir=work_dir,
+            model=model,
+            onnx_path=onnx_path,
+            shapes=shapes,
+            calib_texts=texts,
+            tokenizer=TextTokenizer(model.tokenizer, model.meta.max_length),
+            log=log,
+        )
+        built = _run_backend(ctx)
+        shutil.copyfile(model.path / "tokenizer.json", out_dir / "tokenizer.json")
+        version = (versions(model_dir) or [0])[-1] + 1
+        manifest = Manifest(
+            name=name,
+            version=version,
+            task="intent" if model.meta.kind == "intent" else "encoder",
+            backend=cfg.backend,
+            backend_version=built.backend_version,
+            precision=cfg.precision,
+            engine_file=built.engine_file,
+            inputs=built.inputs,
+            outputs=built.outputs,
+            source_digest=model.digest,
+            options_digest=cfg.compute_hash(),
+            build_key=key,
+            build_config=cfg,
+            target=built.target,
+            build=BuildInfo(
+                created_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+                seconds=round(time.perf_counter() - started, 2),
+                host=platform.node(),
+                miaohui_version=__version__,
+            ),
+            files={p.name: file_info(p) for p in sorted(out_dir.iterdir()) if p.is_file()},
+            labels=model.meta.labels,
+            tokenizer_file="tokenizer.json",
+            max_length=model.meta.max_length,
+            extra=built.extra | {"source_model": str(model.path), "source_base": model.meta.base},
+        )
+        write_manifest(out_dir, manifest)
+        final = model_dir / str(version)
+        os.replace(out_dir, final)
+    ensure_model_config(model_dir, cfg.backend)
+    log(f"built {name} version {version} ({cfg.backend}, {cfg.precision}) in {manifest.build.seconds:.1f}s → {final}")
+    return BuildOutcome(path=final, manifest=manifest, reused=False)
+
+
+def ensure_model_config(model_dir: Path, backend: str) -> None:
+    """Write a default serving ``config.yaml`` next to the versions if there is none."""
+    from miaohui.serving.model_config import ModelConfig, write_model_config
+
+    if not (model_dir / "config.yaml").is_file():
+        write_model_config(model_dir / "config.yaml", ModelConfig(backend=backend))

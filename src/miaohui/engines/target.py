@@ -1,0 +1,104 @@
+"""What machine is this? CPU ISA flags and CUDA GPU facts, for manifests and load-time checks."""
+
+from __future__ import annotations
+
+import functools
+import platform
+from pathlib import Path
+
+from miaohui.engines.base import Target
+
+# ISA extensions that change which kernels ONNX Runtime / oneDNN pick (and that an optimized graph may assume).
+RELEVANT_CPU_FLAGS = (
+    "avx2",
+    "fma",
+    "f16c",
+    "avx512f",
+    "avx512bw",
+    "avx512vl",
+    "avx512_vnni",
+    "avx512_bf16",
+    "avx_vnni",
+    "amx_int8",
+    "amx_bf16",
+    "asimd",
+    "sve",
+)
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_flags() -> tuple[str, ...]:
+    """The relevant ISA flags of this CPU (Linux /proc/cpuinfo; empty elsewhere)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            present = set(value.split())
+            return tuple(f for f in RELEVANT_CPU_FLAGS if f in present)
+    return ()
+
+
+def cpu_target() -> Target:
+    return Target(device="cpu", cpu_flags=list(cpu_flags()))
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cuda_target() -> Target | None:
+    """The current CUDA GPU, or None when torch sees none."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    major, minor = torch.cuda.get_device_capability()
+    return Target(
+        device="cuda",
+        gpu_name=torch.cuda.get_device_name(),
+        compute_capability=f"sm{major}{minor}",
+        cuda_version=torch.version.cuda,
+    )
+
+
+def target_key(target: Target) -> str:
+    """The part of a target that goes into the build key."""
+    if target.device == "cpu":
+        return "cpu:" + ",".join(sorted(target.cpu_flags))
+    return f"cuda:{target.compute_capability}:{target.gpu_name}"
+
+
+def check_target(built: Target, engine_desc: str, backend: str) -> None:
+    """Refuse an artifact built for other hardware, telling the user to rebuild."""
+    from miaohui.errors import ArtifactError
+
+    if built.device == "cpu":
+        missing = sorted(set(built.cpu_flags) - set(cpu_flags()))
+        if missing:
+            raise ArtifactError(
+                f"{engine_desc} was built for a CPU with {', '.join(missing)}, which this CPU lacks",
+                "rebuild it on this machine with `miaohui build`",
+            )
+        return
+    here = cuda_target()
+    if here is None:
+        raise ArtifactError(
+            f"{engine_desc} was built for {built.describe()} and this machine has no CUDA GPU",
+            "run it on that GPU, or build a CPU engine with --backend onnxruntime",
+        )
+    if here.compute_capability != built.compute_capability:
+        raise ArtifactError(
+            f"{engine_desc} was built for {built.describe()}; this GPU is {here.describe()}",
+            f"rebuild it here with `miaohui build ... --backend {backend}`",
+        )

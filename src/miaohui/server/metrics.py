@@ -1,0 +1,215 @@
+"""Prometheus metrics, all prefixed ``miaohui_``, recorded where decisions are made (explicit buckets).
+
+One :class:`Metrics` per server (its own registry, so several servers can live in one test process).
+Process CPU/memory and GPU (NVML) gauges are read at scrape time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import psutil
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from miaohui.serving.batcher import BatcherObserver, RejectReason
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+TOKEN_BUCKETS = (16, 64, 256, 1024, 4096, 16384)
+
+
+class _ProcessCollector(Collector):
+    """CPU seconds and resident memory of this process (psutil)."""
+
+    def __init__(self) -> None:
+        self._proc = psutil.Process(os.getpid())
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        cpu = self._proc.cpu_times()
+        yield GaugeMetricFamily(
+            "miaohui_process_cpu_seconds",
+            "User+system CPU seconds of the server process",
+            value=cpu.user + cpu.system,
+        )
+        yield GaugeMetricFamily(
+            "miaohui_process_resident_memory_bytes",
+            "Resident memory of the server process",
+            value=self._proc.memory_info().rss,
+        )
+
+
+class _GpuCollector(Collector):
+    """NVML gauges per GPU; emits nothing where there is no NVIDIA GPU or no NVML."""
+
+    def __init__(self) -> None:
+        self._nvml: Any = None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._nvml = pynvml
+            self._count = pynvml.nvmlDeviceGetCount()
+        except Exception:
+            self._nvml = None
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        if self._nvml is None:
+            return
+        nv = self._nvml
+        util = GaugeMetricFamily("miaohui_gpu_utilization_ratio", "GPU busy fraction (NVML)", labels=["gpu"])
+        mem = GaugeMetricFamily("miaohui_gpu_memory_used_bytes", "GPU memory in use (NVML)", labels=["gpu"])
+        temp = GaugeMetricFamily("miaohui_gpu_temperature_celsius", "GPU temperature (NVML)", labels=["gpu"])
+        power = GaugeMetricFamily("miaohui_gpu_power_watts", "GPU power draw (NVML)", labels=["gpu"])
+        for i in range(self._count):
+            h = nv.nvmlDeviceGetHandleByIndex(i)
+            with contextlib.suppress(Exception):
+                util.add_metric([str(i)], nv.nvmlDeviceGetUtilizationRates(h).gpu / 100.0)
+                mem.add_metric([str(i)], nv.nvmlDeviceGetMemoryInfo(h).used)
+                temp.add_metric([str(i)], nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU))
+                power.add_metric([str(i)], nv.nvmlDeviceGetPowerUsage(h) / 1000.0)
+        yield from (util, mem, temp, power)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "miaohui_requests",
+            "Requests answered, by model, version, protocol and status code",
+            ["model", "version", "protocol", "code"],
+            registry=r,
+        )
+        self.failures = Counter(
+            "miaohui_request_failures",
+            "Requests that failed, by reason",
+            ["model", "version", "reason"],
+            registry=r,
+        )
+        self.request_seconds = Histogram(
+            "miaohui_request_duration_seconds",
+            "Request latency in the server",
+            ["model", "protocol"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue_seconds = Histogram(
+            "miaohui_queue_duration_seconds",
+            "Time a row waited in the batch queue",
+            ["model", "version"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.compute_seconds = Histogram(
+            "miaohui_compute_duration_seconds",
+            "Engine time per batch",
+            ["model", "version"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            "miaohui_batch_size",
+            "Rows per executed batch",
+            ["model", "version"],
+            buckets=BATCH_BUCKETS,
+            registry=r,
+        )
+        self.batch_tokens = Histogram(
+            "miaohui_batch_tokens",
+            "Padded tokens per executed batch",
+            ["model", "version"],
+            buckets=TOKEN_BUCKETS,
+            registry=r,
+        )
+        self.queue_depth = Gauge(
+            "miaohui_queue_depth", "Rows waiting in the batch queue", ["model", "version"], registry=r
+        )
+        self.rejected = Counter(
+            "miaohui_rejected",
+            "Rows the batcher rejected, by reason",
+            ["model", "version", "reason"],
+            registry=r,
+        )
+        self.in_flight = Gauge("miaohui_inflight_requests", "Requests being handled", ["model"], registry=r)
+        # generation
+        self.ttft = Histogram(
+            "miaohui_time_to_first_token_seconds",
+            "Time to first token",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "miaohui_inter_token_latency_seconds",
+            "Time between output tokens",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "miaohui_generation_duration_seconds",
+            "Whole generation request",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.prompt_tokens = Counter("miaohui_prompt_tokens", "Prompt tokens processed", ["model"], registry=r)
+        self.generated_tokens = Counter("miaohui_generated_tokens", "Tokens generated", ["model"], registry=r)
+        self.running = Gauge("miaohui_running_sequences", "Sequences being decoded", ["model"], registry=r)
+        self.waiting = Gauge("miaohui_waiting_sequences", "Sequences waiting to start", ["model"], registry=r)
+        # dialogue pipelines
+        self.stage_seconds = Histogram(
+            "miaohui_pipeline_stage_seconds",
+            "Time per pipeline stage",
+            ["pipeline", "stage"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.interventions = Counter(
+            "miaohui_compliance_interventions",
+            "Compliance rules that changed a reply",
+            ["pipeline", "rule", "action"],
+            registry=r,
+        )
+        self.shadow = Gauge(
+            "miaohui_shadow_drift", "Shadow-version comparison figures", ["model", "figure"], registry=r
+        )
+        r.register(_ProcessCollector())
+        r.register(_GpuCollector())
+
+    def observer(self, model: str, version: int) -> BatcherObserver:
+        return _BatchMetrics(self, model, str(version))
+
+    def done(self, model: str, version: str, protocol: str, code: int, seconds: float, reason: str = "") -> None:
+        self.requests.labels(model, version, protocol, str(code)).inc()
+        self.request_seconds.labels(model, protocol).observe(seconds)
+        if code >= 400:
+            self.failures.labels(model, version, reason or str(code)).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _BatchMetrics(BatcherObserver):
+    def __init__(self, m: Metrics, model: str, version: str) -> None:
+        self.m, self.labels = m, (model, version)
+
+    def on_enqueue(self, queue_depth: int) -> None:
+        self.m.queue_depth.labels(*self.labels).set(queue_depth)
+
+    def on_reject(self, reason: RejectReason) -> None:
+        self.m.rejected.labels(*self.labels, reason).inc()
+
+    def on_batch(self, size: int, tokens: int, padded_tokens: int, queue_wait_s: list[float]) -> None:
+        self.m.batch_size.labels(*self.labels).observe(size)
+        self.m.batch_tokens.labels(*self.labels).observe(padded_tokens)
+        hist = self.m.queue_seconds.labels(*self.labels)
+        for wait in queue_wait_s:
+            hist.observe(wait)
+
+    def on_compute(self, seconds: float, size: int, ok: bool) -> None:
+        self.m.compute_seconds.labels(*self.labels).observe(seconds)

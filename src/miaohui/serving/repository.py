@@ -1,0 +1,165 @@
+"""The model repository at serving time: which versions are live, load / unload / reload.
+
+A (re)load builds the new versions completely — engines loaded, warm-up run — before swapping them in.
+If anything fails, the versions that were serving keep serving and the error is kept for the API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from miaohui.engines.store import versions
+from miaohui.errors import MiaohuiError, ModelNotFoundError
+from miaohui.serving.batcher import BatcherObserver
+from miaohui.serving.model_config import load_model_config
+from miaohui.serving.served import ServedVersion
+
+log = logging.getLogger("miaohui.repository")
+ObserverFactory = Callable[[str, int], BatcherObserver | None]
+
+
+@dataclass
+class ModelState:
+    name: str
+    versions: dict[int, ServedVersion] = field(default_factory=dict)
+    state: str = "UNAVAILABLE"
+    """READY, LOADING, UNAVAILABLE (Triton's repository-index states)."""
+    reason: str = ""
+    """Why the last load failed (kept while the old versions serve)."""
+
+    @property
+    def latest(self) -> ServedVersion | None:
+        return self.versions[max(self.versions)] if self.versions else None
+
+
+class ModelManager:
+    """Owns every served version. All methods run on the server's event loop."""
+
+    def __init__(self, repository: Path, observer_factory: ObserverFactory | None = None) -> None:
+        self.repository = Path(repository)
+        self._observer_factory = observer_factory or (lambda name, version: None)
+        self._models: dict[str, ModelState] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    def names_on_disk(self) -> list[str]:
+        if not self.repository.is_dir():
+            return []
+        return sorted(p.name for p in self.repository.iterdir() if p.is_dir() and versions(p))
+
+    async def load_all(self, only: list[str] | None = None) -> None:
+        for name in only or self.names_on_disk():
+            try:
+                await self.load(name)
+            except MiaohuiError as exc:
+                log.error("model %s failed to load: %s", name, exc)
+
+    async def load(self, name: str) -> ModelState:
+        """Load (or reload) ``name`` per its version policy. New versions go live only once warm."""
+        lock = self._locks.setdefault(name, asyncio.Lock())
+        async with lock:
+            state = self._models.setdefault(name, ModelState(name))
+            model_dir = self.repository / name
+            available = versions(model_dir)
+            if not available:
+                state.reason = f"no versions of {name!r} in {self.repository}"
+                if not state.versions:
+                    self._models.pop(name, None)
+                raise ModelNotFoundError(state.reason, f"build it with `miaohui build ... --name {name}`")
+            previous = state.state
+            state.state = "LOADING"
+            try:
+                config = load_model_config(model_dir / "config.yaml")
+                wanted = config.version_policy.select(available)
+                fresh: dict[int, ServedVersion] = {}
+                started = time.perf_counter()
+                try:
+                    for v in wanted:
+                        if v in state.versions and state.versions[v].config == config:
+                            continue
+                        served = await asyncio.to_thread(
+                            ServedVersion, model_dir / str(v), config, self._observer_factory(name, v)
+                        )
+                        fresh[v] = served
+                        served.load_seconds = time.perf_counter() - started
+                        await served.start()
+                except BaseException:
+                    for served in fresh.values():
+                        await served.stop()
+                    raise
+            except MiaohuiError as exc:
+                state.state = previous if state.versions else "UNAVAILABLE"
+                state.reason = f"load failed, previous versions keep serving: {exc}"
+                raise
+            old = state.versions
+            state.versions = {v: fresh.get(v) or old[v] for v in wanted}
+            state.state, state.reason = "READY", ""
+            for v, served in old.items():
+                if state.versions.get(v) is not served:
+                    await served.stop()
+            return state
+
+    async def unload(self, name: str) -> None:
+        lock = self._locks.setdefault(name, asyncio.Lock())
+        async with lock:
+            state = self._models.pop(name, None)
+            if state is None:
+                raise ModelNotFoundError(f"model {name!r} is not loaded", "see GET /v2/repository/index")
+            for served in state.versions.values():
+                await served.stop()
+
+    async def stop(self) -> None:
+        for name in list(self._models):
+            await self.unload(name)
+
+    def get(self, name: str, version: int | str | None = None) -> ServedVersion:
+        state = self._models.get(name)
+        if state is None or not state.versions:
+            known = ", ".join(sorted(self._models)) or "none"
+            raise ModelNotFoundError(f"model {name!r} is not loaded", f"loaded models: {known}")
+        if version is None or version == "":
+            return state.versions[max(state.versions)]
+        try:
+            v = int(version)
+        except ValueError:
+            raise ModelNotFoundError(
+                f"version {version!r} of {name!r} is not a number", "use an integer version"
+            ) from None
+        if v not in state.versions:
+            raise ModelNotFoundError(
+                f"model {name!r} has no loaded version {v}",
+                f"loaded versions: {', '.join(map(str, sorted(state.versions)))}",
+            )
+        return state.versions[v]
+
+    def states(self) -> list[ModelState]:
+        return [self._models[n] for n in sorted(self._models)]
+
+    def index(self) -> list[dict[str, str]]:
+        """Triton-style repository index: every model on disk, with its state."""
+        rows = []
+        for name in sorted(set(self.names_on_disk()) | set(self._models)):
+            state = self._models.get(name)
+            if state and state.versions:
+                for v in sorted(state.versions):
+                    rows.append({"name": name, "version": str(v), "state": state.state, "reason": state.reason})
+            else:
+                rows.append(
+                    {
+                        "name": name,
+                        "version": "",
+                        "state": state.state if state else "UNAVAILABLE",
+                        "reason": state.reason if state else "",
+                    }
+                )
+        return rows
+
+    @property
+    def ready(self) -> bool:
+        return bool(self._models) and all(
+            s.versions and all(v.ready for v in s.versions.values()) for s in self._models.values()
+        )

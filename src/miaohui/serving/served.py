@@ -1,0 +1,212 @@
+"""One loaded model version: engine instances, its dynamic batcher, tokenizer, warm-up.
+
+Requests never touch an engine directly: rows go through the batcher, which pads rows of one length
+bucket into a batch and runs it on a free engine instance in a worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from miaohui.engines.base import Engine, Manifest
+from miaohui.engines.loader import load_engine
+from miaohui.errors import InputError
+from miaohui.nlp.normalize import normalize_text
+from miaohui.nlp.slots import Slot, extract_slots
+from miaohui.nlp.tokenizer import TextTokenizer, check_length, pad_batch, truncate_ids
+from miaohui.serving.batcher import BatcherConfig, BatcherObserver, DynamicBatcher
+from miaohui.serving.model_config import ModelConfig
+
+MAX_TEXT_CHARS = 4096
+
+
+@dataclass
+class Row:
+    """One sequence of a request, as the batcher carries it."""
+
+    ids: list[int]
+
+
+@dataclass
+class RowResult:
+    output: np.ndarray
+    """This row's output vector (logits or embedding)."""
+
+
+@dataclass
+class IntentResult:
+    intent: str
+    confidence: float
+    slots: list[Slot]
+    model: str
+    version: int
+
+
+class ServedVersion:
+    """A model version that is loaded, warmed up and batching."""
+
+    def __init__(self, path: Path, config: ModelConfig, observer: BatcherObserver | None = None) -> None:
+        self.path = path
+        self.config = config
+        instances = config.batching.instances
+        threads = config.threads or max(1, (os.cpu_count() or 1) // instances)
+        self.engines: list[Engine] = [load_engine(path, threads=threads) for _ in range(instances)]
+        self.manifest: Manifest = self.engines[0].manifest
+        self.name, self.version = self.manifest.name, self.manifest.version
+        self.output_name = self.engines[0].output_names[0]
+        self.max_length = self.manifest.max_length or self.manifest.inputs[0].profile.max[1]  # type: ignore[union-attr]
+        profile = self.manifest.inputs[0].profile
+        self.max_batch = min(config.batching.max_batch_size, profile.max[0] if profile else 1 << 30)
+        self.tokenizer = (
+            TextTokenizer.from_file(path / self.manifest.tokenizer_file, self.max_length)
+            if self.manifest.tokenizer_file
+            else None
+        )
+        self.pad_id = self.tokenizer.pad_id if self.tokenizer else 0
+        bcfg = (
+            config.batching.model_copy(update={"max_batch_size": self.max_batch})
+            if config.dynamic_batching
+            else BatcherConfig(
+                max_batch_size=1,
+                max_queue_delay_ms=0,
+                max_queue_size=config.batching.max_queue_size,
+                instances=instances,
+                default_timeout_ms=config.batching.default_timeout_ms,
+            )
+        )
+        self._free: asyncio.Queue[Engine] = asyncio.Queue()
+        for engine in self.engines:
+            self._free.put_nowait(engine)
+        self._pool = ThreadPoolExecutor(max_workers=instances, thread_name_prefix=f"{self.name}-v{self.version}")
+        self.batcher: DynamicBatcher[Row, RowResult] = DynamicBatcher(
+            self._run_batch, bcfg, observer, name=f"{self.name}:{self.version}"
+        )
+        self.ready = False
+        self.load_seconds = 0.0
+        self.warmup_seconds = 0.0
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """Start batching and run the warm-up shapes; only then is the version ready."""
+        self.batcher.start()
+        started = time.perf_counter()
+        for shape in self.config.warmup:
+            batch = max(1, min(shape.batch, self.max_batch))
+            seq = max(2, min(shape.sequence, self.max_length))
+            ids = np.full((batch, seq), 5, dtype=np.int64)
+            feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+            engine = await self._free.get()
+            try:
+                await asyncio.get_running_loop().run_in_executor(self._pool, engine.infer, feeds)
+            finally:
+                self._free.put_nowait(engine)
+        self.warmup_seconds = time.perf_counter() - started
+        self.ready = True
+
+    async def stop(self) -> None:
+        self.ready = False
+        await self.batcher.stop(drain=True)
+        self._pool.shutdown(wait=True)
+        for engine in self.engines:
+            engine.close()
+
+    # ------------------------------------------------------------------ compute
+
+    async def _run_batch(self, rows: list[Row]) -> list[RowResult | BaseException]:
+        engine = await self._free.get()
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._pool, self._compute, engine, rows)
+        finally:
+            self._free.put_nowait(engine)
+
+    def _compute(self, engine: Engine, rows: list[Row]) -> list[RowResult | BaseException]:
+        ids, mask = pad_batch([r.ids for r in rows], self.pad_id)
+        out = engine.infer({"input_ids": ids, "attention_mask": mask})[self.output_name]
+        return [RowResult(output=out[i]) for i in range(len(rows))]
+
+    async def run_rows(self, rows: list[list[int]], deadline: float | None) -> np.ndarray:
+        """Submit every row to the batcher and gather the outputs in order."""
+        results = await asyncio.gather(*(self.batcher.submit(Row(ids), len(ids), deadline) for ids in rows))
+        return np.stack([r.output for r in results])
+
+    # ------------------------------------------------------------------ requests
+
+    def tokenize(self, texts: list[str]) -> list[list[int]]:
+        if self.tokenizer is None:
+            raise InputError(f"model {self.name!r} takes tensors, not text", f"send input_ids to {self.name}")
+        for i, text in enumerate(texts):
+            if not isinstance(text, str) or not text.strip():
+                raise InputError(f"text #{i} is empty", "send non-empty text")
+            if len(text) > MAX_TEXT_CHARS:
+                raise InputError(
+                    f"text #{i} has {len(text)} characters; the limit is {MAX_TEXT_CHARS}",
+                    "shorten the text or split it",
+                )
+        ids = self.tokenizer.token_ids([normalize_text(t) for t in texts])
+        if self.config.truncate:
+            return [truncate_ids(seq, self.max_length) for seq in ids]
+        for i, seq in enumerate(ids):
+            check_length(seq, self.max_length, i)
+        return ids
+
+    async def classify(self, texts: list[str], deadline: float | None, with_slots: bool = True) -> list[IntentResult]:
+        logits = await self.run_rows(self.tokenize(texts), deadline)
+        probs = softmax(logits)
+        best = probs.argmax(-1)
+        labels = self.manifest.labels
+        return [
+            IntentResult(
+                intent=labels[int(b)],
+                confidence=float(probs[i, b]),
+                slots=extract_slots(texts[i]) if with_slots else [],
+                model=self.name,
+                version=self.version,
+            )
+            for i, b in enumerate(best)
+        ]
+
+    async def infer_tensors(
+        self, input_ids: np.ndarray, attention_mask: np.ndarray, deadline: float | None
+    ) -> np.ndarray:
+        """Raw tensor path: each row is batched on its own (trailing padding removed)."""
+        if input_ids.ndim != 2 or input_ids.shape != attention_mask.shape:
+            raise InputError(
+                f"input_ids {list(input_ids.shape)} and attention_mask {list(attention_mask.shape)} "
+                "must both be [batch, sequence]",
+                "send two int64 tensors of the same 2-D shape",
+            )
+        if input_ids.shape[1] > self.max_length:
+            raise InputError(
+                f"sequence length {input_ids.shape[1]} exceeds this model's maximum {self.max_length}",
+                "truncate the sequence",
+            )
+        rows = []
+        for r in range(input_ids.shape[0]):
+            n = int(attention_mask[r].sum())
+            if n < 1 or not np.all(attention_mask[r, :n] == 1) or np.any(attention_mask[r, n:] != 0):
+                raise InputError(
+                    f"attention_mask row {r} is not right-padded ones then zeros",
+                    "use 1 for tokens and 0 for trailing padding",
+                )
+            rows.append([int(x) for x in input_ids[r, :n]])
+        return await self.run_rows(rows, deadline)
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def deadline_from_ms(timeout_ms: float | None) -> float | None:
+    if timeout_ms is None or not math.isfinite(timeout_ms) or timeout_ms <= 0:
+        return None
+    return time.monotonic() + timeout_ms / 1000.0

@@ -1,0 +1,108 @@
+"""Glue for ``miaohui validate``: load engine + reference, run, gate, save golden outputs and results."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from miaohui.engines.loader import load_engine
+from miaohui.engines.store import read_manifest, write_manifest
+from miaohui.errors import ArtifactError
+from miaohui.nlp.tokenizer import TextTokenizer
+from miaohui.serving.resolve import resolve_artifact
+from miaohui.validate.accuracy import (
+    GateConfig,
+    ValidationReport,
+    compare,
+    engine_logits,
+    load_golden,
+    run_logits,
+    save_golden,
+)
+from miaohui.zoo.intents import IntentExample, load_jsonl, load_split
+
+GOLDEN = "golden.npz"
+
+
+def load_data(data: str) -> list[IntentExample]:
+    return load_split("dev") if data in ("dev", "train") and not Path(data).exists() else load_jsonl(Path(data))
+
+
+def reference_logits(
+    reference: str, source_model: str | None, repository: Path, tok: TextTokenizer, texts: list[str]
+) -> tuple[np.ndarray, str]:
+    if reference == "torch":
+        if not source_model or not Path(source_model).is_dir():
+            raise ArtifactError(
+                f"the source model {source_model!r} of this artifact is not available",
+                "pass --reference with another artifact, or restore the model directory",
+            )
+        import torch
+
+        from miaohui.models.checkpoint import load_checkpoint
+
+        module = load_checkpoint(Path(source_model)).module
+
+        def fn(feeds: dict[str, np.ndarray]) -> np.ndarray:
+            with torch.inference_mode():
+                return module(torch.from_numpy(feeds["input_ids"]), torch.from_numpy(feeds["attention_mask"])).numpy()
+
+        return run_logits(fn, tok, texts), f"torch fp32 ({source_model})"
+    path = resolve_artifact(reference, repository)
+    with load_engine(path) as ref:
+        return run_logits(engine_logits(ref), tok, texts), f"{ref.manifest.name} v{ref.manifest.version}"
+
+
+def run_validation(
+    engine_spec: str,
+    repository: Path,
+    data: str,
+    reference: str,
+    max_drop: float,
+    min_agreement: float,
+    golden: str | None,
+) -> tuple[ValidationReport, dict[str, Any] | None]:
+    path = resolve_artifact(engine_spec, repository)
+    manifest = read_manifest(path)
+    examples = load_data(data)
+    texts = [x.text for x in examples]
+    tok = TextTokenizer.from_file(path / (manifest.tokenizer_file or "tokenizer.json"), manifest.max_length or 512)
+    with load_engine(path) as engine:
+        logits = run_logits(engine_logits(engine), tok, texts)
+    ref, ref_name = reference_logits(reference, manifest.extra.get("source_model"), repository, tok, texts)
+    gate = GateConfig(max_accuracy_drop=max_drop, min_agreement=min_agreement)
+    report = compare(
+        logits,
+        ref,
+        examples,
+        manifest.labels,
+        gate,
+        (f"{manifest.name} v{manifest.version} ({manifest.backend} {manifest.precision})", ref_name, data),
+    )
+    drift = drift_against(golden, repository, texts, logits) if golden else None
+    save_golden(path / GOLDEN, texts, logits)
+    manifest.validation = {"report": report.model_dump(mode="json"), "drift": drift}
+    write_manifest(path, manifest)
+    return report, drift
+
+
+def drift_against(golden: str, repository: Path, texts: list[str], logits: np.ndarray) -> dict[str, Any]:
+    file = Path(golden)
+    if not file.is_file():
+        file = resolve_artifact(golden, repository) / GOLDEN
+    if not file.is_file():
+        raise ArtifactError(f"no golden outputs at {file}", "run `miaohui validate` on that version first")
+    old_texts, old = load_golden(file)
+    if old_texts != texts:
+        raise ArtifactError(
+            f"{file} was made on other inputs ({len(old_texts)} texts)",
+            "validate both versions on the same --data",
+        )
+    return {
+        "golden": str(file),
+        "agreement": float((old.argmax(-1) == logits.argmax(-1)).mean()),
+        "max_logit_error": float(np.abs(old - logits).max()),
+        "mean_logit_error": float(np.abs(old - logits).mean()),
+    }

@@ -1,0 +1,72 @@
+"""Shared fixtures. Real models and engines are built once per test session (and cached between local
+runs under var/test-cache, keyed by the code and data that produce them)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+CACHE = ROOT / "var" / "test-cache"
+
+
+def _digest(*paths: Path) -> str:
+    h = hashlib.sha256()
+    for p in paths:
+        for f in sorted(p.rglob("*.py") if p.is_dir() else [p]):
+            h.update(f.read_bytes())
+    return h.hexdigest()[:12]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_home(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Tests never touch the user's var/: MIAOHUI_HOME points at a session temp dir."""
+    os.environ["MIAOHUI_HOME"] = str(tmp_path_factory.mktemp("miaohui-home"))
+
+
+@pytest.fixture(scope="session")
+def intent_model() -> Path:
+    """The real e5-small intent classifier, trained with the default recipe (a few CPU minutes)."""
+    from miaohui.models.checkpoint import META_NAME
+    from miaohui.models.train import TrainConfig, train_intent
+
+    src = ROOT / "src" / "miaohui"
+    key = _digest(src / "models", src / "zoo", src / "nlp", src / "zoo" / "data" / "intents_train.jsonl")
+    path = CACHE / f"intent-e5-{key}"
+    if not (path / META_NAME).is_file():
+        if CACHE.is_dir():
+            for old in CACHE.glob("intent-e5-*"):
+                shutil.rmtree(old, ignore_errors=True)
+        train_intent(TrainConfig(), path, progress=False)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random-weight BERT intent model with the real MiniLM tokenizer (fast serving tests)."""
+    from miaohui.models.checkpoint import ModelMeta, save_checkpoint
+    from miaohui.models.intent import IntentClassifier, random_bert
+    from miaohui.zoo.minilm import load_minilm_tokenizer
+
+    tok = load_minilm_tokenizer()
+    encoder = random_bert(hidden=32, layers=2, heads=2, vocab=tok.get_vocab_size(), max_positions=128)
+    model = IntentClassifier(encoder, num_labels=4).eval()
+    meta = ModelMeta(
+        kind="intent",
+        base="tiny-random",
+        bert_config=encoder.config.to_diff_dict(),
+        labels=["greeting", "goodbye", "human_agent", "out_of_scope"],
+        max_length=64,
+    )
+    return save_checkpoint(tmp_path_factory.mktemp("tiny") / "tiny-intent", model, meta, tok)
+
+
+@pytest.fixture(scope="session")
+def calib_texts() -> list[str]:
+    from miaohui.zoo.intents import load_split
+
+    return [x.text for x in load_split("train")]

@@ -1,0 +1,69 @@
+"""Shape profiles and build configs: parsing, consistency errors (exact messages), build-key hashing."""
+
+from __future__ import annotations
+
+import pytest
+
+from miaohui.config import BuildConfig, CalibrationConfig, InputRange, format_shapes, parse_shapes
+from miaohui.errors import ConfigError
+
+
+def test_parse_profile_min_opt_max() -> None:
+    shapes = parse_shapes("input_ids:1x1,8x64,32x128")
+    assert shapes == {"input_ids": InputRange(min=(1, 1), opt=(8, 64), max=(32, 128))}
+    assert format_shapes(shapes) == "input_ids:1x1,8x64,32x128"
+
+
+def test_parse_several_inputs() -> None:
+    shapes = parse_shapes("input_ids:1x1,8x64,32x128; attention_mask:1x1,8x64,32x128")
+    assert set(shapes) == {"input_ids", "attention_mask"}
+
+
+@pytest.mark.parametrize(
+    ("spec", "fragment"),
+    [
+        ("input_ids:1x1,8x64", "cannot read shape profile 'input_ids:1x1,8x64'"),
+        ("input_ids:1xA,8x64,32x128", "cannot read shape '1xA'"),
+        ("input_ids:1x1,8x64,4x128", "shape profile is not ordered: min=1x1 opt=8x64 max=4x128"),
+        ("input_ids:1x1,8x64x2,32x128", "shape profile ranks differ"),
+        ("input_ids:0x1,8x64,32x128", "has a dimension 0 < 1"),
+        ("", "empty shape profile"),
+    ],
+)
+def test_bad_profiles_name_the_value(spec: str, fragment: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_shapes(spec)
+    assert fragment in str(err.value)
+
+
+def test_contains() -> None:
+    r = InputRange(min=(1, 1), opt=(8, 64), max=(32, 128))
+    assert r.contains((32, 128)) and r.contains((1, 1))
+    assert not r.contains((33, 1)) and not r.contains((1, 129)) and not r.contains((4,))
+
+
+def test_cross_field_errors() -> None:
+    with pytest.raises(ConfigError, match="precision fp16 with backend onnxruntime"):
+        BuildConfig(backend="onnxruntime", precision="fp16")
+    with pytest.raises(ConfigError, match="--target sm86 with backend onnxruntime"):
+        BuildConfig(backend="onnxruntime", target="sm86")
+    with pytest.raises(ConfigError, match="unknown target 'x9'"):
+        BuildConfig(backend="tensorrt-rtx", target="x9")
+    assert BuildConfig(backend="tensorrt-rtx", target="8.6").target == "sm86"
+
+
+def test_hash_covers_only_graph_changing_fields() -> None:
+    base = BuildConfig(backend="onnxruntime", precision="fp32")
+    # calibration does not change an fp32 graph
+    assert (
+        base.compute_hash()
+        == base.model_copy(update={"calibration": CalibrationConfig(method="minmax")}).compute_hash()
+    )
+    int8 = BuildConfig(backend="onnxruntime", precision="int8")
+    assert (
+        int8.compute_hash()
+        != int8.model_copy(update={"calibration": CalibrationConfig(method="minmax")}).compute_hash()
+    )
+    assert base.compute_hash() != int8.compute_hash()
+    shaped = base.model_copy(update={"shapes": parse_shapes("input_ids:1x1,8x64,32x128")})
+    assert shaped.compute_hash() != base.compute_hash()
