@@ -115,8 +115,8 @@ class CalibrationConfig(Frozen):
     """Representative texts fed through the model to collect ranges."""
     per_channel: bool = True
     """Per-output-channel weight scales (more accurate; supported by ORT and TensorRT)."""
-    quantize_embeddings: bool = True
-    """Also store the (large) embedding tables as int8 with a gather-side dequantize."""
+    keep_fp32: tuple[str, ...] = ()
+    """Regular expressions over node names whose MatMuls stay fp32 (mixed precision for sensitive layers)."""
 
 
 class BuildConfig(Frozen):

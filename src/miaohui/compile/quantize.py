@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -126,6 +127,8 @@ def quantize_qdq(
         _infer_shapes(fp32_onnx, shaped)
         model = onnx.load(str(shaped), load_external_data=False)
         weights, act_matmuls = weight_matmuls(model)
+        kept = [n for n in weights if any(re.search(p, n) for p in cfg.keep_fp32)]
+        weights = [n for n in weights if n not in kept]
         if not weights:
             raise BuildError(
                 f"{fp32_onnx.name} has no MatMul with constant weights to quantize",
@@ -142,7 +145,7 @@ def quantize_qdq(
                 activation_type=act_type,
                 weight_type=QuantType.QInt8,
                 op_types_to_quantize=["MatMul"],
-                nodes_to_exclude=act_matmuls,
+                nodes_to_exclude=act_matmuls + kept,
                 calibrate_method=method,
                 calibration_cache_path=str(cache),
                 extra_options=extra,

@@ -170,6 +170,7 @@ def create_app(state: ServerState) -> FastAPI:
     async def infer(model: str, request: Request, version: str | None = None) -> Response:
         started = time.perf_counter()
         served: ServedVersion | None = None
+        why = ""
         metrics.in_flight.labels(model).inc()
         try:
             body = await read_json(request)
@@ -189,17 +190,17 @@ def create_app(state: ServerState) -> FastAPI:
                 ),
             )
         except Exception as exc:
-            code, resp = http_status(exc), error_response(exc)
-            _record_failure(metrics, model, served, exc)
+            code, resp, why = http_status(exc), error_response(exc), reason(exc)
         finally:
             metrics.in_flight.labels(model).dec()
-        metrics.done(model, str(served.version) if served else "", "http", code, time.perf_counter() - started)
+        metrics.done(model, str(served.version) if served else "", "http", code, time.perf_counter() - started, why)
         return resp
 
     @app.post("/v1/intent")
     async def intent(request: Request) -> Response:
         started = time.perf_counter()
         served: ServedVersion | None = None
+        why = ""
         model = "intent"
         metrics.in_flight.labels("v1/intent").inc()
         try:
@@ -221,11 +222,10 @@ def create_app(state: ServerState) -> FastAPI:
             ]
             code, resp = 200, JSONResponse(rows[0] if single else rows)
         except Exception as exc:
-            code, resp = http_status(exc), error_response(exc)
-            _record_failure(metrics, model, served, exc)
+            code, resp, why = http_status(exc), error_response(exc), reason(exc)
         finally:
             metrics.in_flight.labels("v1/intent").dec()
-        metrics.done(model, str(served.version) if served else "", "http", code, time.perf_counter() - started)
+        metrics.done(model, str(served.version) if served else "", "http", code, time.perf_counter() - started, why)
         return resp
 
     @app.get("/metrics")
@@ -233,10 +233,6 @@ def create_app(state: ServerState) -> FastAPI:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     return app
-
-
-def _record_failure(metrics: Metrics, model: str, served: ServedVersion | None, exc: BaseException) -> None:
-    metrics.failures.labels(model, str(served.version) if served else "", reason(exc)).inc()
 
 
 def _intent_texts(body: dict[str, Any]) -> tuple[list[str], bool]:

@@ -1,0 +1,181 @@
+"""``inductor`` backend: the PyTorch compiler as the GPU engine we can run on the H200.
+
+Build: ``torch.export`` with dynamic batch/sequence dims from the ``--shapes`` profile → AOTInductor
+(max-autotune GEMM selection) → ``model.pt2``. Half precision is a cast of the graph; LayerNorm and SDPA
+accumulate in fp32 on CUDA, and the logits leave the graph as fp32.
+
+Run: the package is loaded (no recompilation); on CUDA every (batch, sequence) bucket gets one CUDA graph
+over static input buffers, captured on first use (warm-up shapes are captured before ready), on this
+instance's own stream; inputs are staged through pinned host memory and padded to the bucket.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from miaohui.engines.base import Engine, Manifest
+from miaohui.engines.context import BuildContext, BuiltEngine
+from miaohui.engines.onnxruntime import io_specs
+from miaohui.engines.target import cpu_target, cuda_target
+from miaohui.errors import ArtifactError, BuildError
+from miaohui.models.checkpoint import load_checkpoint
+
+ENGINE_FILE = "model.pt2"
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+SEQ_BUCKETS = (8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+
+
+class _Logits(torch.nn.Module):
+    """Wraps the model so the exported graph returns fp32 whatever its compute precision."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        super().__init__()
+        self.module = module
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.module(input_ids, attention_mask).float()
+
+
+def build(ctx: BuildContext) -> BuiltEngine:
+    if ctx.model is None:
+        raise BuildError("the inductor backend compiles a PyTorch model", "pass a model directory")
+    target = cuda_target()
+    device = "cuda" if target else "cpu"
+    if device == "cpu" and ctx.cfg.precision == "fp16":
+        raise BuildError("fp16 inductor engines need a CUDA GPU", "build on the GPU, or use fp32/bf16 on CPU")
+    module = load_checkpoint(ctx.model.path, attn_implementation="sdpa").module
+    model = _Logits(module).to(device=device, dtype=DTYPES[ctx.cfg.precision]).eval()
+    rng = ctx.shapes["input_ids"]
+    batch = torch.export.Dim("batch", min=rng.min[0], max=rng.max[0])
+    seq = torch.export.Dim("sequence", min=rng.min[1], max=rng.max[1])
+    # example sizes > 1 so export does not specialise the dynamic dims to 1
+    b, s = max(2, min(rng.opt[0], rng.max[0])), max(2, min(rng.opt[1], rng.max[1]))
+    ids = torch.randint(5, 1000, (b, s), device=device)
+    mask = torch.ones_like(ids)
+    ctx.log(f"torch.export with batch {rng.min[0]}..{rng.max[0]}, sequence {rng.min[1]}..{rng.max[1]}")
+    started = time.perf_counter()
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ep = torch.export.export(model, (ids, mask), dynamic_shapes=({0: batch, 1: seq}, {0: batch, 1: seq}))
+        export_s = time.perf_counter() - started
+        ctx.log(f"AOTInductor compile ({ctx.cfg.precision}, max-autotune {'on' if ctx.cfg.autotune else 'off'})")
+        configs: dict[str, Any] = {"max_autotune": ctx.cfg.autotune}
+        if device == "cuda":
+            configs["max_autotune_gemm_backends"] = "ATEN,TRITON"
+        torch._inductor.aoti_compile_and_package(ep, package_path=str(ctx.out_dir / ENGINE_FILE),
+                                                 inductor_configs=configs)
+    compile_s = time.perf_counter() - started - export_s
+    meta = ctx.model.meta
+    width = len(meta.labels) if meta.kind == "intent" else int(meta.bert_config["hidden_size"])
+    inputs, outputs = io_specs(ctx, "logits" if meta.kind == "intent" else "embeddings", ["batch", width])
+    return BuiltEngine(
+        engine_file=ENGINE_FILE, backend_version=str(torch.__version__).split("+")[0],
+        target=target or cpu_target(), inputs=inputs, outputs=outputs,
+        extra={"export_seconds": round(export_s, 2), "compile_seconds": round(compile_s, 2),
+               "torch": torch.__version__, "cuda": torch.version.cuda, "autotune": ctx.cfg.autotune},
+    )
+
+
+def batch_buckets(max_batch: int) -> list[int]:
+    out, b = [], 1
+    while b < max_batch:
+        out.append(b)
+        b *= 2
+    return [*out, max_batch]
+
+
+def seq_buckets(max_seq: int) -> list[int]:
+    return [s for s in SEQ_BUCKETS if s < max_seq] + [max_seq]
+
+
+class _Bucket:
+    """One captured CUDA graph with its static device buffers and pinned host staging buffers."""
+
+    def __init__(self, graph: torch.cuda.CUDAGraph, ids: torch.Tensor, mask: torch.Tensor, out: torch.Tensor) -> None:
+        self.graph, self.ids, self.mask, self.out = graph, ids, mask, out
+        self.host_ids = torch.empty(ids.shape, dtype=ids.dtype).pin_memory()
+        self.host_mask = torch.empty(mask.shape, dtype=mask.dtype).pin_memory()
+        self.host_out = torch.empty(out.shape, dtype=out.dtype).pin_memory()
+
+
+class InductorEngine(Engine):
+    """A loaded AOTInductor package; CUDA-graph replay per (batch, sequence) bucket on GPUs."""
+
+    def __init__(self, manifest: Manifest, path: Path, use_cuda_graphs: bool = True) -> None:
+        super().__init__(manifest, path)
+        self.device = torch.device("cuda" if manifest.target.device == "cuda" else "cpu")
+        started = time.perf_counter()
+        try:
+            self._runner = torch._inductor.aoti_load_package(str(path / manifest.engine_file),
+                                                             run_single_threaded=self.device.type == "cuda")
+        except Exception as exc:
+            raise ArtifactError(f"cannot load AOTInductor package {path / manifest.engine_file}: {exc}",
+                                "the file is corrupt or was built by another torch; rebuild it") from exc
+        self.load_seconds = time.perf_counter() - started
+        profile = manifest.inputs[0].profile
+        max_b, max_s = (profile.max if profile else (64, manifest.max_length or 128))
+        self.min_s = profile.min[1] if profile else 1
+        self.batches, self.seqs = batch_buckets(max_b), seq_buckets(max_s)
+        self.width = int(manifest.outputs[0].dims[-1])
+        self.use_graphs = use_cuda_graphs and self.device.type == "cuda"
+        self._graphs: dict[tuple[int, int], _Bucket] = {}
+        if self.device.type == "cuda":
+            self.stream = torch.cuda.Stream(self.device)
+
+    def bucket(self, b: int, s: int) -> tuple[int, int]:
+        return (self.batches[bisect.bisect_left(self.batches, b)],
+                self.seqs[bisect.bisect_left(self.seqs, max(s, self.min_s))])
+
+    def capture(self, b: int, s: int) -> None:
+        """Capture the CUDA graph of bucket (b, s) (idempotent)."""
+        if (b, s) in self._graphs:
+            return
+        ids = torch.full((b, s), 5, dtype=torch.int64, device=self.device)
+        mask = torch.ones_like(ids)
+        with torch.cuda.stream(self.stream):
+            for _ in range(2):  # warm the kernels and the allocator outside the graph
+                self._runner(ids, mask)
+            self.stream.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=self.stream):
+                out = self._runner(ids, mask)
+        self._graphs[(b, s)] = _Bucket(graph, ids, mask, out)
+
+    def _infer_impl(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        ids_np, mask_np = feeds["input_ids"], feeds["attention_mask"]
+        if self.device.type == "cpu":
+            with torch.no_grad():
+                out = self._runner(torch.from_numpy(ids_np), torch.from_numpy(mask_np))
+            return {self.output_names[0]: out.numpy()}
+        b, s = ids_np.shape
+        if not self.use_graphs:
+            with torch.no_grad(), torch.cuda.stream(self.stream):
+                out = self._runner(torch.from_numpy(ids_np).to(self.device), torch.from_numpy(mask_np).to(self.device))
+                host = out.cpu()
+            return {self.output_names[0]: host.numpy()}
+        bb, ss = self.bucket(b, s)
+        self.capture(bb, ss)
+        k = self._graphs[(bb, ss)]
+        h_ids, h_mask = k.host_ids.numpy(), k.host_mask.numpy()
+        h_ids.fill(0)
+        h_mask.fill(0)
+        h_mask[:, 0] = 1  # padding rows attend to one token (no all-masked softmax); their outputs are dropped
+        h_ids[:b, :s] = ids_np
+        h_mask[:b, :s] = mask_np
+        with torch.cuda.stream(self.stream):
+            k.ids.copy_(k.host_ids, non_blocking=True)
+            k.mask.copy_(k.host_mask, non_blocking=True)
+            k.graph.replay()
+            k.host_out.copy_(k.out, non_blocking=True)
+        self.stream.synchronize()
+        return {self.output_names[0]: k.host_out.numpy()[:b].copy()}
+
+    def close(self) -> None:
+        self._graphs.clear()
