@@ -50,9 +50,9 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random-weight BERT intent model with the real MiniLM tokenizer (fast serving tests)."""
     from miaohui.models.checkpoint import ModelMeta, save_checkpoint
     from miaohui.models.intent import IntentClassifier, random_bert
-    from miaohui.zoo.minilm import load_minilm_tokenizer
+    from miaohui.zoo.tiny import any_tokenizer
 
-    tok = load_minilm_tokenizer()
+    tok = any_tokenizer()
     encoder = random_bert(hidden=32, layers=2, heads=2, vocab=tok.get_vocab_size(), max_positions=128)
     model = IntentClassifier(encoder, num_labels=4).eval()
     meta = ModelMeta(

@@ -1,6 +1,7 @@
 """``inductor`` backend: the PyTorch compiler as the GPU engine we can run on the H200.
 
-Build: ``torch.export`` with dynamic batch/sequence dims from the ``--shapes`` profile → AOTInductor
+Build: the model is rewritten as :mod:`miaohui.models.fast_bert` (fused QKV GEMM, SDPA), then
+``torch.export`` with dynamic batch/sequence dims from the ``--shapes`` profile → AOTInductor
 (max-autotune GEMM selection) → ``model.pt2``. Half precision is a cast of the graph; LayerNorm and SDPA
 accumulate in fp32 on CUDA, and the logits leave the graph as fp32.
 
@@ -26,6 +27,7 @@ from miaohui.engines.onnxruntime import io_specs
 from miaohui.engines.target import cpu_target, cuda_target
 from miaohui.errors import ArtifactError, BuildError
 from miaohui.models.checkpoint import load_checkpoint
+from miaohui.models.fast_bert import from_module
 
 ENGINE_FILE = "model.pt2"
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -50,7 +52,7 @@ def build(ctx: BuildContext) -> BuiltEngine:
     device = "cuda" if target else "cpu"
     if device == "cpu" and ctx.cfg.precision == "fp16":
         raise BuildError("fp16 inductor engines need a CUDA GPU", "build on the GPU, or use fp32/bf16 on CPU")
-    module = load_checkpoint(ctx.model.path, attn_implementation="sdpa").module
+    module = from_module(load_checkpoint(ctx.model.path, attn_implementation="sdpa").module)
     model = _Logits(module).to(device=device, dtype=DTYPES[ctx.cfg.precision]).eval()
     rng = ctx.shapes["input_ids"]
     batch = torch.export.Dim("batch", min=rng.min[0], max=rng.max[0])

@@ -112,6 +112,7 @@ def _convert_gguf(gguf: Path, out_dir: Path, source: dict[str, object]) -> None:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         (tmp / SOURCE_FILE).write_text(json.dumps(source, indent=2))
+        tmp.chmod(0o755)  # mkdtemp makes it private
         if out_dir.exists():
             shutil.rmtree(out_dir)
         tmp.rename(out_dir)

@@ -1,0 +1,280 @@
+"""GPU encoder benchmark: PyTorch eager fp32/fp16, torch.compile, and miaohui's ``inductor`` engine.
+
+Models: a BERT-base-shaped classifier (12 x 768, RANDOM weights — shape is what matters for speed) and the
+real e5-small intent model (trained by ``miaohui train-intent``). Shapes (batch, seq) as given.
+
+Times: CUDA events around the model call (inputs already on the GPU, outputs left there) — for our engine
+that is one CUDA-graph replay — median and p99 over ``--iters`` runs after warm-up, random token ids (never
+zeros), several input sets rotated. ``engine_e2e`` is the engine's whole ``infer()`` (pinned H2D copy, replay,
+D2H, sync) timed on the host. Every variant's output is checked against fp32 eager (relative error).
+
+    python benchmarks/bench_gpu_encoder.py --models bert-base,e5-intent --out benchmarks/results/gpu_encoder.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from miaohui.config import BuildConfig, parse_shapes
+from miaohui.engines.inductor import InductorEngine
+from miaohui.engines.loader import load_engine
+from miaohui.engines.store import build_artifact
+from miaohui.models.checkpoint import ModelMeta, load_checkpoint, save_checkpoint
+from miaohui.models.intent import IntentClassifier, random_bert
+
+PEAK_TFLOPS = 790.0  # measured bf16 dense matrix rate of the H200 here (shared/GPU.md)
+
+
+def flops(cfg: Any, b: int, s: int, labels: int) -> float:
+    """Matrix FLOPs of one forward: linear layers + attention scores/values + head."""
+    h, inter, layers = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
+    per_token = 2 * (4 * h * h + 2 * h * inter)
+    attn = 2 * 2 * s * s * h
+    return layers * (b * s * per_token + b * attn) + 2 * b * h * labels
+
+
+def bert_base_checkpoint(root: Path) -> Path:
+    from miaohui.zoo.tiny import any_tokenizer
+
+    tok = any_tokenizer()
+    enc = random_bert(hidden=768, layers=12, heads=12, vocab=tok.get_vocab_size(), intermediate=3072, seed=0)
+    model = IntentClassifier(enc, 24).eval()
+    meta = ModelMeta(
+        kind="intent",
+        base="bert-base-random",
+        bert_config=enc.config.to_diff_dict(),
+        labels=[f"label_{i}" for i in range(24)],
+        max_length=128,
+    )
+    return save_checkpoint(root / "bert-base-random", model, meta, tok)
+
+
+def inputs(vocab: int, b: int, s: int, n: int, seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        ids = torch.randint(5, vocab, (b, s), generator=g)
+        out.append((ids.cuda(), torch.ones_like(ids).cuda()))
+    return out
+
+
+def time_cuda(fn: Any, sets: list[tuple[torch.Tensor, torch.Tensor]], warmup: int, iters: int) -> list[float]:
+    for i in range(warmup):
+        fn(*sets[i % len(sets)])
+    torch.cuda.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    for i in range(iters):
+        starts[i].record()
+        fn(*sets[i % len(sets)])
+        ends[i].record()
+    torch.cuda.synchronize()
+    return [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
+
+
+def summary(ms: list[float]) -> dict[str, float]:
+    a = np.asarray(ms)
+    return {"median_ms": float(np.median(a)), "p99_ms": float(np.percentile(a, 99)), "mean_ms": float(a.mean())}
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((out.float() - ref).norm() / ref.norm().clamp(min=1e-12))
+
+
+def engine_replay(engine: InductorEngine) -> Any:
+    """Replay-only callable for the engine's CUDA graph of the call's bucket (inputs copied on device)."""
+
+    def call(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        b, s = ids.shape
+        bb, ss = engine.bucket(b, s)
+        engine.capture(bb, ss)
+        k = engine._graphs[(bb, ss)]
+        k.ids[:b, :s].copy_(ids)
+        k.mask[:b, :s].copy_(mask)
+        k.graph.replay()
+        return k.out[:b]
+
+    return call
+
+
+def run_model(name: str, ckpt: Path, args: argparse.Namespace, repo: Path, results: dict[str, Any]) -> None:
+    loaded = load_checkpoint(ckpt)
+    cfg, labels = loaded.module.encoder.config, len(loaded.meta.labels)
+    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
+    max_b, max_s = max(b for b, _ in shapes), max(s for _, s in shapes)
+    hf32 = loaded.module.cuda().eval()
+    variants: dict[str, Any] = {}
+    compile_s: dict[str, float] = {}
+    if "eager_fp32" in args.variants:
+        variants["eager_fp32"] = hf32
+    if "eager_fp16" in args.variants:
+        variants["eager_fp16"] = load_checkpoint(ckpt).module.cuda().half().eval()
+    if "compile_fp16" in args.variants:
+        m16 = load_checkpoint(ckpt).module.cuda().half().eval()
+        variants["compile_fp16"] = torch.compile(m16, mode="reduce-overhead", dynamic=True)
+    for prec in ("fp16", "bf16"):
+        if f"engine_{prec}" not in args.variants:
+            continue
+        t0 = time.perf_counter()
+        prof = f"input_ids:1x1,{min(32, max_b)}x{min(128, max_s)},{max_b}x{max_s}"
+        bcfg = BuildConfig(backend="inductor", precision=prec, shapes=parse_shapes(prof), autotune=args.autotune)
+        try:
+            out = build_artifact(ckpt, f"{name}-{prec}", bcfg, repo, log=lambda m: print("  ·", m, flush=True))
+        except Exception as exc:  # keep the other variants' numbers
+            results.setdefault("errors", []).append(f"{name}/engine_{prec} build: {exc!r}")
+            print("BUILD FAILED", name, prec, repr(exc)[:2000], flush=True)
+            continue
+        compile_s[f"engine_{prec}"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        engine = load_engine(out.path)
+        assert isinstance(engine, InductorEngine)
+        load_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        engine.infer({"input_ids": np.full((1, 16), 5, np.int64), "attention_mask": np.ones((1, 16), np.int64)})
+        results.setdefault("cold_start", {})[f"{name}/engine_{prec}"] = {
+            "load_s": round(load_s, 3),
+            "first_bucket_capture_s": round(time.perf_counter() - t0, 3),
+            "build_s": round(compile_s[f"engine_{prec}"], 1),
+        }
+        variants[f"engine_{prec}"] = engine_replay(engine)
+        variants[f"engine_{prec}_e2e"] = engine
+    rows = results.setdefault("rows", [])
+    for b, s in shapes:
+        sets = inputs(cfg.vocab_size, b, s, 4, seed=b * 1000 + s)
+        with torch.inference_mode():
+            ref = hf32(*sets[0]).float()
+            for vname, fn in variants.items():
+                try:
+                    if vname.endswith("_e2e"):
+                        feeds = {"input_ids": sets[0][0].cpu().numpy(), "attention_mask": sets[0][1].cpu().numpy()}
+                        for _ in range(args.warmup):
+                            fn.infer(feeds)
+                        ms = []
+                        for _ in range(args.iters):
+                            t0 = time.perf_counter()
+                            fn.infer(feeds)
+                            ms.append((time.perf_counter() - t0) * 1e3)
+                        err = rel_err(torch.from_numpy(fn.infer(feeds)["logits"]).cuda(), ref)
+                    else:
+                        t0 = time.perf_counter()
+                        fn(*sets[0])
+                        torch.cuda.synchronize()
+                        first = time.perf_counter() - t0
+                        if vname.startswith("compile"):
+                            compile_s[f"{vname}@{b}x{s}"] = round(first, 2)
+                        ms = time_cuda(fn, sets, args.warmup, args.iters)
+                        err = rel_err(fn(*sets[0]), ref)
+                    st = summary(ms)
+                    row = {
+                        "model": name,
+                        "variant": vname,
+                        "batch": b,
+                        "seq": s,
+                        **st,
+                        "rel_err": err,
+                        "tflops": flops(cfg, b, s, labels) / (st["median_ms"] * 1e-3) / 1e12,
+                    }
+                    row["peak_fraction"] = row["tflops"] / PEAK_TFLOPS
+                    rows.append(row)
+                    print(
+                        f"{name:10s} {vname:18s} {b:4d}x{s:<4d} median {st['median_ms']:8.3f} ms  p99 "
+                        f"{st['p99_ms']:8.3f}  {row['tflops']:7.1f} TFLOP/s  rel err {err:.1e}",
+                        flush=True,
+                    )
+                    Path(args.out).write_text(json.dumps(results, indent=1))
+                except Exception as exc:  # one failing variant must not lose the others
+                    results.setdefault("errors", []).append(f"{name}/{vname}@{b}x{s}: {exc!r}")
+                    print("FAILED", name, vname, b, s, repr(exc)[:1000], flush=True)
+    results.setdefault("compile_seconds", {})[name] = compile_s
+    del variants
+    torch.cuda.empty_cache()
+
+
+def speedups(rows: list[dict[str, Any]]) -> None:
+    base = {(r["model"], r["batch"], r["seq"]): r["median_ms"] for r in rows if r["variant"] == "eager_fp32"}
+    for r in rows:
+        key = (r["model"], r["batch"], r["seq"])
+        if key in base:
+            r["speedup_vs_eager_fp32"] = base[key] / r["median_ms"]
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = sorted({r["model"] for r in rows})
+    fig, axes = plt.subplots(1, len(models), figsize=(7 * len(models), 4.5), squeeze=False)
+    for ax, model in zip(axes[0], models, strict=True):
+        mrows = [r for r in rows if r["model"] == model]
+        shapes = sorted({(r["batch"], r["seq"]) for r in mrows})
+        variants = sorted({r["variant"] for r in mrows})
+        width = 0.8 / len(variants)
+        for i, v in enumerate(variants):
+            ys = [
+                next((r["median_ms"] for r in mrows if r["variant"] == v and (r["batch"], r["seq"]) == s), np.nan)
+                for s in shapes
+            ]
+            ax.bar(np.arange(len(shapes)) + i * width, ys, width, label=v)
+        ax.set_xticks(np.arange(len(shapes)) + 0.4 - width / 2, [f"{b}x{s}" for b, s in shapes])
+        ax.set_yscale("log")
+        ax.set_ylabel("median ms (log)")
+        ax.set_title(f"{model} on {torch.cuda.get_device_name()}")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--models", default="bert-base,e5-intent")
+    p.add_argument("--e5-model", default="var/models/intent-e5-small")
+    p.add_argument("--shapes", default="1x16,1x128,8x64,32x128,128x128")
+    p.add_argument("--variants", default="eager_fp32,eager_fp16,compile_fp16,engine_fp16,engine_bf16")
+    p.add_argument("--iters", type=int, default=200)
+    p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--autotune", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--out", default="benchmarks/results/gpu_encoder.json")
+    args = p.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    results: dict[str, Any] = {
+        "command": " ".join(sys.argv),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "gpu": torch.cuda.get_device_name(),
+        "capability": torch.cuda.get_device_capability(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "peak_tflops_bf16_measured": PEAK_TFLOPS,
+        "notes": "bert-base has RANDOM weights (shape matters for speed); e5-intent is the trained intent model. "
+        "Times: CUDA events, inputs on device; *_e2e: host wall time of engine.infer incl. copies.",
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        repo = Path(tmp) / "repo"
+        for name in args.models.split(","):
+            ckpt = bert_base_checkpoint(Path(tmp)) if name == "bert-base" else Path(args.e5_model)
+            run_model(name, ckpt, args, repo, results)
+    speedups(results["rows"])
+    Path(args.out).write_text(json.dumps(results, indent=1))
+    plot(results["rows"], Path(args.out).with_suffix(".png"))
+    print(f"\n{'model':10s} {'variant':18s} {'shape':9s} {'median':>9s} {'p99':>9s} {'xEager32':>8s} {'%peak':>6s}")
+    for r in results["rows"]:
+        print(
+            f"{r['model']:10s} {r['variant']:18s} {r['batch']}x{r['seq']:<7d} {r['median_ms']:9.3f} "
+            f"{r['p99_ms']:9.3f} {r.get('speedup_vs_eager_fp32', float('nan')):8.1f} {100 * r['peak_fraction']:6.1f}"
+        )
+
+
+if __name__ == "__main__":
+    main()

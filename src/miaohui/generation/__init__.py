@@ -1,0 +1,1 @@
+"""Causal-LM generation: explicit-KV export, CPU engines, sampling, continuous batching, async streaming."""

@@ -1,0 +1,358 @@
+"""The generation loop: ``LLMEngine`` (synchronous, one step = schedule → run → update) and
+``AsyncLLMEngine`` (one asyncio task owns it; requests stream their tokens).
+
+The async engine's task runs steps while there is work and sleeps otherwise. The compute of a step runs
+in a single worker thread (``run_in_executor``), so the event loop stays free to accept requests, stream
+tokens and handle disconnects meanwhile. Everything that touches the scheduler runs on the event loop
+thread: requests join it between steps, and an abort frees the slot at once (the step in flight may
+still compute the sequence's token, which is then dropped).
+
+For the HTTP layer::
+
+    stream = engine.add(prompt_ids, params)     # raises InputError (400) / QueueFullError (429) now
+    try:
+        async for event in stream:              # TokenEvent: text delta, token id, finish reason
+            ...                                 # send an SSE chunk
+    finally:
+        await stream.aclose()                   # client gone or done: aborts if still running
+
+``generate()`` wraps the same in an async generator. Metrics go to a :class:`GenerationObserver`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+from miaohui.errors import InputError, MiaohuiError
+from miaohui.generation.observer import GenerationObserver, safe_call
+from miaohui.generation.params import SamplingParams
+from miaohui.generation.runner import ModelRunner
+from miaohui.generation.scheduler import (
+    FinishReason,
+    Scheduler,
+    SchedulerConfig,
+    SequenceUpdate,
+)
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
+    from miaohui.generation.base import CausalLMEngine
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["AsyncLLMEngine", "GenerationObserver", "LLMEngine", "RequestStream", "TokenEvent"]
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One streamed step of one request. The last event has ``finish_reason`` set."""
+
+    request_id: int
+    token_id: int | None
+    """The new token (None on an abort/error finish)."""
+    text: str
+    """Text delta to append (may be empty: an incomplete character, or text held back by a stop string)."""
+    index: int
+    """Number of generated tokens so far."""
+    finish_reason: FinishReason | None
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class EngineStoppedError(MiaohuiError):
+    """The engine stopped or failed while the request was running."""
+
+
+class LLMEngine:
+    """Synchronous engine: a scheduler and a model runner. ``step()`` is schedule → execute → update."""
+
+    def __init__(
+        self, engine: CausalLMEngine, tokenizer: Tokenizer | None, config: SchedulerConfig | None = None
+    ) -> None:
+        from miaohui.generation.detok import detokenizer_factory
+
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.config = config or SchedulerConfig()
+        factory = detokenizer_factory(tokenizer) if tokenizer is not None else None
+        self.scheduler = Scheduler(self.config, engine.eos_token_ids, factory)
+        self.runner = ModelRunner(engine)
+
+    def add_request(self, prompt_ids: Sequence[int], params: SamplingParams | None = None) -> int:
+        """Queue a request; returns its id. InputError (bad prompt, checked here so that it fails alone,
+        never its batch) / QueueFullError as :meth:`Scheduler.add`."""
+        vocab = self.engine.dims.vocab
+        bad = [t for t in prompt_ids if not (isinstance(t, int) and 0 <= t < vocab)]
+        if bad:
+            raise InputError(
+                f"prompt token ids must be ints in [0, {vocab}); got {bad[:5]}",
+                "encode the prompt with this model's tokenizer",
+            )
+        return self.scheduler.add(prompt_ids, params or SamplingParams()).seq_id
+
+    def abort(self, request_id: int) -> bool:
+        return self.scheduler.abort(request_id) is not None
+
+    def step(self) -> list[SequenceUpdate]:
+        out = self.scheduler.schedule()
+        if out.is_empty:
+            return []
+        return self.scheduler.update(self.runner.execute(out))
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams | None = None
+    ) -> list[tuple[list[int], str, FinishReason | None]]:
+        """Offline: run prompts to completion with continuous batching; (token ids, text, reason) each."""
+        ids = [self.add_request(p, params) for p in prompts]
+        results: dict[int, tuple[list[int], list[str], list[FinishReason | None]]] = {i: ([], [], [None]) for i in ids}
+        while self.scheduler.has_work():
+            for up in self.step():
+                toks, texts, reason = results[up.seq_id]
+                if up.token_id is not None:
+                    toks.append(up.token_id)
+                texts.append(up.text)
+                reason[0] = up.finish_reason
+        return [(results[i][0], "".join(results[i][1]), results[i][2][0]) for i in ids]
+
+
+class RequestStream:
+    """Async iterator of one request's :class:`TokenEvent` s; ``aclose()`` (or leaving ``async with``)
+    aborts the request if it is still running. Cancelling the task that awaits it aborts it too."""
+
+    def __init__(self, engine: AsyncLLMEngine, request_id: int, prompt_tokens: int) -> None:
+        self._engine = engine
+        self.request_id = request_id
+        self.prompt_tokens = prompt_tokens
+        self._queue: asyncio.Queue[TokenEvent | BaseException] = asyncio.Queue()
+        self.finished = False
+
+    def _push(self, item: TokenEvent | BaseException) -> None:
+        self._queue.put_nowait(item)
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> TokenEvent:
+        if self.finished and self._queue.empty():
+            raise StopAsyncIteration
+        try:
+            item = await self._queue.get()
+        except asyncio.CancelledError:
+            self.abort()
+            raise
+        if isinstance(item, BaseException):
+            self.finished = True
+            raise item
+        if item.finish_reason is not None:
+            self.finished = True
+        return item
+
+    def abort(self) -> None:
+        """Stop generating now (idempotent); the slot is free for the next step."""
+        if not self.finished:
+            self.finished = True
+            self._engine.abort(self.request_id)
+
+    async def aclose(self) -> None:
+        self.abort()
+
+    async def __aenter__(self) -> RequestStream:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.abort()
+
+
+@dataclass
+class _Track:
+    stream: RequestStream
+    arrival: float
+    last: float | None = None
+    tokens: int = 0
+
+
+class AsyncLLMEngine:
+    """One asyncio task owns an :class:`LLMEngine`; requests stream their tokens.
+
+    Use as ``async with AsyncLLMEngine(llm) as engine:`` or call :meth:`start` / :meth:`stop`.
+    """
+
+    def __init__(self, llm: LLMEngine, observer: GenerationObserver | None = None) -> None:
+        self.llm = llm
+        self.observer = observer or GenerationObserver()
+        self._tracks: dict[int, _Track] = {}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._stopping = False
+
+    @property
+    def num_running(self) -> int:
+        return self.llm.scheduler.num_running
+
+    @property
+    def num_waiting(self) -> int:
+        return self.llm.scheduler.num_waiting
+
+    @property
+    def is_running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    async def start(self, *, warmup: bool = True) -> None:
+        """Start the loop task (and, with ``warmup``, run one short request through the engine first)."""
+        if self.is_running:
+            return
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="miaohui-llm")
+        self._stopping = False
+        if warmup:
+            params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+            prompt = [self.llm.engine.eos_token_ids[0] if self.llm.engine.eos_token_ids else 0] * 4
+            await asyncio.get_running_loop().run_in_executor(self._executor, self._warmup, prompt, params)
+        self._task = asyncio.create_task(self._loop(), name="miaohui-llm-engine")
+
+    def _warmup(self, prompt: list[int], params: SamplingParams) -> None:
+        warm = LLMEngine(self.llm.engine, None, self.llm.config)
+        warm.generate([prompt, prompt[:2]], params)
+
+    async def stop(self) -> None:
+        """Stop the loop; unfinished requests end with an EngineStoppedError."""
+        self._stopping = True
+        self._wake.set()
+        if self._task is not None:
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        self._fail_all(EngineStoppedError("the generation engine stopped", "retry on a running server"))
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+
+    async def __aenter__(self) -> AsyncLLMEngine:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+    def add(self, prompt_ids: Sequence[int], params: SamplingParams | None = None) -> RequestStream:
+        """Queue a request now and return its stream. Raises InputError / QueueFullError at once."""
+        if not self.is_running:
+            raise EngineStoppedError("the generation engine is not running", "await engine.start() first")
+        rid = self.llm.add_request(prompt_ids, params)
+        stream = RequestStream(self, rid, len(prompt_ids))
+        self._tracks[rid] = _Track(stream, time.monotonic())
+        self._counts()
+        self._wake.set()
+        return stream
+
+    async def generate(
+        self, prompt_ids: Sequence[int], params: SamplingParams | None = None
+    ) -> AsyncIterator[TokenEvent]:
+        """Stream one request's tokens; closing the generator (``aclose``) aborts the request."""
+        stream = self.add(prompt_ids, params)
+        try:
+            async for event in stream:
+                yield event
+        finally:
+            stream.abort()
+
+    def abort(self, request_id: int) -> bool:
+        """Abort a request now (its slot is free for the next step); its stream ends with a final event
+        whose ``finish_reason`` is ``abort``. False when the request is unknown or already finished."""
+        track = self._tracks.pop(request_id, None)
+        update = self.llm.scheduler.abort(request_id)
+        if update is not None and track is not None:
+            e2e = time.monotonic() - track.arrival
+            safe_call(self.observer.on_finish, e2e, track.stream.prompt_tokens, track.tokens, "abort")
+            p = track.stream.prompt_tokens
+            track.stream._push(TokenEvent(request_id, None, "", track.tokens, "abort", p, track.tokens))
+        self._counts()
+        return update is not None
+
+    # ---- internals (event loop thread) ---------------------------------------------------------------
+
+    def _counts(self) -> None:
+        safe_call(self.observer.on_queue, self.num_running, self.num_waiting)
+
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while not self._stopping:
+            if not self.llm.scheduler.has_work():
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            out = self.llm.scheduler.schedule()
+            if out.is_empty:  # cannot happen with a valid config; never spin
+                await asyncio.sleep(0.001)
+                continue
+            start = time.perf_counter()
+            try:
+                result = await loop.run_in_executor(self._executor, self.llm.runner.execute, out)
+            except Exception as exc:
+                logger.exception("generation step %d failed", out.step)
+                self.llm.runner.reset()
+                if not isinstance(exc, MiaohuiError):
+                    exc = EngineStoppedError(
+                        f"generation step failed: {exc!r}", "retry; if it persists, check the engine logs"
+                    )
+                self._fail_all(exc)
+                continue
+            timing = self.llm.runner.last_timing
+            step_s = time.perf_counter() - start
+            safe_call(
+                self.observer.on_step,
+                len(out.prefill),
+                len(out.decode),
+                out.num_batched_tokens,
+                step_s,
+                timing.kv_length,
+            )
+            for update in self.llm.scheduler.update(result):
+                self._publish(update)
+            self._counts()
+
+    def _publish(self, up: SequenceUpdate) -> None:
+        track = self._tracks.get(up.seq_id)
+        if track is None:
+            return
+        now = time.monotonic()
+        if track.last is None:
+            safe_call(self.observer.on_first_token, now - track.arrival)
+        else:
+            safe_call(self.observer.on_token, now - track.last)
+        track.last = now
+        track.tokens = up.num_output_tokens
+        prompt = track.stream.prompt_tokens
+        event = TokenEvent(
+            up.seq_id,
+            up.token_id,
+            up.text,
+            up.num_output_tokens,
+            up.finish_reason,
+            prompt,
+            up.num_output_tokens,
+        )
+        track.stream._push(event)
+        if up.finish_reason is not None:
+            del self._tracks[up.seq_id]
+            safe_call(self.observer.on_finish, now - track.arrival, prompt, up.num_output_tokens, up.finish_reason)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        for rid, track in list(self._tracks.items()):
+            self.llm.scheduler.abort(rid, "error")
+            track.stream._push(exc)
+            e2e = time.monotonic() - track.arrival
+            safe_call(self.observer.on_finish, e2e, track.stream.prompt_tokens, track.tokens, "error")
+        self._tracks.clear()
+        self._counts()

@@ -1,0 +1,327 @@
+"""Iteration-level (continuous) batching for generation. Pure Python: no torch, no numpy.
+
+Each engine step is ``schedule() → runner.execute(output) → update(runner_output)``:
+
+* :meth:`Scheduler.schedule` puts every running sequence in the step's *decode* list (one token each)
+  and then admits waiting sequences, oldest first, into the *prefill* list while there is a free slot
+  (``max_running_seqs``) and the step's token budget (``max_batched_tokens``) holds them. New requests
+  therefore join between decode steps and never wait for a batch to drain. Admission stops at the first
+  request that does not fit (FIFO, so a long prompt is never starved by short ones).
+* The CPU engines left-pad a prefill batch, so the budget counts what is computed: one token per decode
+  plus ``rows × longest prompt`` for the prefill batch. A prompt longer than the budget could never run
+  and is rejected by :meth:`Scheduler.add`.
+* :meth:`Scheduler.update` appends each sampled token and finishes a sequence on an end-of-sequence or
+  stop token (reason ``stop``), a stop string in its text (``stop``; the text is cut before it), or
+  ``max_tokens`` / the context length (``length``). Finished sequences leave at once: their slot is free
+  for the next :meth:`schedule`.
+* :meth:`Scheduler.abort` (client went away) frees the slot immediately, even while a step that includes
+  the sequence is computing; that step's token for it is dropped.
+
+One frozen dataclass crosses each boundary: :class:`SchedulerOutput` to the runner (which may run in
+another thread while the scheduler keeps changing, hence snapshots), :class:`RunnerOutput` back, and a
+:class:`SequenceUpdate` per sequence to the streaming layer.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from pydantic import Field, model_validator
+
+from miaohui.config import Frozen
+from miaohui.errors import ConfigError, InputError, QueueFullError
+from miaohui.generation.params import SamplingParams
+
+FinishReason = Literal["stop", "length", "abort", "error"]
+
+
+class Detokenizer(Protocol):
+    """Incremental text of a sequence's tokens (see :mod:`miaohui.generation.detok`)."""
+
+    def push(self, token_id: int) -> str: ...
+
+    def flush(self) -> str: ...
+
+
+DetokenizerFactory = Callable[[Seq[int]], Detokenizer]
+
+
+class SchedulerConfig(Frozen):
+    """Limits of the continuous-batching scheduler (one per model instance)."""
+
+    max_running_seqs: int = Field(default=16, ge=1)
+    """Most sequences in the running batch (each holds a KV cache row)."""
+    max_batched_tokens: int = Field(default=2048, ge=1)
+    """Token budget of one step: running sequences (1 each) + padded prefill tokens. Bounds a step's
+    latency, hence the inter-token latency other streams see while a prompt is prefilled."""
+    max_waiting: int = Field(default=256, ge=1)
+    """Most requests waiting for a slot; more are rejected with QueueFullError (HTTP 429)."""
+    max_model_len: int = Field(default=2048, ge=2)
+    """Longest prompt + output of a sequence (the context window the engine is run with)."""
+
+    @model_validator(mode="after")
+    def _budget(self) -> SchedulerConfig:
+        if self.max_batched_tokens < self.max_running_seqs:
+            raise ConfigError(
+                f"max_batched_tokens={self.max_batched_tokens} < max_running_seqs={self.max_running_seqs}",
+                "a decode step needs one token per running sequence: raise max_batched_tokens to at least "
+                f"{self.max_running_seqs} or lower max_running_seqs",
+            )
+        return self
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One request's generation state. Owned by the scheduler; other code reads it."""
+
+    seq_id: int
+    prompt_ids: list[int]
+    params: SamplingParams
+    arrival_time: float = field(default_factory=time.monotonic)
+    status: SequenceStatus = SequenceStatus.WAITING
+    output_ids: list[int] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    text: str = ""
+    """Generated text so far (stop strings cut off), when a detokenizer is attached."""
+    emitted: int = 0
+    """How many characters of ``text`` were handed out in updates."""
+    detokenizer: Detokenizer | None = None
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def last_token_id(self) -> int:
+        return self.output_ids[-1] if self.output_ids else self.prompt_ids[-1]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+
+@dataclass(frozen=True)
+class PrefillItem:
+    seq_id: int
+    prompt_ids: tuple[int, ...]
+    params: SamplingParams
+
+
+@dataclass(frozen=True)
+class DecodeItem:
+    seq_id: int
+    token_id: int
+    """The sequence's last token, fed to this decode step."""
+    params: SamplingParams
+
+
+@dataclass(frozen=True)
+class SchedulerOutput:
+    """What one step computes: scheduler → runner. Immutable snapshots, safe to read in another thread."""
+
+    step: int
+    prefill: tuple[PrefillItem, ...]
+    decode: tuple[DecodeItem, ...]
+    finished_ids: tuple[int, ...]
+    """Sequences that left since the previous step; the runner frees their KV rows."""
+    num_batched_tokens: int
+    """Decode tokens + padded prefill tokens of this step (what the budget counted)."""
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.prefill and not self.decode
+
+
+@dataclass(frozen=True)
+class RunnerOutput:
+    """Runner → scheduler: the token sampled for each sequence of the step."""
+
+    step: int
+    token_ids: dict[int, int]
+
+
+@dataclass(frozen=True)
+class SequenceUpdate:
+    """Scheduler → streaming layer: one new token of one sequence (and the text it completes)."""
+
+    seq_id: int
+    token_id: int | None
+    """None for a finish without a token (abort, error)."""
+    text: str
+    """New text to show: held back while it could still become a stop string; may be empty."""
+    num_output_tokens: int
+    finish_reason: FinishReason | None = None
+
+
+class Scheduler:
+    """Continuous-batching scheduler; see the module docstring for the contract of each call."""
+
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        eos_token_ids: Iterable[int] = (),
+        detokenizer_factory: DetokenizerFactory | None = None,
+    ) -> None:
+        self.config = config
+        self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
+        self._detok = detokenizer_factory
+        self._waiting: deque[Sequence] = deque()
+        self._running: list[Sequence] = []
+        self._seqs: dict[int, Sequence] = {}
+        self._finished_since_step: list[int] = []
+        self._ids = itertools.count()
+        self._step = 0
+
+    # ---- queries -------------------------------------------------------------------------------------
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    def has_work(self) -> bool:
+        return bool(self._waiting or self._running)
+
+    def get(self, seq_id: int) -> Sequence | None:
+        """An unfinished sequence by id (finished ones are forgotten)."""
+        return self._seqs.get(seq_id)
+
+    def new_seq_id(self) -> int:
+        return next(self._ids)
+
+    # ---- requests ------------------------------------------------------------------------------------
+    def add(self, prompt_ids: Seq[int], params: SamplingParams, seq_id: int | None = None) -> Sequence:
+        """Queue a request. Raises InputError (bad prompt) or QueueFullError (``max_waiting`` reached)."""
+        cfg = self.config
+        if not prompt_ids:
+            raise InputError("the prompt has no tokens", "send a non-empty prompt")
+        if len(prompt_ids) >= cfg.max_model_len:
+            raise InputError(
+                f"the prompt has {len(prompt_ids)} tokens; the context length is {cfg.max_model_len}",
+                f"shorten the prompt below {cfg.max_model_len} tokens (room is needed for the answer)",
+            )
+        if len(prompt_ids) > cfg.max_batched_tokens:
+            raise InputError(
+                f"the prompt has {len(prompt_ids)} tokens, more than max_batched_tokens="
+                f"{cfg.max_batched_tokens} (one step's budget)",
+                f"shorten the prompt to {cfg.max_batched_tokens} tokens or raise max_batched_tokens",
+            )
+        if len(self._waiting) >= cfg.max_waiting:
+            raise QueueFullError(
+                f"{len(self._waiting)} requests are waiting (max_waiting={cfg.max_waiting})",
+                "retry later, or raise max_waiting / add instances",
+            )
+        sid = self.new_seq_id() if seq_id is None else seq_id
+        if sid in self._seqs:
+            raise InputError(f"sequence id {sid} is already in use", "use a new id or let the scheduler pick")
+        ids = [int(t) for t in prompt_ids]
+        seq = Sequence(sid, ids, params, detokenizer=self._detok(ids) if self._detok else None)
+        self._waiting.append(seq)
+        self._seqs[sid] = seq
+        return seq
+
+    def abort(self, seq_id: int, reason: FinishReason = "abort") -> SequenceUpdate | None:
+        """Finish a sequence now and free its slot; None if it is unknown or already finished."""
+        seq = self._seqs.get(seq_id)
+        if seq is None:
+            return None
+        if seq.status is SequenceStatus.WAITING:
+            self._waiting.remove(seq)
+        else:
+            self._running.remove(seq)
+        self._finish(seq, reason)
+        return SequenceUpdate(seq_id, None, "", len(seq.output_ids), reason)
+
+    # ---- steps ---------------------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        """Pick this step's decode and prefill sequences (see the module docstring)."""
+        cfg = self.config
+        decode = tuple(DecodeItem(s.seq_id, s.last_token_id, s.params) for s in self._running)
+        budget = cfg.max_batched_tokens - len(decode)
+        admitted: list[Sequence] = []
+        longest = 0
+        while self._waiting and len(self._running) + len(admitted) < cfg.max_running_seqs:
+            seq = self._waiting[0]
+            width = max(longest, seq.prompt_len)
+            if width * (len(admitted) + 1) > budget:
+                break
+            longest = width
+            admitted.append(self._waiting.popleft())
+        for seq in admitted:
+            seq.status = SequenceStatus.RUNNING
+            self._running.append(seq)
+        self._step += 1
+        finished, self._finished_since_step = tuple(self._finished_since_step), []
+        return SchedulerOutput(
+            step=self._step,
+            prefill=tuple(PrefillItem(s.seq_id, tuple(s.prompt_ids), s.params) for s in admitted),
+            decode=decode,
+            finished_ids=finished,
+            num_batched_tokens=len(decode) + longest * len(admitted),
+        )
+
+    def update(self, output: RunnerOutput) -> list[SequenceUpdate]:
+        """Append the step's tokens; finish sequences that are done. Tokens of aborted ones are dropped."""
+        updates: list[SequenceUpdate] = []
+        for seq_id, token in output.token_ids.items():
+            seq = self._seqs.get(seq_id)
+            if seq is None or seq.status is not SequenceStatus.RUNNING:
+                continue
+            updates.append(self._append(seq, int(token)))
+        return updates
+
+    # ---- internals -----------------------------------------------------------------------------------
+    def _append(self, seq: Sequence, token: int) -> SequenceUpdate:
+        p = seq.params
+        seq.output_ids.append(token)
+        reason: FinishReason | None = None
+        cut = False
+        if (token in self.eos_token_ids and not p.ignore_eos) or token in p.stop_token_ids:
+            reason = "stop"
+        elif seq.detokenizer is not None:
+            delta = seq.detokenizer.push(token)
+            seq.text += delta
+            if p.stop and delta:
+                start = max(0, len(seq.text) - len(delta) - p.max_stop_len + 1)
+                hits = [i for i in (seq.text.find(s, start) for s in p.stop) if i >= 0]
+                if hits:
+                    seq.text = seq.text[: min(hits)]
+                    reason, cut = "stop", True
+        if reason is None and (len(seq.output_ids) >= p.max_tokens or seq.num_tokens >= self.config.max_model_len):
+            reason = "length"
+        if reason is not None:
+            if not cut and seq.detokenizer is not None:  # an incomplete character still held
+                seq.text += seq.detokenizer.flush()
+            self._running.remove(seq)
+            self._finish(seq, reason)
+            end = len(seq.text)
+        else:
+            end = len(seq.text) - max(0, p.max_stop_len - 1)
+        text = seq.text[seq.emitted : end] if end > seq.emitted else ""
+        seq.emitted = max(seq.emitted, end)
+        return SequenceUpdate(seq.seq_id, token, text, len(seq.output_ids), reason)
+
+    def _finish(self, seq: Sequence, reason: FinishReason) -> None:
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        del self._seqs[seq.seq_id]
+        self._finished_since_step.append(seq.seq_id)

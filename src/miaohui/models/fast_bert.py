@@ -1,0 +1,122 @@
+"""A compact BERT encoder for compiled engines: the same math as HF ``BertModel`` with Q/K/V fused into one
+GEMM, SDPA attention with an additive padding bias, and no framework bookkeeping in the graph.
+
+What TensorRT does by layer fusion we do in the model definition, so ``torch.export`` / AOTInductor see a
+small, regular graph (fewer, larger kernels; one CUDA graph per bucket). Weights are copied from a trained
+:class:`~miaohui.models.intent.IntentClassifier`; :func:`from_intent` checks nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F  # noqa: N812
+from torch import nn
+
+from miaohui.models.intent import IntentClassifier, SentenceEncoder
+
+MASK_BIAS = -1e4
+"""Added to attention scores of padding keys (finite, so half precision cannot overflow to NaN)."""
+
+
+class FastBertLayer(nn.Module):
+    def __init__(self, hidden: int, heads: int, intermediate: int, eps: float) -> None:
+        super().__init__()
+        self.heads, self.head_dim = heads, hidden // heads
+        self.qkv = nn.Linear(hidden, 3 * hidden)
+        self.attn_out = nn.Linear(hidden, hidden)
+        self.ln1 = nn.LayerNorm(hidden, eps=eps)
+        self.ffn_in = nn.Linear(hidden, intermediate)
+        self.ffn_out = nn.Linear(intermediate, hidden)
+        self.ln2 = nn.LayerNorm(hidden, eps=eps)
+
+    def forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        b, s, h = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+        x = self.ln1(x + self.attn_out(a.transpose(1, 2).reshape(b, s, h)))
+        return self.ln2(x + self.ffn_out(F.gelu(self.ffn_in(x))))
+
+
+class FastBert(nn.Module):
+    """Embeddings (word + position + token type 0) → LayerNorm → layers; returns the last hidden states."""
+
+    def __init__(self, vocab: int, hidden: int, layers: int, heads: int, intermediate: int, max_positions: int,
+                 type_vocab: int = 2, eps: float = 1e-12) -> None:
+        super().__init__()
+        self.word = nn.Embedding(vocab, hidden)
+        self.position = nn.Embedding(max_positions, hidden)
+        self.token_type = nn.Embedding(type_vocab, hidden)
+        self.ln = nn.LayerNorm(hidden, eps=eps)
+        self.layers = nn.ModuleList(FastBertLayer(hidden, heads, intermediate, eps) for _ in range(layers))
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        s = input_ids.shape[1]
+        x = self.word(input_ids) + self.position.weight[:s] + self.token_type.weight[0]
+        x = self.ln(x)
+        bias = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * MASK_BIAS
+        for layer in self.layers:
+            x = layer(x, bias)
+        return x
+
+
+def _pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    m = mask.unsqueeze(-1).to(hidden.dtype)
+    return (hidden * m).sum(1) / m.sum(1).clamp(min=1.0)
+
+
+class FastIntentClassifier(nn.Module):
+    def __init__(self, encoder: FastBert, num_labels: int) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.head = nn.Linear(encoder.ln.normalized_shape[0], num_labels)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.head(_pool(self.encoder(input_ids, attention_mask), attention_mask))
+
+
+class FastSentenceEncoder(nn.Module):
+    def __init__(self, encoder: FastBert) -> None:
+        super().__init__()
+        self.encoder = encoder
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return F.normalize(_pool(self.encoder(input_ids, attention_mask), attention_mask), dim=-1)
+
+
+@torch.no_grad()
+def _copy_encoder(hf: nn.Module) -> FastBert:
+    cfg = hf.config
+    fast = FastBert(cfg.vocab_size, cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads,
+                    cfg.intermediate_size, cfg.max_position_embeddings, cfg.type_vocab_size, cfg.layer_norm_eps)
+    emb = hf.embeddings
+    fast.word.weight.copy_(emb.word_embeddings.weight)
+    fast.position.weight.copy_(emb.position_embeddings.weight)
+    fast.token_type.weight.copy_(emb.token_type_embeddings.weight)
+    fast.ln.load_state_dict(emb.LayerNorm.state_dict())
+    for mine, theirs in zip(fast.layers, hf.encoder.layer, strict=True):
+        att = theirs.attention
+        mine.qkv.weight.copy_(torch.cat([att.self.query.weight, att.self.key.weight, att.self.value.weight]))
+        mine.qkv.bias.copy_(torch.cat([att.self.query.bias, att.self.key.bias, att.self.value.bias]))
+        mine.attn_out.load_state_dict(att.output.dense.state_dict())
+        mine.ln1.load_state_dict(att.output.LayerNorm.state_dict())
+        mine.ffn_in.load_state_dict(theirs.intermediate.dense.state_dict())
+        mine.ffn_out.load_state_dict(theirs.output.dense.state_dict())
+        mine.ln2.load_state_dict(theirs.output.LayerNorm.state_dict())
+    return fast
+
+
+def from_module(module: nn.Module) -> nn.Module:
+    """The fast equivalent of a (HF-based) :class:`IntentClassifier` or :class:`SentenceEncoder`, eval mode."""
+    act = getattr(module.encoder.config, "hidden_act", "gelu")
+    if act != "gelu":
+        raise ValueError(f"FastBert implements erf GELU, the model uses {act!r}")
+    encoder = _copy_encoder(module.encoder)
+    if isinstance(module, IntentClassifier):
+        fast: nn.Module = FastIntentClassifier(encoder, module.head.out_features)
+        with torch.no_grad():
+            fast.head.load_state_dict(module.head.state_dict())
+    elif isinstance(module, SentenceEncoder):
+        fast = FastSentenceEncoder(encoder)
+    else:
+        raise TypeError(f"cannot convert {type(module).__name__}")
+    return fast.eval()
