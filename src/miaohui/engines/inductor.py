@@ -1,13 +1,20 @@
 """``inductor`` backend: the PyTorch compiler as the GPU engine we can run on the H200.
 
 Build: the model is rewritten as :mod:`miaohui.models.fast_bert` (fused QKV GEMM, SDPA), then
-``torch.export`` with dynamic batch/sequence dims from the ``--shapes`` profile → AOTInductor
-(max-autotune GEMM selection) → ``model.pt2``. Half precision is a cast of the graph; LayerNorm and SDPA
-accumulate in fp32 on CUDA, and the logits leave the graph as fp32.
+``torch.export`` with dynamic batch/sequence dims from the ``--shapes`` profile → ``program.pt2`` (the
+exported program), compiled by Inductor (max-autotune GEMM selection) over the profile's buckets; the
+compiled kernels are saved with ``torch.compiler.save_cache_artifacts`` → ``inductor-cache.bin``.
+Half precision is a cast of the graph; LayerNorm and SDPA accumulate in fp32 on CUDA, and the logits
+leave the graph as fp32.
 
-Run: the package is loaded (no recompilation); on CUDA every (batch, sequence) bucket gets one CUDA graph
-over static input buffers, captured on first use (warm-up shapes are captured before ready), on this
-instance's own stream; inputs are staged through pinned host memory and padded to the bucket.
+Why not an AOTInductor ``.pt2`` package: on the H200 image (torch 2.11, CUDA 13) ``aoti_load_package``
+segfaulted while loading packages we built there, in the building process and in a fresh one
+(see README, GPU section). The saved compile cache gives the same property that matters: loading does
+not recompile or re-autotune — Dynamo re-traces the exported graph and every kernel is a cache hit.
+
+Run: on CUDA every (batch, sequence) bucket gets one CUDA graph over static input buffers, captured on
+first use (warm-up shapes are captured before ready), on this instance's own stream; inputs are staged
+through pinned host memory and padded to the bucket.
 """
 
 from __future__ import annotations
@@ -29,7 +36,8 @@ from miaohui.errors import ArtifactError, BuildError
 from miaohui.models.checkpoint import load_checkpoint
 from miaohui.models.fast_bert import from_module
 
-ENGINE_FILE = "model.pt2"
+ENGINE_FILE = "program.pt2"
+CACHE_FILE = "inductor-cache.bin"
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 SEQ_BUCKETS = (8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 
@@ -67,12 +75,17 @@ def build(ctx: BuildContext) -> BuiltEngine:
         warnings.simplefilter("ignore")
         ep = torch.export.export(model, (ids, mask), dynamic_shapes=({0: batch, 1: seq}, {0: batch, 1: seq}))
         export_s = time.perf_counter() - started
-        ctx.log(f"AOTInductor compile ({ctx.cfg.precision}, max-autotune {'on' if ctx.cfg.autotune else 'off'})")
-        configs: dict[str, Any] = {"max_autotune": ctx.cfg.autotune}
-        if device == "cuda":
-            configs["max_autotune_gemm_backends"] = "ATEN,TRITON"
-        torch._inductor.aoti_compile_and_package(ep, package_path=str(ctx.out_dir / ENGINE_FILE),
-                                                 inductor_configs=configs)
+        torch.export.save(ep, str(ctx.out_dir / ENGINE_FILE))
+        ctx.log(f"Inductor compile ({ctx.cfg.precision}, max-autotune {'on' if ctx.cfg.autotune else 'off'})")
+        torch.compiler.reset()
+        fn = compile_program(ep.module(), ctx.cfg.autotune)
+        for wb, ws in {(1, min(16, rng.max[1])), (b, s), (rng.max[0], rng.max[1])}:
+            wb, ws = max(wb, rng.min[0]), max(ws, rng.min[1])
+            fn(torch.randint(5, 1000, (wb, ws), device=device), torch.ones((wb, ws), dtype=torch.int64, device=device))
+        saved = torch.compiler.save_cache_artifacts()
+        if saved is None:
+            raise BuildError("Inductor produced no compile cache to save", "report the torch version; rebuild")
+        (ctx.out_dir / CACHE_FILE).write_bytes(saved[0])
     compile_s = time.perf_counter() - started - export_s
     meta = ctx.model.meta
     width = len(meta.labels) if meta.kind == "intent" else int(meta.bert_config["hidden_size"])
@@ -83,6 +96,13 @@ def build(ctx: BuildContext) -> BuiltEngine:
         extra={"export_seconds": round(export_s, 2), "compile_seconds": round(compile_s, 2),
                "torch": torch.__version__, "cuda": torch.version.cuda, "autotune": ctx.cfg.autotune},
     )
+
+
+def compile_program(module: torch.nn.Module, autotune: bool) -> Any:
+    """The same compile call at build and at load, so the load is all cache hits."""
+    mode = "max-autotune-no-cudagraphs" if autotune else None
+    module.requires_grad_(False)
+    return torch.compile(module, dynamic=True, mode=mode)
 
 
 def batch_buckets(max_batch: int) -> list[int]:
@@ -115,11 +135,12 @@ class InductorEngine(Engine):
         self.device = torch.device("cuda" if manifest.target.device == "cuda" else "cpu")
         started = time.perf_counter()
         try:
-            self._runner = torch._inductor.aoti_load_package(str(path / manifest.engine_file),
-                                                             run_single_threaded=self.device.type == "cuda")
+            torch.compiler.load_cache_artifacts((path / CACHE_FILE).read_bytes())
+            program = torch.export.load(str(path / manifest.engine_file))
+            self._runner = compile_program(program.module(), bool(manifest.build_config.autotune))
         except Exception as exc:
-            raise ArtifactError(f"cannot load AOTInductor package {path / manifest.engine_file}: {exc}",
-                                "the file is corrupt or was built by another torch; rebuild it") from exc
+            raise ArtifactError(f"cannot load inductor engine {path}: {exc}",
+                                "the files are corrupt or were built by another torch; rebuild it") from exc
         self.load_seconds = time.perf_counter() - started
         profile = manifest.inputs[0].profile
         max_b, max_s = (profile.max if profile else (64, manifest.max_length or 128))
@@ -141,7 +162,7 @@ class InductorEngine(Engine):
             return
         ids = torch.full((b, s), 5, dtype=torch.int64, device=self.device)
         mask = torch.ones_like(ids)
-        with torch.cuda.stream(self.stream):
+        with torch.no_grad(), torch.cuda.stream(self.stream):
             for _ in range(2):  # warm the kernels and the allocator outside the graph
                 self._runner(ids, mask)
             self.stream.synchronize()
@@ -153,6 +174,9 @@ class InductorEngine(Engine):
     def _infer_impl(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         ids_np, mask_np = feeds["input_ids"], feeds["attention_mask"]
         if self.device.type == "cpu":
+            if ids_np.shape[1] == 1:  # a size-1 dim would be a new specialisation (a recompile): pad to 2
+                ids_np = np.pad(ids_np, ((0, 0), (0, 1)))
+                mask_np = np.pad(mask_np, ((0, 0), (0, 1)))
             with torch.no_grad():
                 out = self._runner(torch.from_numpy(ids_np), torch.from_numpy(mask_np))
             return {self.output_names[0]: out.numpy()}
@@ -171,7 +195,7 @@ class InductorEngine(Engine):
         h_mask[:, 0] = 1  # padding rows attend to one token (no all-masked softmax); their outputs are dropped
         h_ids[:b, :s] = ids_np
         h_mask[:b, :s] = mask_np
-        with torch.cuda.stream(self.stream):
+        with torch.no_grad(), torch.cuda.stream(self.stream):
             k.ids.copy_(k.host_ids, non_blocking=True)
             k.mask.copy_(k.host_mask, non_blocking=True)
             k.graph.replay()

@@ -9,60 +9,110 @@ import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import grpc
 import uvicorn
 from fastapi import FastAPI
 
 from miaohui.server.http import ServerState, create_app
 from miaohui.server.metrics import Metrics
+from miaohui.server.status import message
 from miaohui.serving.repository import ModelManager
 
 log = logging.getLogger("miaohui.server")
+GRPC_GRACE_S = 2.0
+"""How long in-flight gRPC calls may finish at shutdown."""
 
 
 def build_app(repository: Path, models: list[str] | None = None) -> FastAPI:
     """The HTTP app with a lifespan that loads (and warms up) the repository before serving."""
+    from miaohui.generation.artifact import causal_lm_names
+    from miaohui.server.generation_service import GenerationService
+
     metrics = Metrics()
     manager = ModelManager(repository, observer_factory=metrics.observer)
     state = ServerState(manager, metrics)
+    llm_names = causal_lm_names(repository)
+    generation = GenerationService(
+        repository, metrics, names=[n for n in models if n in llm_names] if models else llm_names
+    )
+    state.generation = generation
+    encoder_models = [n for n in models if n not in llm_names] if models else None
     app = create_app(state)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        await manager.load_all(models)
+        if encoder_models is None or encoder_models:  # [] = only LLMs were asked for
+            await manager.load_all(encoder_models)
+        await generation.start()
         try:
             yield
         finally:
             state.shutting_down = True
+            await generation.stop()
             await manager.stop()
 
     app.router.lifespan_context = lifespan
     return app
 
 
-async def serve_async(repository: Path, host: str, port: int, grpc_port: int, models: list[str] | None) -> None:
+async def serve_async(repository: Path, host: str, port: int, grpc_port: int, models: list[str] | None) -> int:
+    """Serve until stopped; the exit status: 0 after a normal stop, 1 when gRPC could not start.
+
+    gRPC starts once HTTP listens. If it cannot (port in use, bad host), the error is logged and the whole
+    server stops: a server that silently lacks one protocol is worse than none. At shutdown gRPC stops first
+    (in-flight RPCs get a grace period), then the models.
+    """
     app = build_app(repository, models)
     state: ServerState = app.state.miaohui
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="on")
     server = uvicorn.Server(config)
-    grpc_server = None
-    if grpc_port:
+    grpc_server: grpc.aio.Server | None = None
+    grpc_error: BaseException | None = None
+
+    async def start_grpc_when_ready() -> None:
+        nonlocal grpc_server, grpc_error
         from miaohui.server.grpc import start_grpc
 
-        async def _start_grpc_when_ready() -> None:
-            nonlocal grpc_server
-            while not server.started:
-                await asyncio.sleep(0.05)
+        while not server.started:
+            if server.should_exit:
+                return
+            await asyncio.sleep(0.05)
+        try:
             grpc_server = await start_grpc(state, host, grpc_port)
+        except Exception as exc:
+            grpc_error = exc
+            log.error("gRPC could not start, stopping the server: %s", message(exc))
+            server.should_exit = True
 
-        grpc_starter = asyncio.ensure_future(_start_grpc_when_ready())
+    models_lifespan = app.router.lifespan_context
+
+    @contextlib.asynccontextmanager
+    async def lifespan(a: FastAPI) -> AsyncIterator[None]:
+        async with models_lifespan(a):  # its exit stops the models: stop gRPC before that
+            try:
+                yield
+            finally:
+                state.shutting_down = True
+                await stop_grpc()
+
+    async def stop_grpc() -> None:
+        nonlocal grpc_server
+        if grpc_server is not None:
+            stopping, grpc_server = grpc_server, None
+            await stopping.stop(grace=GRPC_GRACE_S)
+
+    app.router.lifespan_context = lifespan
+    grpc_starter = asyncio.ensure_future(start_grpc_when_ready()) if grpc_port else None
     log.info("serving %s on http://%s:%d (gRPC %s)", repository, host, port, grpc_port or "off")
     try:
         await server.serve()
     finally:
-        if grpc_port:
+        if grpc_starter is not None and not grpc_starter.done():
             grpc_starter.cancel()
-        if grpc_server is not None:
-            await grpc_server.stop(grace=2.0)
+            with contextlib.suppress(asyncio.CancelledError):
+                await grpc_starter
+        await stop_grpc()  # done in the lifespan already, unless the server never got that far
+    return 1 if grpc_error is not None else 0
 
 
 def run_server(
@@ -72,11 +122,17 @@ def run_server(
     grpc_port: int = 8001,
     models: list[str] | None = None,
 ) -> None:
+    """Run until SIGINT/SIGTERM. Exits non-zero (``SystemExit``) when startup failed: uvicorn exits with 3 when
+    HTTP cannot listen or the models' startup raises; 1 when gRPC cannot listen."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     with contextlib.suppress(ImportError):
         import uvloop
 
         uvloop.install()
     signal.signal(signal.SIGTERM, signal.default_int_handler)
+    status = 0
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve_async(repository, host, port, grpc_port, models))
+        status = asyncio.run(serve_async(repository, host, port, grpc_port, models))
+    if status:
+        log.error("miaohui server did not start (see the error above); exiting with status %d", status)
+        raise SystemExit(status)

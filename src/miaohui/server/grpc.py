@@ -4,30 +4,28 @@ Same contracts as HTTP (:mod:`miaohui.server.kserve`), same inference path (:fun
 and the same error mapping (:mod:`miaohui.server.status`): every failure is a gRPC status with a message that
 says how to fix the call, and fails that request only.
 
-Tensors arrive as ``raw_input_contents`` (what tritonclient sends: little-endian values; BYTES elements each
-prefixed by a 4-byte little-endian length) or as typed ``InferTensorContents``; outputs always go back as
-``raw_output_contents``. Deadline: ``parameters["timeout"]`` (microseconds, Triton's) or the gRPC deadline,
-whichever comes first. A cancelled RPC cancels its handler task; the batcher drops its rows before compute.
+Tensors arrive as ``raw_input_contents`` (what tritonclient sends; the layout of
+:mod:`miaohui.server.tensor_codec`: little-endian values, BYTES elements each prefixed by a 4-byte little-endian
+length) or as typed ``InferTensorContents``; outputs always go back as ``raw_output_contents``.
+Deadline: ``parameters["timeout"]`` (microseconds, Triton's) or the gRPC deadline, whichever comes first.
+A cancelled RPC cancels its handler task; the batcher drops its rows before compute.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import math
-import re
-import struct
 import time
-from collections.abc import Awaitable, Iterable
-from typing import Any, TypeVar
+from collections.abc import Awaitable
+from typing import TypeVar
 
 import grpc
 import numpy as np
 
 from miaohui import __version__
 from miaohui.errors import ConfigError, InputError, MiaohuiError, ModelNotFoundError
-from miaohui.server import kserve
-from miaohui.server.http import MAX_TEXTS, ServerState, check_not_shutting_down, infer_tensors
+from miaohui.server import kserve, tensor_codec
+from miaohui.server.http import ServerState, check_not_shutting_down, infer_tensors
 from miaohui.server.proto import grpc_service_pb2 as pb
 from miaohui.server.proto import grpc_service_pb2_grpc as pb_grpc
 from miaohui.server.status import grpc_status, http_status, message, reason
@@ -41,11 +39,7 @@ MAX_REQUEST_BYTES = 16 << 20
 """Largest ModelInfer request we decode; bigger ones get INVALID_ARGUMENT with this limit in the message."""
 GRPC_MAX_RECEIVE_BYTES = 2 * MAX_REQUEST_BYTES
 """gRPC's own cap: a message above it is refused by gRPC itself (RESOURCE_EXHAUSTED) before it is read."""
-MAX_BYTES_ELEMENTS = 16 * MAX_TEXTS
-"""Most elements in one BYTES tensor (bounds the decode loop; the text contract allows MAX_TEXTS)."""
 EXTENSIONS = ["model_repository"]
-_MODEL_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
-_LENGTH = struct.Struct("<I")
 # InferTensorContents field per KServe datatype (FP16/BF16 have none: they must come raw).
 _CONTENTS_FIELD = {
     "BOOL": "bool_contents",
@@ -81,7 +75,7 @@ async def start_grpc(state: ServerState, host: str, port: int) -> grpc.aio.Serve
     try:
         bound = server.add_insecure_port(address)
     except RuntimeError as exc:  # grpc ≥ 1.5x raises; older versions return port 0
-        bound, cause = 0, str(exc)
+        bound, cause = 0, str(exc).rstrip(".")
     if not bound:
         raise ConfigError(
             f"cannot listen for gRPC on {address}: {cause}",
@@ -131,7 +125,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         return await _answer(context, self._metadata(request.name, request.version))
 
     async def _metadata(self, model: str, version: str) -> pb.ModelMetadataResponse:
-        meta = model_metadata(self.manager, model, version or None)
+        meta = kserve.model_metadata(self.manager, model, version or None)
         tensors = {
             key: [pb.ModelMetadataResponse.TensorMetadata(**t) for t in meta[key]] for key in ("inputs", "outputs")
         }
@@ -151,12 +145,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         self, request: pb.RepositoryModelLoadRequest, context: grpc.aio.ServicerContext
     ) -> pb.RepositoryModelLoadResponse:
         async def load() -> pb.RepositoryModelLoadResponse:
-            if request.parameters:
-                raise InputError(
-                    f"load parameters {sorted(request.parameters)} are not supported (no inline config or files)",
-                    "put config.yaml and the versions in the repository, then load the model by name",
-                )
-            await self.manager.load(_model_name(request.model_name))
+            kserve.check_load_parameters(list(request.parameters))
+            await self.manager.load(request.model_name)
             return pb.RepositoryModelLoadResponse()
 
         return await _answer(context, load())
@@ -165,7 +155,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         self, request: pb.RepositoryModelUnloadRequest, context: grpc.aio.ServicerContext
     ) -> pb.RepositoryModelUnloadResponse:
         async def unload() -> pb.RepositoryModelUnloadResponse:
-            await self.manager.unload(_model_name(request.model_name))  # "unload_dependents": no ensembles here
+            await self.manager.unload(request.model_name)  # "unload_dependents": no ensembles here
             return pb.RepositoryModelUnloadResponse()
 
         return await _answer(context, unload())
@@ -177,9 +167,10 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     ) -> pb.ModelInferResponse:
         started = time.perf_counter()
         model, metrics = request.model_name, self.state.metrics
+        label = kserve.model_label(self.manager, model)
         served: ServedVersion | None = None
         error: BaseException | None = None
-        metrics.in_flight.labels(model).inc()
+        metrics.in_flight.labels(label).inc()
         try:
             check_not_shutting_down(self.state)
             size = request.ByteSize()
@@ -192,35 +183,21 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             outputs = await infer_tensors(served, raw, tensors, deadline)
             response = encode_outputs(request, served, outputs)
         except asyncio.CancelledError:  # the client went away: the batcher already dropped its rows
-            metrics.done(model, _version(served), "grpc", 499, time.perf_counter() - started, "cancelled")
+            metrics.done(label, _version(served), "grpc", 499, time.perf_counter() - started, "cancelled")
             raise
         except Exception as exc:
             error = exc
             if not isinstance(exc, MiaohuiError):
                 log.exception("ModelInfer %r failed unexpectedly", model)
         finally:
-            metrics.in_flight.labels(model).dec()
+            metrics.in_flight.labels(label).dec()
         code = http_status(error) if error else 200
         metrics.done(
-            model, _version(served), "grpc", code, time.perf_counter() - started, reason(error) if error else ""
+            label, _version(served), "grpc", code, time.perf_counter() - started, reason(error) if error else ""
         )
         if error is not None:
             await context.abort(grpc_status(error), message(error))
         return response
-
-
-def model_metadata(manager: ModelManager, model: str, version: str | None) -> dict[str, Any]:
-    """The KServe model metadata of ``model`` (text model ``M`` or tensor model ``M-raw``), as HTTP gives it."""
-    base, raw = kserve.split_name(model)
-    served = manager.get(base, version)
-    versions = [v.version for s in manager.states() if s.name == base for v in s.versions.values()]
-    platform = f"miaohui_{served.manifest.backend}"
-    if served.manifest.task == "intent" and not raw:
-        return kserve.text_metadata(model, versions, platform)
-    if raw and served.manifest.task != "intent":
-        raise ModelNotFoundError(f"model {model!r} does not exist", f"use {base!r} for the tensor interface")
-    out = served.manifest.outputs[0]
-    return kserve.tensor_metadata(model, versions, platform, out.name, int(out.dims[-1]))
 
 
 # ---------------------------------------------------------------------- tensors
@@ -245,67 +222,20 @@ def decode_inputs(request: pb.ModelInferRequest) -> dict[str, np.ndarray]:
                 f"input {spec.name!r} sets contents while the request uses raw_input_contents",
                 "send all inputs raw or all in contents",
             )
-        shape, count = _shape(spec)
+        shape = [int(d) for d in spec.shape]
         if raw:
-            tensors[spec.name] = _from_raw(spec.name, spec.datatype, shape, count, raw[i])
+            tensors[spec.name] = tensor_codec.decode(spec.name, spec.datatype, shape, raw[i])
         else:
-            tensors[spec.name] = _from_contents(spec, shape, count)
+            tensors[spec.name] = _from_contents(spec, shape)
     return tensors
 
 
-def _shape(spec: pb.ModelInferRequest.InferInputTensor) -> tuple[list[int], int]:
-    shape = [int(d) for d in spec.shape]
-    if any(d < 0 for d in shape):
-        raise InputError(f"input {spec.name!r} has a negative dimension in shape {shape}", "give concrete sizes")
-    return shape, math.prod(shape)
-
-
-def _from_raw(name: str, datatype: str, shape: list[int], count: int, data: bytes) -> np.ndarray:
-    if datatype == "BYTES":
-        return np.array(_split_bytes(name, data, count), dtype=object).reshape(shape)
-    dtype = _numeric_dtype(name, datatype)
-    if len(data) != count * dtype.itemsize:
-        raise InputError(
-            f"input {name!r} has {len(data)} bytes of raw data but shape {shape} of {datatype} "
-            f"needs {count * dtype.itemsize}",
-            "make the data match the shape and datatype",
-        )
-    return np.frombuffer(data, dtype=dtype.newbyteorder("<")).astype(dtype).reshape(shape)
-
-
-def _split_bytes(name: str, data: bytes, count: int) -> list[str]:
-    """KServe's BYTES wire format: per element a uint32 little-endian length, then that many bytes."""
-    _check_bytes_count(name, count)
-    items: list[str] = []
-    offset = 0
-    for index in range(count):
-        if offset + 4 > len(data):
-            raise InputError(
-                f"input {name!r} raw data ends after {index} of {count} BYTES elements",
-                "prefix every element with its 4-byte little-endian length",
-            )
-        (length,) = _LENGTH.unpack_from(data, offset)
-        offset += 4
-        if offset + length > len(data):
-            raise InputError(
-                f"input {name!r} BYTES element #{index} claims {length} bytes but only {len(data) - offset} remain",
-                "prefix every element with its exact length",
-            )
-        items.append(_utf8(name, index, data[offset : offset + length]))
-        offset += length
-    if offset != len(data):
-        raise InputError(
-            f"input {name!r} has {len(data) - offset} bytes after its {count} BYTES elements",
-            "make the shape match the number of elements",
-        )
-    return items
-
-
-def _from_contents(spec: pb.ModelInferRequest.InferInputTensor, shape: list[int], count: int) -> np.ndarray:
+def _from_contents(spec: pb.ModelInferRequest.InferInputTensor, shape: list[int]) -> np.ndarray:
     name, datatype = spec.name, spec.datatype
+    count = tensor_codec.check_shape(name, shape)
     field = _CONTENTS_FIELD.get(datatype)
     if field is None:
-        _numeric_dtype(name, datatype)  # unknown datatype: its own message
+        tensor_codec.numeric_dtype(name, datatype)  # unknown datatype: its own message
         raise InputError(
             f"input {name!r} of datatype {datatype} has no contents field", "send it in raw_input_contents"
         )
@@ -316,68 +246,31 @@ def _from_contents(spec: pb.ModelInferRequest.InferInputTensor, shape: list[int]
             "make the data match the shape",
         )
     if datatype == "BYTES":
-        _check_bytes_count(name, count)
-        return np.array([_utf8(name, i, v) for i, v in enumerate(values)], dtype=object).reshape(shape)
-    dtype = _numeric_dtype(name, datatype)
+        tensor_codec.check_bytes_count(name, count)
+        return np.array([tensor_codec.utf8(name, i, v) for i, v in enumerate(values)], dtype=object).reshape(shape)
+    dtype = tensor_codec.numeric_dtype(name, datatype)
     wide = np.asarray(values)  # the field's own type: int32/uint32 hold INT8/16 and UINT8/16
     if dtype.kind in "iu" and wide.size and (wide.min() < np.iinfo(dtype).min or wide.max() > np.iinfo(dtype).max):
         raise InputError(f"input {name!r} values do not fit datatype {datatype}", "send numbers of that type")
     return wide.astype(dtype).reshape(shape)
 
 
-def _numeric_dtype(name: str, datatype: str) -> np.dtype[Any]:
-    if datatype not in kserve.DTYPES:
-        raise InputError(
-            f"input {name!r} has unsupported datatype {datatype!r}", f"use one of {sorted(kserve.DTYPES)} or BYTES"
-        )
-    return kserve.DTYPES[datatype]
-
-
-def _check_bytes_count(name: str, count: int) -> None:
-    if count > MAX_BYTES_ELEMENTS:
-        raise InputError(
-            f"input {name!r} has {count} BYTES elements; the limit is {MAX_BYTES_ELEMENTS}", "split the batch"
-        )
-
-
-def _utf8(name: str, index: int, value: bytes) -> str:
-    try:
-        return value.decode("utf-8")
-    except UnicodeDecodeError:
-        raise InputError(f"input {name!r} element #{index} is not valid UTF-8", "send text as UTF-8") from None
-
-
 def encode_outputs(
     request: pb.ModelInferRequest, served: ServedVersion, outputs: dict[str, np.ndarray]
 ) -> pb.ModelInferResponse:
     """The requested outputs (all when none are named), as raw_output_contents in that order."""
-    wanted = [o.name for o in request.outputs] or list(outputs)
-    unknown = [n for n in wanted if n not in outputs]
-    if unknown:
-        raise InputError(f"requested outputs {unknown} do not exist", f"this model's outputs are {list(outputs)}")
-    for out in request.outputs:
-        classes = out.parameters.get("classification")
-        if classes is not None and classes.WhichOneof("parameter_choice") and classes.int64_param:
-            raise InputError(
-                f"output {out.name!r} asks for classification, which is not supported",
-                "request the output itself (INTENT/CONFIDENCE are the classification)",
-            )
+    classify = [o.name for o in request.outputs if _asks_classification(o)]
+    selected = kserve.select_outputs(outputs, [o.name for o in request.outputs], classify)
     response = pb.ModelInferResponse(model_name=request.model_name, model_version=str(served.version), id=request.id)
-    for name in wanted:
-        arr = outputs[name]
+    for name, arr in selected.items():
         response.outputs.add(name=name, datatype=kserve.v2_dtype(arr), shape=list(arr.shape))
-        response.raw_output_contents.append(_to_raw(arr))
+        response.raw_output_contents.append(tensor_codec.encode(arr))
     return response
 
 
-def _to_raw(arr: np.ndarray) -> bytes:
-    if kserve.v2_dtype(arr) == "BYTES":
-        return b"".join(_LENGTH.pack(len(b)) + b for b in _as_bytes(arr.ravel()))
-    return np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<")).tobytes()
-
-
-def _as_bytes(values: Iterable[Any]) -> Iterable[bytes]:
-    return (v if isinstance(v, bytes) else str(v).encode("utf-8") for v in values)
+def _asks_classification(out: pb.ModelInferRequest.InferRequestedOutputTensor) -> bool:
+    classes = out.parameters.get("classification")
+    return bool(classes is not None and classes.WhichOneof("parameter_choice") and classes.int64_param)
 
 
 # ---------------------------------------------------------------------- helpers
@@ -399,12 +292,6 @@ def _deadline(request: pb.ModelInferRequest, context: grpc.aio.ServicerContext) 
         rpc_deadline = time.monotonic() + max(remaining, 0.0)
         deadline = rpc_deadline if deadline is None else min(deadline, rpc_deadline)
     return deadline
-
-
-def _model_name(name: str) -> str:
-    if not _MODEL_NAME.match(name) or name in (".", ".."):
-        raise InputError(f"model name {name!r} is not a plain name", "use the model's folder name in the repository")
-    return name
 
 
 def _version(served: ServedVersion | None) -> str:

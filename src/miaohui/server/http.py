@@ -1,5 +1,8 @@
-"""HTTP: KServe v2 / Open Inference Protocol, ``POST /v1/intent``, repository control, health, ``/metrics``.
+"""HTTP: KServe v2 / Open Inference Protocol, ``POST /v1/intent``, repository control, health, statistics,
+``/metrics``.
 
+KServe inference takes JSON tensors and Triton's binary tensor extension (what ``tritonclient.http`` sends by
+default; see :mod:`miaohui.server.kserve`), and answers with binary outputs when the request asks for them.
 Every error is an explicit status with a JSON ``{"error": message}`` body (KServe's error format).
 A request is either answered or rejected (400/404/429/503/504); a client that disconnects while its
 request is queued has it dropped before compute.
@@ -8,7 +11,7 @@ request is queued has it dropped before compute.
 from __future__ import annotations
 
 import asyncio
-import json
+import contextlib
 import time
 from collections.abc import Awaitable
 from typing import Any, TypeVar
@@ -18,11 +21,14 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from miaohui import __version__
 from miaohui.errors import InputError, MiaohuiError, ModelNotFoundError, UnavailableError
 from miaohui.server import kserve
+from miaohui.server.generation_service import GenerationService
 from miaohui.server.metrics import Metrics
+from miaohui.server.openai_api import openai_router
 from miaohui.server.status import http_status, message, reason
 from miaohui.serving.repository import ModelManager
 from miaohui.serving.served import ServedVersion, deadline_from_ms
@@ -41,23 +47,38 @@ class ServerState:
         self.metrics = metrics
         self.started = time.time()
         self.shutting_down = False
+        self.generation: GenerationService | None = None
+        """Causal-LM engines (OpenAI routes); None: the server has no generation models."""
 
 
 def error_response(exc: BaseException) -> JSONResponse:
     return JSONResponse({"error": message(exc)}, status_code=http_status(exc))
 
 
-async def read_json(request: Request) -> dict[str, Any]:
-    body = await request.body()
-    if len(body) > MAX_BODY_BYTES:
-        raise InputError(f"request body is {len(body)} bytes; the limit is {MAX_BODY_BYTES}", "send smaller batches")
+async def read_body(request: Request) -> bytes:
+    """The request body, read no further than :data:`MAX_BODY_BYTES` (a bigger one is refused as it arrives)."""
+    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    if encoding != "identity":
+        raise InputError(f"Content-Encoding {encoding!r} is not supported", "send the body uncompressed")
+    too_big = InputError(f"request body is larger than the limit of {MAX_BODY_BYTES} bytes", "send smaller batches")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise too_big
+    chunks, size = [], 0
     try:
-        data = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InputError(f"request body is not valid JSON: {exc}", "send a JSON object") from None
-    if not isinstance(data, dict):
-        raise InputError(f"request body is a JSON {type(data).__name__}, not an object", "send a JSON object")
-    return data
+        async with contextlib.aclosing(request.stream()) as stream:
+            async for chunk in stream:
+                size += len(chunk)
+                if size > MAX_BODY_BYTES:
+                    raise too_big
+                chunks.append(chunk)
+    except ClientDisconnect:
+        raise InputError("client disconnected", "nothing to do") from None
+    return b"".join(chunks)
+
+
+async def read_json(request: Request) -> dict[str, Any]:
+    return kserve.parse_json_object(await read_body(request))
 
 
 async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
@@ -94,6 +115,12 @@ def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="miaohui", version=__version__, docs_url="/docs", redoc_url=None)
     app.state.miaohui = state
     manager, metrics = state.manager, state.metrics
+    if state.generation is not None:
+
+        def encoders() -> list[str]:
+            return [s.name for s in manager.states() if s.versions]
+
+        app.include_router(openai_router(state.generation, metrics, other_models=encoders))
 
     @app.exception_handler(MiaohuiError)
     async def _miaohui_error(_: Request, exc: MiaohuiError) -> JSONResponse:
@@ -117,26 +144,36 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.get("/v2/health/ready")
     async def ready() -> Response:
-        ok = manager.ready and not state.shutting_down
+        encoders = any(s.versions for s in manager.states())
+        llms = state.generation is not None and bool(state.generation.loaded())
+        llm_ok = state.generation is None or state.generation.ready
+        ok = (encoders or llms) and (manager.ready or not encoders) and llm_ok and not state.shutting_down
         return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
 
     @app.get("/v2")
     async def server_metadata() -> dict[str, Any]:
         return {"name": "miaohui", "version": __version__, "extensions": ["model_repository", "statistics"]}
 
+    # registered before /v2/models/{model}, which would otherwise take "stats" for a model name
+    @app.get("/v2/models/stats")
+    async def all_statistics() -> dict[str, Any]:
+        rows = [metrics.model_stats(s.name, v, _aliases(s.name)) for s in manager.states() for v in sorted(s.versions)]
+        return {"model_stats": rows}
+
+    @app.get("/v2/models/{model}/stats")
+    @app.get("/v2/models/{model}/versions/{version}/stats")
+    async def model_statistics(model: str, version: str | None = None) -> dict[str, Any]:
+        """Triton's statistics extension (both interfaces of a model, ``M`` and ``M-raw``, count together)."""
+        base = kserve.split_name(model)[0]
+        served = manager.get(base, version)
+        loaded = [v for s in manager.states() if s.name == base for v in sorted(s.versions)]
+        chosen = [served.version] if version else loaded
+        return {"model_stats": [metrics.model_stats(base, v, _aliases(base)) for v in chosen]}
+
     @app.get("/v2/models/{model}")
     @app.get("/v2/models/{model}/versions/{version}")
     async def model_metadata(model: str, version: str | None = None) -> dict[str, Any]:
-        base, raw = kserve.split_name(model)
-        served = manager.get(base, version)
-        vers = [v.version for s in manager.states() if s.name == base for v in s.versions.values()]
-        platform = f"miaohui_{served.manifest.backend}"
-        if served.manifest.task == "intent" and not raw:
-            return kserve.text_metadata(model, vers, platform)
-        if raw and served.manifest.task != "intent":
-            raise ModelNotFoundError(f"model {model!r} does not exist", f"use {base!r} for the tensor interface")
-        out = served.manifest.outputs[0]
-        return kserve.tensor_metadata(model, vers, platform, out.name, int(out.dims[-1]))
+        return kserve.model_metadata(manager, model, version)
 
     @app.get("/v2/models/{model}/ready")
     @app.get("/v2/models/{model}/versions/{version}/ready")
@@ -154,7 +191,11 @@ def create_app(state: ServerState) -> FastAPI:
         return manager.index()
 
     @app.post("/v2/repository/models/{model}/load")
-    async def load_model(model: str) -> dict[str, Any]:
+    async def load_model(model: str, request: Request) -> dict[str, Any]:
+        body = await read_body(request)
+        if body.strip():  # tritonclient sends {"parameters": {...}} only for inline config or files
+            params = kserve.parse_json_object(body).get("parameters") or {}
+            kserve.check_load_parameters(list(params) if isinstance(params, dict) else ["parameters"])
         st = await manager.load(model)
         return {"name": model, "versions": sorted(st.versions), "state": st.state}
 
@@ -169,31 +210,24 @@ def create_app(state: ServerState) -> FastAPI:
     @app.post("/v2/models/{model}/versions/{version}/infer")
     async def infer(model: str, request: Request, version: str | None = None) -> Response:
         started = time.perf_counter()
+        label = kserve.model_label(manager, model)
         served: ServedVersion | None = None
         why = ""
-        metrics.in_flight.labels(model).inc()
+        metrics.in_flight.labels(label).inc()
         try:
-            body = await read_json(request)
+            body = await read_body(request)
+            header, binary = kserve.split_body(body, request.headers.get(kserve.INFERENCE_HEADER))
             base, raw = kserve.split_name(model)
             served = manager.get(base, version)
-            deadline = deadline_from_ms(timeout_ms(request, body))
-            outputs = await until_disconnect(request, _v2_infer(served, raw, body, deadline))
-            code, resp = (
-                200,
-                JSONResponse(
-                    {
-                        "model_name": model,
-                        "model_version": str(served.version),
-                        "id": body.get("id", ""),
-                        "outputs": [kserve.tensor_to_json(n, a) for n, a in outputs.items()],
-                    }
-                ),
-            )
+            tensors = kserve.inputs_from_request(header, binary)
+            deadline = deadline_from_ms(timeout_ms(request, header))
+            outputs = await until_disconnect(request, infer_tensors(served, raw, tensors, deadline))
+            code, resp = 200, _infer_response(*kserve.infer_response(model, served.version, header, outputs))
         except Exception as exc:
             code, resp, why = http_status(exc), error_response(exc), reason(exc)
         finally:
-            metrics.in_flight.labels(model).dec()
-        metrics.done(model, str(served.version) if served else "", "http", code, time.perf_counter() - started, why)
+            metrics.in_flight.labels(label).dec()
+        metrics.done(label, str(served.version) if served else "", "http", code, time.perf_counter() - started, why)
         return resp
 
     @app.post("/v1/intent")
@@ -225,7 +259,8 @@ def create_app(state: ServerState) -> FastAPI:
             code, resp, why = http_status(exc), error_response(exc), reason(exc)
         finally:
             metrics.in_flight.labels("v1/intent").dec()
-        metrics.done(model, str(served.version) if served else "", "http", code, time.perf_counter() - started, why)
+        label = kserve.model_label(manager, model)
+        metrics.done(label, str(served.version) if served else "", "http", code, time.perf_counter() - started, why)
         return resp
 
     @app.get("/metrics")
@@ -255,14 +290,16 @@ def _intent_texts(body: dict[str, Any]) -> tuple[list[str], bool]:
     return texts, False
 
 
-async def _v2_infer(
-    served: ServedVersion, raw: bool, body: dict[str, Any], deadline: float | None
-) -> dict[str, np.ndarray]:
-    inputs = body.get("inputs")
-    if not isinstance(inputs, list) or not inputs:
-        raise InputError("request has no 'inputs' list", "see the KServe v2 inference request format")
-    tensors = {str(t.get("name")): kserve.tensor_from_json(t) for t in inputs if isinstance(t, dict)}
-    return await infer_tensors(served, raw, tensors, deadline)
+def _aliases(model: str) -> set[str]:
+    """The request-level names of a repository model: ``M`` and ``M-raw``."""
+    return {model, model + kserve.RAW_SUFFIX}
+
+
+def _infer_response(body: bytes, header_length: int | None) -> Response:
+    if header_length is None:
+        return Response(body, media_type="application/json")
+    headers = {kserve.INFERENCE_HEADER: str(header_length)}
+    return Response(body, media_type="application/octet-stream", headers=headers)
 
 
 async def infer_tensors(
@@ -292,12 +329,15 @@ async def infer_tensors(
                 f"input {name!r} has datatype {kserve.v2_dtype(arr)}; the model expects INT64",
                 "send INT64 token ids and mask",
             )
-    if tensors["input_ids"].shape[0] > served.max_batch:
+    ids, mask = tensors["input_ids"], tensors["attention_mask"]
+    if ids.ndim != 2 or ids.shape != mask.shape:
         raise InputError(
-            f"batch of {tensors['input_ids'].shape[0]} rows exceeds max_batch_size {served.max_batch}",
-            "split the request",
+            f"input_ids {list(ids.shape)} and attention_mask {list(mask.shape)} must both be [batch, sequence]",
+            "send two int64 tensors of the same 2-D shape",
         )
-    out = await served.infer_tensors(tensors["input_ids"], tensors["attention_mask"], deadline)
+    if ids.shape[0] > served.max_batch:
+        raise InputError(f"batch of {ids.shape[0]} rows exceeds max_batch_size {served.max_batch}", "split the request")
+    out = await served.infer_tensors(ids, mask, deadline)
     return {served.output_name: out.astype(np.float32)}
 
 

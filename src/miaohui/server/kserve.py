@@ -1,4 +1,5 @@
-"""KServe v2 / Open Inference Protocol: tensors ↔ numpy, and the model contracts we expose.
+"""KServe v2 / Open Inference Protocol: tensors ↔ JSON, the HTTP binary tensor extension, and the model
+contracts we expose (shared by HTTP and gRPC).
 
 For every repository model ``M`` of task ``intent``:
 
@@ -6,39 +7,32 @@ For every repository model ``M`` of task ``intent``:
 * ``M-raw``  — tensor model: ``input_ids``, ``attention_mask`` (INT64, [-1, -1]) → ``logits`` (FP32, [-1, labels])
 
 Encoder models expose only the tensor form under their own name (output ``embeddings``).
+
+HTTP binary tensor extension (Triton's ``binary_data``, what ``tritonclient.http`` sends by default): the
+header ``Inference-Header-Content-Length`` gives the length of the JSON inference header; the rest of the body
+holds the inputs that carry ``parameters.binary_data_size``, in input order, in the raw layout of
+:mod:`miaohui.server.tensor_codec`. Outputs go back the same way when the request asks for it
+(``outputs[].parameters.binary_data`` or request ``parameters.binary_data_output``).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import json
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from miaohui.errors import InputError
+from miaohui.errors import InputError, ModelNotFoundError
+from miaohui.server import tensor_codec
+from miaohui.server.metrics import UNKNOWN_MODEL
+from miaohui.server.tensor_codec import DTYPES, v2_dtype
+
+if TYPE_CHECKING:
+    from miaohui.serving.repository import ModelManager
 
 RAW_SUFFIX = "-raw"
-
-DTYPES: dict[str, np.dtype[Any]] = {
-    "BOOL": np.dtype(bool),
-    "UINT8": np.dtype(np.uint8),
-    "UINT16": np.dtype(np.uint16),
-    "UINT32": np.dtype(np.uint32),
-    "UINT64": np.dtype(np.uint64),
-    "INT8": np.dtype(np.int8),
-    "INT16": np.dtype(np.int16),
-    "INT32": np.dtype(np.int32),
-    "INT64": np.dtype(np.int64),
-    "FP16": np.dtype(np.float16),
-    "FP32": np.dtype(np.float32),
-    "FP64": np.dtype(np.float64),
-}
-NUMPY_TO_V2 = {v: k for k, v in DTYPES.items()}
-
-
-def v2_dtype(arr: np.ndarray) -> str:
-    if arr.dtype == object or arr.dtype.kind in ("S", "U"):
-        return "BYTES"
-    return NUMPY_TO_V2[arr.dtype]
+INFERENCE_HEADER = "Inference-Header-Content-Length"
+BINARY_FIX = f"set {INFERENCE_HEADER} to the JSON header's length and append each input's bytes in input order"
 
 
 def split_name(model: str) -> tuple[str, bool]:
@@ -46,6 +40,25 @@ def split_name(model: str) -> tuple[str, bool]:
     if model.endswith(RAW_SUFFIX):
         return model[: -len(RAW_SUFFIX)], True
     return model, False
+
+
+def model_label(manager: ModelManager, model: str) -> str:
+    """The ``model`` label for metrics: the name as the client gave it if that model exists (on disk or
+    loaded), else :data:`~miaohui.server.metrics.UNKNOWN_MODEL` — random names must not create new series."""
+    return model if manager.is_known(split_name(model)[0]) else UNKNOWN_MODEL
+
+
+# ---------------------------------------------------------------------- JSON tensors
+
+
+def parse_json_object(data: bytes, what: str = "request body") -> dict[str, Any]:
+    try:
+        doc = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(f"{what} is not valid JSON: {exc}", "send a JSON object") from None
+    if not isinstance(doc, dict):
+        raise InputError(f"{what} is a JSON {type(doc).__name__}, not an object", "send a JSON object")
+    return doc
 
 
 def tensor_from_json(spec: dict[str, Any]) -> np.ndarray:
@@ -60,10 +73,8 @@ def tensor_from_json(spec: dict[str, Any]) -> np.ndarray:
             f"input {name!r} needs name, shape, datatype and data",
             "see the KServe v2 inference request format",
         ) from None
-    if any(d < 0 for d in shape):
-        raise InputError(f"input {name!r} has a negative dimension in shape {shape}", "give concrete sizes")
+    count = tensor_codec.check_shape(name, shape)
     flat = _flatten(data)
-    count = int(np.prod(shape)) if shape else 1
     if len(flat) != count:
         raise InputError(
             f"input {name!r} has {len(flat)} values but shape {shape} needs {count}", "make data match shape"
@@ -93,8 +104,173 @@ def _flatten(data: Any) -> list[Any]:
 
 def tensor_to_json(name: str, arr: np.ndarray) -> dict[str, Any]:
     datatype = v2_dtype(arr)
-    data = [str(x) for x in arr.ravel()] if datatype == "BYTES" else arr.ravel().tolist()
+    if datatype == "BYTES":
+        data: list[Any] = [x.decode("utf-8", "replace") if isinstance(x, bytes) else str(x) for x in arr.ravel()]
+    else:
+        data = arr.ravel().tolist()
     return {"name": name, "datatype": datatype, "shape": list(arr.shape), "data": data}
+
+
+# ---------------------------------------------------------------------- HTTP inference requests & responses
+
+
+def split_body(body: bytes, header_length: str | None) -> tuple[dict[str, Any], bytes]:
+    """The JSON inference header and the binary data after it (none without ``Inference-Header-Content-Length``)."""
+    if header_length is None:
+        return parse_json_object(body), b""
+    try:
+        length = int(header_length)
+    except ValueError:
+        raise InputError(f"{INFERENCE_HEADER} {header_length!r} is not an integer", BINARY_FIX) from None
+    if not 0 <= length <= len(body):
+        raise InputError(f"{INFERENCE_HEADER} is {length} but the request body has {len(body)} bytes", BINARY_FIX)
+    return parse_json_object(body[:length], f"the inference header (the first {length} bytes)"), body[length:]
+
+
+def inputs_from_request(header: dict[str, Any], binary: bytes) -> dict[str, np.ndarray]:
+    """Every input as a numpy array: from JSON ``data``, or from its ``binary_data_size`` bytes of ``binary``."""
+    inputs = header.get("inputs")
+    if not isinstance(inputs, list) or not inputs:
+        raise InputError("request has no 'inputs' list", "see the KServe v2 inference request format")
+    tensors: dict[str, np.ndarray] = {}
+    offset = 0
+    for i, spec in enumerate(inputs):
+        if not isinstance(spec, dict):
+            raise InputError(f"input #{i} is a JSON {type(spec).__name__}, not an object", "send {name, shape, ...}")
+        name = str(spec.get("name", f"#{i}"))
+        if name in tensors:
+            raise InputError(f"input {name!r} is given twice", "send each input once")
+        size = _binary_size(name, _parameters(f"input {name!r}", spec))
+        if size is None:
+            tensors[name] = tensor_from_json(spec)
+            continue
+        if "data" in spec:
+            raise InputError(f"input {name!r} has both data and binary_data_size", "send its values one way")
+        if offset + size > len(binary):
+            raise InputError(
+                f"input {name!r} has binary_data_size {size} but only {len(binary) - offset} bytes "
+                "of binary data remain",
+                BINARY_FIX,
+            )
+        tensors[name] = _tensor_from_binary(name, spec, binary[offset : offset + size])
+        offset += size
+    if offset != len(binary):
+        raise InputError(
+            f"request body has {len(binary) - offset} bytes after the binary data of its inputs",
+            "make each input's binary_data_size match the bytes sent",
+        )
+    return tensors
+
+
+def _tensor_from_binary(name: str, spec: dict[str, Any], data: bytes) -> np.ndarray:
+    try:
+        shape = [int(d) for d in spec["shape"]]
+        datatype = str(spec["datatype"])
+    except (KeyError, TypeError, ValueError):
+        raise InputError(
+            f"input {name!r} needs name, shape and datatype", "see the KServe v2 inference request format"
+        ) from None
+    return tensor_codec.decode(name, datatype, shape, data)
+
+
+def _parameters(what: str, spec: dict[str, Any]) -> dict[str, Any]:
+    params = spec.get("parameters") or {}
+    if not isinstance(params, dict):
+        raise InputError(f"{what} parameters are a JSON {type(params).__name__}, not an object", "send an object")
+    if "shared_memory_region" in params:
+        raise InputError(f"{what} uses shared memory, which this server does not support", "send the data inline")
+    return params
+
+
+def _binary_size(name: str, params: dict[str, Any]) -> int | None:
+    size = params.get("binary_data_size")
+    if size is None:
+        return None
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        raise InputError(f"input {name!r} has binary_data_size {size!r}, not a byte count", BINARY_FIX)
+    return size
+
+
+def _flag(what: str, params: dict[str, Any], key: str, default: bool) -> bool:
+    value = params.get(key, default)
+    if not isinstance(value, bool):
+        raise InputError(f"{what} parameter {key!r} is {value!r}, not true or false", f"send {key}: true or false")
+    return value
+
+
+def select_outputs(outputs: dict[str, np.ndarray], wanted: list[str], classify: list[str]) -> dict[str, np.ndarray]:
+    """The outputs a request names (all when it names none), in that order; ``classify``: those that ask for
+    Triton's classification extension (not supported)."""
+    wanted = wanted or list(outputs)
+    unknown = [n for n in wanted if n not in outputs]
+    if unknown:
+        raise InputError(f"requested outputs {unknown} do not exist", f"this model's outputs are {list(outputs)}")
+    if classify:
+        raise InputError(
+            f"output {classify[0]!r} asks for classification, which is not supported",
+            "request the output itself (INTENT/CONFIDENCE are the classification)",
+        )
+    return {n: outputs[n] for n in wanted}
+
+
+def infer_response(
+    model: str, version: int, header: dict[str, Any], outputs: dict[str, np.ndarray]
+) -> tuple[bytes, int | None]:
+    """The response body and, when some outputs go as binary data, the length of its JSON header."""
+    default = _flag("request", _parameters("request", header), "binary_data_output", False)
+    requested = header.get("outputs") or []
+    if not isinstance(requested, list) or not all(isinstance(o, dict) for o in requested):
+        raise InputError("'outputs' must be a list of objects", 'send "outputs": [{"name": "..."}]')
+    wanted: list[str] = []
+    binary: dict[str, bool] = {}
+    classify: list[str] = []
+    for spec in requested:
+        name = str(spec.get("name"))
+        params = _parameters(f"output {name!r}", spec)
+        wanted.append(name)
+        binary[name] = _flag(f"output {name!r}", params, "binary_data", default)
+        if params.get("classification"):
+            classify.append(name)
+    rows, blobs = [], []
+    for name, arr in select_outputs(outputs, wanted, classify).items():
+        if binary.get(name, default):
+            blob = tensor_codec.encode(arr)
+            blobs.append(blob)
+            meta = {"name": name, "datatype": v2_dtype(arr), "shape": list(arr.shape)}
+            rows.append({**meta, "parameters": {"binary_data_size": len(blob)}})
+        else:
+            rows.append(tensor_to_json(name, arr))
+    doc = {"model_name": model, "model_version": str(version), "id": header.get("id", ""), "outputs": rows}
+    text = json.dumps(doc, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
+    if not blobs:
+        return text, None
+    return b"".join([text, *blobs]), len(text)
+
+
+# ---------------------------------------------------------------------- repository & metadata
+
+
+def check_load_parameters(names: list[str]) -> None:
+    """Triton's load parameters (inline ``config``, ``file:...``) are not supported: the repository is the truth."""
+    if names:
+        raise InputError(
+            f"load parameters {sorted(names)} are not supported (no inline config or files)",
+            "put config.yaml and the versions in the repository, then load the model by name",
+        )
+
+
+def model_metadata(manager: ModelManager, model: str, version: str | None) -> dict[str, Any]:
+    """The KServe model metadata of ``model`` (text model ``M`` or tensor model ``M-raw``)."""
+    base, raw = split_name(model)
+    served = manager.get(base, version)
+    versions = [v.version for s in manager.states() if s.name == base for v in s.versions.values()]
+    platform = f"miaohui_{served.manifest.backend}"
+    if served.manifest.task == "intent" and not raw:
+        return text_metadata(model, versions, platform)
+    if raw and served.manifest.task != "intent":
+        raise ModelNotFoundError(f"model {model!r} does not exist", f"use {base!r} for the tensor interface")
+    out = served.manifest.outputs[0]
+    return tensor_metadata(model, versions, platform, out.name, int(out.dims[-1]))
 
 
 def text_metadata(name: str, versions: list[int], platform: str) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import Any
 
 import psutil
@@ -21,6 +21,9 @@ from miaohui.serving.batcher import BatcherObserver, RejectReason
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 TOKEN_BUCKETS = (16, 64, 256, 1024, 4096, 16384)
+UNKNOWN_MODEL = "_unknown"
+"""The ``model`` label of requests for models that exist neither on disk nor loaded: client-supplied names
+must not create unbounded series. (Real model names start with a letter or digit, so this never clashes.)"""
 
 
 class _ProcessCollector(Collector):
@@ -192,6 +195,42 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+    def model_stats(self, model: str, version: int, names: Collection[str]) -> dict[str, Any]:
+        """Triton-style statistics of one served version, cumulative since start, from these counters.
+
+        ``names``: the request-level names of the model (``M`` and ``M-raw``). ``inference_count`` counts rows,
+        ``execution_count`` batches; ``queue`` is per row, ``compute_infer`` per batch. Success and failure come
+        as counts only (request latency is not kept per version).
+        """
+        v = str(version)
+
+        def total(metric: Counter | Histogram, sample: str, **match: str) -> float:
+            return sum(
+                s.value
+                for family in metric.collect()
+                for s in family.samples
+                if s.name == sample
+                and s.labels.get("model") in names
+                and s.labels.get("version") == v
+                and all(s.labels.get(k) == want for k, want in match.items())
+            )
+
+        def timing(metric: Histogram, prefix: str) -> dict[str, int]:
+            return {"count": int(total(metric, prefix + "_count")), "ns": int(total(metric, prefix + "_sum") * 1e9)}
+
+        return {
+            "name": model,
+            "version": v,
+            "inference_count": int(total(self.batch_size, "miaohui_batch_size_sum")),
+            "execution_count": int(total(self.batch_size, "miaohui_batch_size_count")),
+            "inference_stats": {
+                "success": {"count": int(total(self.requests, "miaohui_requests_total", code="200"))},
+                "fail": {"count": int(total(self.failures, "miaohui_request_failures_total"))},
+                "queue": timing(self.queue_seconds, "miaohui_queue_duration_seconds"),
+                "compute_infer": timing(self.compute_seconds, "miaohui_compute_duration_seconds"),
+            },
+        }
 
 
 class _BatchMetrics(BatcherObserver):

@@ -1,26 +1,42 @@
 """The model repository at serving time: which versions are live, load / unload / reload.
 
 A (re)load builds the new versions completely — engines loaded, warm-up run — before swapping them in.
-If anything fails, the versions that were serving keep serving and the error is kept for the API.
+If anything fails, the versions that were serving keep serving and the error is kept for the API; a model whose
+first load failed is not loaded (its error shows in the repository index).
+
+Model names are plain folder names (:func:`check_model_name`): they come from clients and become paths.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from miaohui.engines.store import versions
-from miaohui.errors import MiaohuiError, ModelNotFoundError
+from miaohui.errors import InputError, MiaohuiError, ModelNotFoundError
 from miaohui.serving.batcher import BatcherObserver
 from miaohui.serving.model_config import load_model_config
 from miaohui.serving.served import ServedVersion
 
 log = logging.getLogger("miaohui.repository")
 ObserverFactory = Callable[[str, int], BatcherObserver | None]
+_MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+def is_model_name(name: str) -> bool:
+    """A plain folder name: letters, digits, ``_ . -``, starting with a letter or digit, no ``..``."""
+    return bool(_MODEL_NAME.fullmatch(name)) and ".." not in name
+
+
+def check_model_name(name: str) -> str:
+    if not is_model_name(name):
+        raise InputError(f"model name {name!r} is not a plain name", "use the model's folder name in the repository")
+    return name
 
 
 @dataclass
@@ -45,11 +61,23 @@ class ModelManager:
         self._observer_factory = observer_factory or (lambda name, version: None)
         self._models: dict[str, ModelState] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        self._failed: dict[str, str] = {}
+        """Why the first load of a model on disk failed (for the index; the model is not in ``_models``)."""
 
     def names_on_disk(self) -> list[str]:
         if not self.repository.is_dir():
             return []
-        return sorted(p.name for p in self.repository.iterdir() if p.is_dir() and versions(p))
+        from miaohui.generation.artifact import is_causal_lm_model
+
+        return sorted(
+            p.name
+            for p in self.repository.iterdir()
+            if is_model_name(p.name) and p.is_dir() and versions(p) and not is_causal_lm_model(p)
+        )
+
+    def is_known(self, name: str) -> bool:
+        """Loaded, loading, or a folder in the repository (cheap: one ``stat`` for names not loaded)."""
+        return name in self._models or (is_model_name(name) and (self.repository / name).is_dir())
 
     async def load_all(self, only: list[str] | None = None) -> None:
         for name in only or self.names_on_disk():
@@ -57,19 +85,26 @@ class ModelManager:
                 await self.load(name)
             except MiaohuiError as exc:
                 log.error("model %s failed to load: %s", name, exc)
+            except Exception:  # a broken engine file must not keep the other models from serving
+                log.exception("model %s failed to load", name)
 
     async def load(self, name: str) -> ModelState:
         """Load (or reload) ``name`` per its version policy. New versions go live only once warm."""
+        check_model_name(name)
+        model_dir = self.repository / name
+        missing = f"no versions of {name!r} in {self.repository}"
+        fix = f"build it with `miaohui build ... --name {name}`"
+        if name not in self._models and not versions(model_dir):
+            raise ModelNotFoundError(missing, fix)  # before a lock exists: random names leave nothing behind
         lock = self._locks.setdefault(name, asyncio.Lock())
         async with lock:
             state = self._models.setdefault(name, ModelState(name))
-            model_dir = self.repository / name
             available = versions(model_dir)
             if not available:
-                state.reason = f"no versions of {name!r} in {self.repository}"
+                state.reason = missing
                 if not state.versions:
                     self._models.pop(name, None)
-                raise ModelNotFoundError(state.reason, f"build it with `miaohui build ... --name {name}`")
+                raise ModelNotFoundError(missing, fix)
             previous = state.state
             state.state = "LOADING"
             try:
@@ -91,24 +126,33 @@ class ModelManager:
                     for served in fresh.values():
                         await served.stop()
                     raise
-            except MiaohuiError as exc:
-                state.state = previous if state.versions else "UNAVAILABLE"
-                state.reason = f"load failed, previous versions keep serving: {exc}"
+            except BaseException as exc:
+                if state.versions:
+                    state.state = previous
+                    state.reason = f"load failed, previous versions keep serving: {exc}"
+                else:  # a failed first load: not loaded, not listed as loaded
+                    self._models.pop(name, None)
+                    self._failed[name] = f"load failed: {exc}"
                 raise
             old = state.versions
             state.versions = {v: fresh.get(v) or old[v] for v in wanted}
             state.state, state.reason = "READY", ""
+            self._failed.pop(name, None)
             for v, served in old.items():
                 if state.versions.get(v) is not served:
                     await served.stop()
             return state
 
     async def unload(self, name: str) -> None:
+        check_model_name(name)
+        not_loaded = ModelNotFoundError(f"model {name!r} is not loaded", "see GET /v2/repository/index")
+        if name not in self._models:
+            raise not_loaded
         lock = self._locks.setdefault(name, asyncio.Lock())
         async with lock:
             state = self._models.pop(name, None)
             if state is None:
-                raise ModelNotFoundError(f"model {name!r} is not loaded", "see GET /v2/repository/index")
+                raise not_loaded
             for served in state.versions.values():
                 await served.stop()
 
@@ -118,8 +162,13 @@ class ModelManager:
 
     def get(self, name: str, version: int | str | None = None) -> ServedVersion:
         state = self._models.get(name)
+        if (state is None or not state.versions) and name in self._failed:
+            raise ModelNotFoundError(
+                f"model {name!r} is not loaded ({self._failed[name]})",
+                f"fix it, then POST /v2/repository/models/{name}/load",
+            )
         if state is None or not state.versions:
-            known = ", ".join(sorted(self._models)) or "none"
+            known = ", ".join(s.name for s in self.states() if s.versions) or "none"
             raise ModelNotFoundError(f"model {name!r} is not loaded", f"loaded models: {known}")
         if version is None or version == "":
             return state.versions[max(state.versions)]
@@ -153,13 +202,14 @@ class ModelManager:
                         "name": name,
                         "version": "",
                         "state": state.state if state else "UNAVAILABLE",
-                        "reason": state.reason if state else "",
+                        "reason": state.reason if state else self._failed.get(name, ""),
                     }
                 )
         return rows
 
     @property
     def ready(self) -> bool:
-        return bool(self._models) and all(
-            s.versions and all(v.ready for v in s.versions.values()) for s in self._models.values()
-        )
+        """Some model is loaded and every loaded version is ready. A model still in its first load does not
+        count, so loading a new model over the API does not take a serving replica out of rotation."""
+        loaded = [s for s in self._models.values() if s.versions]
+        return bool(loaded) and all(v.ready for s in loaded for v in s.versions.values())

@@ -1,0 +1,244 @@
+"""``miaohui bench``: the typer command (registered by ``miaohui.cli``: ``app.command("bench")(bench_command)``)."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from miaohui.errors import ConfigError, MiaohuiError
+
+console = Console()
+err_console = Console(stderr=True)
+_UNITS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "": 1.0}
+
+
+def parse_seconds(value: str, option: str) -> float:
+    """``10``, ``10s``, ``500ms``, ``2m`` → seconds."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|)\s*", value)
+    if not m:
+        raise ConfigError(f"{option} {value!r} is not a duration", f"write e.g. {option} 10s, 500ms or 2m")
+    return float(m.group(1)) * _UNITS[m.group(2)]
+
+
+def parse_levels(value: str, option: str, integer: bool) -> list[float]:
+    try:
+        levels = [float(int(x)) if integer else float(x) for x in value.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(
+            f"{option} {value!r} is not a comma-separated list of numbers", f"write e.g. {option} 1,8,32"
+        ) from None
+    if not levels or any(v <= 0 for v in levels):
+        raise ConfigError(f"{option} {value!r} needs positive values", f"write e.g. {option} 1,8,32")
+    return levels
+
+
+def parse_token_range(value: str) -> tuple[int, int]:
+    m = re.fullmatch(r"\s*(\d+)\s*-\s*(\d+)\s*", value)
+    if not m:
+        raise ConfigError(f"--tokens {value!r} is not a range", "write e.g. --tokens 8-64")
+    return int(m.group(1)), int(m.group(2))
+
+
+def bench_command(
+    target: Annotated[
+        str, typer.Option(help="http (/v1/intent) | v2-http (KServe JSON) | grpc (KServe) | engine (no server)")
+    ] = "http",
+    url: Annotated[
+        str, typer.Option(help="Server HTTP base URL (also where /metrics is scraped).")
+    ] = "http://127.0.0.1:8000",
+    grpc_url: Annotated[str, typer.Option(help="Server gRPC host:port.")] = "127.0.0.1:8001",
+    model: Annotated[str, typer.Option(help="Model name (v2-http, grpc; and the /metrics label).")] = "intent",
+    engine: Annotated[
+        Path | None, typer.Option(help="Engine artifact dir: the 'engine' target, and the tokenizer for --tokens.")
+    ] = None,
+    concurrency: Annotated[
+        str, typer.Option(help="Closed loop: concurrent requests; a list sweeps, e.g. 1,8,32,64.")
+    ] = "1,8,32",
+    rate: Annotated[
+        str | None, typer.Option(help="Open loop instead: Poisson arrivals per second; a list sweeps.")
+    ] = None,
+    duration: Annotated[
+        str | None, typer.Option(help="Measured time per level, e.g. 10s (default 10s unless --requests).")
+    ] = None,
+    requests: Annotated[
+        int | None, typer.Option(min=1, help="Measured requests per level (ends the level first).")
+    ] = None,
+    warmup: Annotated[str, typer.Option(help="Load before measuring, excluded from results.")] = "2s",
+    timeout: Annotated[str, typer.Option(help="Client timeout per request (counts as a 'timeout' error).")] = "30s",
+    processes: Annotated[
+        int, typer.Option(min=1, help="Load-generator processes (when one client core is not enough).")
+    ] = 1,
+    max_connections: Annotated[int, typer.Option(min=1, help="Open loop: connection pool size per process.")] = 512,
+    texts: Annotated[
+        Path | None, typer.Option(help="Texts to send (.txt lines or .jsonl 'text'); default the dev split.")
+    ] = None,
+    tokens: Annotated[
+        str | None, typer.Option(help="Only texts of MIN-MAX tokens, e.g. 8-64 (composed from short ones if needed).")
+    ] = None,
+    repository: Annotated[
+        Path | None,
+        typer.Option("--repository", "-r", help="Where --tokens finds the model's tokenizer (no --engine)."),
+    ] = None,
+    engine_threads: Annotated[int | None, typer.Option(min=1, help="Engine target: intra-op threads.")] = None,
+    scrape: Annotated[
+        bool, typer.Option(help="Scrape the server's /metrics around each level (server-side breakdown).")
+    ] = True,
+    seed: int = 0,
+    out: Annotated[Path | None, typer.Option(help="Write the JSON report here.")] = None,
+    plot: Annotated[Path | None, typer.Option(help="Write the PNG (latency vs throughput) here.")] = None,
+) -> None:
+    """Load a server (HTTP, KServe HTTP/gRPC) or a bare engine; report latency percentiles, throughput and
+    errors; every request sent is counted as answered or as an error."""
+    try:
+        doc = _run(locals())
+    except MiaohuiError as exc:
+        err_console.print(f"[bold red]error:[/] {exc.message}")
+        if exc.fix:
+            err_console.print(f"[yellow]fix:[/] {exc.fix}")
+        raise typer.Exit(2) from None
+    if out is not None:
+        from miaohui.bench.report import to_json
+
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(to_json(doc) + "\n", encoding="utf-8")
+        console.print(f"wrote {out}")
+    if plot is not None:
+        from miaohui.bench.plot import plot_points
+
+        console.print(f"wrote {plot_points(doc, plot)}")
+    if any(p["lost"] for p in doc["points"]):
+        err_console.print("[bold red]requests lost:[/] sent != answered + errors")
+        raise typer.Exit(1)
+
+
+def _run(opts: dict[str, Any]) -> dict[str, Any]:
+    from miaohui.bench.load import LoadPlan
+    from miaohui.bench.report import level_label, make_document
+    from miaohui.bench.sweep import fit_token_range, load_texts, run_sweep, tokenizer_counter
+    from miaohui.bench.targets import TARGETS, TargetSpec
+
+    if opts["target"] not in TARGETS:
+        raise ConfigError(f"unknown --target {opts['target']!r}", f"use one of {', '.join(TARGETS)}")
+    open_loop = opts["rate"] is not None
+    levels = (
+        parse_levels(opts["rate"], "--rate", False)
+        if open_loop
+        else parse_levels(opts["concurrency"], "--concurrency", True)
+    )
+    duration = parse_seconds(opts["duration"], "--duration") if opts["duration"] else None
+    if duration is None and opts["requests"] is None:
+        duration = 10.0
+    texts = load_texts(opts["texts"])
+    if opts["tokens"]:
+        lo, hi = parse_token_range(opts["tokens"])
+        texts = fit_token_range(texts, tokenizer_counter(_tokenizer_artifact(opts)), lo, hi, opts["seed"])
+    spec = TargetSpec(
+        kind=opts["target"],
+        url=opts["url"],
+        grpc_url=opts["grpc_url"],
+        model=opts["model"],
+        engine=str(opts["engine"]) if opts["engine"] else None,
+        engine_threads=opts["engine_threads"],
+        timeout_s=parse_seconds(opts["timeout"], "--timeout"),
+        max_connections=opts["max_connections"] if open_loop else 1,
+    )
+    plans = [
+        LoadPlan(
+            mode="open" if open_loop else "closed",
+            level=lv,
+            warmup_s=parse_seconds(opts["warmup"], "--warmup"),
+            duration_s=duration,
+            requests=opts["requests"],
+            seed=opts["seed"],
+            processes=opts["processes"],
+        )
+        for lv in levels
+    ]
+    config = {
+        "target": spec.kind,
+        "url": spec.url,
+        "grpc_url": spec.grpc_url,
+        "model": spec.model,
+        "engine": spec.engine,
+        "mode": plans[0].mode,
+        "levels": levels,
+        "duration_s": duration,
+        "requests": opts["requests"],
+        "warmup_s": plans[0].warmup_s,
+        "timeout_s": spec.timeout_s,
+        "processes": opts["processes"],
+        "texts": str(opts["texts"] or "dev split"),
+        "n_texts": len(texts),
+        "tokens": opts["tokens"],
+        "seed": opts["seed"],
+    }
+    console.print(
+        f"[dim]bench {spec.kind} · {plans[0].mode} loop · levels {', '.join(f'{v:g}' for v in levels)} · "
+        f"{len(texts)} texts · {duration or '-'} s / {opts['requests'] or '-'} requests per level[/]"
+    )
+    table = _table()
+    metrics_url = spec.url if opts["scrape"] and spec.kind != "engine" else None
+
+    def show(point: dict[str, Any]) -> None:
+        table.add_row(*_row(point))
+        client = point["client"]
+        if client["saturated"] or client["contended"]:
+            err_console.print(f"[yellow]warning ({level_label(point)}):[/] {client['note']}")
+
+    points = run_sweep(spec, texts, plans, metrics_url, on_point=show)
+    console.print(table, width=max(console.width, 120))
+    command = "miaohui " + shlex.join(sys.argv[1:]) if sys.argv[0].endswith("miaohui") else shlex.join(sys.argv)
+    return make_document(command, config, points)
+
+
+def _tokenizer_artifact(opts: dict[str, Any]) -> Path:
+    if opts["engine"] is not None:
+        return Path(opts["engine"])
+    from miaohui.paths import repository_dir
+    from miaohui.serving.resolve import resolve_artifact
+
+    return resolve_artifact(opts["model"], opts["repository"] or repository_dir())
+
+
+def _table() -> Table:
+    cols = ("level", "sent", "ok", "errors", "req/s", "p50", "p90", "p99", "max", "queue", "compute", "batch")
+    table = Table(*cols, title="miaohui bench (latency ms; queue/compute/batch: server means)")
+    for col in table.columns[1:]:
+        col.justify = "right"
+    return table
+
+
+def _row(p: dict[str, Any]) -> list[str]:
+    from miaohui.bench.report import level_label
+
+    lat, srv = p["latency_ms"], p.get("server") or {}
+    errs = " ".join(f"{k}:{v}" for k, v in p["errors"].items()) or "0"
+
+    def mean(key: str) -> str:
+        part = srv.get(key)
+        return _num(part["mean"]) if part else "-"
+
+    return [
+        level_label(p),
+        str(p["sent"]),
+        str(p["answered"]),
+        errs,
+        f"{p['throughput_rps']:.0f}",
+        *(_num(lat[q]) for q in ("p50", "p90", "p99", "max")),
+        mean("queue_ms"),
+        mean("compute_ms_per_batch"),
+        mean("batch_size"),
+    ]
+
+
+def _num(x: float) -> str:
+    if x != x:  # NaN: no successes
+        return "-"
+    return f"{x:.0f}" if x >= 100 else f"{x:.1f}" if x >= 10 else f"{x:.2f}"

@@ -1,0 +1,52 @@
+"""``miaohui build-llm``: export the offline SmolLM2 into the model repository as a causal-LM version.
+
+A plain typer-compatible function; the main CLI registers it with ``app.command("build-llm")(build_llm)``.
+It imports nothing from :mod:`miaohui.cli` (which imports this module), so there is no import cycle.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from miaohui.errors import MiaohuiError
+
+
+def build_llm(
+    repository: Annotated[
+        Path | None,
+        typer.Option("--repository", "-r", help="Model repository (default $MIAOHUI_HOME/repository)."),
+    ] = None,
+    name: Annotated[str, typer.Option(help="Model name in the repository (what clients send as `model`).")] = "smollm2",
+    precision: Annotated[str, typer.Option(help="fp32 | int8 (weight-only MatMulNBits, 8-bit blocks)")] = "fp32",
+    force: Annotated[
+        bool, typer.Option(help="Export again even if the newest version has the same build key.")
+    ] = False,
+) -> None:
+    """Export SmolLM2-135M-Instruct (explicit KV cache, checked against PyTorch) into REPOSITORY/NAME/<next version>."""
+    from miaohui.generation.artifact import build_causal_lm, read_info
+    from miaohui.paths import repository_dir
+
+    console, err = Console(), Console(stderr=True)
+    if precision not in ("fp32", "int8"):
+        err.print(f"[bold red]error:[/] --precision {precision!r} is not supported for causal LMs")
+        err.print("[yellow]fix:[/] use --precision fp32 or --precision int8")
+        raise typer.Exit(2)
+    try:
+        path = build_causal_lm(
+            repository or repository_dir(),
+            name,
+            "int8" if precision == "int8" else "fp32",
+            force=force,
+            log=lambda m: console.print(f"[dim]·[/] {m}"),
+        )
+    except MiaohuiError as exc:
+        err.print(f"[bold red]error:[/] {exc.message}")
+        if exc.fix:
+            err.print(f"[yellow]fix:[/] {exc.fix}")
+        raise typer.Exit(2) from None
+    info = read_info(path)
+    console.print(f"[green]✓[/] {info.name} v{info.version} ({info.precision}) → {path}")

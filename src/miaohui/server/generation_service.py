@@ -1,0 +1,194 @@
+"""The server's causal-LM engines: one :class:`AsyncLLMEngine` per causal-LM model of the repository.
+
+:class:`GenerationService` loads the newest version of each causal-LM model (see
+:mod:`miaohui.generation.artifact` for the layout) on ONNX Runtime, warms it up (one short prefill +
+decode) and starts its loop; ``stop()`` stops them (unfinished streams end with an error). Metrics go to
+the server's :class:`Metrics` through :class:`~miaohui.generation.observer_metrics.MetricsObserver`.
+:class:`LLMTextGenerator` lets the dialogue pipelines use a served model for their replies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from miaohui.errors import ModelNotFoundError
+from miaohui.generation.artifact import (
+    CONFIG_NAME,
+    CausalLMInfo,
+    ChatTokenizer,
+    causal_lm_names,
+    latest_version,
+    load_generation_config,
+    read_info,
+)
+from miaohui.generation.engine_loop import AsyncLLMEngine, LLMEngine
+from miaohui.generation.observer import GenerationObserver
+from miaohui.generation.params import SamplingParams
+from miaohui.generation.scheduler import SchedulerConfig
+from miaohui.server.status import message
+
+if TYPE_CHECKING:
+    from miaohui.dialogue.pipeline import ChatMessage
+    from miaohui.generation.base import CausalLMEngine
+    from miaohui.server.metrics import Metrics
+
+log = logging.getLogger("miaohui.generation")
+
+
+@dataclass
+class LoadedLLM:
+    """One served causal-LM version."""
+
+    name: str
+    version: int
+    path: Path | None
+    """The repository version folder (None for an engine added with ``add_engine``)."""
+    info: CausalLMInfo
+    tokenizer: ChatTokenizer
+    engine: AsyncLLMEngine
+    max_model_len: int
+
+
+class GenerationService:
+    """Loads every causal-LM model of ``repository`` (newest version each) and serves it.
+
+    ``scheduler`` / ``threads`` are the defaults for models without a ``generation.yaml``; ``names``
+    restricts loading to those models. A model that fails to load is logged and left out (its error is
+    kept in ``failures`` and named in its 404); the others serve.
+    """
+
+    def __init__(
+        self,
+        repository: Path,
+        metrics: Metrics | None = None,
+        *,
+        names: Sequence[str] | None = None,
+        scheduler: SchedulerConfig | None = None,
+        threads: int | None = None,
+    ) -> None:
+        self.repository = Path(repository)
+        self.metrics = metrics
+        self.names = list(names) if names is not None else None
+        self.scheduler = scheduler or SchedulerConfig()
+        self.threads = threads
+        self.failures: dict[str, str] = {}
+        self._models: dict[str, LoadedLLM] = {}
+        self._started = False
+
+    async def start(self) -> None:
+        """Load and warm up (one short prefill + decode) every model, one after the other."""
+        for name in self.names if self.names is not None else causal_lm_names(self.repository):
+            try:
+                self._models[name] = await self._load(name)
+                self.failures.pop(name, None)
+            except Exception as exc:  # a broken model must not keep the others from serving
+                self.failures[name] = message(exc)
+                log.error("causal LM %s failed to load: %s", name, message(exc))
+        self._started = True
+
+    async def _load(self, name: str) -> LoadedLLM:
+        from miaohui.generation.ort_engine import OrtCausalLMEngine
+
+        model_dir = self.repository / name
+        version = latest_version(model_dir)
+        if version is None:
+            raise ModelNotFoundError(f"no versions of {name!r} in {self.repository}", "run `miaohui build-llm`")
+        path = model_dir / str(version)
+        info = read_info(path)
+        cfg = load_generation_config(model_dir)
+        sched = cfg.scheduler if (model_dir / CONFIG_NAME).is_file() else self.scheduler
+        started = time.perf_counter()
+        ort = await asyncio.to_thread(OrtCausalLMEngine, path, threads=cfg.threads or self.threads)
+        try:
+            return await self._serve(info, path, ort, ChatTokenizer.from_dir(path, info), sched, started)
+        except BaseException:
+            ort.close()
+            raise
+
+    async def add_engine(
+        self,
+        info: CausalLMInfo,
+        engine: CausalLMEngine,
+        tokenizer: ChatTokenizer,
+        scheduler: SchedulerConfig | None = None,
+    ) -> LoadedLLM:
+        """Serve an engine that was made elsewhere (a torch/GPU engine, a test double) as ``info.name``;
+        it replaces a model of that name only after it started. The service owns it: ``stop()`` closes it."""
+        llm = await self._serve(info, None, engine, tokenizer, scheduler or self.scheduler, time.perf_counter())
+        old = self._models.get(info.name)
+        self._models[info.name] = llm
+        if old is not None:
+            await old.engine.stop()
+        return llm
+
+    async def _serve(
+        self,
+        info: CausalLMInfo,
+        path: Path | None,
+        engine: CausalLMEngine,
+        tokenizer: ChatTokenizer,
+        sched: SchedulerConfig,
+        started: float,
+    ) -> LoadedLLM:
+        if sched.max_model_len > engine.max_positions:
+            sched = sched.model_copy(update={"max_model_len": engine.max_positions})
+        observer: GenerationObserver | None = None
+        if self.metrics is not None:
+            from miaohui.generation.observer_metrics import MetricsObserver
+
+            observer = MetricsObserver(self.metrics, info.name, info.version)
+        loop = AsyncLLMEngine(LLMEngine(engine, tokenizer.tokenizer, sched), observer)
+        await loop.start(warmup=True)
+        seconds = time.perf_counter() - started
+        log.info("causal LM %s v%d (%s) ready in %.1fs", info.name, info.version, info.precision, seconds)
+        return LoadedLLM(info.name, info.version, path, info, tokenizer, loop, sched.max_model_len)
+
+    async def stop(self) -> None:
+        """Stop every engine; unfinished streams end with an error event, waiting requests with 503."""
+        models, self._models = list(self._models.values()), {}
+        self._started = False
+        for m in models:
+            await m.engine.stop()
+            m.engine.llm.engine.close()
+
+    @property
+    def ready(self) -> bool:
+        """Started, and every loaded engine is running."""
+        return self._started and all(m.engine.is_running for m in self._models.values())
+
+    def loaded(self) -> list[LoadedLLM]:
+        return [self._models[n] for n in sorted(self._models)]
+
+    def get(self, name: str) -> LoadedLLM:
+        """The served model ``name``; ModelNotFoundError (404) naming the served ones otherwise."""
+        llm = self._models.get(name)
+        if llm is not None:
+            return llm
+        if name in self.failures:
+            raise ModelNotFoundError(f"model {name!r} failed to load: {self.failures[name]}", "rebuild it and restart")
+        known = ", ".join(sorted(self._models)) or "none"
+        raise ModelNotFoundError(f"The model '{name}' does not exist", f"generation models served here: {known}")
+
+    def engine(self, name: str) -> AsyncLLMEngine:
+        return self.get(name).engine
+
+
+class LLMTextGenerator:
+    """A served causal LM as the dialogue pipelines' ``TextGenerator`` (greedy by default)."""
+
+    def __init__(self, service: GenerationService, model: str) -> None:
+        self.service, self.model = service, model
+
+    async def generate(self, messages: list[ChatMessage], max_tokens: int, temperature: float = 0.0) -> str:
+        llm = self.service.get(self.model)
+        ids = llm.tokenizer.encode_chat([{"role": m["role"], "content": m["content"]} for m in messages])
+        room = llm.max_model_len - len(ids)
+        params = SamplingParams.create(max_tokens=max(1, min(max_tokens, room)), temperature=temperature)
+        parts = [event.text async for event in llm.engine.generate(ids, params)]
+        return "".join(parts)

@@ -1,0 +1,420 @@
+"""OpenAI-compatible generation: ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/completions``.
+
+:class:`~miaohui.server.generation_service.GenerationService` (re-exported here) owns one
+:class:`AsyncLLMEngine` per causal-LM model of the repository. :func:`openai_router` is the FastAPI
+router; it answers errors in OpenAI's shape (``{"error": {"message", "type", "param", "code"}}``): 400 bad
+parameters, 404 unknown model, 429 queue full, 503 stopping.
+
+A request is admitted (``engine.add``) before any byte is sent, so a rejection is a plain HTTP error even
+for ``stream: true``. Streams are SSE: ``data: {chunk}\\n\\n`` (``chat.completion.chunk`` /
+``text_completion``): the role first (chat), then content deltas, then a chunk with ``finish_reason``, a
+usage chunk when ``stream_options.include_usage``, and ``data: [DONE]``. When the client goes away,
+starlette cancels the response; :class:`_EventStream` aborts the request in ``finally`` whatever the
+path (cancellation, a failed send), so its slot is free for the next scheduler step. A non-streamed
+request polls for a disconnect while it waits and aborts too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from miaohui.errors import MiaohuiError, ModelNotFoundError
+from miaohui.generation.engine_loop import EngineStoppedError, RequestStream, TokenEvent
+from miaohui.server.generation_service import GenerationService, LoadedLLM
+from miaohui.server.metrics import UNKNOWN_MODEL, Metrics
+from miaohui.server.openai_schema import (
+    ChatRequest,
+    CompletionRequest,
+    OpenAIError,
+    chat_messages,
+    completion_prompt,
+    parse_request,
+    sampling_params,
+)
+from miaohui.server.status import http_status, message, reason
+
+__all__ = ["ChatDelegate", "GenerationService", "create_openai_app", "error_body", "openai_router"]
+
+log = logging.getLogger("miaohui.generation")
+MAX_BODY_BYTES = 4 << 20
+DISCONNECT_POLL_S = 0.05
+PROTOCOL = "openai"
+_ERROR_KINDS = {400: "invalid_request_error", 404: "invalid_request_error", 429: "rate_limit_error"}
+
+
+# ---- responses -------------------------------------------------------------------------------------------
+
+
+def error_body(exc: BaseException) -> tuple[int, dict[str, Any]]:
+    if isinstance(exc, OpenAIError):
+        return exc.status, exc.body()
+    status = 503 if isinstance(exc, EngineStoppedError) else http_status(exc)
+    missing = isinstance(exc, ModelNotFoundError)
+    code, param = ("model_not_found", "model") if missing else (reason(exc), None)
+    kind = _ERROR_KINDS.get(status, "server_error")
+    return status, {"error": {"message": message(exc), "type": kind, "param": param, "code": code}}
+
+
+def error_response(exc: BaseException) -> JSONResponse:
+    status, body = error_body(exc)
+    return JSONResponse(body, status_code=status)
+
+
+def _sse(obj: dict[str, Any] | str) -> bytes:
+    data = obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    return f"data: {data}\n\n".encode()
+
+
+class _EventStream(StreamingResponse):
+    """SSE response that runs ``on_close`` however it ends (done, client gone, send failed)."""
+
+    def __init__(self, content: AsyncIterator[bytes], on_close: Callable[[], Awaitable[None]]) -> None:
+        super().__init__(content, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._on_close()
+
+
+@dataclass
+class _Call:
+    """One admitted request: its stream and how to shape its chunks."""
+
+    chat: bool
+    llm: LoadedLLM
+    stream: RequestStream
+    prompt_tokens: int
+    include_usage: bool
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def object(self) -> str:
+        return "chat.completion" if self.chat else "text_completion"
+
+    @property
+    def chunk_object(self) -> str:
+        return "chat.completion.chunk" if self.chat else "text_completion"
+
+    def head(self, obj: str) -> dict[str, Any]:
+        return {
+            "id": ("chatcmpl-" if self.chat else "cmpl-") + self.id,
+            "object": obj,
+            "created": self.created,
+            "model": self.llm.name,
+            "system_fingerprint": f"miaohui-{self.llm.name}-v{self.llm.version}-{self.llm.info.precision}",
+        }
+
+    def usage(self, completion_tokens: int) -> dict[str, int]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": self.prompt_tokens + completion_tokens,
+        }
+
+    def chunk(self, text: str | None, finish: str | None, *, role: bool = False) -> dict[str, Any]:
+        if self.chat:
+            delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
+            if text:
+                delta["content"] = text
+            choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        else:
+            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+        out = {**self.head(self.chunk_object), "choices": [choice]}
+        if self.include_usage:
+            out["usage"] = None
+        return out
+
+    def full(self, text: str, finish: str, completion_tokens: int) -> dict[str, Any]:
+        if self.chat:
+            choice: dict[str, Any] = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text, "refusal": None},
+                "logprobs": None,
+                "finish_reason": finish,
+            }
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        return {**self.head(self.object), "choices": [choice], "usage": self.usage(completion_tokens)}
+
+
+def _check_finish(event: TokenEvent) -> str:
+    if event.finish_reason in ("stop", "length"):
+        return event.finish_reason
+    raise EngineStoppedError(f"generation ended with {event.finish_reason!r}", "retry the request")
+
+
+async def _stream_chunks(call: _Call, done: Callable[[int, str], None]) -> AsyncIterator[bytes]:
+    if call.chat:
+        yield _sse(call.chunk(None, None, role=True))
+    try:
+        async for event in call.stream:
+            if event.finish_reason in ("abort", "error"):
+                _check_finish(event)
+            if event.text:
+                yield _sse(call.chunk(event.text, None))
+            if event.finish_reason is not None:
+                yield _sse(call.chunk(None, _check_finish(event)))
+                if call.include_usage:
+                    usage = call.usage(event.completion_tokens)
+                    yield _sse({**call.head(call.chunk_object), "choices": [], "usage": usage})
+                break
+        done(200, "")
+    except MiaohuiError as exc:  # the engine stopped or failed mid-stream: tell the client in-band
+        status, body = error_body(exc)
+        done(status, reason(exc))
+        yield _sse(body)
+    yield _sse("[DONE]")
+
+
+async def _collect(request: Request, stream: RequestStream) -> list[TokenEvent]:
+    """All of a request's events; aborts it if the client disconnects first."""
+
+    async def drain() -> list[TokenEvent]:
+        return [ev async for ev in stream]
+
+    task = asyncio.ensure_future(drain())
+    try:
+        while True:
+            finished, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+            if finished:
+                return task.result()
+            if await request.is_disconnected():
+                raise OpenAIError(499, "client disconnected", code="client_closed")
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        stream.abort()
+
+
+async def _read_body(request: Request) -> bytes:
+    declared = request.headers.get("content-length", "")
+    too_big = OpenAIError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes", code="body_too_large")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise too_big
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise too_big
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+# ---- the router ------------------------------------------------------------------------------------------
+
+
+ChatHandler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+ChatDelegate = Callable[[str], ChatHandler | None]
+"""``model name → handler or None``: chat models answered elsewhere (the dialogue pipelines). The handler
+gets the validated request as a dict and returns a whole ``chat.completion``; with ``stream: true`` it is
+sent as one content chunk and a finish chunk."""
+
+
+def openai_router(
+    service: GenerationService,
+    metrics: Metrics | None = None,
+    *,
+    other_models: Callable[[], Iterable[str]] | None = None,
+    chat_delegate: ChatDelegate | None = None,
+) -> APIRouter:
+    """The OpenAI-compatible routes over ``service``.
+
+    ``other_models``: more names for ``/v1/models`` (the repository's intent models, the pipelines).
+    ``chat_delegate``: see :data:`ChatDelegate`; asked first for every chat request's model.
+    """
+    router = APIRouter()
+    metrics = metrics or service.metrics
+
+    def model_card(name: str, created: int) -> dict[str, Any]:
+        return {"id": name, "object": "model", "created": created, "owned_by": "miaohui"}
+
+    def cards() -> list[dict[str, Any]]:
+        out = [model_card(m.name, m.info.created) for m in service.loaded()]
+        seen = {c["id"] for c in out}
+        start = int(time.time())
+        out += [model_card(n, start) for n in sorted(set(other_models() if other_models else ())) if n not in seen]
+        return out
+
+    @router.get("/v1/models")
+    async def list_models() -> dict[str, Any]:
+        return {"object": "list", "data": cards()}
+
+    @router.get("/v1/models/{model:path}")
+    async def retrieve_model(model: str) -> Response:
+        for card in cards():
+            if card["id"] == model:
+                return JSONResponse(card)
+        return error_response(
+            OpenAIError(404, f"The model '{model}' does not exist", param="model", code="model_not_found")
+        )
+
+    def lookup(name: str) -> LoadedLLM:
+        try:
+            return service.get(name)
+        except ModelNotFoundError:
+            if other_models is not None and name in set(other_models()):
+                raise OpenAIError(
+                    400,
+                    f"model {name!r} is not a text-generation model; it has its own endpoint",
+                    param="model",
+                    code="model_not_supported",
+                ) from None
+            raise
+
+    async def generate(request: Request, chat: bool) -> Response:
+        done = _Recorder(metrics)
+        try:
+            req = parse_request(ChatRequest if chat else CompletionRequest, await _read_body(request))
+            handler = chat_delegate(req.model) if chat and chat_delegate is not None else None
+            if handler is not None:
+                done.label = req.model
+                return _delegated(await handler(req.model_dump(exclude_unset=True)), bool(req.stream), done)
+            llm = lookup(req.model)
+            done.label, done.version = llm.name, str(llm.version)
+            ids = _encode(llm, req)
+            stream = llm.engine.add(ids, sampling_params(req, len(ids), llm.max_model_len))
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            call = _Call(chat, llm, stream, len(ids), include_usage)
+            if req.stream:
+                return _streamed(call, done)
+            events = await _collect(request, stream)
+            last = events[-1]
+            body = call.full("".join(e.text for e in events), _check_finish(last), last.completion_tokens)
+            done(200, "")
+            return JSONResponse(body)
+        except Exception as exc:
+            if not isinstance(exc, MiaohuiError):
+                log.exception("generation request failed")
+            status, body = error_body(exc)
+            done(status, _reason(exc))
+            return JSONResponse(body, status_code=status)
+
+    @router.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await generate(request, chat=True)
+
+    @router.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await generate(request, chat=False)
+
+    return router
+
+
+class _Recorder:
+    """Request metrics of one call: in-flight while it runs, then one ``done`` (a second call is ignored)."""
+
+    def __init__(self, metrics: Metrics | None) -> None:
+        self.metrics, self.label, self.version = metrics, UNKNOWN_MODEL, ""
+        self.started = time.perf_counter()
+        self.recorded = False
+        if metrics is not None:
+            metrics.in_flight.labels(PROTOCOL).inc()
+
+    def __call__(self, code: int, why: str) -> None:
+        if self.recorded or self.metrics is None:
+            return
+        self.recorded = True
+        self.metrics.in_flight.labels(PROTOCOL).dec()
+        self.metrics.done(self.label, self.version, PROTOCOL, code, time.perf_counter() - self.started, why)
+
+
+def _streamed(call: _Call, done: _Recorder) -> Response:
+    outcome: list[tuple[int, str]] = []  # what the stream reported; nothing ⇒ the client went away
+
+    async def close() -> None:
+        call.stream.abort()
+        done(*(outcome[-1] if outcome else (499, "client_closed")))
+
+    return _EventStream(_stream_chunks(call, lambda code, why: outcome.append((code, why))), close)
+
+
+def _delegated(completion: dict[str, Any], stream: bool, done: _Recorder) -> Response:
+    done(200, "")
+    if not stream:
+        return JSONResponse(completion)
+    head = {k: completion[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
+    choice = completion["choices"][0]
+    text = choice["message"]["content"]
+
+    async def chunks() -> AsyncIterator[bytes]:
+        delta = {"role": "assistant", "content": text}
+        yield _sse(head | {"choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}]})
+        end: dict[str, Any] = {
+            "index": 0,
+            "delta": {},
+            "logprobs": None,
+            "finish_reason": choice.get("finish_reason") or "stop",
+        }
+        yield _sse(head | {"choices": [end]})
+        yield _sse("[DONE]")
+
+    async def nothing() -> None:
+        return None
+
+    return _EventStream(chunks(), nothing)
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, OpenAIError):
+        return exc.code or "bad_input"
+    return reason(exc)
+
+
+def _encode(llm: LoadedLLM, req: ChatRequest | CompletionRequest) -> list[int]:
+    if isinstance(req, ChatRequest):
+        messages = chat_messages(req.messages)
+        try:
+            return llm.tokenizer.encode_chat(messages)
+        except MiaohuiError as exc:
+            raise OpenAIError(400, message(exc), param="messages") from None
+    prompt = completion_prompt(req.prompt)
+    if prompt.token_ids is not None:
+        vocab = llm.engine.llm.engine.dims.vocab
+        bad = [t for t in prompt.token_ids if not 0 <= t < vocab]
+        if bad:
+            raise OpenAIError(400, f"prompt token ids must be in [0, {vocab}); got {bad[:5]}", param="prompt")
+        return prompt.token_ids
+    ids = llm.tokenizer.encode(prompt.text or "")
+    if not ids:
+        raise OpenAIError(400, "the prompt has no tokens: send a non-empty prompt", param="prompt")
+    return ids
+
+
+def create_openai_app(service: GenerationService, metrics: Metrics) -> FastAPI:
+    """A standalone app: the OpenAI routes and ``/metrics``, with ``service`` started and stopped by the
+    lifespan (tests, benchmarks; ``miaohui serve`` mounts :func:`openai_router` into its own app)."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await service.start()
+        try:
+            yield
+        finally:
+            await service.stop()
+
+    app = FastAPI(title="miaohui-openai", lifespan=lifespan)
+    app.include_router(openai_router(service, metrics))
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    return app
