@@ -12,6 +12,7 @@ from pydantic import BaseModel, ValidationError
 from rich.console import Console
 from rich.table import Table
 
+from miaohui.dialogue.cli import compare_command, validate_pipeline_command
 from miaohui.errors import ConfigError, MiaohuiError
 
 M = TypeVar("M", bound=BaseModel)
@@ -203,9 +204,12 @@ def inspect(
         _fail(exc)
 
 
+app.command("compare")(compare_command)
+
+
 @app.command()
 def validate(
-    engine: Annotated[str, typer.Argument(help="Artifact dir or repository model name[:version].")],
+    engine: Annotated[str | None, typer.Argument(help="Artifact dir or repository model name[:version].")] = None,
     data: Annotated[str, typer.Option(help="'dev' (the project's dev split) or a labelled JSONL file.")] = "dev",
     reference: Annotated[str, typer.Option(help="'torch' (the source model in fp32) or another artifact.")] = "torch",
     max_drop: Annotated[float, typer.Option(help="Allowed accuracy drop, percentage points.")] = 1.0,
@@ -215,9 +219,26 @@ def validate(
     ] = None,
     repository: RepoOpt = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the report as JSON.")] = None,
+    pipeline: Annotated[
+        str | None,
+        typer.Option(help="Pipeline compliance gate: run this pipeline's gate dialogues ('all': every pipeline)."),
+    ] = None,
+    candidate: Annotated[
+        str | None, typer.Option("--engine", help="With --pipeline: the candidate engine (or give ENGINE).")
+    ] = None,
 ) -> None:
-    """Check an engine against a reference on labelled text; exit 1 if the gate fails."""
+    """Check an engine against a reference on labelled text; exit 1 if the gate fails. With --pipeline: the
+    pipeline compliance gate (a reply that loses a required disclaimer or alters a number fails)."""
     from miaohui.validate.run import run_validation
+
+    engine = candidate or engine
+    if engine is None:
+        err_console.print("[bold red]error:[/] give the engine to validate (ENGINE, or --engine with --pipeline)")
+        raise typer.Exit(2)
+    if pipeline is not None:
+        data_file = None if data == "dev" else Path(data)
+        validate_pipeline_command(pipeline, engine, reference, data_file, None, repository, json_out)
+        return
 
     try:
         report, drift = run_validation(engine, _repo(repository), data, reference, max_drop, min_agreement, golden)

@@ -44,8 +44,12 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module", params=["fp16", "bf16"])
 def artifact(request: pytest.FixtureRequest, source: Path, repo: Path) -> Path:
     max_len = min(128, json.loads((source / "miaohui-model.json").read_text())["max_length"])
-    cfg = BuildConfig(backend="inductor", precision=request.param, autotune=False,
-                      shapes=parse_shapes(f"input_ids:1x1,8x32,64x{max_len}"))
+    cfg = BuildConfig(
+        backend="inductor",
+        precision=request.param,
+        autotune=False,
+        shapes=parse_shapes(f"input_ids:1x1,8x32,64x{max_len}"),
+    )
     return build_artifact(source, f"intent-{request.param}", cfg, repo, log=print).path
 
 

@@ -8,6 +8,8 @@
 * :mod:`.compliance` — risk disclaimer, forbidden promises, number grounding.
 * :mod:`.consistency` — drift between two engines (offline and in shadow mode).
 * :mod:`.gate` — ``miaohui validate --pipeline``: a candidate engine must keep disclaimers and numbers.
+* :mod:`.engine_adapters` — the engine protocols over served models, artifacts and chat callables.
+* :mod:`.cli` — ``miaohui compare`` and ``miaohui validate --pipeline`` (registered by the main CLI).
 """
 
 from miaohui.dialogue.config import PIPELINE_NAMES, PipelineConfig, load_pipeline_config

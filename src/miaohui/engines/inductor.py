@@ -91,10 +91,18 @@ def build(ctx: BuildContext) -> BuiltEngine:
     width = len(meta.labels) if meta.kind == "intent" else int(meta.bert_config["hidden_size"])
     inputs, outputs = io_specs(ctx, "logits" if meta.kind == "intent" else "embeddings", ["batch", width])
     return BuiltEngine(
-        engine_file=ENGINE_FILE, backend_version=str(torch.__version__).split("+")[0],
-        target=target or cpu_target(), inputs=inputs, outputs=outputs,
-        extra={"export_seconds": round(export_s, 2), "compile_seconds": round(compile_s, 2),
-               "torch": torch.__version__, "cuda": torch.version.cuda, "autotune": ctx.cfg.autotune},
+        engine_file=ENGINE_FILE,
+        backend_version=str(torch.__version__).split("+")[0],
+        target=target or cpu_target(),
+        inputs=inputs,
+        outputs=outputs,
+        extra={
+            "export_seconds": round(export_s, 2),
+            "compile_seconds": round(compile_s, 2),
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+            "autotune": ctx.cfg.autotune,
+        },
     )
 
 
@@ -139,11 +147,13 @@ class InductorEngine(Engine):
             program = torch.export.load(str(path / manifest.engine_file))
             self._runner = compile_program(program.module(), bool(manifest.build_config.autotune))
         except Exception as exc:
-            raise ArtifactError(f"cannot load inductor engine {path}: {exc}",
-                                "the files are corrupt or were built by another torch; rebuild it") from exc
+            raise ArtifactError(
+                f"cannot load inductor engine {path}: {exc}",
+                "the files are corrupt or were built by another torch; rebuild it",
+            ) from exc
         self.load_seconds = time.perf_counter() - started
         profile = manifest.inputs[0].profile
-        max_b, max_s = (profile.max if profile else (64, manifest.max_length or 128))
+        max_b, max_s = profile.max if profile else (64, manifest.max_length or 128)
         self.min_s = profile.min[1] if profile else 1
         self.batches, self.seqs = batch_buckets(max_b), seq_buckets(max_s)
         self.width = int(manifest.outputs[0].dims[-1])
@@ -153,8 +163,10 @@ class InductorEngine(Engine):
             self.stream = torch.cuda.Stream(self.device)
 
     def bucket(self, b: int, s: int) -> tuple[int, int]:
-        return (self.batches[bisect.bisect_left(self.batches, b)],
-                self.seqs[bisect.bisect_left(self.seqs, max(s, self.min_s))])
+        return (
+            self.batches[bisect.bisect_left(self.batches, b)],
+            self.seqs[bisect.bisect_left(self.seqs, max(s, self.min_s))],
+        )
 
     def capture(self, b: int, s: int) -> None:
         """Capture the CUDA graph of bucket (b, s) (idempotent)."""

@@ -8,8 +8,10 @@ small, regular graph (fewer, larger kernels; one CUDA graph per bucket). Weights
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
-import torch.nn.functional as F  # noqa: N812
+import torch.nn.functional as F
 from torch import nn
 
 from miaohui.models.intent import IntentClassifier, SentenceEncoder
@@ -40,8 +42,17 @@ class FastBertLayer(nn.Module):
 class FastBert(nn.Module):
     """Embeddings (word + position + token type 0) → LayerNorm → layers; returns the last hidden states."""
 
-    def __init__(self, vocab: int, hidden: int, layers: int, heads: int, intermediate: int, max_positions: int,
-                 type_vocab: int = 2, eps: float = 1e-12) -> None:
+    def __init__(
+        self,
+        vocab: int,
+        hidden: int,
+        layers: int,
+        heads: int,
+        intermediate: int,
+        max_positions: int,
+        type_vocab: int = 2,
+        eps: float = 1e-12,
+    ) -> None:
         super().__init__()
         self.word = nn.Embedding(vocab, hidden)
         self.position = nn.Embedding(max_positions, hidden)
@@ -84,16 +95,25 @@ class FastSentenceEncoder(nn.Module):
 
 
 @torch.no_grad()
-def _copy_encoder(hf: nn.Module) -> FastBert:
+def _copy_encoder(hf: Any) -> FastBert:
     cfg = hf.config
-    fast = FastBert(cfg.vocab_size, cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads,
-                    cfg.intermediate_size, cfg.max_position_embeddings, cfg.type_vocab_size, cfg.layer_norm_eps)
+    fast = FastBert(
+        cfg.vocab_size,
+        cfg.hidden_size,
+        cfg.num_hidden_layers,
+        cfg.num_attention_heads,
+        cfg.intermediate_size,
+        cfg.max_position_embeddings,
+        cfg.type_vocab_size,
+        cfg.layer_norm_eps,
+    )
     emb = hf.embeddings
     fast.word.weight.copy_(emb.word_embeddings.weight)
     fast.position.weight.copy_(emb.position_embeddings.weight)
     fast.token_type.weight.copy_(emb.token_type_embeddings.weight)
     fast.ln.load_state_dict(emb.LayerNorm.state_dict())
-    for mine, theirs in zip(fast.layers, hf.encoder.layer, strict=True):
+    mine: FastBertLayer
+    for mine, theirs in zip(fast.layers, hf.encoder.layer, strict=True):  # type: ignore[assignment]
         att = theirs.attention
         mine.qkv.weight.copy_(torch.cat([att.self.query.weight, att.self.key.weight, att.self.value.weight]))
         mine.qkv.bias.copy_(torch.cat([att.self.query.bias, att.self.key.bias, att.self.value.bias]))
@@ -105,16 +125,17 @@ def _copy_encoder(hf: nn.Module) -> FastBert:
     return fast
 
 
-def from_module(module: nn.Module) -> nn.Module:
+def from_module(module: Any) -> nn.Module:
     """The fast equivalent of a (HF-based) :class:`IntentClassifier` or :class:`SentenceEncoder`, eval mode."""
     act = getattr(module.encoder.config, "hidden_act", "gelu")
     if act != "gelu":
         raise ValueError(f"FastBert implements erf GELU, the model uses {act!r}")
     encoder = _copy_encoder(module.encoder)
     if isinstance(module, IntentClassifier):
-        fast: nn.Module = FastIntentClassifier(encoder, module.head.out_features)
+        classifier = FastIntentClassifier(encoder, module.head.out_features)
         with torch.no_grad():
-            fast.head.load_state_dict(module.head.state_dict())
+            classifier.head.load_state_dict(module.head.state_dict())
+        fast: nn.Module = classifier
     elif isinstance(module, SentenceEncoder):
         fast = FastSentenceEncoder(encoder)
     else:

@@ -23,10 +23,21 @@ GRPC_GRACE_S = 2.0
 """How long in-flight gRPC calls may finish at shutdown."""
 
 
-def build_app(repository: Path, models: list[str] | None = None) -> FastAPI:
-    """The HTTP app with a lifespan that loads (and warms up) the repository before serving."""
+def build_app(
+    repository: Path,
+    models: list[str] | None = None,
+    *,
+    dialogue_intent: str = "intent",
+    dialogue_llm: str | None = None,
+) -> FastAPI:
+    """The HTTP app with a lifespan that loads (and warms up) the repository before serving.
+
+    The dialogue pipelines classify with the served model ``dialogue_intent`` and generate their llm
+    replies with the causal LM ``dialogue_llm`` (None: those routes answer with their templates)."""
     from miaohui.generation.artifact import causal_lm_names
-    from miaohui.server.generation_service import GenerationService
+    from miaohui.server.dialogue_api import DialogueService
+    from miaohui.server.generation_service import GenerationService, LLMTextGenerator
+    from miaohui.serving.shadow import ShadowManager
 
     metrics = Metrics()
     manager = ModelManager(repository, observer_factory=metrics.observer)
@@ -36,18 +47,24 @@ def build_app(repository: Path, models: list[str] | None = None) -> FastAPI:
         repository, metrics, names=[n for n in models if n in llm_names] if models else llm_names
     )
     state.generation = generation
+    generator = LLMTextGenerator(generation, dialogue_llm) if dialogue_llm else None
+    state.dialogue = DialogueService.for_manager(manager, metrics, intent_model=dialogue_intent, generator=generator)
+    state.shadow = ShadowManager(manager, metrics)
     encoder_models = [n for n in models if n not in llm_names] if models else None
     app = create_app(state)
+    shadow = state.shadow
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         if encoder_models is None or encoder_models:  # [] = only LLMs were asked for
             await manager.load_all(encoder_models)
         await generation.start()
+        await shadow.start()
         try:
             yield
         finally:
             state.shutting_down = True
+            await shadow.stop()
             await generation.stop()
             await manager.stop()
 

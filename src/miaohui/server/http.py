@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 from fastapi import FastAPI, Request
@@ -33,6 +33,10 @@ from miaohui.server.status import http_status, message, reason
 from miaohui.serving.repository import ModelManager
 from miaohui.serving.served import ServedVersion, deadline_from_ms
 
+if TYPE_CHECKING:
+    from miaohui.server.dialogue_api import DialogueService
+    from miaohui.serving.shadow import ShadowManager
+
 T = TypeVar("T")
 DISCONNECT_POLL_S = 0.05
 MAX_BODY_BYTES = 8 << 20
@@ -49,6 +53,10 @@ class ServerState:
         self.shutting_down = False
         self.generation: GenerationService | None = None
         """Causal-LM engines (OpenAI routes); None: the server has no generation models."""
+        self.dialogue: DialogueService | None = None
+        """Dialogue pipelines (``/v1/dialogue``, ``pipeline/<name>`` chat models); None: not served."""
+        self.shadow: ShadowManager | None = None
+        """Shadow comparisons of candidate versions (``/v1/shadow``); None: not served."""
 
 
 def error_response(exc: BaseException) -> JSONResponse:
@@ -115,12 +123,22 @@ def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="miaohui", version=__version__, docs_url="/docs", redoc_url=None)
     app.state.miaohui = state
     manager, metrics = state.manager, state.metrics
+    dialogue = state.dialogue
     if state.generation is not None:
 
         def encoders() -> list[str]:
-            return [s.name for s in manager.states() if s.versions]
+            pipelines = dialogue.model_names() if dialogue is not None else []
+            return [s.name for s in manager.states() if s.versions] + pipelines
 
-        app.include_router(openai_router(state.generation, metrics, other_models=encoders))
+        delegate = dialogue.chat_delegate if dialogue is not None else None
+        app.include_router(openai_router(state.generation, metrics, other_models=encoders, chat_delegate=delegate))
+    if dialogue is not None or state.shadow is not None:
+        from miaohui.server.dialogue_api import dialogue_router, shadow_router  # it imports this module
+
+        if dialogue is not None:
+            app.include_router(dialogue_router(dialogue))
+        if state.shadow is not None:
+            app.include_router(shadow_router(state.shadow))
 
     @app.exception_handler(MiaohuiError)
     async def _miaohui_error(_: Request, exc: MiaohuiError) -> JSONResponse:

@@ -170,8 +170,9 @@ class ModelManager:
         if state is None or not state.versions:
             known = ", ".join(s.name for s in self.states() if s.versions) or "none"
             raise ModelNotFoundError(f"model {name!r} is not loaded", f"loaded models: {known}")
-        if version is None or version == "":
-            return state.versions[max(state.versions)]
+        if version is None or version == "":  # the primary: never a shadow candidate (ModelConfig.shadow)
+            newest = state.versions[max(state.versions)]
+            return state.versions[newest.config.primary_of(state.versions) or newest.version]
         try:
             v = int(version)
         except ValueError:

@@ -7,9 +7,11 @@ bucket into a batch and runs it on a free engine instance in a worker thread.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import os
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +28,11 @@ from miaohui.serving.batcher import BatcherConfig, BatcherObserver, DynamicBatch
 from miaohui.serving.model_config import ModelConfig
 
 MAX_TEXT_CHARS = 4096
+log = logging.getLogger("miaohui.served")
+
+ShadowTap = Callable[[list[str], np.ndarray], None]
+"""Called with the texts and logits of every :meth:`ServedVersion.classify` (shadow mode,
+:mod:`miaohui.serving.shadow`); it must return at once (schedule its work) and never fail the request."""
 
 
 @dataclass
@@ -92,6 +99,8 @@ class ServedVersion:
         self.ready = False
         self.load_seconds = 0.0
         self.warmup_seconds = 0.0
+        self.shadow_tap: ShadowTap | None = None
+        """Set by :class:`miaohui.serving.shadow.ShadowManager` on a primary version that is shadowed."""
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -160,6 +169,11 @@ class ServedVersion:
 
     async def classify(self, texts: list[str], deadline: float | None, with_slots: bool = True) -> list[IntentResult]:
         logits = await self.run_rows(self.tokenize(texts), deadline)
+        if self.shadow_tap is not None:
+            try:
+                self.shadow_tap(texts, logits)
+            except Exception:  # shadowing must never fail the primary request
+                log.exception("shadow tap of %s v%d failed", self.name, self.version)
         probs = softmax(logits)
         best = probs.argmax(-1)
         labels = self.manifest.labels

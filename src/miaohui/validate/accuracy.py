@@ -76,13 +76,18 @@ def compare(
     labels: list[str],
     gate: GateConfig,
     names: tuple[str, str, str],
+    ref_labels: list[str] | None = None,
 ) -> ValidationReport:
+    """Engine vs reference. Agreement compares label names, so models with other label sets compare too;
+    the logit error is only defined when both have the same labels (else it is reported as inf)."""
+    ref_labels = ref_labels or labels
     pred, ref_pred = logits.argmax(-1), ref_logits.argmax(-1)
     gold = [x.intent for x in data]
     acc, per = _per_label(pred, gold, labels)
-    ref_acc, ref_per = _per_label(ref_pred, gold, labels)
-    agreement = float((pred == ref_pred).mean())
-    err = np.abs(logits - ref_logits)
+    ref_acc, ref_per = _per_label(ref_pred, gold, ref_labels)
+    agreement = float(np.mean([labels[a] == ref_labels[b] for a, b in zip(pred, ref_pred, strict=True)]))
+    same = labels == ref_labels and logits.shape == ref_logits.shape
+    err = np.abs(logits - ref_logits) if same else np.full(1, np.inf)
     drop = (ref_acc - acc) * 100
     failures = []
     if drop > gate.max_accuracy_drop:

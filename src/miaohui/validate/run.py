@@ -32,7 +32,8 @@ def load_data(data: str) -> list[IntentExample]:
 
 def reference_logits(
     reference: str, source_model: str | None, repository: Path, tok: TextTokenizer, texts: list[str]
-) -> tuple[np.ndarray, str]:
+) -> tuple[np.ndarray, str, list[str]]:
+    """Logits of the reference on ``texts`` (each model with its own tokenizer), its name and labels."""
     if reference == "torch":
         if not source_model or not Path(source_model).is_dir():
             raise ArtifactError(
@@ -43,16 +44,20 @@ def reference_logits(
 
         from miaohui.models.checkpoint import load_checkpoint
 
-        module = load_checkpoint(Path(source_model)).module
+        loaded = load_checkpoint(Path(source_model))
+        module = loaded.module
 
         def fn(feeds: dict[str, np.ndarray]) -> np.ndarray:
             with torch.inference_mode():
                 return module(torch.from_numpy(feeds["input_ids"]), torch.from_numpy(feeds["attention_mask"])).numpy()
 
-        return run_logits(fn, tok, texts), f"torch fp32 ({source_model})"
+        ref_tok = TextTokenizer(loaded.tokenizer, loaded.meta.max_length)
+        return run_logits(fn, ref_tok, texts), f"torch fp32 ({source_model})", loaded.meta.labels
     path = resolve_artifact(reference, repository)
     with load_engine(path) as ref:
-        return run_logits(engine_logits(ref), tok, texts), f"{ref.manifest.name} v{ref.manifest.version}"
+        m = ref.manifest
+        ref_tok = TextTokenizer.from_file(path / (m.tokenizer_file or "tokenizer.json"), m.max_length or 512)
+        return run_logits(engine_logits(ref), ref_tok, texts), f"{m.name} v{m.version}", m.labels
 
 
 def run_validation(
@@ -71,7 +76,7 @@ def run_validation(
     tok = TextTokenizer.from_file(path / (manifest.tokenizer_file or "tokenizer.json"), manifest.max_length or 512)
     with load_engine(path) as engine:
         logits = run_logits(engine_logits(engine), tok, texts)
-    ref, ref_name = reference_logits(reference, manifest.extra.get("source_model"), repository, tok, texts)
+    ref, ref_name, ref_labels = reference_logits(reference, manifest.extra.get("source_model"), repository, tok, texts)
     gate = GateConfig(max_accuracy_drop=max_drop, min_agreement=min_agreement)
     report = compare(
         logits,
@@ -80,6 +85,7 @@ def run_validation(
         manifest.labels,
         gate,
         (f"{manifest.name} v{manifest.version} ({manifest.backend} {manifest.precision})", ref_name, data),
+        ref_labels=ref_labels,
     )
     drift = drift_against(golden, repository, texts, logits) if golden else None
     save_golden(path / GOLDEN, texts, logits)
