@@ -264,8 +264,10 @@ async def test_metrics_exposed(client: httpx.AsyncClient) -> None:
         "miaohui_queue_duration_seconds_bucket",
         "miaohui_compute_duration_seconds_count",
         "miaohui_process_resident_memory_bytes",
+        "miaohui_process_cpu_seconds_total",
     ):
         assert name in text
+    assert 'miaohui_model_ready{model="intent",version="1"} 1.0' in text
 
 
 async def test_statistics(client: httpx.AsyncClient) -> None:

@@ -127,7 +127,7 @@ def breakdown(before: Snapshot, after: Snapshot, model: str, wall_s: float) -> d
     if request and queue and compute:
         # what is neither waiting for a batch nor running it: parsing, tokenizing, routing, serializing
         out["other_ms"] = request["mean"] - queue["mean"] - compute["mean"]
-    cpu = _delta(before, after, "miaohui_process_cpu_seconds")
+    cpu = _delta(before, after, "miaohui_process_cpu_seconds_total")
     if wall_s > 0 and cpu > 0:
         out["server_cpu_cores"] = cpu / wall_s
     gpu = after.select("miaohui_gpu_utilization_ratio")

@@ -27,7 +27,7 @@ from miaohui import __version__
 from miaohui.errors import InputError, MiaohuiError, ModelNotFoundError, UnavailableError
 from miaohui.server import kserve
 from miaohui.server.generation_service import GenerationService
-from miaohui.server.metrics import Metrics
+from miaohui.server.metrics import Metrics, ModelStateCollector
 from miaohui.server.openai_api import openai_router
 from miaohui.server.status import http_status, message, reason
 from miaohui.serving.repository import ModelManager
@@ -123,6 +123,12 @@ def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="miaohui", version=__version__, docs_url="/docs", redoc_url=None)
     app.state.miaohui = state
     manager, metrics = state.manager, state.metrics
+    with contextlib.suppress(ValueError):  # already registered when an app is built twice on one Metrics
+        metrics.registry.register(
+            ModelStateCollector(
+                lambda: [(st.name, v.version, v.ready) for st in manager.states() for v in st.versions.values()]
+            )
+        )
     dialogue = state.dialogue
     if state.generation is not None:
 

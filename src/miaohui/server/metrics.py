@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import Any
 
 import psutil
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from miaohui.serving.batcher import BatcherObserver, RejectReason
@@ -32,9 +32,9 @@ class _ProcessCollector(Collector):
     def __init__(self) -> None:
         self._proc = psutil.Process(os.getpid())
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         cpu = self._proc.cpu_times()
-        yield GaugeMetricFamily(
+        yield CounterMetricFamily(
             "miaohui_process_cpu_seconds",
             "User+system CPU seconds of the server process",
             value=cpu.user + cpu.system,
@@ -44,6 +44,21 @@ class _ProcessCollector(Collector):
             "Resident memory of the server process",
             value=self._proc.memory_info().rss,
         )
+
+
+class ModelStateCollector(Collector):
+    """``miaohui_model_ready{model,version}``: 1 for each loaded, warmed-up version (read at scrape time)."""
+
+    def __init__(self, states: Callable[[], Iterable[tuple[str, int, bool]]]) -> None:
+        self._states = states
+
+    def collect(self) -> Iterator[Metric]:
+        ready = GaugeMetricFamily(
+            "miaohui_model_ready", "1 if the model version is loaded and warm", labels=["model", "version"]
+        )
+        for name, version, ok in self._states():
+            ready.add_metric([name, str(version)], 1.0 if ok else 0.0)
+        yield ready
 
 
 class _GpuCollector(Collector):
