@@ -255,6 +255,9 @@ class _BatchMetrics(BatcherObserver):
     def on_enqueue(self, queue_depth: int) -> None:
         self.m.queue_depth.labels(*self.labels).set(queue_depth)
 
+    def on_dequeue(self, queue_depth: int) -> None:
+        self.m.queue_depth.labels(*self.labels).set(queue_depth)
+
     def on_reject(self, reason: RejectReason) -> None:
         self.m.rejected.labels(*self.labels, reason).inc()
 

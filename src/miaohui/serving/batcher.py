@@ -112,6 +112,9 @@ class BatcherObserver:
     def on_enqueue(self, queue_depth: int) -> None:
         """A request joined the queue, which now holds ``queue_depth`` requests."""
 
+    def on_dequeue(self, queue_depth: int) -> None:
+        """A batch was taken out of the queue; ``queue_depth`` requests are left (keeps gauges fresh)."""
+
     def on_reject(self, reason: RejectReason) -> None:
         """A request was answered without a result: queue full, deadline passed, caller cancelled, or the
         batcher stopped before computing it."""
@@ -386,6 +389,7 @@ class DynamicBatcher(Generic[P, R]):
             longest * len(batch),
             [now - item.enqueued for item in batch],
         )
+        self._observe("on_dequeue", self.queue_depth)
         try:
             await self._compute(batch)
         finally:
