@@ -89,11 +89,17 @@ def main() -> None:
 
     runners: dict[str, Any] = {"torch eager fp32": torch_fn}
     meta: dict[str, Any] = {}
+    seen: set[str] = set()
     for name in args.engines.split(","):
         path = repo / name / str(max(int(v.name) for v in (repo / name).iterdir() if v.name.isdigit()))
         engine = load_engine(path, threads=args.threads)
         m = read_manifest(path)
-        label = f"{m.backend} {m.precision}"
+        label = (
+            f"{m.backend} {m.precision}"
+            if len(args.engines.split(",")) <= 2 and m.precision not in seen
+            else f"{name} ({m.backend} {m.precision})"
+        )
+        seen.add(m.precision)
         runners[label] = lambda f, e=engine, o=m.outputs[0].name: e.infer(f)[o]
         meta[label] = {"artifact": str(path), "build_key": m.build_key, "calibration": m.extra.get("calibration")}
 

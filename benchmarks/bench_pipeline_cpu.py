@@ -271,16 +271,16 @@ def table(doc: dict[str, Any]) -> str:
 def bench_repository(source: Path) -> Path:
     """``$MIAOHUI_HOME/bench/pipeline-repo`` with ``intent`` = ``source`` as ORT int8 (train split as
     calibration), built once and reused while the build key holds."""
-    from miaohui.config import BuildConfig
     from miaohui.engines.store import build_artifact
     from miaohui.paths import home
+    from miaohui.prepare import default_config
     from miaohui.zoo.intents import load_split
 
     if not source.is_dir():
         raise SystemExit(f"no intent model at {source}: run `miaohui prepare` (or pass --source / --repository)")
     repository = home() / "bench" / "pipeline-repo"
     texts = [x.text for x in load_split("train")]
-    build_artifact(source, "intent", BuildConfig(precision="int8"), repository, calib_texts=texts, log=print)
+    build_artifact(source, "intent", default_config("onnxruntime", "int8"), repository, calib_texts=texts, log=print)
     return repository
 
 

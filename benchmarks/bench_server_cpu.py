@@ -74,7 +74,7 @@ def artifacts(args: argparse.Namespace) -> dict[str, Path]:
     """``{"int8": version dir, "eager": version dir}``, built or reused (build keys)."""
     from miaohui.config import BuildConfig
     from miaohui.engines.store import build_artifact
-    from miaohui.prepare import prepare_defaults
+    from miaohui.prepare import default_config, prepare_defaults
     from miaohui.serving.resolve import resolve_artifact
     from miaohui.zoo.intents import load_split
 
@@ -84,7 +84,7 @@ def artifacts(args: argparse.Namespace) -> dict[str, Path]:
     else:
         source = args.model
         calib = [x.text for x in load_split("train")]
-        cfg = BuildConfig(backend="onnxruntime", precision="int8")
+        cfg = default_config("onnxruntime", "int8")
         int8 = build_artifact(source, MODEL, cfg, args.work / "int8", calib_texts=calib).path
     eager = build_artifact(source, MODEL, BuildConfig(backend="torch"), args.work / "eager").path
     return {"int8": int8, "eager": eager}

@@ -127,6 +127,13 @@ def build(
         Path | None, typer.Option(help="int8: JSONL (text field) or .txt; default: the intent train split.")
     ] = None,
     calib_samples: Annotated[int, typer.Option(min=8)] = 256,
+    int8_mode: Annotated[
+        str, typer.Option(help="int8: static (calibrated QDQ) | dynamic (ORT, run-time ranges)")
+    ] = "static",
+    keep_fp32: Annotated[
+        list[str] | None,
+        typer.Option(help="int8: regex of node names kept fp32 (repeatable), e.g. 'layer\\.\\d+/output/dense'"),
+    ] = None,
     target: Annotated[str | None, typer.Option(help="TensorRT GPU target, e.g. sm86 (A10), sm89 (L4).")] = None,
     opt_level: Annotated[int, typer.Option(min=0, max=5)] = 3,
     repository: RepoOpt = None,
@@ -143,7 +150,12 @@ def build(
             precision=precision,
             shapes=parse_shapes(shapes) if shapes else {},
             calibration=_validated(
-                CalibrationConfig, method=calibration, percentile=percentile, num_samples=calib_samples
+                CalibrationConfig,
+                method=calibration,
+                percentile=percentile,
+                num_samples=calib_samples,
+                mode=int8_mode,
+                keep_fp32=tuple(keep_fp32 or ()),
             ),
             target=target,
             opt_level=opt_level,

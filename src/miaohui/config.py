@@ -19,6 +19,7 @@ from miaohui.errors import ConfigError
 Backend = Literal["onnxruntime", "tensorrt", "tensorrt-rtx", "inductor", "torch"]
 Precision = Literal["fp32", "fp16", "bf16", "int8"]
 CalibrationMethod = Literal["minmax", "entropy", "percentile"]
+Int8Mode = Literal["static", "dynamic"]
 
 BACKENDS: tuple[str, ...] = ("onnxruntime", "tensorrt", "tensorrt-rtx", "inductor", "torch")
 PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "bf16", "int8")
@@ -116,7 +117,12 @@ class CalibrationConfig(Frozen):
     per_channel: bool = True
     """Per-output-channel weight scales (more accurate; supported by ORT and TensorRT)."""
     keep_fp32: tuple[str, ...] = ()
-    """Regular expressions over node names whose MatMuls stay fp32 (mixed precision for sensitive layers)."""
+    """Regular expressions over node names whose MatMuls stay fp32 (mixed precision for sensitive layers),
+    e.g. ``layer\\.\\d+/output/dense`` keeps BERT's FFN down-projections (long-tailed GELU inputs) in fp32."""
+    mode: Int8Mode = "static"
+    """``static``: explicit QDQ with calibrated activation ranges (the graph TensorRT also takes).
+    ``dynamic`` (ONNX Runtime only): int8 weights, activation ranges measured per batch at run time, with
+    ORT's fused int8 attention — no calibration; ORT's recommendation for transformers on CPU."""
 
 
 class BuildConfig(Frozen):
@@ -165,6 +171,11 @@ class BuildConfig(Frozen):
                 f"--target {self.target} with backend {self.backend}",
                 "a target is chosen only for TensorRT builds; other backends build for this machine",
             )
+        if self.precision == "int8" and self.calibration.mode == "dynamic" and self.backend != "onnxruntime":
+            raise ConfigError(
+                f"--int8-mode dynamic with backend {self.backend}",
+                "dynamic int8 is an ONNX Runtime CPU mode; TensorRT needs static QDQ (--int8-mode static)",
+            )
         if self.backend == "inductor" and self.precision == "int8":
             raise ConfigError(
                 "precision int8 with backend inductor",
@@ -177,6 +188,8 @@ class BuildConfig(Frozen):
         fields = self.model_dump(mode="json")
         if self.precision != "int8":
             fields.pop("calibration")
+        elif self.calibration.mode == "dynamic":  # no calibration happens: only what shapes the graph counts
+            fields["calibration"] = {k: fields["calibration"][k] for k in ("mode", "per_channel", "keep_fp32")}
         if self.backend != "inductor":
             fields.pop("autotune")
         return digest_json(fields)

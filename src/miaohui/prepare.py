@@ -5,13 +5,25 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from miaohui.config import BuildConfig
+from miaohui.config import BuildConfig, CalibrationConfig
 from miaohui.engines.store import build_artifact
 from miaohui.models.checkpoint import META_NAME
 from miaohui.paths import models_dir
 from miaohui.zoo.intents import load_split
 
 DEFAULT_MODEL = "intent-e5-small"
+BERT_FFN_DOWN = (r"layer\.\d+/output/dense",)
+"""BERT's FFN down-projections (inputs: long-tailed GELU outputs) stay fp32 in the default int8 engine —
+the known outlier problem of transformer int8 (all-int8 QDQ agreed with fp32 on only 97.0 % of the dev split,
+below the 98 % gate; with these 12 MatMuls in fp32 it agrees on 98.8 %, see README)."""
+
+
+def default_config(backend: str, precision: str) -> BuildConfig:
+    """The build configuration of a default engine."""
+    calibration = CalibrationConfig(keep_fp32=BERT_FFN_DOWN) if precision == "int8" else CalibrationConfig()
+    return BuildConfig.model_validate({"backend": backend, "precision": precision, "calibration": calibration})
+
+
 # (repository name, backend, precision): the int8 engine serves as `intent`; fp32 is kept for comparison.
 DEFAULT_ENGINES = (("intent", "onnxruntime", "int8"), ("intent-fp32", "onnxruntime", "fp32"))
 
@@ -27,6 +39,5 @@ def prepare_defaults(repository: Path, quick: bool = False, log: Callable[[str],
         log(f"dev accuracy {report.accuracy:.2%}")
     texts = [x.text for x in load_split("train")]
     for name, backend, precision in DEFAULT_ENGINES:
-        cfg = BuildConfig(backend=backend, precision=precision)  # type: ignore[arg-type]
-        build_artifact(model, name, cfg, repository, calib_texts=texts, log=log)
+        build_artifact(model, name, default_config(backend, precision), repository, calib_texts=texts, log=log)
     return model

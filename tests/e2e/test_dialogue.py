@@ -32,10 +32,10 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
-from miaohui.config import BuildConfig
 from miaohui.dialogue.compliance import DISCLAIMER, count_disclaimers
 from miaohui.engines.store import build_artifact
 from miaohui.nlp.numbers import extract_numbers, numbers_grounded
+from miaohui.prepare import default_config
 from miaohui.server.app import build_app
 from miaohui.server.metrics import Metrics
 
@@ -98,7 +98,7 @@ def dialogue_app(repo: Path) -> FastAPI:
 @pytest.fixture(scope="module")
 def repo(intent_model: Path, calib_texts: list[str], tmp_path_factory: pytest.TempPathFactory) -> Path:
     repo = tmp_path_factory.mktemp("dialogue-repo")
-    cfg = BuildConfig(precision="int8")
+    cfg = default_config("onnxruntime", "int8")
     build_artifact(intent_model, "intent", cfg, repo, calib_texts=calib_texts, log=lambda m: None)
     return repo
 

@@ -23,6 +23,7 @@ from miaohui.config import BuildConfig
 from miaohui.dialogue.cli import compare_command, validate_pipeline_command
 from miaohui.dialogue.consistency import DriftThresholds
 from miaohui.engines.store import build_artifact
+from miaohui.prepare import default_config
 from miaohui.server.dialogue_api import DialogueService, dialogue_router, shadow_router
 from miaohui.server.http import ServerState, create_app
 from miaohui.server.metrics import Metrics
@@ -43,7 +44,9 @@ def repo(
     repo = tmp_path_factory.mktemp("compare-repo")
     quiet = {"log": lambda m: None}
     build_artifact(intent_model, "intent", BuildConfig(), repo, **quiet)  # type: ignore[arg-type]
-    build_artifact(intent_model, "intent", BuildConfig(precision="int8"), repo, calib_texts=calib_texts, **quiet)  # type: ignore[arg-type]
+    build_artifact(
+        intent_model, "intent", default_config("onnxruntime", "int8"), repo, calib_texts=calib_texts, **quiet
+    )  # type: ignore[arg-type]
     build_artifact(tiny_model, "tiny", BuildConfig(), repo, **quiet)  # type: ignore[arg-type]
     return repo
 

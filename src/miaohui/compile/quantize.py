@@ -170,6 +170,32 @@ def quantize_qdq(
     )
 
 
+def quantize_dynamic_int8(fp32_onnx: Path, out_path: Path, cfg: CalibrationConfig) -> list[str]:
+    """ONNX Runtime dynamic int8: weights int8 now, activations quantized per batch at run time.
+    Returns the MatMuls kept in fp32 (``cfg.keep_fp32``)."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    model = onnx.load(str(fp32_onnx), load_external_data=False)
+    weights, act_matmuls = weight_matmuls(model)
+    kept = [n for n in weights if any(re.search(p, n) for p in cfg.keep_fp32)]
+    try:
+        quantize_dynamic(
+            str(fp32_onnx),
+            str(out_path),
+            weight_type=QuantType.QInt8,
+            per_channel=cfg.per_channel,
+            op_types_to_quantize=["MatMul", "Attention"],
+            nodes_to_exclude=act_matmuls + kept,
+            extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
+        )
+    except Exception as exc:
+        raise BuildError(
+            f"dynamic int8 quantization of {fp32_onnx.name} failed: {exc}",
+            "use --int8-mode static, or --precision fp32",
+        ) from exc
+    return kept
+
+
 def _read_cache(cache: Path) -> dict[str, tuple[float, float]]:
     """ORT's calibration cache → {tensor: (low, high)}."""
     from onnxruntime.quantization.calibrate import load_tensors_data

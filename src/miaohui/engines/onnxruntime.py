@@ -9,7 +9,7 @@ import numpy as np
 
 from miaohui.compile.inspect import require_supported
 from miaohui.compile.optimize import fuse_bert, op_counts
-from miaohui.compile.quantize import quantize_qdq
+from miaohui.compile.quantize import quantize_dynamic_int8, quantize_qdq
 from miaohui.engines.base import Engine, Manifest, TensorSpec
 from miaohui.engines.context import BuildContext, BuiltEngine
 from miaohui.engines.target import cpu_target
@@ -33,7 +33,8 @@ def io_specs(ctx: BuildContext, output: str, out_dims: list[str | int]) -> tuple
 
 
 def build(ctx: BuildContext) -> BuiltEngine:
-    """fp32: fused graph. int8: fused graph (attention unfused) → calibrated QDQ."""
+    """fp32: fused graph. int8 static: fused graph (attention unfused) → calibrated QDQ.
+    int8 dynamic: fused graph → int8 weights, per-batch activation scales (QAttention, DynamicQuantizeMatMul)."""
     if ctx.onnx_path is None or ctx.model is None:
         raise BuildError("the onnxruntime builder needs an exported model", "build from a model directory")
     require_supported(ctx.onnx_path, "onnxruntime")
@@ -44,6 +45,12 @@ def build(ctx: BuildContext) -> BuiltEngine:
     if ctx.cfg.precision == "fp32":
         ctx.log("fusing attention, layer norm and GELU for ONNX Runtime")
         fuse_bert(ctx.onnx_path, out, heads, hidden, attention=True)
+    elif ctx.cfg.precision == "int8" and ctx.cfg.calibration.mode == "dynamic":
+        fused = ctx.work_dir / "fused.onnx"
+        ctx.log("fusing attention, layer norm and GELU; int8 weights with run-time activation ranges")
+        fuse_bert(ctx.onnx_path, fused, heads, hidden, attention=True)
+        kept = quantize_dynamic_int8(fused, out, ctx.cfg.calibration)
+        extra["int8"] = {"mode": "dynamic", "per_channel": ctx.cfg.calibration.per_channel, "kept_fp32": kept}
     elif ctx.cfg.precision == "int8":
         fused = ctx.work_dir / "fused.onnx"
         ctx.log("fusing layer norm and GELU (attention kept as MatMuls for int8)")

@@ -231,7 +231,7 @@ def build_artifact(
 
     model = load_checkpoint(source)
     texts = list(calib_texts or [])
-    if cfg.precision == "int8" and not texts:
+    if cfg.precision == "int8" and cfg.calibration.mode == "static" and not texts:
         raise ConfigError("int8 needs calibration text", "pass --calib-data FILE (JSONL with a text field, or .txt)")
     texts = texts[: cfg.calibration.num_samples]
     model_dir.mkdir(parents=True, exist_ok=True)
