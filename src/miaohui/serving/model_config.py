@@ -73,8 +73,9 @@ class ModelConfig(BaseModel):
 
     backend: str = "onnxruntime"
     """Backend of the artifacts (checked against each version's manifest)."""
-    batching: BatcherConfig = Field(default_factory=BatcherConfig)
-    """Dynamic batching: max_batch_size, max_queue_delay_ms, preferred sizes, queue size, instances…"""
+    batching: BatcherConfig = Field(default_factory=lambda: BatcherConfig(length_buckets=[16, 32, 64, 128]))
+    """Dynamic batching: max_batch_size, max_queue_delay_ms, preferred sizes, queue size, instances…
+    By default rows are grouped by token length (≤16, ≤32, ≤64, ≤128, longer) so a batch pads little."""
     dynamic_batching: bool = True
     """False: every request runs alone (batch of 1) — the baseline the batcher is measured against."""
     warmup: list[WarmupShape] = Field(
