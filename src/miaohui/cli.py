@@ -301,8 +301,11 @@ def serve(
     port: int = 8000,
     grpc_port: Annotated[int, typer.Option(help="gRPC port; 0 disables gRPC.")] = 8001,
     models: Annotated[str | None, typer.Option(help="Comma-separated models to load (default: all).")] = None,
+    dialogue_llm: Annotated[
+        str | None, typer.Option(help="Causal LM the dialogue pipelines generate with (default: templates only).")
+    ] = None,
 ) -> None:
-    """Serve the repository over HTTP (KServe v2, /v1/intent, /metrics) and gRPC (KServe v2)."""
+    """Serve the repository: HTTP (KServe v2, /v1/intent, /v1/chat/completions, /v1/dialogue, /metrics) and gRPC."""
     from miaohui.server.app import run_server
 
     try:
@@ -312,6 +315,7 @@ def serve(
             port=port,
             grpc_port=grpc_port,
             models=models.split(",") if models else None,
+            dialogue_llm=dialogue_llm,
         )
     except MiaohuiError as exc:
         _fail(exc)

@@ -38,6 +38,9 @@ def prepare_defaults(repository: Path, quick: bool = False, log: Callable[[str],
         _, report = train_intent(TrainConfig(epochs=2 if quick else 8), model)
         log(f"dev accuracy {report.accuracy:.2%}")
     texts = [x.text for x in load_split("train")]
+    from miaohui.generation.artifact import build_causal_lm
+
+    build_causal_lm(repository, "smollm2", "int8", log=log)  # reused while its build key holds
     for name, backend, precision in DEFAULT_ENGINES:
         build_artifact(model, name, default_config(backend, precision), repository, calib_texts=texts, log=log)
     return model

@@ -72,14 +72,16 @@ def build_app(
     return app
 
 
-async def serve_async(repository: Path, host: str, port: int, grpc_port: int, models: list[str] | None) -> int:
+async def serve_async(
+    repository: Path, host: str, port: int, grpc_port: int, models: list[str] | None, dialogue_llm: str | None = None
+) -> int:
     """Serve until stopped; the exit status: 0 after a normal stop, 1 when gRPC could not start.
 
     gRPC starts once HTTP listens. If it cannot (port in use, bad host), the error is logged and the whole
     server stops: a server that silently lacks one protocol is worse than none. At shutdown gRPC stops first
     (in-flight RPCs get a grace period), then the models.
     """
-    app = build_app(repository, models)
+    app = build_app(repository, models, dialogue_llm=dialogue_llm)
     state: ServerState = app.state.miaohui
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="on")
     server = uvicorn.Server(config)
@@ -138,6 +140,7 @@ def run_server(
     port: int = 8000,
     grpc_port: int = 8001,
     models: list[str] | None = None,
+    dialogue_llm: str | None = None,
 ) -> None:
     """Run until SIGINT/SIGTERM. Exits non-zero (``SystemExit``) when startup failed: uvicorn exits with 3 when
     HTTP cannot listen or the models' startup raises; 1 when gRPC cannot listen."""
@@ -149,7 +152,7 @@ def run_server(
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     status = 0
     with contextlib.suppress(KeyboardInterrupt):
-        status = asyncio.run(serve_async(repository, host, port, grpc_port, models))
+        status = asyncio.run(serve_async(repository, host, port, grpc_port, models, dialogue_llm))
     if status:
         log.error("miaohui server did not start (see the error above); exiting with status %d", status)
         raise SystemExit(status)
