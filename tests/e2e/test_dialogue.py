@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -29,8 +27,8 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from fastapi import FastAPI
+from tests.servers import UvicornThread
 
 from miaohui.dialogue.compliance import DISCLAIMER, count_disclaimers
 from miaohui.engines.store import build_artifact
@@ -49,35 +47,6 @@ KB_TEXT = "\n".join(
 
 
 # ------------------------------------------------------------------------------------------- the server
-
-
-class UvicornThread:
-    """An app on a free localhost port in a background thread (its lifespan loads the repository)."""
-
-    def __init__(self, app: FastAPI, metrics: Metrics | None = None) -> None:
-        self.app = app
-        self.metrics: Metrics = metrics or app.state.miaohui.metrics
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.port = int(self.sock.getsockname()[1])
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, lifespan="on", log_level="warning", access_log=False))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
-
-    def start(self) -> None:
-        self.thread.start()
-        deadline = time.monotonic() + 180
-        while not self.server.started:
-            assert self.thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-            time.sleep(0.02)
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(30)
-        self.sock.close()
-
-    def sample(self, name: str, **labels: str) -> float:
-        return self.metrics.registry.get_sample_value(name, labels) or 0.0
 
 
 def has_route(app: FastAPI, path: str) -> bool:

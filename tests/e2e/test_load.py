@@ -19,16 +19,13 @@ Each load runs a few seconds (5 s measured in all); the whole module takes well 
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
+from tests.servers import UvicornThread
 
 from miaohui.bench import load as bench_load
 from miaohui.bench.load import LoadPlan, RawRun, run_sync
@@ -48,31 +45,6 @@ TIGHT_MS = 2
 RELAXED_MS = 8000
 
 
-class UvicornThread:
-    """``build_app(repository)`` under uvicorn on a free localhost port, in a daemon thread."""
-
-    def __init__(self, repository: Path, models: list[str]) -> None:
-        self.app = build_app(repository, models)
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        config = uvicorn.Config(self.app, lifespan="on", log_level="warning", access_log=False)
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
-
-    def start(self) -> None:
-        self.thread.start()
-        deadline = time.monotonic() + 120
-        while not self.server.started:
-            assert self.thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-            time.sleep(0.02)
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(30)
-        self.sock.close()
-
-
 @pytest.fixture(scope="module")
 def repo(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("load-repo")
@@ -86,7 +58,7 @@ def repo(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(repo: Path) -> Iterator[UvicornThread]:
-    srv = UvicornThread(repo, ["intent", "roomy"])
+    srv = UvicornThread(build_app(repo, ["intent", "roomy"]))
     srv.start()
     try:
         yield srv

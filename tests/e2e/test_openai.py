@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import shutil
-import socket
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +20,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from tests.servers import UvicornThread
 
 from miaohui.generation.engine_loop import LLMEngine
 from miaohui.generation.params import SamplingParams
@@ -63,40 +62,12 @@ def llm_repository() -> Path:
     return repo
 
 
-class ServerThread:
-    """uvicorn in a background thread on a free localhost port (the socket is bound here: no race)."""
-
-    def __init__(self, app: Any) -> None:
-        import uvicorn
-
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
-
-    def __enter__(self) -> ServerThread:
-        self.thread.start()
-        deadline = time.monotonic() + 120
-        while not self.server.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("the server did not start (see the log above)")
-            time.sleep(0.05)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
-        self.sock.close()
-
-
 @pytest.fixture(scope="module")
 def server(llm_repository: Path) -> Iterator[tuple[str, GenerationService]]:
     metrics = Metrics()
     sched = SchedulerConfig(max_running_seqs=4, max_batched_tokens=MAX_MODEL_LEN, max_model_len=MAX_MODEL_LEN)
     service = GenerationService(llm_repository, metrics, scheduler=sched)
-    with ServerThread(create_openai_app(service, metrics)) as srv:
+    with UvicornThread(create_openai_app(service, metrics)) as srv:
         assert service.failures == {}
         yield f"http://127.0.0.1:{srv.port}", service
 

@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import struct
-import threading
-import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,8 +19,7 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.http as tc
-import uvicorn
-from fastapi import FastAPI
+from tests.servers import UvicornThread
 from tritonclient.utils import InferenceServerException
 
 from miaohui.config import BuildConfig
@@ -351,34 +347,6 @@ async def test_load_parameters_are_refused(client: httpx.AsyncClient) -> None:
 
 
 # ---------------------------------------------------------------------- tritonclient.http on a real server
-
-
-class UvicornThread:
-    """The server :func:`build_app` makes (lifespan loads the repository), on a free localhost port."""
-
-    def __init__(self, app: FastAPI) -> None:
-        self.app = app
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.port = int(self.sock.getsockname()[1])
-        config = uvicorn.Config(app, lifespan="on", log_level="warning", access_log=False)
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
-
-    def start(self) -> None:
-        self.thread.start()
-        deadline = time.monotonic() + 120
-        while not self.server.started:
-            assert self.thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-            time.sleep(0.02)
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(30)
-        self.sock.close()
-
-    def sample(self, name: str, **labels: str) -> float:
-        return self.app.state.miaohui.metrics.registry.get_sample_value(name, labels) or 0.0
 
 
 @pytest.fixture(scope="module")

@@ -275,7 +275,8 @@ def test_closed_loop_counts_429_and_500(server_url: str) -> None:
     assert point["sent"] > 50
     assert point["sent"] == point["answered"] + point["error_count"] and point["lost"] == 0
     assert set(point["errors"]) == {"429", "500"} and point["answered"] > 0
-    assert 1.0 <= point["latency_ms"]["p50"] <= point["latency_ms"]["p99"] <= point["latency_ms"]["max"]
+    lat = point["latency_ms"]
+    assert lat["p50"] >= 1.0 and lat["p50"] <= lat["p99"] <= lat["max"]
     server = point["server"]
     # the first scrape lands a little after the window opens (the server is busy), so fewer are counted
     assert server is not None and point["sent"] * 0.5 <= server["request_ms"]["count"] <= point["sent"] + 8
