@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -24,3 +28,21 @@ def engines_dir() -> Path:
 def repository_dir() -> Path:
     """The serving model repository (``<model>/config.yaml`` + ``<model>/<version>/``)."""
     return home() / "repository"
+
+
+@contextmanager
+def atomic_dir(out_dir: Path) -> Iterator[Path]:
+    """Write a directory atomically: yield a temp sibling; on success it replaces ``out_dir``, on failure it
+    is removed — readers never see a half-written directory."""
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
+    try:
+        yield tmp
+        tmp.chmod(0o755)  # mkdtemp makes it private
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        os.replace(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

@@ -74,12 +74,8 @@ def repo(intent_model: Path, calib_texts: list[str], tmp_path_factory: pytest.Te
 
 @pytest.fixture(scope="module")
 def server(repo: Path) -> Iterator[UvicornThread]:
-    srv = UvicornThread(dialogue_app(repo))
-    srv.start()
-    try:
+    with UvicornThread(dialogue_app(repo)) as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 @pytest.fixture(scope="module")
@@ -365,12 +361,8 @@ def llm_server(repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
 
     app = FastAPI(lifespan=lifespan)
     app.include_router(dialogue_router(service))
-    srv = UvicornThread(app, metrics)
-    srv.start()
-    try:
+    with UvicornThread(app, metrics) as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 @pytest.mark.parametrize(

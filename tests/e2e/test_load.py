@@ -58,12 +58,8 @@ def repo(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(repo: Path) -> Iterator[UvicornThread]:
-    srv = UvicornThread(build_app(repo, ["intent", "roomy"]))
-    srv.start()
-    try:
+    with UvicornThread(build_app(repo, ["intent", "roomy"])) as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 @pytest.fixture(scope="module")

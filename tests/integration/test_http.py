@@ -351,12 +351,8 @@ async def test_load_parameters_are_refused(client: httpx.AsyncClient) -> None:
 
 @pytest.fixture(scope="module")
 def http_server(repo: Path) -> Iterator[UvicornThread]:
-    srv = UvicornThread(build_app(repo))
-    srv.start()
-    try:
+    with UvicornThread(build_app(repo)) as srv:
         yield srv
-    finally:
-        srv.stop()
 
 
 @pytest.fixture(scope="module")

@@ -39,6 +39,7 @@ import numpy as np
 
 from miaohui.config import BuildConfig, InputRange
 from miaohui.engines.base import Engine, Manifest
+from miaohui.engines.target import cuda_target
 from miaohui.errors import (
     ArtifactError,
     BackendUnavailableError,
@@ -246,14 +247,8 @@ def unsupported_nodes(onnx_path: Path, flavor: Flavor) -> list[tuple[str, str]]:
 
 def _local_gpu() -> tuple[str, str] | None:
     """(compute capability ``smXY``, name) of the current CUDA GPU, or None where there is none."""
-    try:
-        import torch
-    except ImportError:
-        return None
-    if not torch.cuda.is_available():
-        return None
-    major, minor = torch.cuda.get_device_capability()
-    return f"sm{major}{minor}", torch.cuda.get_device_name()
+    gpu = cuda_target()
+    return (gpu.compute_capability or "", gpu.gpu_name or "") if gpu else None
 
 
 def rtx_targets(trt: Any) -> dict[str, Any]:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import shutil
-import tempfile
 import time
 import warnings
 from collections.abc import Iterator, Sequence
@@ -36,6 +35,7 @@ from pydantic import BaseModel, Field
 from miaohui.config import Frozen
 from miaohui.errors import ArtifactError, ExportError
 from miaohui.generation.dims import DecoderDims
+from miaohui.paths import atomic_dir
 
 if TYPE_CHECKING:
     from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
@@ -127,21 +127,6 @@ def _quiet(logger_name: str) -> Iterator[None]:
         yield
     finally:
         log.setLevel(level)
-
-
-@contextmanager
-def _atomic_dir(out_dir: Path) -> Iterator[Path]:
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
-    try:
-        yield tmp
-        tmp.chmod(0o755)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        tmp.rename(out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def _versions() -> dict[str, str]:
@@ -266,7 +251,7 @@ def export_decoder(
     )
     pad = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else _eos_ids(hf_model, tokenizer)[0])
     console = Console(stderr=True)
-    with _atomic_dir(out_dir) as tmp:
+    with atomic_dir(out_dir) as tmp:
         start = time.perf_counter()
         with console.status(f"exporting {name} ({d.num_layers} layers) to ONNX"), torch.inference_mode():
             try:
@@ -320,7 +305,7 @@ def quantize_decoder(src_dir: Path, out_dir: Path, method: Int8Method = "weight-
     if meta.precision != "fp32":
         raise ExportError(f"{src_dir} is already {meta.precision}", "quantize the fp32 decoder directory")
     with (
-        _atomic_dir(out_dir) as tmp,
+        atomic_dir(out_dir) as tmp,
         Console(stderr=True).status(f"quantizing {meta.name} to int8 ({method})"),
     ):
         start = time.perf_counter()

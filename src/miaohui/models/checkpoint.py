@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -22,6 +19,7 @@ from transformers import BertConfig, BertModel
 
 from miaohui.errors import ArtifactError
 from miaohui.models.intent import IntentClassifier, SentenceEncoder
+from miaohui.paths import atomic_dir
 
 META_NAME = "miaohui-model.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -57,19 +55,11 @@ class LoadedModel:
 def save_checkpoint(path: Path, module: torch.nn.Module, meta: ModelMeta, tokenizer: Tokenizer) -> Path:
     """Write atomically: a temp dir next to ``path`` renamed into place."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    try:
+    with atomic_dir(path) as tmp:
         state = {k: v.detach().contiguous() for k, v in module.state_dict().items()}
         save_file(state, str(tmp / WEIGHTS_NAME))
         (tmp / TOKENIZER_NAME).write_text(tokenizer.to_str(), encoding="utf-8")
         (tmp / META_NAME).write_text(meta.model_dump_json(indent=2), encoding="utf-8")
-        if path.exists():
-            shutil.rmtree(path)
-        os.replace(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return path
 
 
@@ -86,11 +76,23 @@ def read_meta(path: Path) -> ModelMeta:
         raise ArtifactError(f"{meta_file} is damaged: {exc}", "retrain or restore the model directory") from exc
 
 
+_DIGESTS: dict[tuple[str, tuple[tuple[int, int], ...]], str] = {}
+
+
 def model_digest(path: Path) -> str:
-    """sha256 over the checkpoint's files (meta, weights, tokenizer)."""
+    """sha256 over the checkpoint's files (meta, weights, tokenizer); remembered while their sizes and
+    modification times are unchanged, so building several engines from one model hashes it once."""
+    files = [Path(path) / name for name in (META_NAME, WEIGHTS_NAME, TOKENIZER_NAME)]
+    key = (str(Path(path).resolve()), tuple((f.stat().st_size, f.stat().st_mtime_ns) for f in files))
+    if key not in _DIGESTS:
+        _DIGESTS[key] = _hash_files(files)
+    return _DIGESTS[key]
+
+
+def _hash_files(files: list[Path]) -> str:
     h = hashlib.sha256()
-    for name in (META_NAME, WEIGHTS_NAME, TOKENIZER_NAME):
-        with open(Path(path) / name, "rb") as fh:
+    for file in files:
+        with open(file, "rb") as fh:
             for chunk in iter(lambda: fh.read(1 << 22), b""):
                 h.update(chunk)
     return h.hexdigest()

@@ -65,7 +65,9 @@ class ServedVersion:
         self.config = config
         instances = config.batching.instances
         threads = config.threads or max(1, (os.cpu_count() or 1) // instances)
-        self.engines: list[Engine] = [load_engine(path, threads=threads) for _ in range(instances)]
+        self.engines: list[Engine] = [
+            load_engine(path, threads=threads, verify_checksums=i == 0) for i in range(instances)
+        ]
         self.manifest: Manifest = self.engines[0].manifest
         self.name, self.version = self.manifest.name, self.manifest.version
         self.output_name = self.engines[0].output_names[0]

@@ -18,14 +18,12 @@ import hashlib
 import importlib.util
 import json
 import logging
-import shutil
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from miaohui.errors import ArtifactError, InputError
-from miaohui.paths import models_dir
+from miaohui.paths import atomic_dir, models_dir
 
 if TYPE_CHECKING:
     from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
@@ -106,19 +104,10 @@ def _convert_gguf(gguf: Path, out_dir: Path, source: dict[str, object]) -> None:
             _FIX,
         )
     model.tie_weights()
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
-    try:
+    with atomic_dir(out_dir) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         (tmp / SOURCE_FILE).write_text(json.dumps(source, indent=2))
-        tmp.chmod(0o755)  # mkdtemp makes it private
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        tmp.rename(out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def ensure_smollm_cache(cache: Path | None = None) -> Path:
