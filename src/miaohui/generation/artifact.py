@@ -44,12 +44,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from miaohui.errors import ArtifactError, ConfigError, InputError
 from miaohui.generation.export import META_NAME, TOKENIZER_NAME, DecoderExportSpec, Int8Method
 from miaohui.generation.scheduler import SchedulerConfig
+from miaohui.generation.slot_options import SlotEngineOptions
 
 logger = logging.getLogger(__name__)
 
 MARKER_NAME = "causal_lm.json"
 CONFIG_NAME = "generation.yaml"
-LLMPrecision = Literal["fp32", "int8"]
+LLMPrecision = Literal["fp32", "int8", "bf16", "fp16"]
+LLMBackend = Literal["onnxruntime", "inductor"]
+PRECISIONS: dict[str, tuple[str, ...]] = {"onnxruntime": ("fp32", "int8"), "inductor": ("bf16", "fp16", "fp32")}
 
 
 class CausalLMInfo(BaseModel):
@@ -61,6 +64,8 @@ class CausalLMInfo(BaseModel):
     name: str
     """The model's name in the repository (what clients send as ``model``)."""
     version: int
+    backend: LLMBackend = "onnxruntime"
+    """``onnxruntime``: explicit-KV ONNX decoder (CPU); ``inductor``: static-KV weights, compiled at load (GPU)."""
     precision: LLMPrecision
     int8_method: Int8Method | None = None
     source: str
@@ -85,6 +90,8 @@ class GenerationModelConfig(BaseModel):
     """Continuous-batching limits; ``max_model_len`` is capped at the model's position limit."""
     threads: int | None = Field(default=None, ge=1)
     """ONNX Runtime intra-op threads (default: every core this process may use)."""
+    engine: SlotEngineOptions | None = None
+    """``inductor`` versions: KV slots, slot length, buckets, device (default: SlotEngineOptions())."""
 
 
 def is_causal_lm_dir(version_dir: Path) -> bool:
@@ -248,6 +255,7 @@ def build_causal_lm(
     int8_method: Int8Method = "weight-only",
     spec: DecoderExportSpec | None = None,
     force: bool = False,
+    backend: LLMBackend = "onnxruntime",
     log: Callable[[str], None] = logger.info,
 ) -> Path:
     """Export the offline SmolLM2-135M-Instruct into ``<repository>/<name>/<next version>/``; its path.
@@ -259,8 +267,14 @@ def build_causal_lm(
     from miaohui.serving.repository import check_model_name
 
     check_model_name(name)
-    if precision not in ("fp32", "int8"):
-        raise ConfigError(f"precision {precision!r} is not supported for causal LMs", "use fp32 or int8")
+    allowed = PRECISIONS.get(backend)
+    if allowed is None:
+        raise ConfigError(f"backend {backend!r} is not a causal-LM backend", f"use one of {list(PRECISIONS)}")
+    if precision not in allowed:
+        raise ConfigError(
+            f"precision {precision!r} is not supported by the {backend} causal-LM backend",
+            f"use one of {list(allowed)}",
+        )
     spec = spec or DecoderExportSpec()
     model_dir = Path(repository) / name
     newest = latest_version(model_dir)
@@ -270,18 +284,19 @@ def build_causal_lm(
         )
     folder, source = _smollm_source(source_cache)
     method = int8_method if precision == "int8" else None
-    key = _build_key(source, precision, method, spec)
+    key = _build_key(source, f"{backend}:{precision}" if backend != "onnxruntime" else precision, method, spec)
     if newest is not None and not force:
         info = read_info(model_dir / str(newest))
         if info.build_key == key:
             log(f"{name} version {newest} has the same build key: reused")
             return model_dir / str(newest)
-    return _export_version(model_dir, name, precision, method, spec, folder, source, key, log)
+    return _export_version(model_dir, name, backend, precision, method, spec, folder, source, key, log)
 
 
 def _export_version(
     model_dir: Path,
     name: str,
+    backend: LLMBackend,
     precision: LLMPrecision,
     method: Int8Method | None,
     spec: DecoderExportSpec,
@@ -298,12 +313,18 @@ def _export_version(
     model_dir.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".build-", dir=model_dir))
     try:
-        log(f"exporting SmolLM2 ({precision}) for {name}")
-        export_decoder(model, tokenizer, staging / "fp32", spec)
-        out = staging / "fp32"
-        if precision == "int8":
-            quantize_decoder(out, staging / "int8", method or "weight-only")
-            out = staging / "int8"
+        if backend == "inductor":
+            out = staging / "static"
+            out.mkdir()
+            log(f"saving SmolLM2 weights ({precision}) for the {backend} engine of {name}")
+            _save_static(out, model, tokenizer, precision)
+        else:
+            log(f"exporting SmolLM2 ({precision}) for {name}")
+            export_decoder(model, tokenizer, staging / "fp32", spec)
+            out = staging / "fp32"
+            if precision == "int8":
+                quantize_decoder(out, staging / "int8", method or "weight-only")
+                out = staging / "int8"
         specials = {
             k: str(getattr(tokenizer, k))
             for k in ("bos_token", "eos_token", "pad_token", "unk_token")
@@ -311,12 +332,13 @@ def _export_version(
         }
         version = (latest_version(model_dir) or 0) + 1
         info = CausalLMInfo(
-            name=name, version=version, precision=precision, int8_method=method, source=source, build_key=key,
+            name=name, version=version, backend=backend, precision=precision, int8_method=method, source=source,
+            build_key=key,
             chat_template=template, special_tokens=specials, created=int(time.time()),
             build_seconds=round(time.perf_counter() - started, 2),
         )  # fmt: skip
         (out / MARKER_NAME).write_text(info.model_dump_json(indent=2), encoding="utf-8")
-        if not (out / META_NAME).is_file():
+        if backend == "onnxruntime" and not (out / META_NAME).is_file():
             raise ArtifactError(f"the export left no {META_NAME} in {out}", "report this")
         final = model_dir / str(version)
         out.rename(final)  # atomic: the version appears complete or not at all
@@ -324,3 +346,16 @@ def _export_version(
         shutil.rmtree(staging, ignore_errors=True)
     log(f"{name} version {version} written to {final} in {info.build_seconds:.0f}s")
     return final
+
+
+def _save_static(out: Path, model: Any, tokenizer: Any, precision: LLMPrecision) -> None:
+    from miaohui.generation.export import eos_ids
+    from miaohui.generation.static_artifact import save_static_decoder
+    from miaohui.zoo.smollm import encode_chat
+
+    eos = eos_ids(model, tokenizer)
+    pad = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0])
+    prompt = encode_chat([{"role": "user", "content": "Write a short poem about the sea."}], tokenizer=tokenizer)
+    if precision not in ("bf16", "fp16", "fp32"):
+        raise ConfigError(f"precision {precision!r} is not an inductor precision", "use bf16, fp16 or fp32")
+    save_static_decoder(out, model, tokenizer, precision, eos, pad, check_prompt=list(prompt))

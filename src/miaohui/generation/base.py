@@ -185,3 +185,129 @@ class CausalLMEngine(abc.ABC):
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+class StepLogits(abc.ABC):
+    """Logits of one engine step, possibly still on the device: only what sampling needs comes back."""
+
+    @abc.abstractmethod
+    def argmax(self) -> list[int]:
+        """Greedy token of every row (one small device → host copy)."""
+
+    @abc.abstractmethod
+    def rows(self, idx: Sequence[int]) -> np.ndarray:
+        """float32 ``[len(idx), vocab]`` logits of the rows ``idx`` on the host (for sampled rows only)."""
+
+
+class NumpyLogits(StepLogits):
+    """Host logits as :class:`StepLogits`."""
+
+    def __init__(self, logits: np.ndarray) -> None:
+        self.logits = logits
+
+    def argmax(self) -> list[int]:
+        return [int(t) for t in np.argmax(np.nan_to_num(self.logits, nan=-np.inf), axis=-1)]
+
+    def rows(self, idx: Sequence[int]) -> np.ndarray:
+        return self.logits[np.asarray(idx, dtype=np.int64)]
+
+
+class SlotCausalLMEngine(abc.ABC):
+    """A decoder that owns a static KV cache of ``num_slots`` rows (the GPU engine).
+
+    A sequence is prefilled into a free slot and decoded there until it finishes; the caller (the
+    :class:`~miaohui.generation.slot_runner.SlotModelRunner`) chooses slots and frees them. The engine
+    keeps each slot's length. Logits come back as :class:`StepLogits`, so greedy rows never copy the
+    vocabulary-wide logits to the host.
+    """
+
+    name: str = "slot-causal-lm"
+
+    def __init__(
+        self, dims: DecoderDims, eos_token_ids: Sequence[int], pad_token_id: int, num_slots: int, max_len: int
+    ) -> None:
+        self.dims = dims
+        self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
+        self.pad_token_id = int(pad_token_id)
+        self.num_slots = int(num_slots)
+        self.max_len = int(max_len)
+        self.lengths = np.zeros(self.num_slots, dtype=np.int64)
+
+    @property
+    def max_positions(self) -> int:
+        """Longest sequence (prompt + output) a slot holds."""
+        return self.max_len
+
+    def prefill(self, slots: Sequence[int], prompts: Sequence[Sequence[int]]) -> StepLogits:
+        """Run ``prompts`` into ``slots`` (one each); logits of each prompt's last token."""
+        if not prompts or len(slots) != len(prompts):
+            raise InputError(f"prefill got {len(prompts)} prompts for {len(slots)} slots", "pass one slot per prompt")
+        if min(len(p) for p in prompts) == 0:
+            raise InputError("a prompt has no tokens", "send non-empty prompts")
+        longest = max(len(p) for p in prompts)
+        if longest > self.max_len:
+            raise InputError(
+                f"a prompt has {longest} tokens; this engine's slots hold {self.max_len}",
+                f"shorten the prompt to at most {self.max_len} tokens",
+            )
+        self._check_slots(slots)
+        for p in prompts:
+            self._check_ids(p)
+        out = self._prefill(list(slots), [list(p) for p in prompts])
+        self.lengths[list(slots)] = [len(p) for p in prompts]
+        return out
+
+    def decode(self, slots: Sequence[int], tokens: Sequence[int]) -> StepLogits:
+        """One new token per slot; logits for the following token. Grows each slot's length by one."""
+        if len(slots) != len(tokens) or not slots:
+            raise ShapeError(f"decode got {len(tokens)} tokens for {len(slots)} slots", "pass one token per slot")
+        self._check_slots(slots)
+        self._check_ids(tokens)
+        pos = self.lengths[list(slots)]
+        if int(pos.min()) == 0:
+            raise InputError("decode of a slot that holds no sequence", "prefill the slot first")
+        if int(pos.max()) >= self.max_len:
+            raise InputError(
+                f"a sequence reached this engine's slot length of {self.max_len} tokens",
+                "finish the sequence (max_tokens / max_model_len) before the slot is full",
+            )
+        out = self._decode(list(slots), list(tokens), pos)
+        self.lengths[list(slots)] += 1
+        return out
+
+    def release(self, slot: int) -> None:
+        """The slot's sequence is gone (its cache rows are simply overwritten by the next prefill)."""
+        self.lengths[slot] = 0
+
+    def _check_slots(self, slots: Sequence[int]) -> None:
+        if len(set(slots)) != len(slots) or min(slots) < 0 or max(slots) >= self.num_slots:
+            raise InputError(
+                f"slots {list(slots)[:8]} must be distinct and in [0, {self.num_slots})", "report this (runner bug)"
+            )
+
+    def _check_ids(self, ids: Sequence[int]) -> None:
+        if ids and (min(ids) < 0 or max(ids) >= self.dims.vocab):
+            raise InputError(
+                f"token ids must be in [0, {self.dims.vocab}), got min {min(ids)} max {max(ids)}",
+                "encode text with this model's tokenizer",
+            )
+
+    @abc.abstractmethod
+    def _prefill(self, slots: list[int], prompts: list[list[int]]) -> StepLogits: ...
+
+    @abc.abstractmethod
+    def _decode(self, slots: list[int], tokens: list[int], positions: np.ndarray) -> StepLogits: ...
+
+    def close(self) -> None:  # noqa: B027 — optional hook
+        """Release device memory. Idempotent."""
+
+    def __enter__(self) -> SlotCausalLMEngine:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+AnyCausalLMEngine = CausalLMEngine | SlotCausalLMEngine

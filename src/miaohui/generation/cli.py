@@ -21,25 +21,34 @@ def build_llm(
         typer.Option("--repository", "-r", help="Model repository (default $MIAOHUI_HOME/repository)."),
     ] = None,
     name: Annotated[str, typer.Option(help="Model name in the repository (what clients send as `model`).")] = "smollm2",
-    precision: Annotated[str, typer.Option(help="fp32 | int8 (weight-only MatMulNBits, 8-bit blocks)")] = "fp32",
+    precision: Annotated[
+        str,
+        typer.Option(help="onnxruntime: fp32 | int8 (weight-only, 8-bit blocks); inductor: bf16 | fp16 | fp32"),
+    ] = "fp32",
+    backend: Annotated[
+        str,
+        typer.Option(help="onnxruntime (CPU, explicit-KV ONNX) | inductor (GPU: static KV, compiled + CUDA graphs)"),
+    ] = "onnxruntime",
     force: Annotated[
         bool, typer.Option(help="Export again even if the newest version has the same build key.")
     ] = False,
 ) -> None:
     """Export SmolLM2-135M-Instruct (explicit KV cache, checked against PyTorch) into REPOSITORY/NAME/<next version>."""
-    from miaohui.generation.artifact import build_causal_lm, read_info
+    from miaohui.generation.artifact import PRECISIONS, build_causal_lm, read_info
     from miaohui.paths import repository_dir
 
     console, err = Console(), Console(stderr=True)
-    if precision not in ("fp32", "int8"):
-        err.print(f"[bold red]error:[/] --precision {precision!r} is not supported for causal LMs")
-        err.print("[yellow]fix:[/] use --precision fp32 or --precision int8")
+    allowed = PRECISIONS.get(backend, ())
+    if precision not in allowed:
+        err.print(f"[bold red]error:[/] --backend {backend!r} --precision {precision!r} is not supported")
+        err.print(f"[yellow]fix:[/] backends and precisions: {PRECISIONS}")
         raise typer.Exit(2)
     try:
         path = build_causal_lm(
             repository or repository_dir(),
             name,
-            "int8" if precision == "int8" else "fp32",
+            precision,  # type: ignore[arg-type]  # checked against PRECISIONS above
+            backend=backend,  # type: ignore[arg-type]
             force=force,
             log=lambda m: console.print(f"[dim]·[/] {m}"),
         )
@@ -49,4 +58,4 @@ def build_llm(
             err.print(f"[yellow]fix:[/] {exc.fix}")
         raise typer.Exit(2) from None
     info = read_info(path)
-    console.print(f"[green]✓[/] {info.name} v{info.version} ({info.precision}) → {path}")
+    console.print(f"[green]✓[/] {info.name} v{info.version} ({info.backend} {info.precision}) → {path}")

@@ -44,7 +44,7 @@ from miaohui.generation.scheduler import (
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
-    from miaohui.generation.base import CausalLMEngine
+    from miaohui.generation.base import AnyCausalLMEngine
 
 logger = logging.getLogger(__name__)
 
@@ -75,16 +75,26 @@ class LLMEngine:
     """Synchronous engine: a scheduler and a model runner. ``step()`` is schedule → execute → update."""
 
     def __init__(
-        self, engine: CausalLMEngine, tokenizer: Tokenizer | None, config: SchedulerConfig | None = None
+        self, engine: AnyCausalLMEngine, tokenizer: Tokenizer | None, config: SchedulerConfig | None = None
     ) -> None:
+        from miaohui.generation.base import SlotCausalLMEngine
         from miaohui.generation.detok import detokenizer_factory
+        from miaohui.generation.slot_runner import SlotModelRunner
 
         self.engine = engine
         self.tokenizer = tokenizer
-        self.config = config or SchedulerConfig()
+        config = config or SchedulerConfig()
+        # a static cache holds num_slots sequences
+        if isinstance(engine, SlotCausalLMEngine) and config.max_running_seqs > engine.num_slots:
+            config = config.model_copy(update={"max_running_seqs": engine.num_slots})
+        if config.max_model_len > engine.max_positions:
+            config = config.model_copy(update={"max_model_len": engine.max_positions})
+        self.config = config
         factory = detokenizer_factory(tokenizer) if tokenizer is not None else None
         self.scheduler = Scheduler(self.config, engine.eos_token_ids, factory)
-        self.runner = ModelRunner(engine)
+        self.runner: ModelRunner | SlotModelRunner = (
+            SlotModelRunner(engine) if isinstance(engine, SlotCausalLMEngine) else ModelRunner(engine)
+        )
 
     def add_request(self, prompt_ids: Sequence[int], params: SamplingParams | None = None) -> int:
         """Queue a request; returns its id. InputError (bad prompt, checked here so that it fails alone,

@@ -215,7 +215,7 @@ def _save_tokenizer(tokenizer: PreTrainedTokenizerBase, folder: Path) -> None:
     backend.save(str(folder / TOKENIZER_NAME))
 
 
-def _eos_ids(hf_model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+def eos_ids(hf_model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBase) -> list[int]:
     eos = hf_model.generation_config.eos_token_id
     ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
     if tokenizer.eos_token_id is not None:
@@ -249,7 +249,7 @@ def export_decoder(
         torch.arange(4, 7).repeat(2, 1),
         *(torch.zeros((2, d.num_kv_heads, 4, d.head_dim)) for _ in range(2 * d.num_layers)),
     )
-    pad = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else _eos_ids(hf_model, tokenizer)[0])
+    pad = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids(hf_model, tokenizer)[0])
     console = Console(stderr=True)
     with atomic_dir(out_dir) as tmp:
         start = time.perf_counter()
@@ -279,7 +279,7 @@ def export_decoder(
             )
         meta = DecoderMeta(
             name=name, dims=asdict(d), precision="fp32", opset=spec.opset, input_names=names_in,
-            output_names=names_out, eos_token_ids=_eos_ids(hf_model, tokenizer), pad_token_id=pad,
+            output_names=names_out, eos_token_ids=eos_ids(hf_model, tokenizer), pad_token_id=pad,
             export_seconds=round(seconds, 2), check=errors, versions=_versions(),
         )  # fmt: skip
         (tmp / META_NAME).write_text(meta.model_dump_json(indent=2))

@@ -35,7 +35,9 @@ from miaohui.server.status import message
 
 if TYPE_CHECKING:
     from miaohui.dialogue.pipeline import ChatMessage
-    from miaohui.generation.base import CausalLMEngine
+    from miaohui.generation.base import AnyCausalLMEngine
+    from miaohui.generation.slot_engine import TorchSlotEngine
+    from miaohui.generation.slot_options import SlotEngineOptions
     from miaohui.server.metrics import Metrics
 
 log = logging.getLogger("miaohui.generation")
@@ -104,17 +106,21 @@ class GenerationService:
         cfg = load_generation_config(model_dir)
         sched = cfg.scheduler if (model_dir / CONFIG_NAME).is_file() else self.scheduler
         started = time.perf_counter()
-        ort = await asyncio.to_thread(OrtCausalLMEngine, path, threads=cfg.threads or self.threads)
+        engine: AnyCausalLMEngine
+        if info.backend == "inductor":
+            engine = await asyncio.to_thread(_load_static, path, cfg.engine)
+        else:
+            engine = await asyncio.to_thread(OrtCausalLMEngine, path, threads=cfg.threads or self.threads)
         try:
-            return await self._serve(info, path, ort, ChatTokenizer.from_dir(path, info), sched, started)
+            return await self._serve(info, path, engine, ChatTokenizer.from_dir(path, info), sched, started)
         except BaseException:
-            ort.close()
+            engine.close()
             raise
 
     async def add_engine(
         self,
         info: CausalLMInfo,
-        engine: CausalLMEngine,
+        engine: AnyCausalLMEngine,
         tokenizer: ChatTokenizer,
         scheduler: SchedulerConfig | None = None,
     ) -> LoadedLLM:
@@ -131,7 +137,7 @@ class GenerationService:
         self,
         info: CausalLMInfo,
         path: Path | None,
-        engine: CausalLMEngine,
+        engine: AnyCausalLMEngine,
         tokenizer: ChatTokenizer,
         sched: SchedulerConfig,
         started: float,
@@ -177,6 +183,19 @@ class GenerationService:
 
     def engine(self, name: str) -> AsyncLLMEngine:
         return self.get(name).engine
+
+
+def _load_static(path: Path, options: SlotEngineOptions | None) -> TorchSlotEngine:
+    """Load an ``inductor`` causal-LM version and compile / capture its CUDA graphs (the warm-up)."""
+    from miaohui.generation.static_artifact import load_slot_engine
+
+    engine = load_slot_engine(path, options)
+    try:
+        engine.warmup(log=log.info)
+    except BaseException:
+        engine.close()
+        raise
+    return engine
 
 
 class LLMTextGenerator:

@@ -67,6 +67,8 @@ class _Common(BaseModel):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    ignore_eos: bool | None = None
+    """vLLM's extension: keep generating past end-of-sequence (fixed-length benchmarks)."""
     # accepted only with their neutral values (see _unsupported)
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
@@ -283,6 +285,7 @@ def sampling_params(req: ChatRequest | CompletionRequest, prompt_tokens: int, ma
             top_p=1.0 if req.top_p is None else req.top_p,
             seed=req.seed,
             stop=req.stop,
+            ignore_eos=bool(req.ignore_eos),
         )
     except InputError as exc:  # e.g. more than 16 stop strings, an empty stop string
         raise OpenAIError(400, str(exc), param="stop" if "stop" in exc.message else None) from None

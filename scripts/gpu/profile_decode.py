@@ -1,0 +1,87 @@
+"""On the GPU: where a decode step of the static-KV engine spends its time (kernel table), and how long a
+CUDA-graph step takes, for the 1.5B Qwen-shaped model with random weights.
+
+    python3 scripts/gpu/profile_decode.py [--batches 1,64] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from miaohui.generation.dims import DecoderDims
+from miaohui.generation.slot_engine import TorchSlotEngine
+from miaohui.generation.slot_options import SlotEngineOptions
+from miaohui.generation.static_kv import StaticKVDecoder
+
+# Qwen2.5-1.5B shape (random weights)
+QWEN_15B = DecoderDims(
+    num_layers=28, hidden=1536, num_heads=12, num_kv_heads=2, head_dim=128, intermediate=8960, vocab=151936,
+    rope_theta=1e6, rms_eps=1e-6, max_positions=32768,
+)  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batches", default="1,64")
+    ap.add_argument("--out", type=Path, default=Path("/tmp"))
+    args = ap.parse_args()
+    dims = QWEN_15B
+    batches = [int(b) for b in args.batches.split(",")]
+    opts = SlotEngineOptions(
+        num_slots=64, max_len=1024, dtype="bf16", batch_buckets=(1, 64), length_buckets=(256, 1024)
+    )
+    dec = StaticKVDecoder(dims, num_slots=64, max_len=1024, qkv_bias=True, dtype=torch.bfloat16, device="cuda")
+    dec.init_random()
+    engine = TorchSlotEngine(dec, [0], 0, opts)
+    t = time.perf_counter()
+    engine.warmup(log=print)
+    print(f"warm-up {time.perf_counter() - t:.1f}s")
+    report = {}
+    for b in batches:
+        slots = list(range(b))
+        engine.prefill(slots, [[5] * 128] * b)
+        toks = [7] * b
+        graph, _ = engine._graphs[(b, 256)]
+        times = []
+        for _ in range(200):
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            graph.replay()
+            e.record()
+            e.synchronize()
+            times.append(s.elapsed_time(e))
+        tok = engine._tok_dev[:b]
+        pos = engine._pos_dev[:b]
+        for _ in range(3):
+            engine._decode_fn(tok, pos, 256)
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(10):
+                engine._decode_fn(tok, pos, 256)
+            torch.cuda.synchronize()
+        table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=30)
+        events = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+        n_kernels = sum(e.count for e in events) / 10
+        gpu_us = sum(e.device_time_total for e in events) / 10
+        report[b] = {
+            "graph_step_ms": statistics.median(times),
+            "kernels_per_step": n_kernels,
+            "kernel_us_per_step": gpu_us,
+        }
+        step = statistics.median(times)
+        print(f"batch {b}: graph step {step:.3f} ms; {n_kernels:.0f} kernels/step, kernel time {gpu_us:.0f} us")
+        print(table)
+        for slot in slots:
+            engine.release(slot)
+        del toks
+    (args.out / "profile_decode.json").write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()

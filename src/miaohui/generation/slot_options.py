@@ -1,0 +1,59 @@
+"""Options of the static-KV (slot) generation engine; no torch here, so configs load without it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+from pydantic import Field
+
+from miaohui.config import Frozen
+from miaohui.errors import ConfigError
+
+
+class SlotEngineOptions(Frozen):
+    """How a static-KV engine is laid out and run (``generation.yaml`` → ``engine:``)."""
+
+    num_slots: int = Field(default=64, ge=1, le=4096)
+    """KV cache rows = most sequences decoding at once (the scheduler's max_running_seqs is capped to it)."""
+    max_len: int = Field(default=2048, ge=16)
+    """Tokens (prompt + output) one slot holds."""
+    dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
+    device: str = "auto"
+    """``auto``: ``cuda`` when available, else ``cpu`` (eager, for tests)."""
+    compile: bool | None = None
+    """Compile decode/prefill with Inductor (default: on CUDA only)."""
+    cuda_graphs: bool | None = None
+    """One CUDA graph per (batch, length) bucket for decode (default: on CUDA only)."""
+    autotune: bool = False
+    """Inductor ``max-autotune-no-cudagraphs`` for decode (slower warm-up, sometimes faster steps)."""
+    batch_buckets: tuple[int, ...] = ()
+    """Decode batch sizes (default: powers of two up to num_slots, and num_slots)."""
+    length_buckets: tuple[int, ...] = ()
+    """Attended cache lengths (default: 128, 256, ... up to max_len, and max_len)."""
+
+    def buckets(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        batch = self.batch_buckets or _powers(1, self.num_slots)
+        length = self.length_buckets or _powers(128, self.max_len)
+        if max(batch) < self.num_slots or max(length) < self.max_len:
+            raise ConfigError(
+                f"buckets batch={batch} length={length} do not reach num_slots={self.num_slots} / "
+                f"max_len={self.max_len}",
+                "make the largest batch bucket num_slots and the largest length bucket max_len",
+            )
+        return tuple(sorted(set(batch))), tuple(sorted(set(length)))
+
+
+def _powers(start: int, top: int) -> tuple[int, ...]:
+    out, v = [], start
+    while v < top:
+        out.append(v)
+        v *= 2
+    return (*out, top)
+
+
+def bucket_for(n: int, buckets: Sequence[int]) -> int:
+    for b in buckets:
+        if b >= n:
+            return b
+    raise ConfigError(f"{n} is over the largest bucket {buckets[-1]}", "raise num_slots / max_len")

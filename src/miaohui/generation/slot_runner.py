@@ -1,0 +1,104 @@
+"""The model runner for engines with a static slot KV cache (:class:`SlotCausalLMEngine`, the GPU engine).
+
+Same contract as :class:`~miaohui.generation.runner.ModelRunner` (``execute`` / ``reset`` /
+``last_timing``), but the cache lives in the engine: the runner maps sequences to slots. A new sequence
+gets the *lowest* free slot, so the decode batch (padded to cover the highest slot in use) stays small;
+a sequence that left frees its slot before the step runs.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from miaohui.errors import QueueFullError
+from miaohui.generation.base import SlotCausalLMEngine, StepLogits
+from miaohui.generation.params import SamplingParams
+from miaohui.generation.runner import StepTiming
+from miaohui.generation.sampling import make_rng, sample
+from miaohui.generation.scheduler import RunnerOutput, SchedulerOutput
+
+
+def sample_step(logits: StepLogits, params: Sequence[SamplingParams], rngs: Sequence[np.random.Generator]) -> list[int]:
+    """One token per row: greedy rows from one device argmax, sampled rows on the host (seeded numpy)."""
+    tokens = logits.argmax()
+    hot = [i for i, p in enumerate(params) if not p.greedy]
+    if hot:
+        rows = logits.rows(hot)
+        for j, i in enumerate(hot):
+            tokens[i] = sample(rows[j], params[i], rngs[i])
+    return tokens
+
+
+class SlotModelRunner:
+    """Runs scheduler steps on a slot engine; not thread-safe (one worker thread calls it)."""
+
+    def __init__(self, engine: SlotCausalLMEngine) -> None:
+        self.engine = engine
+        self._slot: dict[int, int] = {}
+        self._free = list(range(engine.num_slots))
+        self._rngs: dict[int, np.random.Generator] = {}
+        self.last_timing = StepTiming(0.0, 0.0, 0, 0)
+
+    @property
+    def rows(self) -> list[int]:
+        return list(self._slot)
+
+    def reset(self) -> None:
+        for slot in self._slot.values():
+            self.engine.release(slot)
+        self._slot, self._rngs = {}, {}
+        self._free = list(range(self.engine.num_slots))
+
+    def _release(self, seq_id: int) -> None:
+        slot = self._slot.pop(seq_id)
+        self.engine.release(slot)
+        heapq.heappush(self._free, slot)
+        self._rngs.pop(seq_id, None)
+
+    def execute(self, out: SchedulerOutput) -> RunnerOutput:
+        decode_ids = {d.seq_id for d in out.decode}
+        for sid in [s for s in self._slot if s not in decode_ids]:
+            self._release(sid)
+        for sid in out.finished_ids:
+            self._rngs.pop(sid, None)
+        missing = sorted(decode_ids - set(self._slot))
+        if missing:
+            self.reset()
+            raise RuntimeError(f"decode step {out.step} names sequences {missing} that hold no slot")
+        tokens: dict[int, int] = {}
+        t0 = time.perf_counter()
+        if out.decode:
+            slots = [self._slot[d.seq_id] for d in out.decode]
+            logits = self.engine.decode(slots, [d.token_id for d in out.decode])
+            ids = [d.seq_id for d in out.decode]
+            sampled = sample_step(logits, [d.params for d in out.decode], [self._rng(i) for i in ids])
+            tokens.update(zip(ids, sampled, strict=True))
+        t1 = time.perf_counter()
+        if out.prefill:
+            if len(out.prefill) > len(self._free):
+                raise QueueFullError(
+                    f"{len(out.prefill)} new sequences but {len(self._free)} free KV slots",
+                    f"set max_running_seqs <= {self.engine.num_slots} (the engine's num_slots)",
+                )
+            slots = [heapq.heappop(self._free) for _ in out.prefill]
+            for p, slot in zip(out.prefill, slots, strict=True):
+                self._slot[p.seq_id] = slot
+                self._rngs[p.seq_id] = make_rng(p.params.seed)
+            logits = self.engine.prefill(slots, [p.prompt_ids for p in out.prefill])
+            ids = [p.seq_id for p in out.prefill]
+            sampled = sample_step(logits, [p.params for p in out.prefill], [self._rng(i) for i in ids])
+            tokens.update(zip(ids, sampled, strict=True))
+        t2 = time.perf_counter()
+        longest = int(self.engine.lengths.max()) if self._slot else 0
+        self.last_timing = StepTiming(t1 - t0, t2 - t1, len(self._slot), longest)
+        return RunnerOutput(out.step, tokens)
+
+    def _rng(self, seq_id: int) -> np.random.Generator:
+        rng = self._rngs.get(seq_id)
+        if rng is None:
+            rng = self._rngs[seq_id] = make_rng(None)
+        return rng

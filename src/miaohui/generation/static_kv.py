@@ -1,0 +1,366 @@
+"""A Llama/Qwen2-style decoder with a *static* KV cache of fixed slots (gpt-fast / nano-vllm style).
+
+The GPU engine (:mod:`miaohui.generation.slot_engine`) compiles and CUDA-graphs this module; on the CPU
+it runs eagerly (tests, CI). The cache is one ``[slots, kv_heads, max_len, head_dim]`` tensor per layer
+for keys and one for values, allocated once: a sequence owns one *slot* (a row) from prefill to finish,
+its tokens sit at positions ``0 .. length-1`` of that row, and nothing is ever copied or concatenated.
+
+* :meth:`StaticKVDecoder.prefill` runs ``n`` prompts right-padded to a common length ``S`` and writes their
+  keys/values into the slots given; causal attention inside each prompt (padding comes *after* a
+  prompt's tokens, so no real token sees it). Returns the logits of each prompt's last real token.
+* :meth:`StaticKVDecoder.decode` runs one token for each of the rows ``0 .. b-1`` (row = slot) at each
+  row's own position, writes its key/value into the cache and attends over the first ``kv_len`` cache
+  positions, masked to ``<= position``. Rows that hold no sequence compute harmless garbage (the engine
+  pads a batch to a bucket this way; a later prefill overwrites what they wrote). Every shape depends
+  only on ``(b, kv_len)``, so one CUDA graph per bucket replays it.
+
+Numerics follow HF: RMSNorm and softmax in fp32, weights and cache in the model dtype (bf16/fp16 on the
+GPU, fp32 on the CPU). Weights keep HF's ``[out, in]`` layout (``F.linear``), with Q/K/V and gate/up
+fused into one matmul each; Qwen2's Q/K/V biases are supported. The LM head is a separate tensor even
+when tied to the embeddings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from miaohui.errors import ArtifactError
+from miaohui.generation.dims import DecoderDims
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+_LAYER_KEYS = (
+    "self_attn.q_proj.weight",
+    "self_attn.k_proj.weight",
+    "self_attn.v_proj.weight",
+    "self_attn.o_proj.weight",
+    "mlp.gate_proj.weight",
+    "mlp.up_proj.weight",
+    "mlp.down_proj.weight",
+    "input_layernorm.weight",
+    "post_attention_layernorm.weight",
+)
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding (HF's rotate_half convention) computed in fp32; ``cos``/``sin`` broadcast to x."""
+    h = x.float()
+    half = h.shape[-1] // 2
+    rotated = torch.cat((-h[..., half:], h[..., :half]), dim=-1)
+    return (h * cos + rotated * sin).to(x.dtype)
+
+
+def attn_in(
+    x: torch.Tensor,
+    norm: torch.Tensor,
+    qkv: torch.Tensor,
+    qkv_bias: torch.Tensor | None,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    eps: float,
+    heads: int,
+    kv_heads: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Decode, first half of a layer: RMSNorm → fused QKV → RoPE. ``x`` [b, hidden] → q [b, H, D],
+    k and v [b, KVH, D]. A pure function of its tensors, so one compiled graph serves every layer."""
+    b = x.shape[0]
+    h = _rms_norm(x, norm, eps)
+    out = F.linear(h, qkv, qkv_bias)
+    d = qkv.shape[0] // (heads + 2 * kv_heads)
+    q = _rope(out[:, : heads * d].view(b, heads, d), cos, sin)
+    k = _rope(out[:, heads * d : (heads + kv_heads) * d].view(b, kv_heads, d), cos, sin)
+    v = out[:, (heads + kv_heads) * d :].reshape(b, kv_heads, d).contiguous()
+    return q, k, v
+
+
+def attn_out_mlp(
+    x: torch.Tensor,
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    bias: torch.Tensor,
+    o: torch.Tensor,
+    post_norm: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    eps: float,
+) -> torch.Tensor:
+    """Decode, second half of a layer: grouped-query attention of q [b, H, D] over the cache view
+    ``keys``/``values`` [b, KVH, T, D] (``bias`` [b, 1, 1, T] masks slots past each row's position),
+    output projection, residual, RMSNorm, SwiGLU MLP, residual."""
+    b, heads, d = q.shape
+    kv_heads = keys.shape[1]
+    q4 = q.view(b, kv_heads, heads // kv_heads, d)
+    scores = torch.matmul(q4, keys.transpose(-1, -2)).float() * (d**-0.5) + bias  # [b, KVH, G, T]
+    probs = torch.softmax(scores, dim=-1).to(values.dtype)
+    attn = torch.matmul(probs, values).reshape(b, heads * d)
+    x = x + F.linear(attn, o)
+    h = _rms_norm(x, post_norm, eps)
+    gate, up = F.linear(h, gate_up).chunk(2, dim=-1)
+    return x + F.linear(F.silu(gate) * up, down)
+
+
+def final_logits(x: torch.Tensor, norm: torch.Tensor, head: torch.Tensor, eps: float) -> torch.Tensor:
+    return F.linear(_rms_norm(x, norm, eps), head).float()
+
+
+class _Layer(nn.Module):
+    def __init__(self, dims: DecoderDims, qkv_bias: bool, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__()
+        d = dims
+        q, kv = d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim
+
+        def empty(*shape: int) -> nn.Parameter:
+            return nn.Parameter(torch.empty(*shape, dtype=dtype, device=device), requires_grad=False)
+
+        self.in_norm = empty(d.hidden)
+        self.post_norm = empty(d.hidden)
+        self.qkv = empty(q + 2 * kv, d.hidden)
+        self.qkv_bias = empty(q + 2 * kv) if qkv_bias else None
+        self.o = empty(d.hidden, q)
+        self.gate_up = empty(2 * d.intermediate, d.hidden)
+        self.down = empty(d.hidden, d.intermediate)
+
+
+class StaticKVDecoder(nn.Module):
+    """Decoder weights + a static slot KV cache; see the module docstring for the two entry points."""
+
+    cos_table: torch.Tensor
+    sin_table: torch.Tensor
+
+    def __init__(
+        self,
+        dims: DecoderDims,
+        *,
+        num_slots: int,
+        max_len: int,
+        qkv_bias: bool = False,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        super().__init__()
+        if max_len > dims.max_positions:
+            raise ArtifactError(
+                f"max_len {max_len} is over the model's {dims.max_positions} positions",
+                f"use max_len <= {dims.max_positions}",
+            )
+        dev = torch.device(device)
+        self.dims, self.num_slots, self.max_len, self.dtype = dims, num_slots, max_len, dtype
+        self.groups = dims.num_heads // dims.num_kv_heads
+        self.embed = nn.Parameter(torch.empty(dims.vocab, dims.hidden, dtype=dtype, device=dev), requires_grad=False)
+        self.layers = nn.ModuleList([_Layer(dims, qkv_bias, dtype, dev) for _ in range(dims.num_layers)])
+        self.norm = nn.Parameter(torch.empty(dims.hidden, dtype=dtype, device=dev), requires_grad=False)
+        self.head = nn.Parameter(torch.empty(dims.vocab, dims.hidden, dtype=dtype, device=dev), requires_grad=False)
+        cache = (num_slots, dims.num_kv_heads, max_len, dims.head_dim)
+        self.k_cache: list[torch.Tensor] = []
+        self.v_cache: list[torch.Tensor] = []
+        for i in range(dims.num_layers):  # buffers, so that the compiler sees them as the module's state
+            self.register_buffer(f"k_cache_{i}", torch.zeros(cache, dtype=dtype, device=dev), persistent=False)
+            self.register_buffer(f"v_cache_{i}", torch.zeros(cache, dtype=dtype, device=dev), persistent=False)
+            self.k_cache.append(getattr(self, f"k_cache_{i}"))
+            self.v_cache.append(getattr(self, f"v_cache_{i}"))
+        inv = 1.0 / (
+            dims.rope_theta ** (torch.arange(0, dims.head_dim, 2, dtype=torch.float64, device=dev) / dims.head_dim)
+        )
+        freqs = torch.arange(max_len, dtype=torch.float64, device=dev)[:, None] * inv[None]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.register_buffer("cos_table", emb.cos().float(), persistent=False)
+        self.register_buffer("sin_table", emb.sin().float(), persistent=False)
+
+    @property
+    def kv_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self.k_cache, *self.v_cache))
+
+    # ---- weights ---------------------------------------------------------------------------------------
+
+    @classmethod
+    def from_state_dict(
+        cls,
+        config: Mapping[str, Any],
+        state: Mapping[str, torch.Tensor],
+        *,
+        num_slots: int,
+        max_len: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> StaticKVDecoder:
+        """From an HF config dict and an HF-named state dict (``model.layers.0.self_attn.q_proj.weight``...)."""
+        dims = DecoderDims.from_hf(SimpleNamespace(**config))
+        qkv_bias = "model.layers.0.self_attn.q_proj.bias" in state
+        model = cls(dims, num_slots=num_slots, max_len=max_len, qkv_bias=qkv_bias, dtype=dtype, device=device)
+        model.load_hf_state(state)
+        return model
+
+    @classmethod
+    def from_hf(
+        cls, hf_model: PreTrainedModel, *, num_slots: int, max_len: int, dtype: torch.dtype | None = None
+    ) -> StaticKVDecoder:
+        """From a loaded HF Llama/Qwen2 causal LM (weights copied to ``dtype`` on the model's device)."""
+        param = next(hf_model.parameters())
+        state = hf_model.state_dict()
+        if "lm_head.weight" not in state:
+            state = {**state, "lm_head.weight": state["model.embed_tokens.weight"]}
+        return cls.from_state_dict(
+            hf_model.config.to_dict(),
+            state,
+            num_slots=num_slots,
+            max_len=max_len,
+            dtype=dtype or param.dtype,
+            device=param.device,
+        )
+
+    def load_hf_state(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Copy HF-named weights in (fusing Q/K/V and gate/up); ArtifactError naming a missing tensor."""
+
+        def get(key: str) -> torch.Tensor:
+            t = state.get(key)
+            if t is None:
+                raise ArtifactError(f"weight {key!r} is missing", "rebuild the model from its source")
+            return t
+
+        with torch.no_grad():
+            self.embed.copy_(get("model.embed_tokens.weight"))
+            self.norm.copy_(get("model.norm.weight"))
+            head = state.get("lm_head.weight")
+            self.head.copy_(head if head is not None else get("model.embed_tokens.weight"))
+            for i, layer in enumerate(self.layers):
+                assert isinstance(layer, _Layer)
+                p = f"model.layers.{i}."
+                layer.in_norm.copy_(get(p + "input_layernorm.weight"))
+                layer.post_norm.copy_(get(p + "post_attention_layernorm.weight"))
+                layer.qkv.copy_(torch.cat([get(p + f"self_attn.{n}_proj.weight") for n in "qkv"]))
+                if layer.qkv_bias is not None:
+                    layer.qkv_bias.copy_(torch.cat([get(p + f"self_attn.{n}_proj.bias") for n in "qkv"]))
+                layer.o.copy_(get(p + "self_attn.o_proj.weight"))
+                layer.gate_up.copy_(torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")]))
+                layer.down.copy_(get(p + "mlp.down_proj.weight"))
+
+    def hf_state(self) -> dict[str, torch.Tensor]:
+        """The weights under HF names (unfused), e.g. to save an artifact."""
+        d = self.dims
+        q, kv = d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim
+        out: dict[str, torch.Tensor] = {
+            "model.embed_tokens.weight": self.embed,
+            "model.norm.weight": self.norm,
+            "lm_head.weight": self.head,
+        }
+        for i, layer in enumerate(self.layers):
+            assert isinstance(layer, _Layer)
+            p = f"model.layers.{i}."
+            qw, kw, vw = torch.split(layer.qkv, [q, kv, kv])
+            out |= {p + "self_attn.q_proj.weight": qw, p + "self_attn.k_proj.weight": kw}
+            out |= {p + "self_attn.v_proj.weight": vw, p + "self_attn.o_proj.weight": layer.o}
+            if layer.qkv_bias is not None:
+                qb, kb, vb = torch.split(layer.qkv_bias, [q, kv, kv])
+                out |= {p + "self_attn.q_proj.bias": qb, p + "self_attn.k_proj.bias": kb}
+                out |= {p + "self_attn.v_proj.bias": vb}
+            gate, up = torch.split(layer.gate_up, [d.intermediate, d.intermediate])
+            out |= {p + "mlp.gate_proj.weight": gate, p + "mlp.up_proj.weight": up}
+            out |= {p + "mlp.down_proj.weight": layer.down, p + "input_layernorm.weight": layer.in_norm}
+            out |= {p + "post_attention_layernorm.weight": layer.post_norm}
+        return {k: v.detach().contiguous() for k, v in out.items()}
+
+    def init_random(self, seed: int = 0, std: float = 0.02) -> None:
+        """Random weights (normal(0, std), norms 1) for shape-only benchmarks; say so wherever it is used."""
+        gen = torch.Generator(device=self.embed.device).manual_seed(seed)
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if name.endswith("norm"):
+                    p.fill_(1.0)
+                else:
+                    p.copy_(torch.randn(p.shape, generator=gen, device=p.device, dtype=torch.float32) * std)
+
+    # ---- compute ---------------------------------------------------------------------------------------
+
+    def _qkv(self, layer: _Layer, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        d = self.dims
+        qkv = F.linear(h, layer.qkv, layer.qkv_bias)
+        q, kv = d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim
+        return qkv[..., :q], qkv[..., q : q + kv], qkv[..., q + kv :]
+
+    def _mlp(self, layer: _Layer, x: torch.Tensor) -> torch.Tensor:
+        h = _rms_norm(x, layer.post_norm, self.dims.rms_eps)
+        gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
+        return x + F.linear(F.silu(gate) * up, layer.down)
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(_rms_norm(x, self.norm, self.dims.rms_eps), self.head).float()
+
+    def use_compiled(self, compile_fn: Any) -> None:
+        """Run decode's per-layer halves and the head through ``compile_fn`` (e.g. ``torch.compile``).
+
+        Compiling one layer's halves (shared by all layers: weights are arguments) instead of the whole
+        unrolled model keeps Inductor's compile to seconds; the launches between them cost nothing once
+        the step is a CUDA graph. The KV write stays an eager ``index_put_`` so no compiled graph mutates
+        the cache."""
+        self._attn_in = compile_fn(attn_in)
+        self._attn_out_mlp = compile_fn(attn_out_mlp)
+        self._final = compile_fn(final_logits)
+
+    _attn_in: Any = staticmethod(attn_in)
+    _attn_out_mlp: Any = staticmethod(attn_out_mlp)
+    _final: Any = staticmethod(final_logits)
+
+    def decode(self, tokens: torch.Tensor, positions: torch.Tensor, kv_len: int) -> torch.Tensor:
+        """One token for rows ``0..b-1`` (``tokens``/``positions`` [b] int64); fp32 logits [b, vocab]."""
+        d = self.dims
+        b = tokens.shape[0]
+        rows = torch.arange(b, device=tokens.device)
+        x = F.embedding(tokens, self.embed)  # [b, hidden]
+        cos = self.cos_table[positions][:, None, :]  # [b, 1, D]
+        sin = self.sin_table[positions][:, None, :]
+        allowed = torch.arange(kv_len, device=tokens.device)[None, :] <= positions[:, None]  # [b, T]
+        bias = torch.where(allowed, 0.0, float("-inf"))[:, None, None, :]  # [b, 1, 1, T]
+        # where each row's new key/value goes in a cache seen as [slots * KVH * max_len, D]: one
+        # index_copy_ kernel per tensor and layer (row r = slot r, at position positions[r])
+        heads = torch.arange(d.num_kv_heads, device=tokens.device)
+        dest = ((rows[:, None] * d.num_kv_heads + heads[None, :]) * self.max_len + positions[:, None]).reshape(-1)
+        for i, layer in enumerate(self.layers):
+            assert isinstance(layer, _Layer)
+            q, k, v = self._attn_in(
+                x, layer.in_norm, layer.qkv, layer.qkv_bias, cos, sin, d.rms_eps, d.num_heads, d.num_kv_heads
+            )
+            kc, vc = self.k_cache[i], self.v_cache[i]
+            kc.view(-1, d.head_dim).index_copy_(0, dest, k.reshape(-1, d.head_dim))
+            vc.view(-1, d.head_dim).index_copy_(0, dest, v.reshape(-1, d.head_dim))
+            x = self._attn_out_mlp(
+                x, q, kc[:b, :, :kv_len], vc[:b, :, :kv_len], bias,
+                layer.o, layer.post_norm, layer.gate_up, layer.down, d.rms_eps,
+            )  # fmt: skip
+        return self._final(x, self.norm, self.head, d.rms_eps)
+
+    def prefill(self, tokens: torch.Tensor, lengths: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """Right-padded prompts ``tokens`` [n, S] with real ``lengths`` [n] into cache rows ``slots`` [n];
+        fp32 logits [n, vocab] of each prompt's last real token."""
+        d = self.dims
+        n, s = tokens.shape
+        x = F.embedding(tokens, self.embed)  # [n, S, hidden]
+        cos = self.cos_table[:s][None, :, None, :]  # [1, S, 1, D]
+        sin = self.sin_table[:s][None, :, None, :]
+        for i, layer in enumerate(self.layers):
+            assert isinstance(layer, _Layer)
+            h = _rms_norm(x, layer.in_norm, d.rms_eps)
+            q, k, v = self._qkv(layer, h)
+            q = _rope(q.view(n, s, d.num_heads, d.head_dim), cos, sin).transpose(1, 2)  # [n, H, S, D]
+            k = _rope(k.view(n, s, d.num_kv_heads, d.head_dim), cos, sin).transpose(1, 2)
+            v = v.view(n, s, d.num_kv_heads, d.head_dim).transpose(1, 2)
+            self.k_cache[i][slots, :, :s] = k
+            self.v_cache[i][slots, :, :s] = v
+            attn = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.groups > 1)
+            x = x + F.linear(attn.transpose(1, 2).reshape(n, s, d.num_heads * d.head_dim), layer.o)
+            x = self._mlp(layer, x)
+        last = x[torch.arange(n, device=tokens.device), lengths - 1]  # [n, hidden]
+        return self._logits(last)

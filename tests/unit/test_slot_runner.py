@@ -1,0 +1,83 @@
+"""The slot runner with a deterministic fake slot engine (no torch): slot allocation, release, errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from miaohui.errors import InputError
+from miaohui.generation.base import NumpyLogits, SlotCausalLMEngine, StepLogits
+from miaohui.generation.dims import DecoderDims
+from miaohui.generation.engine_loop import LLMEngine
+from miaohui.generation.params import SamplingParams
+from miaohui.generation.scheduler import SchedulerConfig
+
+VOCAB = 50
+DIMS = DecoderDims(
+    num_layers=1, hidden=4, num_heads=1, num_kv_heads=1, head_dim=4, intermediate=8, vocab=VOCAB,
+    rope_theta=1e4, rms_eps=1e-6, max_positions=64,
+)  # fmt: skip
+
+
+class CountingEngine(SlotCausalLMEngine):
+    """Next token = (last token + 1) % VOCAB, computed from what each *slot* holds (so a slot mix-up shows)."""
+
+    def __init__(self, num_slots: int) -> None:
+        super().__init__(DIMS, [0], 0, num_slots, 64)
+        self.last = np.zeros(num_slots, dtype=np.int64)
+        self.calls: list[tuple[str, list[int]]] = []
+
+    def _logits(self, slots: list[int]) -> StepLogits:
+        out = np.zeros((len(slots), VOCAB), dtype=np.float32)
+        for r, s in enumerate(slots):
+            out[r, (self.last[s] + 1) % VOCAB] = 1.0
+        return NumpyLogits(out)
+
+    def _prefill(self, slots: list[int], prompts: list[list[int]]) -> StepLogits:
+        self.calls.append(("prefill", list(slots)))
+        for s, p in zip(slots, prompts, strict=True):
+            self.last[s] = p[-1]
+        return self._logits(slots)
+
+    def _decode(self, slots: list[int], tokens: list[int], positions: np.ndarray) -> StepLogits:
+        self.calls.append(("decode", list(slots)))
+        for s, t in zip(slots, tokens, strict=True):
+            self.last[s] = t
+        return self._logits(slots)
+
+
+GREEDY = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
+
+
+def test_each_sequence_keeps_its_slot_and_freed_slots_are_reused_lowest_first() -> None:
+    engine = CountingEngine(num_slots=2)
+    llm = LLMEngine(engine, None, SchedulerConfig(max_running_seqs=8, max_batched_tokens=64, max_model_len=64))
+    assert llm.config.max_running_seqs == 2  # capped to the engine's slots
+    out = llm.generate([[1], [10], [20, 30]], GREEDY)
+    assert [o[0] for o in out] == [[2, 3, 4, 5, 6], [11, 12, 13, 14, 15], [31, 32, 33, 34, 35]]
+    prefills = [slots for kind, slots in engine.calls if kind == "prefill"]
+    assert prefills[0] == [0, 1] and prefills[1] == [0]  # the third request got slot 0 back
+    # finished sequences give their slots back at the next step: a new request starts in slot 0 again
+    assert llm.generate([[40]], GREEDY)[0][0] == [41, 42, 43, 44, 45]
+    assert [slots for kind, slots in engine.calls if kind == "prefill"][-1] == [0]
+
+
+def test_sampled_rows_use_host_logits_and_their_seed() -> None:
+    engine = CountingEngine(num_slots=4)
+    llm = LLMEngine(engine, None)
+    seeded = SamplingParams(max_tokens=4, temperature=1.0, seed=7, ignore_eos=True)
+    a = llm.generate([[3], [3]], seeded)
+    b = llm.generate([[3]], seeded)
+    assert a[0][0] == a[1][0] == b[0][0]
+
+
+def test_bad_slot_calls_are_input_errors() -> None:
+    engine = CountingEngine(num_slots=2)
+    with pytest.raises(InputError, match="prefill the slot first"):
+        engine.decode([0], [1])
+    with pytest.raises(InputError, match="distinct"):
+        engine.prefill([1, 1], [[1], [2]])
+    with pytest.raises(InputError, match="slots hold 64"):
+        engine.prefill([0], [list(range(1, 40)) * 2])
+    with pytest.raises(InputError, match="token ids"):
+        engine.prefill([0], [[VOCAB + 3]])
