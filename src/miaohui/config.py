@@ -119,6 +119,10 @@ class CalibrationConfig(Frozen):
     keep_fp32: tuple[str, ...] = ()
     """Regular expressions over node names whose MatMuls stay fp32 (mixed precision for sensitive layers),
     e.g. ``layer\\.\\d+/output/dense`` keeps BERT's FFN down-projections (long-tailed GELU inputs) in fp32."""
+    fp32_fallback: int = Field(default=0, ge=0, le=1000)
+    """Dynamic int8: also keep in fp32 the N weight MatMuls whose inputs lose most to per-tensor run-time
+    quantization on the calibration text (ranked in fp32 by noise-to-signal ratio, see
+    ``compile.quantize.activation_sensitivity``)."""
     mode: Int8Mode = "static"
     """``static``: explicit QDQ with calibrated activation ranges (the graph TensorRT also takes).
     ``dynamic`` (ONNX Runtime only): int8 weights, activation ranges measured per batch at run time, with
@@ -189,7 +193,10 @@ class BuildConfig(Frozen):
         if self.precision != "int8":
             fields.pop("calibration")
         elif self.calibration.mode == "dynamic":  # no calibration happens: only what shapes the graph counts
-            fields["calibration"] = {k: fields["calibration"][k] for k in ("mode", "per_channel", "keep_fp32")}
+            kept: tuple[str, ...] = ("mode", "per_channel", "keep_fp32", "fp32_fallback")
+            if self.calibration.fp32_fallback:  # layers are ranked on the calibration text
+                kept += ("num_samples",)
+            fields["calibration"] = {k: fields["calibration"][k] for k in kept}
         if self.backend != "inductor":
             fields.pop("autotune")
         return digest_json(fields)

@@ -62,3 +62,7 @@ class InputError(MiaohuiError):
 
 class UnavailableError(MiaohuiError):
     """The server or model is shutting down or not ready (HTTP 503)."""
+
+
+class ConflictError(MiaohuiError):
+    """The request conflicts with how the server runs, e.g. model control with several workers (HTTP 409)."""

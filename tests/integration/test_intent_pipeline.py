@@ -37,7 +37,15 @@ def engines(intent_model: Path, repo: Path, calib_texts: list[str]) -> dict[str,
         calib_texts=calib_texts,
         log=lambda m: None,
     )
-    return {"fp32": fp32.path, "int8": int8.path}
+    static = build_artifact(
+        intent_model,
+        "intent-static",
+        BuildConfig(precision="int8", calibration=CalibrationConfig(keep_fp32=BERT_FFN_DOWN)),
+        repo,
+        calib_texts=calib_texts,
+        log=lambda m: None,
+    )
+    return {"fp32": fp32.path, "int8": int8.path, "static": static.path}
 
 
 def test_trained_model_meets_accuracy(intent_model: Path) -> None:
@@ -58,11 +66,27 @@ def test_fp32_and_int8_pass_the_gate(engines: dict[str, Path], repo: Path) -> No
     assert (engines["int8"] / "golden.npz").is_file()
 
 
-def test_int8_graph_is_explicit_qdq_with_saved_ranges(engines: dict[str, Path]) -> None:
+def test_default_int8_is_dynamic_with_the_most_sensitive_matmul_fp32(engines: dict[str, Path]) -> None:
     m = read_manifest(engines["int8"])
     ops = m.extra["op_counts"]
+    assert ops.get("QAttention") == 12 and ops.get("MatMulInteger") == 35 and ops.get("MatMul") == 2
+    # ORT's slow SkipLayerNormalization / BiasGelu kernels are replaced, and kept from being re-fused at load
+    assert "SkipLayerNormalization" not in ops and "BiasGelu" not in ops
+    assert ops.get("LayerNormalization") == 24 and ops.get("Gelu") == 12
+    assert m.extra["ort_disabled_optimizers"] == ["SkipLayerNormFusion", "BiasGeluFusion"]
+    int8 = m.extra["int8"]
+    assert int8["mode"] == "dynamic" and int8["num_samples"] == 256 and len(int8["data_digest"]) == 64
+    ranked = list(int8["sensitivity"])
+    assert len(ranked) == 36 and int8["kept_fp32"] == ranked[:2]  # 36 weight MatMuls ranked, the worst 2 kept fp32
+    assert all("/output/dense/" in r for r in ranked[:2])  # FFN down-projections (long-tailed GELU inputs)
+    assert not (engines["int8"] / "calibration.json").exists()
+
+
+def test_static_int8_graph_is_explicit_qdq_with_saved_ranges(engines: dict[str, Path]) -> None:
+    m = read_manifest(engines["static"])
+    ops = m.extra["op_counts"]
     assert ops.get("QuantizeLinear", 0) > 0 and ops.get("DequantizeLinear", 0) > 0
-    cal = json.loads((engines["int8"] / "calibration.json").read_text())
+    cal = json.loads((engines["static"] / "calibration.json").read_text())
     assert cal["method"] == "percentile" and cal["num_samples"] == 256 and len(cal["data_digest"]) == 64
     assert cal["quantized_nodes"] == 60 and len(cal["ranges"]) > 50  # 72 weight MatMuls, 12 FFN-down kept fp32
     assert all(lo <= hi for lo, hi in cal["ranges"].values())
@@ -118,10 +142,12 @@ def test_validate_cli_gate_fails_with_reason(
     assert "gate failed" in bad.output and "top-1 agreement with the reference is" in bad.output
 
 
-def test_calibration_methods_differ(intent_model: Path, repo: Path, calib_texts: list[str]) -> None:
+def test_calibration_methods_differ(
+    intent_model: Path, repo: Path, calib_texts: list[str], engines: dict[str, Path]
+) -> None:
     cfg = BuildConfig(precision="int8", calibration=CalibrationConfig(method="minmax", keep_fp32=BERT_FFN_DOWN))
     out = build_artifact(intent_model, "intent-minmax", cfg, repo, calib_texts=calib_texts, log=lambda m: None)
-    pct = json.loads((repo / "intent" / "1" / "calibration.json").read_text())["ranges"]
+    pct = json.loads((engines["static"] / "calibration.json").read_text())["ranges"]
     mm = json.loads((out.path / "calibration.json").read_text())["ranges"]
     shared = sorted(set(pct) & set(mm))
     assert shared and any(mm[k] != pct[k] for k in shared)

@@ -357,6 +357,58 @@ async def test_cancelled_request_is_dropped_before_compute() -> None:
     assert recorder.rejects == ["cancelled"]
 
 
+async def test_submit_many_queues_every_row_before_it_returns() -> None:
+    engine = FakeEngine()
+    async with serve(engine, max_batch_size=8, max_queue_delay_ms=0) as (batcher, _):
+        blocker = await hold(batcher, engine)
+        pending = batcher.submit_many([(1, 3), (2, 5), (3, 4)])
+        assert batcher.queue_depth == 3  # no loop turn needed: the caller can work while they are computed
+        engine.gate.set()  # type: ignore[union-attr]
+        assert await pending == [10, 20, 30]
+        await blocker
+    assert engine.batches == [[-1], [1, 2, 3]]
+
+
+async def test_submit_many_cancelled_drops_its_queued_rows() -> None:
+    engine = FakeEngine()
+    async with serve(engine, max_queue_delay_ms=0) as (batcher, recorder):
+        blocker = await hold(batcher, engine)
+        pending = batcher.submit_many([(1, 1), (2, 1)])
+        pending.cancel()  # before it ever ran, as when the client goes away at once
+        with pytest.raises(asyncio.CancelledError):
+            await pending
+        assert batcher.queue_depth == 0
+        engine.gate.set()  # type: ignore[union-attr]
+        await blocker
+    assert engine.computed() == {-1}
+    assert recorder.rejects == ["cancelled", "cancelled"]
+
+
+async def test_submit_many_fails_with_a_row_error_and_drops_the_rest() -> None:
+    engine = FakeEngine(bad=[1])
+    async with serve(engine, max_batch_size=1, max_queue_delay_ms=0) as (batcher, _):
+        blocker = await hold(batcher, engine)
+        pending = batcher.submit_many([(1, 1), (2, 1), (3, 1)])
+        engine.gate.set()  # type: ignore[union-attr]
+        with pytest.raises(ValueError, match="bad 1"):
+            await pending
+        await blocker
+        assert batcher.queue_depth == 0
+    assert 3 not in engine.computed()
+
+
+async def test_submit_many_rejects_at_once_and_leaves_nothing_queued() -> None:
+    engine = FakeEngine()
+    async with serve(engine, max_queue_size=2, max_queue_delay_ms=0) as (batcher, _):
+        blocker = await hold(batcher, engine)
+        with pytest.raises(QueueFullError):
+            batcher.submit_many([(1, 1), (2, 1), (3, 1)])
+        assert batcher.queue_depth == 0
+        engine.gate.set()  # type: ignore[union-attr]
+        await blocker
+    assert engine.computed() == {-1}
+
+
 # ------------------------------------------------------------------ failures
 
 

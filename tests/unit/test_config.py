@@ -65,5 +65,16 @@ def test_hash_covers_only_graph_changing_fields() -> None:
         != int8.model_copy(update={"calibration": CalibrationConfig(method="minmax")}).compute_hash()
     )
     assert base.compute_hash() != int8.compute_hash()
+    # dynamic int8: calibration ranges do not count, the fp32 fallback (ranked on calibration text) does
+    dyn = CalibrationConfig(mode="dynamic")
+    d0 = int8.model_copy(update={"calibration": dyn})
+    assert (
+        d0.compute_hash()
+        == int8.model_copy(update={"calibration": dyn.model_copy(update={"method": "minmax"})}).compute_hash()
+    )
+    d1 = int8.model_copy(update={"calibration": dyn.model_copy(update={"fp32_fallback": 1})})
+    assert d1.compute_hash() != d0.compute_hash()
+    more_text = dyn.model_copy(update={"fp32_fallback": 1, "num_samples": 512})
+    assert int8.model_copy(update={"calibration": more_text}).compute_hash() != d1.compute_hash()
     shaped = base.model_copy(update={"shapes": parse_shapes("input_ids:1x1,8x64,32x128")})
     assert shaped.compute_hash() != base.compute_hash()

@@ -9,6 +9,10 @@ Two flavours of the same recipe (weights: int8, symmetric, per output channel):
 
 Only MatMuls with a constant weight are quantized (the projections and FFN); attention's
 activation×activation products, LayerNorm and softmax stay fp32.
+
+ONNX Runtime's *dynamic* int8 (:func:`quantize_dynamic_int8`, the default intent engine) needs no activation
+ranges: int8 weights, per-call activation scales, fused ``QAttention``. Its sensitive layers can be chosen on
+calibration text (:func:`activation_sensitivity`) and kept fp32.
 """
 
 from __future__ import annotations
@@ -170,14 +174,84 @@ def quantize_qdq(
     )
 
 
-def quantize_dynamic_int8(fp32_onnx: Path, out_path: Path, cfg: CalibrationConfig) -> list[str]:
-    """ONNX Runtime dynamic int8: weights int8 now, activations quantized per batch at run time.
-    Returns the MatMuls kept in fp32 (``cfg.keep_fp32``)."""
+class DynamicInt8Summary(BaseModel):
+    """What the dynamic int8 pass did (kept in the manifest)."""
+
+    kept_fp32: list[str]
+    """Weight MatMuls left in fp32: ``keep_fp32`` matches plus the ``fp32_fallback`` most sensitive ones."""
+    sensitivity: dict[str, float]
+    """Weight MatMul → noise-to-signal ratio of its input under per-tensor uint8 run-time quantization on
+    the calibration text (fp32 graph), the largest first; empty when ``fp32_fallback`` is 0."""
+    num_samples: int
+    data_digest: str | None
+
+
+def activation_sensitivity(
+    fp32_onnx: Path, nodes: list[str], feeds: list[dict[str, np.ndarray]], disabled_optimizers: tuple[str, ...] = ()
+) -> dict[str, float]:
+    """How much each MatMul's input loses to ONNX Runtime's dynamic quantization (uint8, one scale and zero
+    point per tensor and call, range from the tensor's own min/max): mean noise-to-signal power ratio over
+    ``feeds``, run through the fp32 graph. Long-tailed inputs (a few outlier channels) score high — those are
+    the MatMuls whose int8 version moves the logits most."""
+    import onnxruntime as ort
+
+    model = onnx.load(str(fp32_onnx))
+    by_name = {n.name: n for n in model.graph.node}
+    tensors = sorted({by_name[n].input[0] for n in nodes})
+    known = {o.name for o in model.graph.output}
+    for t in tensors:
+        if t not in known:
+            model.graph.output.append(onnx.helper.make_tensor_value_info(t, onnx.TensorProto.FLOAT, None))
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    sess = ort.InferenceSession(
+        model.SerializeToString(),
+        opts,
+        providers=["CPUExecutionProvider"],
+        disabled_optimizers=list(disabled_optimizers),
+    )
+    del model
+    totals = dict.fromkeys(tensors, 0.0)
+    for feed in feeds:
+        for t, x in zip(tensors, sess.run(tensors, feed), strict=True):
+            x = x.astype(np.float64)
+            lo, hi = min(float(x.min()), 0.0), max(float(x.max()), 0.0)
+            scale = (hi - lo) / 255.0 or 1.0
+            zero = np.round(-lo / scale)
+            deq = (np.clip(np.round(x / scale) + zero, 0, 255) - zero) * scale
+            totals[t] += float(((deq - x) ** 2).mean() / max(float((x**2).mean()), 1e-30))
+    scores = {n: totals[by_name[n].input[0]] / max(1, len(feeds)) for n in nodes}
+    return dict(sorted(scores.items(), key=lambda kv: -kv[1]))
+
+
+def quantize_dynamic_int8(
+    fp32_onnx: Path,
+    out_path: Path,
+    cfg: CalibrationConfig,
+    feeds: list[dict[str, np.ndarray]] | None = None,
+    texts: list[str] | None = None,
+    disabled_optimizers: tuple[str, ...] = (),
+) -> DynamicInt8Summary:
+    """ONNX Runtime dynamic int8: weights int8 now, activations quantized per call at run time, fused
+    attention as ``QAttention``. Weight MatMuls matching ``cfg.keep_fp32`` stay fp32, and so do the
+    ``cfg.fp32_fallback`` ones whose inputs :func:`activation_sensitivity` ranks worst on ``feeds``
+    (the calibration text, one text per feed)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     model = onnx.load(str(fp32_onnx), load_external_data=False)
     weights, act_matmuls = weight_matmuls(model)
+    del model
     kept = [n for n in weights if any(re.search(p, n) for p in cfg.keep_fp32)]
+    sensitivity: dict[str, float] = {}
+    if cfg.fp32_fallback:
+        if not feeds:
+            raise BuildError(
+                "int8 --fp32-fallback ranks layers on calibration text, and none was given",
+                "pass --calib-data FILE, or --fp32-fallback 0",
+            )
+        candidates = [n for n in weights if n not in kept]
+        sensitivity = activation_sensitivity(fp32_onnx, candidates, feeds, disabled_optimizers)
+        kept += list(sensitivity)[: cfg.fp32_fallback]
     try:
         quantize_dynamic(
             str(fp32_onnx),
@@ -193,7 +267,12 @@ def quantize_dynamic_int8(fp32_onnx: Path, out_path: Path, cfg: CalibrationConfi
             f"dynamic int8 quantization of {fp32_onnx.name} failed: {exc}",
             "use --int8-mode static, or --precision fp32",
         ) from exc
-    return kept
+    return DynamicInt8Summary(
+        kept_fp32=kept,
+        sensitivity={k: float(f"{v:.4g}") for k, v in sensitivity.items()},
+        num_samples=len(feeds or []),
+        data_digest=texts_digest(texts) if texts and cfg.fp32_fallback else None,
+    )
 
 
 def _read_cache(cache: Path) -> dict[str, tuple[float, float]]:

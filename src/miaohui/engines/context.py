@@ -52,6 +52,20 @@ class BuildContext:
             feeds.append({"input_ids": ids, "attention_mask": mask})
         return feeds
 
+    def text_feeds(self) -> list[dict[str, np.ndarray]]:
+        """One unpadded batch-1 feed per calibration text (truncated to the profile's max sequence length),
+        the way single requests reach the engine."""
+        if self.tokenizer is None:
+            raise ValueError("calibration needs a tokenizer")
+        from miaohui.nlp.tokenizer import pad_batch, truncate_ids
+
+        max_len = self.shapes["input_ids"].max[1]
+        feeds = []
+        for seq in self.tokenizer.token_ids(self.calib_texts):
+            ids, mask = pad_batch([truncate_ids(seq, max_len)], self.tokenizer.pad_id)
+            feeds.append({"input_ids": ids, "attention_mask": mask})
+        return feeds
+
 
 @dataclass
 class BuiltEngine:

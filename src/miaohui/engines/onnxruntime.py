@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from miaohui.compile.inspect import require_supported
-from miaohui.compile.optimize import fuse_bert, op_counts
+from miaohui.compile.optimize import ORT_SLOW_FUSIONS, fuse_bert, op_counts, unfuse_slow_ops
 from miaohui.compile.quantize import quantize_dynamic_int8, quantize_qdq
 from miaohui.engines.base import Engine, Manifest, TensorSpec
 from miaohui.engines.context import BuildContext, BuiltEngine
@@ -34,7 +34,8 @@ def io_specs(ctx: BuildContext, output: str, out_dims: list[str | int]) -> tuple
 
 def build(ctx: BuildContext) -> BuiltEngine:
     """fp32: fused graph. int8 static: fused graph (attention unfused) → calibrated QDQ.
-    int8 dynamic: fused graph → int8 weights, per-batch activation scales (QAttention, DynamicQuantizeMatMul)."""
+    int8 dynamic: fused graph with plain LayerNorm/GELU (ORT's SkipLayerNorm/BiasGelu kernels are slow) →
+    int8 weights, per-call activation scales (QAttention, DynamicQuantizeMatMul), sensitive MatMuls fp32."""
     if ctx.onnx_path is None or ctx.model is None:
         raise BuildError("the onnxruntime builder needs an exported model", "build from a model directory")
     require_supported(ctx.onnx_path, "onnxruntime")
@@ -46,11 +47,17 @@ def build(ctx: BuildContext) -> BuiltEngine:
         ctx.log("fusing attention, layer norm and GELU for ONNX Runtime")
         fuse_bert(ctx.onnx_path, out, heads, hidden, attention=True)
     elif ctx.cfg.precision == "int8" and ctx.cfg.calibration.mode == "dynamic":
-        fused = ctx.work_dir / "fused.onnx"
-        ctx.log("fusing attention, layer norm and GELU; int8 weights with run-time activation ranges")
+        fused, plain = ctx.work_dir / "fused.onnx", ctx.work_dir / "plain-norms.onnx"
+        ctx.log("fusing attention; int8 weights with run-time activation ranges")
         fuse_bert(ctx.onnx_path, fused, heads, hidden, attention=True)
-        kept = quantize_dynamic_int8(fused, out, ctx.cfg.calibration)
-        extra["int8"] = {"mode": "dynamic", "per_channel": ctx.cfg.calibration.per_channel, "kept_fp32": kept}
+        unfused = unfuse_slow_ops(fused, plain)
+        cal = ctx.cfg.calibration
+        feeds = ctx.text_feeds() if cal.fp32_fallback and ctx.calib_texts else None
+        if cal.fp32_fallback:
+            ctx.log(f"ranking MatMuls by run-time quantization error on {len(feeds or [])} calibration texts")
+        dynamic = quantize_dynamic_int8(plain, out, cal, feeds, ctx.calib_texts, ORT_SLOW_FUSIONS)
+        extra["int8"] = {"mode": "dynamic", "per_channel": cal.per_channel, **dynamic.model_dump(), "unfused": unfused}
+        extra["ort_disabled_optimizers"] = list(ORT_SLOW_FUSIONS)
     elif ctx.cfg.precision == "int8":
         fused = ctx.work_dir / "fused.onnx"
         ctx.log("fusing layer norm and GELU (attention kept as MatMuls for int8)")
@@ -87,9 +94,14 @@ class OnnxRuntimeEngine(Engine):
         opts.intra_op_num_threads = threads or (os.cpu_count() or 1)
         opts.inter_op_num_threads = 1
         opts.log_severity_level = 3
+        # graphs rewritten by compile.optimize.unfuse_slow_ops name the ORT fusions that would undo it
+        disabled = [str(x) for x in manifest.extra.get("ort_disabled_optimizers", [])]
         try:
             self._session = ort.InferenceSession(
-                str(path / manifest.engine_file), opts, providers=["CPUExecutionProvider"]
+                str(path / manifest.engine_file),
+                opts,
+                providers=["CPUExecutionProvider"],
+                disabled_optimizers=disabled,
             )
         except Exception as exc:
             raise ArtifactError(

@@ -6,7 +6,8 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import AsyncIterator
+import socket
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import grpc
@@ -73,13 +74,25 @@ def build_app(
 
 
 async def serve_async(
-    repository: Path, host: str, port: int, grpc_port: int, models: list[str] | None, dialogue_llm: str | None = None
+    repository: Path,
+    host: str,
+    port: int,
+    grpc_port: int,
+    models: list[str] | None,
+    dialogue_llm: str | None = None,
+    *,
+    sockets: list[socket.socket] | None = None,
+    on_ready: Callable[[], None] | None = None,
 ) -> int:
     """Serve until stopped; the exit status: 0 after a normal stop, 1 when gRPC could not start.
 
     gRPC starts once HTTP listens. If it cannot (port in use, bad host), the error is logged and the whole
     server stops: a server that silently lacks one protocol is worse than none. At shutdown gRPC stops first
     (in-flight RPCs get a grace period), then the models.
+
+    ``sockets``: listening sockets to serve HTTP on instead of binding ``host:port`` (a worker of
+    ``--workers N``, :mod:`miaohui.server.workers`); then gRPC binds its port with SO_REUSEPORT, shared with
+    the other workers. ``on_ready`` is called once the models are warm and both protocols listen.
     """
     app = build_app(repository, models, dialogue_llm=dialogue_llm)
     state: ServerState = app.state.miaohui
@@ -96,12 +109,19 @@ async def serve_async(
             if server.should_exit:
                 return
             await asyncio.sleep(0.05)
+        if not grpc_port:
+            if on_ready is not None:
+                on_ready()
+            return
         try:
-            grpc_server = await start_grpc(state, host, grpc_port)
+            grpc_server = await start_grpc(state, host, grpc_port, reuse_port=sockets is not None)
         except Exception as exc:
             grpc_error = exc
             log.error("gRPC could not start, stopping the server: %s", message(exc))
             server.should_exit = True
+            return
+        if on_ready is not None:
+            on_ready()
 
     models_lifespan = app.router.lifespan_context
 
@@ -121,10 +141,10 @@ async def serve_async(
             await stopping.stop(grace=GRPC_GRACE_S)
 
     app.router.lifespan_context = lifespan
-    grpc_starter = asyncio.ensure_future(start_grpc_when_ready()) if grpc_port else None
+    grpc_starter = asyncio.ensure_future(start_grpc_when_ready()) if grpc_port or on_ready else None
     log.info("serving %s on http://%s:%d (gRPC %s)", repository, host, port, grpc_port or "off")
     try:
-        await server.serve()
+        await server.serve(sockets=sockets)
     finally:
         if grpc_starter is not None and not grpc_starter.done():
             grpc_starter.cancel()
@@ -141,10 +161,24 @@ def run_server(
     grpc_port: int = 8001,
     models: list[str] | None = None,
     dialogue_llm: str | None = None,
+    *,
+    workers: int = 1,
+    sockets: list[socket.socket] | None = None,
+    on_ready: Callable[[], None] | None = None,
+    log_as: str | None = None,
 ) -> None:
     """Run until SIGINT/SIGTERM. Exits non-zero (``SystemExit``) when startup failed: uvicorn exits with 3 when
-    HTTP cannot listen or the models' startup raises; 1 when gRPC cannot listen."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    HTTP cannot listen or the models' startup raises; 1 when gRPC cannot listen.
+
+    ``workers`` > 1: a supervisor process with that many server processes (:mod:`miaohui.server.workers`).
+    ``sockets``/``on_ready``/``log_as`` are how such a worker runs (see :func:`serve_async`)."""
+    if workers > 1:
+        from miaohui.server.workers import run_workers
+
+        run_workers(repository, host, port, grpc_port, models, dialogue_llm, workers)
+        return
+    who = f"{log_as} " if log_as else ""
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s {who}%(name)s: %(message)s")
     with contextlib.suppress(ImportError):
         import uvloop
 
@@ -152,7 +186,9 @@ def run_server(
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     status = 0
     with contextlib.suppress(KeyboardInterrupt):
-        status = asyncio.run(serve_async(repository, host, port, grpc_port, models, dialogue_llm))
+        status = asyncio.run(
+            serve_async(repository, host, port, grpc_port, models, dialogue_llm, sockets=sockets, on_ready=on_ready)
+        )
     if status:
         log.error("miaohui server did not start (see the error above); exiting with status %d", status)
         raise SystemExit(status)

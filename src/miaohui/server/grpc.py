@@ -25,7 +25,7 @@ import numpy as np
 from miaohui import __version__
 from miaohui.errors import ConfigError, InputError, MiaohuiError, ModelNotFoundError
 from miaohui.server import kserve, tensor_codec
-from miaohui.server.http import ServerState, check_not_shutting_down, infer_tensors
+from miaohui.server.http import ServerState, check_model_control, check_not_shutting_down, infer_tensors
 from miaohui.server.proto import grpc_service_pb2 as pb
 from miaohui.server.proto import grpc_service_pb2_grpc as pb_grpc
 from miaohui.server.status import grpc_status, http_status, message, reason
@@ -57,16 +57,17 @@ _CONTENTS_FIELD = {
 }
 
 
-async def start_grpc(state: ServerState, host: str, port: int) -> grpc.aio.Server:
+async def start_grpc(state: ServerState, host: str, port: int, reuse_port: bool = False) -> grpc.aio.Server:
     """Bind ``host:port`` and start serving on the running event loop; ``await server.stop(grace)`` ends it.
 
     Raises :class:`ConfigError` when the address cannot be bound (port in use, bad host). SO_REUSEPORT is
-    off, so a second server on the same port fails here instead of silently sharing the port.
+    off unless ``reuse_port`` (the workers of ``--workers N`` share the port; their parent reserved it), so a
+    second server on the same port fails here instead of silently sharing the port.
     """
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", GRPC_MAX_RECEIVE_BYTES),
-            ("grpc.so_reuseport", 0),
+            ("grpc.so_reuseport", 1 if reuse_port else 0),
         ]
     )
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(state), server)
@@ -145,6 +146,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         self, request: pb.RepositoryModelLoadRequest, context: grpc.aio.ServicerContext
     ) -> pb.RepositoryModelLoadResponse:
         async def load() -> pb.RepositoryModelLoadResponse:
+            check_model_control(self.state)
             kserve.check_load_parameters(list(request.parameters))
             await self.manager.load(request.model_name)
             return pb.RepositoryModelLoadResponse()
@@ -155,6 +157,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         self, request: pb.RepositoryModelUnloadRequest, context: grpc.aio.ServicerContext
     ) -> pb.RepositoryModelUnloadResponse:
         async def unload() -> pb.RepositoryModelUnloadResponse:
+            check_model_control(self.state)
             await self.manager.unload(request.model_name)  # "unload_dependents": no ensembles here
             return pb.RepositoryModelUnloadResponse()
 
@@ -170,7 +173,8 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         label = kserve.model_label(self.manager, model)
         served: ServedVersion | None = None
         error: BaseException | None = None
-        metrics.in_flight.labels(label).inc()
+        in_flight = metrics.child(metrics.in_flight, label)
+        in_flight.inc()
         try:
             check_not_shutting_down(self.state)
             size = request.ByteSize()
@@ -190,7 +194,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             if not isinstance(exc, MiaohuiError):
                 log.exception("ModelInfer %r failed unexpectedly", model)
         finally:
-            metrics.in_flight.labels(label).dec()
+            in_flight.dec()
         code = http_status(error) if error else 200
         metrics.done(
             label, _version(served), "grpc", code, time.perf_counter() - started, reason(error) if error else ""

@@ -2,12 +2,24 @@
 
 One :class:`Metrics` per server (its own registry, so several servers can live in one test process).
 Process CPU/memory and GPU (NVML) gauges are read at scrape time.
+
+With ``--workers N`` (N > 1) prometheus_client's multiprocess mode is on: ``PROMETHEUS_MULTIPROC_DIR`` is set by
+the supervisor (:mod:`miaohui.server.workers`) before the workers start, every worker writes its values to files
+there (named ``*_w<i>.db`` by worker index, :func:`use_worker_files`), and ``/metrics`` on any worker renders the
+whole server: counters and histograms summed over the workers; gauges per their ``multiprocess_mode``
+(queue depth, in-flight requests, running/waiting sequences: ``livesum``, the total over live workers; shadow
+drift: ``livemax``); ``miaohui_process_*`` summed over the supervisor and its workers; plus
+``miaohui_worker_requests_total{worker,protocol}``, each worker's share of the requests. Model readiness is the
+answering worker's (all workers load the same repository). The Triton statistics endpoints read the same totals.
 """
 
 from __future__ import annotations
 
 import contextlib
+import glob
+import json
 import os
+import re
 from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import Any
 
@@ -18,6 +30,24 @@ from prometheus_client.registry import Collector
 
 from miaohui.serving.batcher import BatcherObserver, RejectReason
 
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+def multiprocess_dir() -> str | None:
+    """The multiprocess metrics directory when metrics are shared by several workers, else None."""
+    return os.environ.get(MULTIPROC_ENV) or None
+
+
+def use_worker_files(index: int) -> None:
+    """Name this process's metric files by worker index (``counter_w3.db``), not pid: a restarted worker
+    continues its counters, the series stay bounded and the supervisor knows which files a dead worker left.
+    Call before any metric is created (prometheus_client reads it when a metric value is made)."""
+    from prometheus_client import values
+
+    if multiprocess_dir() and hasattr(values, "ValueClass"):
+        values.ValueClass = values.MultiProcessValue(process_identifier=lambda: f"w{index}")
+
+
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 TOKEN_BUCKETS = (16, 64, 256, 1024, 4096, 16384)
@@ -27,23 +57,70 @@ must not create unbounded series. (Real model names start with a letter or digit
 
 
 class _ProcessCollector(Collector):
-    """CPU seconds and resident memory of this process (psutil)."""
+    """CPU seconds and resident memory of this process (psutil); with several workers, of the supervisor and
+    all its worker processes together."""
 
-    def __init__(self) -> None:
+    def __init__(self, all_workers: bool = False) -> None:
         self._proc = psutil.Process(os.getpid())
+        self._all = all_workers
+
+    def _processes(self) -> list[psutil.Process]:
+        if not self._all:
+            return [self._proc]
+        with contextlib.suppress(psutil.Error):
+            parent = self._proc.parent()
+            if parent is not None:
+                return [parent, *parent.children()]
+        return [self._proc]
 
     def collect(self) -> Iterator[Metric]:
-        cpu = self._proc.cpu_times()
+        cpu = rss = 0.0
+        for proc in self._processes():
+            with contextlib.suppress(psutil.Error):
+                times = proc.cpu_times()
+                cpu += times.user + times.system
+                rss += proc.memory_info().rss
         yield CounterMetricFamily(
             "miaohui_process_cpu_seconds",
-            "User+system CPU seconds of the server process",
-            value=cpu.user + cpu.system,
+            "User+system CPU seconds of the server process (all worker processes with --workers N)",
+            value=cpu,
         )
         yield GaugeMetricFamily(
             "miaohui_process_resident_memory_bytes",
-            "Resident memory of the server process",
-            value=self._proc.memory_info().rss,
+            "Resident memory of the server process (all worker processes with --workers N)",
+            value=rss,
         )
+
+
+class _WorkerShareCollector(Collector):
+    """``miaohui_worker_requests_total{worker,protocol}``: requests answered per worker, read at scrape time
+    from the workers' counter files (multiprocess mode sums counters over workers; this keeps the split)."""
+
+    _FILE = re.compile(r"counter_w(\d+)\.db$")
+
+    def __init__(self, directory: str) -> None:
+        self._dir = directory
+
+    def collect(self) -> Iterator[Metric]:
+        from prometheus_client.mmap_dict import MmapedDict
+
+        family = CounterMetricFamily(
+            "miaohui_worker_requests", "Requests answered, per worker process", labels=["worker", "protocol"]
+        )
+        for path in sorted(glob.glob(os.path.join(self._dir, "counter_w*.db"))):
+            match = self._FILE.search(path)
+            if match is None:
+                continue
+            totals: dict[str, float] = {}
+            with contextlib.suppress(OSError, ValueError):
+                for key, value, _, _ in MmapedDict.read_all_values_from_file(path):
+                    _, sample, labels, _ = json.loads(key)
+                    if sample == "miaohui_requests_total":
+                        protocol = labels.get("protocol", "")
+                        totals[protocol] = totals.get(protocol, 0.0) + value
+            for protocol, value in sorted(totals.items()):
+                family.add_metric([match.group(1), protocol], value)
+        yield family
 
 
 class ModelStateCollector(Collector):
@@ -96,6 +173,9 @@ class _GpuCollector(Collector):
 class Metrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
+        self.multiprocess = multiprocess_dir()
+        """The shared metrics directory of ``--workers N`` (None: one process, values in memory)."""
+        self._children: dict[tuple[Any, ...], Any] = {}
         self.requests = Counter(
             "miaohui_requests",
             "Requests answered, by model, version, protocol and status code",
@@ -144,7 +224,11 @@ class Metrics:
             registry=r,
         )
         self.queue_depth = Gauge(
-            "miaohui_queue_depth", "Rows waiting in the batch queue", ["model", "version"], registry=r
+            "miaohui_queue_depth",
+            "Rows waiting in the batch queue",
+            ["model", "version"],
+            registry=r,
+            multiprocess_mode="livesum",
         )
         self.rejected = Counter(
             "miaohui_rejected",
@@ -152,7 +236,9 @@ class Metrics:
             ["model", "version", "reason"],
             registry=r,
         )
-        self.in_flight = Gauge("miaohui_inflight_requests", "Requests being handled", ["model"], registry=r)
+        self.in_flight = Gauge(
+            "miaohui_inflight_requests", "Requests being handled", ["model"], registry=r, multiprocess_mode="livesum"
+        )
         # generation
         self.ttft = Histogram(
             "miaohui_time_to_first_token_seconds",
@@ -177,8 +263,16 @@ class Metrics:
         )
         self.prompt_tokens = Counter("miaohui_prompt_tokens", "Prompt tokens processed", ["model"], registry=r)
         self.generated_tokens = Counter("miaohui_generated_tokens", "Tokens generated", ["model"], registry=r)
-        self.running = Gauge("miaohui_running_sequences", "Sequences being decoded", ["model"], registry=r)
-        self.waiting = Gauge("miaohui_waiting_sequences", "Sequences waiting to start", ["model"], registry=r)
+        self.running = Gauge(
+            "miaohui_running_sequences", "Sequences being decoded", ["model"], registry=r, multiprocess_mode="livesum"
+        )
+        self.waiting = Gauge(
+            "miaohui_waiting_sequences",
+            "Sequences waiting to start",
+            ["model"],
+            registry=r,
+            multiprocess_mode="livesum",
+        )
         # dialogue pipelines
         self.stage_seconds = Histogram(
             "miaohui_pipeline_stage_seconds",
@@ -194,22 +288,58 @@ class Metrics:
             registry=r,
         )
         self.shadow = Gauge(
-            "miaohui_shadow_drift", "Shadow-version comparison figures", ["model", "figure"], registry=r
+            "miaohui_shadow_drift",
+            "Shadow-version comparison figures",
+            ["model", "figure"],
+            registry=r,
+            multiprocess_mode="livemax",
         )
-        r.register(_ProcessCollector())
-        r.register(_GpuCollector())
+        self.exposition = r
+        """What ``/metrics`` renders: ``registry`` itself, or with several workers a registry that reads every
+        worker's files plus the collectors computed at scrape time."""
+        if self.multiprocess:
+            from prometheus_client import multiprocess
+
+            self.exposition = CollectorRegistry()
+            multiprocess.MultiProcessCollector(self.exposition, path=self.multiprocess)
+            self.exposition.register(_WorkerShareCollector(self.multiprocess))
+        self.exposition.register(_ProcessCollector(all_workers=bool(self.multiprocess)))
+        self.exposition.register(_GpuCollector())
 
     def observer(self, model: str, version: int) -> BatcherObserver:
         return _BatchMetrics(self, model, str(version))
 
+    def child(self, metric: Any, *labels: str) -> Any:
+        """``metric.labels(*labels)``, cached: the hot path records several metrics per request."""
+        key = (id(metric), *labels)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*labels)
+        return found
+
     def done(self, model: str, version: str, protocol: str, code: int, seconds: float, reason: str = "") -> None:
-        self.requests.labels(model, version, protocol, str(code)).inc()
-        self.request_seconds.labels(model, protocol).observe(seconds)
+        self.child(self.requests, model, version, protocol, str(code)).inc()
+        self.child(self.request_seconds, model, protocol).observe(seconds)
         if code >= 400:
-            self.failures.labels(model, version, reason or str(code)).inc()
+            self.child(self.failures, model, version, reason or str(code)).inc()
+
+    def register(self, collector: Collector) -> None:
+        """A scrape-time collector (e.g. model readiness): rendered on ``/metrics``."""
+        self.exposition.register(collector)
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(self.exposition)
+
+    def _samples(self, metric: Counter | Histogram) -> Iterator[Any]:
+        """The samples of ``metric``: this process's, or the totals of every worker."""
+        if self.multiprocess is None:
+            for family in metric.collect():
+                yield from family.samples
+            return
+        prefix = metric._name  # the family name without _total
+        for family in self.exposition.collect():
+            if family.name == prefix:
+                yield from family.samples
 
     def model_stats(self, model: str, version: int, names: Collection[str]) -> dict[str, Any]:
         """Triton-style statistics of one served version, cumulative since start, from these counters.
@@ -223,8 +353,7 @@ class Metrics:
         def total(metric: Counter | Histogram, sample: str, **match: str) -> float:
             return sum(
                 s.value
-                for family in metric.collect()
-                for s in family.samples
+                for s in self._samples(metric)
                 if s.name == sample
                 and s.labels.get("model") in names
                 and s.labels.get("version") == v
@@ -249,24 +378,30 @@ class Metrics:
 
 
 class _BatchMetrics(BatcherObserver):
+    """One model version's batcher metrics; the labelled children are looked up once."""
+
     def __init__(self, m: Metrics, model: str, version: str) -> None:
         self.m, self.labels = m, (model, version)
+        self.depth = m.queue_depth.labels(model, version)
+        self.sizes = m.batch_size.labels(model, version)
+        self.tokens = m.batch_tokens.labels(model, version)
+        self.waits = m.queue_seconds.labels(model, version)
+        self.compute = m.compute_seconds.labels(model, version)
 
     def on_enqueue(self, queue_depth: int) -> None:
-        self.m.queue_depth.labels(*self.labels).set(queue_depth)
+        self.depth.set(queue_depth)
 
     def on_dequeue(self, queue_depth: int) -> None:
-        self.m.queue_depth.labels(*self.labels).set(queue_depth)
+        self.depth.set(queue_depth)
 
     def on_reject(self, reason: RejectReason) -> None:
-        self.m.rejected.labels(*self.labels, reason).inc()
+        self.m.child(self.m.rejected, *self.labels, reason).inc()
 
     def on_batch(self, size: int, tokens: int, padded_tokens: int, queue_wait_s: list[float]) -> None:
-        self.m.batch_size.labels(*self.labels).observe(size)
-        self.m.batch_tokens.labels(*self.labels).observe(padded_tokens)
-        hist = self.m.queue_seconds.labels(*self.labels)
+        self.sizes.observe(size)
+        self.tokens.observe(padded_tokens)
         for wait in queue_wait_s:
-            hist.observe(wait)
+            self.waits.observe(wait)
 
     def on_compute(self, seconds: float, size: int, ok: bool) -> None:
-        self.m.compute_seconds.labels(*self.labels).observe(seconds)
+        self.compute.observe(seconds)

@@ -7,6 +7,7 @@ import grpc
 from miaohui.errors import (
     ArtifactError,
     ConfigError,
+    ConflictError,
     DeadlineExceededError,
     InputError,
     MiaohuiError,
@@ -24,6 +25,7 @@ _TABLE: list[tuple[type[MiaohuiError], int, grpc.StatusCode, str]] = [
     (QueueFullError, 429, grpc.StatusCode.RESOURCE_EXHAUSTED, "queue_full"),
     (DeadlineExceededError, 504, grpc.StatusCode.DEADLINE_EXCEEDED, "deadline"),
     (UnavailableError, 503, grpc.StatusCode.UNAVAILABLE, "unavailable"),
+    (ConflictError, 409, grpc.StatusCode.FAILED_PRECONDITION, "conflict"),
     (ArtifactError, 500, grpc.StatusCode.INTERNAL, "artifact"),
 ]
 

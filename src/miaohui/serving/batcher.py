@@ -226,6 +226,32 @@ class DynamicBatcher(Generic[P, R]):
             self._abandon(item, "cancelled")
             raise
 
+    def submit_many(self, requests: Sequence[tuple[P, int]], deadline: float | None = None) -> asyncio.Task[list[R]]:
+        """Queue every ``(payload, length)`` *now* and return a task that resolves to their results in order.
+
+        Unlike ``gather(*(submit(...)))`` the rows are in the queue when this returns, so the caller can do other
+        work (e.g. slot extraction) while they are batched and computed. Raises at once like :meth:`submit`
+        (then none of them stays queued). Cancelling the task drops the rows still queued; when one row fails,
+        the others are dropped too and the task raises that row's error.
+        """
+        items: list[_Item[P, R]] = []
+        try:
+            for payload, length in requests:
+                items.append(self._enqueue(payload, length, deadline))
+        except BaseException:
+            for item in items:
+                self._abandon(item, "cancelled")
+            raise
+        task = asyncio.get_running_loop().create_task(self._collect(items))
+
+        def dropped(t: asyncio.Task[list[R]]) -> None:
+            if t.cancelled():  # also when cancelled before it ever ran
+                for item in items:
+                    self._abandon(item, "cancelled")
+
+        task.add_done_callback(dropped)
+        return task
+
     async def __aenter__(self) -> DynamicBatcher[P, R]:
         self.start()
         return self
@@ -284,6 +310,18 @@ class DynamicBatcher(Generic[P, R]):
             self._abandon(item, "deadline")
             raise self._deadline_error(item, where)
         return item.future.result()
+
+    async def _collect(self, items: list[_Item[P, R]]) -> list[R]:
+        results: list[R] = []
+        try:
+            for item in items:
+                results.append(await self._wait(item))
+        except Exception as exc:
+            reason: RejectReason = "deadline" if isinstance(exc, DeadlineExceededError) else "cancelled"
+            for item in items:
+                self._abandon(item, reason)
+            raise
+        return results
 
     def _abandon(self, item: _Item[P, R], reason: RejectReason) -> None:
         """The caller stopped waiting: drop the request if queued, ignore its result if computing."""

@@ -146,7 +146,18 @@ class ServedVersion:
 
     async def run_rows(self, rows: list[list[int]], deadline: float | None) -> np.ndarray:
         """Submit every row to the batcher and gather the outputs in order."""
-        results = await asyncio.gather(*(self.batcher.submit(Row(ids), len(ids), deadline) for ids in rows))
+        return await self._outputs(self._submit(rows, deadline))
+
+    def _submit(self, rows: list[list[int]], deadline: float | None) -> asyncio.Task[list[RowResult]]:
+        return self.batcher.submit_many([(Row(ids), len(ids)) for ids in rows], deadline)
+
+    @staticmethod
+    async def _outputs(pending: asyncio.Task[list[RowResult]]) -> np.ndarray:
+        try:
+            results = await pending
+        except asyncio.CancelledError:
+            pending.cancel()  # drops the rows still queued
+            raise
         return np.stack([r.output for r in results])
 
     # ------------------------------------------------------------------ requests
@@ -170,7 +181,16 @@ class ServedVersion:
         return ids
 
     async def classify(self, texts: list[str], deadline: float | None, with_slots: bool = True) -> list[IntentResult]:
-        logits = await self.run_rows(self.tokenize(texts), deadline)
+        pending = self._submit(self.tokenize(texts), deadline)  # queued now
+        slots: list[list[Slot]] = [[] for _ in texts]
+        if with_slots:  # extract slots while the rows are batched and computed, not after
+            try:
+                await asyncio.sleep(0)  # one loop turn: the batcher's owner takes the rows to the engine first
+                slots = [extract_slots(t) for t in texts]
+            except BaseException:
+                pending.cancel()
+                raise
+        logits = await self._outputs(pending)
         if self.shadow_tap is not None:
             try:
                 self.shadow_tap(texts, logits)
@@ -183,7 +203,7 @@ class ServedVersion:
             IntentResult(
                 intent=labels[int(b)],
                 confidence=float(probs[i, b]),
-                slots=extract_slots(texts[i]) if with_slots else [],
+                slots=slots[i],
                 model=self.name,
                 version=self.version,
             )
