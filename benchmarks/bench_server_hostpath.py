@@ -48,21 +48,10 @@ def git_commit() -> str:
 def tiny_repository(root: Path) -> Path:
     from miaohui.config import BuildConfig
     from miaohui.engines.store import build_artifact
-    from miaohui.models.checkpoint import ModelMeta, save_checkpoint
-    from miaohui.models.intent import IntentClassifier, random_bert
     from miaohui.serving.model_config import ModelConfig, WarmupShape, write_model_config
-    from miaohui.zoo.tiny import any_tokenizer
+    from miaohui.zoo.tiny import save_tiny_intent
 
-    tok = any_tokenizer()
-    encoder = random_bert(hidden=32, layers=2, heads=2, vocab=tok.get_vocab_size(), max_positions=128)
-    meta = ModelMeta(
-        kind="intent",
-        base="tiny-random",
-        bert_config=encoder.config.to_diff_dict(),
-        labels=["greeting", "goodbye", "human_agent", "out_of_scope"],
-        max_length=64,
-    )
-    ckpt = save_checkpoint(root / "tiny-intent", IntentClassifier(encoder, num_labels=4).eval(), meta, tok)
+    ckpt = save_tiny_intent(root / "tiny-intent")
     warmup = [WarmupShape(batch=1, sequence=8), WarmupShape(batch=16, sequence=16)]
     for name, batching in (("batching", True), ("no-batching", False)):
         repo = root / name

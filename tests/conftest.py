@@ -48,21 +48,9 @@ def intent_model() -> Path:
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random-weight BERT intent model with the real MiniLM tokenizer (fast serving tests)."""
-    from miaohui.models.checkpoint import ModelMeta, save_checkpoint
-    from miaohui.models.intent import IntentClassifier, random_bert
-    from miaohui.zoo.tiny import any_tokenizer
+    from miaohui.zoo.tiny import save_tiny_intent
 
-    tok = any_tokenizer()
-    encoder = random_bert(hidden=32, layers=2, heads=2, vocab=tok.get_vocab_size(), max_positions=128)
-    model = IntentClassifier(encoder, num_labels=4).eval()
-    meta = ModelMeta(
-        kind="intent",
-        base="tiny-random",
-        bert_config=encoder.config.to_diff_dict(),
-        labels=["greeting", "goodbye", "human_agent", "out_of_scope"],
-        max_length=64,
-    )
-    return save_checkpoint(tmp_path_factory.mktemp("tiny") / "tiny-intent", model, meta, tok)
+    return save_tiny_intent(tmp_path_factory.mktemp("tiny") / "tiny-intent")
 
 
 @pytest.fixture(scope="session")

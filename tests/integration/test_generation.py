@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from tests.integration.conftest import hf_greedy_tokens
 
 from miaohui.errors import InputError
 from miaohui.generation.detok import IncrementalDetokenizer
@@ -40,14 +41,6 @@ INT8_TEACHER_FORCED_FLOOR = 0.7
 
 
 @pytest.fixture(scope="session")
-def smollm() -> tuple[Any, Any]:
-    from miaohui.zoo.smollm import load_smollm2
-
-    model, tokenizer, _ = load_smollm2(MODEL_CACHE)
-    return model, tokenizer
-
-
-@pytest.fixture(scope="session")
 def prompts(smollm: tuple[Any, Any]) -> list[list[int]]:
     from miaohui.zoo.smollm import encode_chat
 
@@ -70,16 +63,7 @@ def ort_fp32(decoder_dirs: dict[str, Path]) -> OrtCausalLMEngine:
 @pytest.fixture(scope="session")
 def hf_greedy(smollm: tuple[Any, Any], prompts: list[list[int]]) -> list[list[int]]:
     """HF ``generate(do_sample=False)`` tokens for the first three prompts (the reference)."""
-    import torch
-
-    model = smollm[0]
-    out = []
-    with torch.inference_mode():
-        for p in prompts[:3]:
-            ids = torch.tensor([p])
-            gen = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, do_sample=False)
-            out.append(gen[0, len(p) :].tolist())
-    return out
+    return hf_greedy_tokens(smollm[0], prompts[:3], NEW_TOKENS)
 
 
 def _tokens(llm: LLMEngine, prompt: list[int], params: SamplingParams = GREEDY) -> list[int]:

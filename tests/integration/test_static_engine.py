@@ -12,6 +12,8 @@ from typing import Any
 
 import openai
 import pytest
+from tests.integration.conftest import SMOLLM_CACHE as MODEL_CACHE
+from tests.integration.conftest import hf_greedy_tokens
 from tests.servers import UvicornThread
 
 from miaohui.errors import ArtifactError, ConfigError
@@ -22,8 +24,6 @@ from miaohui.generation.slot_engine import TorchSlotEngine
 from miaohui.generation.slot_options import SlotEngineOptions
 from miaohui.generation.static_kv import StaticKVDecoder
 
-ROOT = Path(__file__).resolve().parents[2]
-MODEL_CACHE = ROOT / "var" / "test-cache" / "smollm2-135m"
 NEW_TOKENS = 16
 GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0)
 QUESTIONS = [
@@ -31,14 +31,6 @@ QUESTIONS = [
     "Explain what a bank deposit is in two sentences.",
     "List three fruits and describe each one briefly.",
 ]
-
-
-@pytest.fixture(scope="module")
-def smollm() -> tuple[Any, Any]:
-    from miaohui.zoo.smollm import load_smollm2
-
-    model, tokenizer, _ = load_smollm2(MODEL_CACHE)
-    return model, tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -50,17 +42,7 @@ def prompts(smollm: tuple[Any, Any]) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def hf_greedy(smollm: tuple[Any, Any], prompts: list[list[int]]) -> list[list[int]]:
-    import torch
-
-    out = []
-    with torch.inference_mode():
-        for p in prompts:
-            ids = torch.tensor([p])
-            gen = smollm[0].generate(
-                ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, do_sample=False,
-            )  # fmt: skip
-            out.append(gen[0, len(p) :].tolist())
-    return out
+    return hf_greedy_tokens(smollm[0], prompts, NEW_TOKENS)
 
 
 def _engine(smollm: tuple[Any, Any], slots: int) -> TorchSlotEngine:

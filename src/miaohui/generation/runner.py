@@ -29,7 +29,19 @@ class StepTiming:
     kv_length: int
 
 
-class ModelRunner:
+class SeededRows:
+    """Each sequence's own random generator (made from its seed at prefill, fresh entropy otherwise)."""
+
+    _rngs: dict[int, np.random.Generator]
+
+    def _rng(self, seq_id: int) -> np.random.Generator:
+        rng = self._rngs.get(seq_id)
+        if rng is None:
+            rng = self._rngs[seq_id] = make_rng(None)
+        return rng
+
+
+class ModelRunner(SeededRows):
     """Runs scheduler steps on one engine; not thread-safe (one worker thread calls it)."""
 
     def __init__(self, engine: CausalLMEngine) -> None:
@@ -83,9 +95,3 @@ class ModelRunner:
         length = self._kv.length if self._kv is not None else 0
         self.last_timing = StepTiming(t1 - t0, t2 - t1, len(self._rows), length)
         return RunnerOutput(out.step, tokens)
-
-    def _rng(self, seq_id: int) -> np.random.Generator:
-        rng = self._rngs.get(seq_id)
-        if rng is None:
-            rng = self._rngs[seq_id] = make_rng(None)
-        return rng

@@ -17,7 +17,7 @@ import numpy as np
 from miaohui.errors import QueueFullError
 from miaohui.generation.base import SlotCausalLMEngine, StepLogits
 from miaohui.generation.params import SamplingParams
-from miaohui.generation.runner import StepTiming
+from miaohui.generation.runner import SeededRows, StepTiming
 from miaohui.generation.sampling import make_rng, sample
 from miaohui.generation.scheduler import RunnerOutput, SchedulerOutput
 
@@ -33,7 +33,7 @@ def sample_step(logits: StepLogits, params: Sequence[SamplingParams], rngs: Sequ
     return tokens
 
 
-class SlotModelRunner:
+class SlotModelRunner(SeededRows):
     """Runs scheduler steps on a slot engine; not thread-safe (one worker thread calls it)."""
 
     def __init__(self, engine: SlotCausalLMEngine) -> None:
@@ -96,9 +96,3 @@ class SlotModelRunner:
         longest = int(self.engine.lengths.max()) if self._slot else 0
         self.last_timing = StepTiming(t1 - t0, t2 - t1, len(self._slot), longest)
         return RunnerOutput(out.step, tokens)
-
-    def _rng(self, seq_id: int) -> np.random.Generator:
-        rng = self._rngs.get(seq_id)
-        if rng is None:
-            rng = self._rngs[seq_id] = make_rng(None)
-        return rng

@@ -1,0 +1,24 @@
+"""On the GPU: build the e5 intent engine (inductor fp16) into a repository with the serving config the GPU
+server runs use (batch up to 256, 1 ms queue delay, length buckets 16/32/64, every bucket warmed up).
+
+    python3 scripts/gpu/build_intent_gpu.py /tmp/gpurepo
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from miaohui.config import BuildConfig, parse_shapes
+from miaohui.engines.store import build_artifact
+from miaohui.serving.batcher import BatcherConfig
+from miaohui.serving.model_config import ModelConfig, WarmupShape, write_model_config
+
+repo = Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/gpurepo")
+cfg = BuildConfig(
+    backend="inductor", precision="fp16", autotune=False, shapes=parse_shapes("input_ids:1x1,32x32,256x64")
+)
+build_artifact(Path("var/models/intent-e5-small"), "intent", cfg, repo, log=print)
+batching = BatcherConfig(max_batch_size=256, max_queue_delay_ms=1.0, max_queue_size=8192, length_buckets=[16, 32, 64])
+warmup = [WarmupShape(batch=b, sequence=s) for b in (1, 2, 4, 8, 16, 32, 64, 128, 256) for s in (16, 32, 64)]
+write_model_config(repo / "intent" / "config.yaml", ModelConfig(backend="inductor", batching=batching, warmup=warmup))
