@@ -53,8 +53,11 @@ def check_machine(manifest: Manifest) -> None:
     check_target(manifest.target, f"{manifest.name} v{manifest.version} ({manifest.backend})", manifest.backend)
 
 
-def load_engine(path: Path, threads: int | None = None, verify_checksums: bool = True) -> Engine:
-    """Load the artifact at ``path`` (a version directory)."""
+def load_engine(
+    path: Path, threads: int | None = None, verify_checksums: bool = True, spin_wait: bool = True
+) -> Engine:
+    """Load the artifact at ``path`` (a version directory). ``spin_wait``: ONNX Runtime threads busy-wait
+    between runs (lowest latency on an otherwise idle machine; the server turns it off)."""
     path = Path(path)
     manifest = read_manifest(path)
     check_files(path, manifest, verify_checksums)
@@ -63,7 +66,7 @@ def load_engine(path: Path, threads: int | None = None, verify_checksums: bool =
     if backend == "onnxruntime":
         from miaohui.engines.onnxruntime import OnnxRuntimeEngine
 
-        return OnnxRuntimeEngine(manifest, path, threads=threads)
+        return OnnxRuntimeEngine(manifest, path, threads=threads, spin_wait=spin_wait)
     if backend == "torch":
         from miaohui.engines.torch import TorchEngine
 

@@ -83,9 +83,10 @@ def build(ctx: BuildContext) -> BuiltEngine:
 
 
 class OnnxRuntimeEngine(Engine):
-    """An ONNX Runtime CPU session. ``threads`` = intra-op threads (default: all cores)."""
+    """An ONNX Runtime CPU session. ``threads`` = intra-op threads (default: all cores); ``spin_wait`` = they
+    busy-wait between runs."""
 
-    def __init__(self, manifest: Manifest, path: Path, threads: int | None = None) -> None:
+    def __init__(self, manifest: Manifest, path: Path, threads: int | None = None, spin_wait: bool = True) -> None:
         super().__init__(manifest, path)
         import onnxruntime as ort
 
@@ -94,6 +95,8 @@ class OnnxRuntimeEngine(Engine):
         opts.intra_op_num_threads = threads or (os.cpu_count() or 1)
         opts.inter_op_num_threads = 1
         opts.log_severity_level = 3
+        if not spin_wait:  # idle threads sleep instead of busy-waiting (see ModelConfig.spin_wait)
+            opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         # graphs rewritten by compile.optimize.unfuse_slow_ops name the ORT fusions that would undo it
         disabled = [str(x) for x in manifest.extra.get("ort_disabled_optimizers", [])]
         try:

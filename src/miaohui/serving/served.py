@@ -66,7 +66,8 @@ class ServedVersion:
         instances = config.batching.instances
         threads = config.threads or max(1, (os.cpu_count() or 1) // instances)
         self.engines: list[Engine] = [
-            load_engine(path, threads=threads, verify_checksums=i == 0) for i in range(instances)
+            load_engine(path, threads=threads, verify_checksums=i == 0, spin_wait=config.spin_wait)
+            for i in range(instances)
         ]
         self.manifest: Manifest = self.engines[0].manifest
         self.name, self.version = self.manifest.name, self.manifest.version
