@@ -24,6 +24,15 @@ from miaohui.errors import InputError, ShapeError
 from miaohui.generation.dims import DecoderDims
 
 
+def check_token_ids(ids: np.ndarray, vocab: int) -> None:
+    """InputError unless every id is in ``[0, vocab)``."""
+    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
+        raise InputError(
+            f"token ids must be in [0, {vocab}), got min {int(ids.min())} max {int(ids.max())}",
+            "encode text with this model's tokenizer",
+        )
+
+
 @dataclass(frozen=True)
 class KVCache:
     """Batched, left-padded KV cache (see the module docstring). Arrays are never modified in place."""
@@ -155,11 +164,7 @@ class CausalLMEngine(abc.ABC):
         return logits, self._cache(present, mask)
 
     def _check_ids(self, ids: np.ndarray) -> None:
-        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= self.dims.vocab):
-            raise InputError(
-                f"token ids must be in [0, {self.dims.vocab}), got min {int(ids.min())} max {int(ids.max())}",
-                "encode text with this model's tokenizer",
-            )
+        check_token_ids(ids, self.dims.vocab)
 
     @staticmethod
     def _cache(present: Sequence[np.ndarray], mask: np.ndarray) -> KVCache:
@@ -286,11 +291,7 @@ class SlotCausalLMEngine(abc.ABC):
             )
 
     def _check_ids(self, ids: Sequence[int]) -> None:
-        if ids and (min(ids) < 0 or max(ids) >= self.dims.vocab):
-            raise InputError(
-                f"token ids must be in [0, {self.dims.vocab}), got min {min(ids)} max {max(ids)}",
-                "encode text with this model's tokenizer",
-            )
+        check_token_ids(np.asarray(ids, dtype=np.int64), self.dims.vocab)
 
     @abc.abstractmethod
     def _prefill(self, slots: list[int], prompts: list[list[int]]) -> StepLogits: ...

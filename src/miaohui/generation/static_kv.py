@@ -74,15 +74,16 @@ def attn_in(
     heads: int,
     kv_heads: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Decode, first half of a layer: RMSNorm → fused QKV → RoPE. ``x`` [b, hidden] → q [b, H, D],
-    k and v [b, KVH, D]. A pure function of its tensors, so one compiled graph serves every layer."""
-    b = x.shape[0]
+    """First half of a layer: RMSNorm → fused QKV → RoPE. ``x`` [..., hidden] → q [..., H, D], k and v
+    [..., KVH, D] (decode: ``[b]``, prefill: ``[n, S]`` leading dims; ``cos``/``sin`` broadcast to them). A pure
+    function of its tensors, so one compiled graph serves every layer."""
+    lead = x.shape[:-1]
     h = _rms_norm(x, norm, eps)
     out = F.linear(h, qkv, qkv_bias)
     d = qkv.shape[0] // (heads + 2 * kv_heads)
-    q = _rope(out[:, : heads * d].view(b, heads, d), cos, sin)
-    k = _rope(out[:, heads * d : (heads + kv_heads) * d].view(b, kv_heads, d), cos, sin)
-    v = out[:, (heads + kv_heads) * d :].reshape(b, kv_heads, d).contiguous()
+    q = _rope(out[..., : heads * d].reshape(*lead, heads, d), cos, sin)
+    k = _rope(out[..., heads * d : (heads + kv_heads) * d].reshape(*lead, kv_heads, d), cos, sin)
+    v = out[..., (heads + kv_heads) * d :].reshape(*lead, kv_heads, d).contiguous()
     return q, k, v
 
 
@@ -107,7 +108,13 @@ def attn_out_mlp(
     scores = torch.matmul(q4, keys.transpose(-1, -2)).float() * (d**-0.5) + bias  # [b, KVH, G, T]
     probs = torch.softmax(scores, dim=-1).to(values.dtype)
     attn = torch.matmul(probs, values).reshape(b, heads * d)
-    x = x + F.linear(attn, o)
+    return mlp_block(x + F.linear(attn, o), post_norm, gate_up, down, eps)
+
+
+def mlp_block(
+    x: torch.Tensor, post_norm: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, eps: float
+) -> torch.Tensor:
+    """Residual SwiGLU MLP: ``x + down(silu(gate) * up)`` of the RMS-normed ``x``."""
     h = _rms_norm(x, post_norm, eps)
     gate, up = F.linear(h, gate_up).chunk(2, dim=-1)
     return x + F.linear(F.silu(gate) * up, down)
@@ -285,20 +292,6 @@ class StaticKVDecoder(nn.Module):
 
     # ---- compute ---------------------------------------------------------------------------------------
 
-    def _qkv(self, layer: _Layer, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        d = self.dims
-        qkv = F.linear(h, layer.qkv, layer.qkv_bias)
-        q, kv = d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim
-        return qkv[..., :q], qkv[..., q : q + kv], qkv[..., q + kv :]
-
-    def _mlp(self, layer: _Layer, x: torch.Tensor) -> torch.Tensor:
-        h = _rms_norm(x, layer.post_norm, self.dims.rms_eps)
-        gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
-        return x + F.linear(F.silu(gate) * up, layer.down)
-
-    def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(_rms_norm(x, self.norm, self.dims.rms_eps), self.head).float()
-
     def use_compiled(self, compile_fn: Any) -> None:
         """Run decode's per-layer halves and the head through ``compile_fn`` (e.g. ``torch.compile``).
 
@@ -352,15 +345,14 @@ class StaticKVDecoder(nn.Module):
         sin = self.sin_table[:s][None, :, None, :]
         for i, layer in enumerate(self.layers):
             assert isinstance(layer, _Layer)
-            h = _rms_norm(x, layer.in_norm, d.rms_eps)
-            q, k, v = self._qkv(layer, h)
-            q = _rope(q.view(n, s, d.num_heads, d.head_dim), cos, sin).transpose(1, 2)  # [n, H, S, D]
-            k = _rope(k.view(n, s, d.num_kv_heads, d.head_dim), cos, sin).transpose(1, 2)
-            v = v.view(n, s, d.num_kv_heads, d.head_dim).transpose(1, 2)
+            q, k, v = attn_in(
+                x, layer.in_norm, layer.qkv, layer.qkv_bias, cos, sin, d.rms_eps, d.num_heads, d.num_kv_heads
+            )
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [n, heads, S, D]
             self.k_cache[i][slots, :, :s] = k
             self.v_cache[i][slots, :, :s] = v
             attn = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.groups > 1)
             x = x + F.linear(attn.transpose(1, 2).reshape(n, s, d.num_heads * d.head_dim), layer.o)
-            x = self._mlp(layer, x)
+            x = mlp_block(x, layer.post_norm, layer.gate_up, layer.down, d.rms_eps)
         last = x[torch.arange(n, device=tokens.device), lengths - 1]  # [n, hidden]
-        return self._logits(last)
+        return final_logits(last, self.norm, self.head, d.rms_eps)
