@@ -218,14 +218,14 @@ async def test_token_budget_closes_the_batch() -> None:
 
 
 async def test_instances_compute_batches_concurrently() -> None:
-    engine = FakeEngine(delay=0.05)
+    engine = FakeEngine(delay=0.2)
     async with serve(engine, max_batch_size=2, max_queue_delay_ms=0, instances=3) as (batcher, _):
         start = time.monotonic()
         results = await asyncio.gather(*(batcher.submit(i, 1) for i in range(6)))
         elapsed = time.monotonic() - start
     assert results == [i * 10 for i in range(6)]
     assert engine.max_active == 3
-    assert elapsed < 0.095  # three batches side by side, not one after another (0.15 s)
+    assert elapsed < 0.45  # three batches side by side, not one after another (0.6 s)
 
 
 async def test_a_stream_of_short_requests_does_not_starve_a_long_one() -> None:
@@ -290,7 +290,7 @@ async def test_deadline_passing_in_the_queue_fails_before_compute() -> None:
         start = time.monotonic()
         with pytest.raises(DeadlineExceededError, match=QUEUED_LATE):
             await batcher.submit(7, 1, deadline=start + 0.02)
-        assert 0.019 <= time.monotonic() - start < 0.1
+        assert 0.019 <= time.monotonic() - start < 0.3  # the blocker holds the instance indefinitely
         assert batcher.queue_depth == 0
         engine.gate.set()  # type: ignore[union-attr]
         await blocker
@@ -315,7 +315,7 @@ async def test_owner_fails_expired_requests_it_finds_in_the_queue() -> None:
 
 
 async def test_deadline_passing_during_compute_answers_the_caller_in_time() -> None:
-    engine = FakeEngine(delay=0.1)
+    engine = FakeEngine(delay=0.5)
     async with serve(engine, max_queue_delay_ms=0) as (batcher, recorder):
         start = time.monotonic()
         with pytest.raises(
@@ -323,7 +323,7 @@ async def test_deadline_passing_during_compute_answers_the_caller_in_time() -> N
             match=r"^request deadline passed while computing \(\d+\.\d ms allowed",
         ):
             await batcher.submit(7, 1, deadline=start + 0.02)
-        assert time.monotonic() - start < 0.09
+        assert time.monotonic() - start < 0.4  # answered at the deadline, not when compute ends (0.5 s)
         assert await batcher.submit(8, 1) == 80  # the instance is fine afterwards
     assert engine.batches == [[7], [8]]
     assert recorder.rejects == ["deadline"]
