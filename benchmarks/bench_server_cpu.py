@@ -24,8 +24,12 @@ engine vs PyTorch eager behind the same server, and the server's overhead over t
 
 Ratios against the baselines of the same run: batching on/off throughput at c=32 (goal ≥ 3× with a lower
 p99), int8/eager peak throughput (goal ≥ 5×), server overhead = p50 of the server at c=1 − p50 of the bare
-engine (goal ≤ 1 ms; measured without batching, whose queue delay is a configured wait, and reported with
-it too). Writes ``server_cpu.json`` and ``server_cpu.png`` to ``--out`` and prints a table last.
+engine with one served instance's threads (goal ≤ 1 ms; measured without batching, whose queue delay is a
+configured wait, and reported with it too). The bare engines, as served (instances × threads), also
+run in length-bucketed batches of 1, 8 and 32 (``engine_ceilings``): their rows/s bound what any server
+in front of them can reach, so their batch-32/batch-1 and int8/eager ratios are the ceilings of the first
+two goals on this machine.
+Writes ``<--name>.json`` and ``.png`` (default ``server_cpu``) to ``--out`` and prints a table last.
 """
 
 from __future__ import annotations
@@ -93,7 +97,12 @@ def artifacts(args: argparse.Namespace) -> dict[str, Path]:
 
 
 def config_repository(
-    work: Path, cfg: ServerConfig, artifact: Path, threads: int | None, instances: int | None = None
+    work: Path,
+    cfg: ServerConfig,
+    artifact: Path,
+    threads: int | None,
+    instances: int | None = None,
+    queue_delay_ms: float | None = None,
 ) -> Path:
     """``work/configs/<name>/intent/{config.yaml, <version> → artifact}``: the artifact's serving config
     with this configuration's batching mode and backend. A batching config without length buckets (written
@@ -113,6 +122,8 @@ def config_repository(
         batching = batching.model_copy(update={"length_buckets": ModelConfig().batching.length_buckets})
     if instances:
         batching = batching.model_copy(update={"instances": instances})
+    if queue_delay_ms is not None:
+        batching = batching.model_copy(update={"max_queue_delay_ms": queue_delay_ms})
     update = {"dynamic_batching": cfg.dynamic_batching, "backend": read_manifest(artifact).backend}
     update |= {"threads": threads, "batching": batching}
     write_model_config(model_dir / "config.yaml", base.model_copy(update=update))
@@ -201,7 +212,7 @@ def run_point(
 def run_config(
     cfg: ServerConfig, artifact: Path, texts: list[str], levels: list[int], args: argparse.Namespace
 ) -> dict[str, Any]:
-    repo = config_repository(args.work, cfg, artifact, args.threads, args.instances)
+    repo = config_repository(args.work, cfg, artifact, args.threads, args.instances, args.queue_delay_ms)
     m = read_manifest(artifact)
     print(f"{cfg.name}: {m.backend} {m.precision} ({artifact}), dynamic_batching={cfg.dynamic_batching}", flush=True)
     proc, url, ready_s = start_server(repo, args.workers)
@@ -228,10 +239,26 @@ def run_config(
     }
 
 
+def served_instances(artifact: Path, args: argparse.Namespace) -> int:
+    """Instances ``miaohui serve`` runs of ``artifact`` in these configurations."""
+    from miaohui.serving.model_config import load_model_config
+
+    return int(args.instances or load_model_config(artifact.parent / "config.yaml").batching.instances)
+
+
+def served_threads(artifact: Path, args: argparse.Namespace) -> int:
+    """Intra-op threads of one served instance of ``artifact`` (as ``miaohui serve`` computes them)."""
+    from miaohui.serving.model_config import load_model_config
+
+    threads = args.threads or load_model_config(artifact.parent / "config.yaml").threads
+    return int(threads or max(1, (os.cpu_count() or 1) // served_instances(artifact, args)))
+
+
 def run_engine(name: str, artifact: Path, texts: list[str], args: argparse.Namespace) -> dict[str, Any]:
+    """The bare engine with one served instance's threads, at concurrency 1."""
     m = read_manifest(artifact)
-    print(f"{name}: bare engine, {m.backend} {m.precision} ({artifact})", flush=True)
-    threads = args.threads or os.cpu_count()
+    threads = served_threads(artifact, args)
+    print(f"{name}: bare engine, {m.backend} {m.precision}, {threads} threads ({artifact})", flush=True)
     spec = TargetSpec(kind="engine", model=MODEL, engine=str(artifact), engine_threads=threads, timeout_s=args.timeout)
     return {
         "name": name,
@@ -243,6 +270,50 @@ def run_engine(name: str, artifact: Path, texts: list[str], args: argparse.Names
         "engine_threads": threads,
         "points": [run_point(spec, texts, 1, args, None)],
     }
+
+
+def engine_ceiling(name: str, artifact: Path, texts: list[str], args: argparse.Namespace, limit: int) -> dict[str, Any]:
+    """The bare engines of the served configuration (its instances, each with its threads, side by side
+    in threads of this process) over the first ``limit`` texts in batches of 1, 8 and 32, grouped by the
+    server's length buckets and padded to each batch's longest row as the server does: rows/s that no
+    server in front of them can exceed, so the ceiling of the batching and int8/eager ratios."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from miaohui.engines.loader import load_engine
+    from miaohui.nlp.tokenizer import TextTokenizer, pad_batch, truncate_ids
+    from miaohui.serving.model_config import ModelConfig
+
+    threads, instances = served_threads(artifact, args), served_instances(artifact, args)
+    engines = [load_engine(artifact, threads=threads) for _ in range(instances)]
+    m = engines[0].manifest
+    tok = TextTokenizer.from_file(artifact / (m.tokenizer_file or "tokenizer.json"), m.max_length or 512)
+    ids = [truncate_ids(x, tok.max_length) for x in tok.token_ids(texts[:limit])]
+    buckets = ModelConfig().batching.length_buckets
+    by_bucket: dict[int, list[list[int]]] = {}
+    for seq in ids:
+        by_bucket.setdefault(next((b for b in buckets if len(seq) <= b), buckets[-1]), []).append(seq)
+    out: dict[str, Any] = {"name": name, "artifact": str(artifact), "threads": threads, "instances": instances}
+    out |= {"rows": len(ids), "rows_per_s": {}}
+
+    def run(engine: Any, feeds: list[dict[str, Any]]) -> None:
+        for feed in feeds:
+            engine.infer(feed)
+
+    with ThreadPoolExecutor(instances) as pool:
+        for size in (1, 8, 32):
+            feeds = []
+            for group in by_bucket.values():
+                for start in range(0, len(group), size):
+                    x, mask = pad_batch(group[start : start + size], tok.pad_id)
+                    feeds.append({"input_ids": x, "attention_mask": mask})
+            list(pool.map(run, engines, [feeds[:2]] * instances))  # warm-up
+            started = time.perf_counter()
+            list(pool.map(run, engines, [feeds[k::instances] for k in range(instances)]))
+            out["rows_per_s"][str(size)] = len(ids) / (time.perf_counter() - started)
+            print(f"  {name} batch {size:>3}: {out['rows_per_s'][str(size)]:8.1f} rows/s", flush=True)
+    for engine in engines:
+        engine.close()
+    return out
 
 
 # ---- ratios and goals ----------------------------------------------------------------------------------
@@ -279,6 +350,18 @@ def ratios(runs: dict[str, dict[str, Any]], levels: list[int]) -> dict[str, Any]
                 "overhead_p50_ms": server["latency_ms"]["p50"] - engine["latency_ms"]["p50"],
                 "server_other_ms": (server.get("server") or {}).get("other_ms"),
             }
+    return out
+
+
+def ceiling_ratios(ceilings: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """What the bare engines allow: int8 rows/s in batches of 32 over single rows (the most batching can
+    give), and int8 over eager, both in batches of 32 (the most an int8-backed server can gain)."""
+    out: dict[str, float] = {}
+    int8, eager = (ceilings.get(k, {}).get("rows_per_s", {}) for k in ("int8", "eager"))
+    if int8.get("32") and int8.get("1"):
+        out["int8_batch32_over_batch1"] = int8["32"] / int8["1"]
+    if int8.get("32") and eager.get("32"):
+        out["int8_over_eager_batch32"] = int8["32"] / eager["32"]
     return out
 
 
@@ -363,6 +446,13 @@ def table(doc: dict[str, Any]) -> str:
             f"int8 engine / eager, peak throughput: {r['engine_vs_eager']['peak']:.2f}x ({per_c}) "
             f"(goal ≥ 5x: {_ok(g, 'engine_5x_eager_peak')})"
         )
+    c = r.get("ceiling", {})
+    if c:
+        lines.append(
+            "bare-engine ceilings (rows/s, length-bucketed batches): int8 batch 32 / batch 1 = "
+            f"{c.get('int8_batch32_over_batch1', float('nan')):.2f}x, int8 / eager at batch 32 = "
+            f"{c.get('int8_over_eager_batch32', float('nan')):.2f}x"
+        )
     for name, ov in r["overhead"].items():
         goal = f" (goal ≤ 1 ms: {_ok(g, 'overhead_p50_le_1ms')})" if name == "int8-no-batching" else ""
         lines.append(
@@ -392,10 +482,13 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--processes", type=int, default=1, help="load-generator processes")
     ap.add_argument("--threads", type=int, default=None, help="engine threads (default: the server's default)")
     ap.add_argument("--instances", type=int, default=None, help="engine instances (default: the model config's)")
+    ap.add_argument("--queue-delay-ms", type=float, default=None, help="max_queue_delay_ms (default: the config's)")
     ap.add_argument("--workers", type=int, default=1, help="server processes (miaohui serve --workers)")
+    ap.add_argument("--no-ceiling", action="store_true", help="skip the bare-engine batch throughput runs")
     ap.add_argument("--max-load", type=float, default=None, help="wait while the 1-min load average is above")
     ap.add_argument("--max-wait", type=float, default=120.0)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    ap.add_argument("--name", default="server_cpu", help="file name of the JSON and PNG written to --out")
     return ap.parse_args()
 
 
@@ -423,7 +516,13 @@ def main() -> None:
     for engine in ("int8", "eager"):
         runs[f"engine-{engine}"] = run_engine(f"engine-{engine}", arts[engine], texts, args)
 
+    ceilings = {}
+    if not args.no_ceiling:
+        print("bare engines in batches (the ceiling of any server in front of them):", flush=True)
+        for engine, limit in (("int8", 512), ("eager", 256)):
+            ceilings[engine] = engine_ceiling(engine, arts[engine], texts, args, limit)
     r = ratios(runs, levels)
+    r["ceiling"] = ceiling_ratios(ceilings)
     doc = {
         "benchmark": "intent server on CPU: dynamic batching on/off, int8 engine vs eager, overhead over engine",
         "schema": "miaohui-bench-server-cpu/1",
@@ -446,11 +545,13 @@ def main() -> None:
         "goal_thresholds": GOALS,
         "ratios": r,
         "runs": list(runs.values()),
+        "engine_ceilings": list(ceilings.values()),
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "server_cpu.json").write_text(to_json(doc) + "\n", encoding="utf-8")
-    plot(doc, args.out / "server_cpu.png")
-    print(f"wrote {args.out / 'server_cpu.json'} and {args.out / 'server_cpu.png'}\n")
+    out = args.out / f"{args.name}.json"
+    out.write_text(to_json(doc) + "\n", encoding="utf-8")
+    plot(doc, out.with_suffix(".png"))
+    print(f"wrote {out} and {out.with_suffix('.png')}\n")
     print(table(doc))
 
 

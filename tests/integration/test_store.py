@@ -4,6 +4,7 @@ manifest contents, and clear errors for corrupt, truncated or mismatched artifac
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from miaohui.config import BuildConfig, parse_shapes
 from miaohui.engines.loader import load_engine
 from miaohui.engines.store import build_artifact, read_manifest, versions
 from miaohui.errors import ArtifactError, BuildError, ConfigError, ShapeError
+from miaohui.serving.model_config import load_model_config
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +38,11 @@ def test_manifest_holds_the_contract(fp32: Path, tiny_model: Path) -> None:
     assert set(m.files) == {"model.onnx", "tokenizer.json"}
     assert m.files["model.onnx"].size == (fp32 / "model.onnx").stat().st_size
     assert len(m.build_key) == 64 and m.build.seconds > 0
-    assert (fp32.parent / "config.yaml").is_file()
+    # a new ONNX Runtime model serves from up to two instances and does not wait for batches to fill
+    served = load_model_config(fp32.parent / "config.yaml")
+    assert served.backend == "onnxruntime" and served.dynamic_batching
+    assert served.batching.instances == min(2, len(os.sched_getaffinity(0)))
+    assert served.batching.max_queue_delay_ms == 0 and served.batching.length_buckets == [16, 32, 64, 128]
 
 
 def test_same_key_is_reused_and_options_make_a_new_version(tiny_model: Path, repo: Path, fp32: Path) -> None:

@@ -296,7 +296,7 @@ def build_artifact(
 
 def ensure_model_config(model_dir: Path, backend: str) -> None:
     """Write a default serving ``config.yaml`` next to the versions if there is none."""
-    from miaohui.serving.model_config import ModelConfig, write_model_config
+    from miaohui.serving.model_config import default_model_config, write_model_config
 
     if not (model_dir / "config.yaml").is_file():
-        write_model_config(model_dir / "config.yaml", ModelConfig(backend=backend))
+        write_model_config(model_dir / "config.yaml", default_model_config(backend))
