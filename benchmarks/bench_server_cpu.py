@@ -103,6 +103,7 @@ def config_repository(
     threads: int | None,
     instances: int | None = None,
     queue_delay_ms: float | None = None,
+    max_batch_tokens: int | None = None,
 ) -> Path:
     """``work/configs/<name>/intent/{config.yaml, <version> → artifact}``: the artifact's serving config
     with this configuration's batching mode and backend. A batching config without length buckets (written
@@ -124,6 +125,8 @@ def config_repository(
         batching = batching.model_copy(update={"instances": instances})
     if queue_delay_ms is not None:
         batching = batching.model_copy(update={"max_queue_delay_ms": queue_delay_ms})
+    if max_batch_tokens is not None:
+        batching = batching.model_copy(update={"max_batch_tokens": max_batch_tokens or None})
     update = {"dynamic_batching": cfg.dynamic_batching, "backend": read_manifest(artifact).backend}
     update |= {"threads": threads, "batching": batching}
     write_model_config(model_dir / "config.yaml", base.model_copy(update=update))
@@ -212,7 +215,9 @@ def run_point(
 def run_config(
     cfg: ServerConfig, artifact: Path, texts: list[str], levels: list[int], args: argparse.Namespace
 ) -> dict[str, Any]:
-    repo = config_repository(args.work, cfg, artifact, args.threads, args.instances, args.queue_delay_ms)
+    repo = config_repository(
+        args.work, cfg, artifact, args.threads, args.instances, args.queue_delay_ms, args.max_batch_tokens
+    )
     m = read_manifest(artifact)
     print(f"{cfg.name}: {m.backend} {m.precision} ({artifact}), dynamic_batching={cfg.dynamic_batching}", flush=True)
     proc, url, ready_s = start_server(repo, args.workers)
@@ -483,6 +488,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--threads", type=int, default=None, help="engine threads (default: the server's default)")
     ap.add_argument("--instances", type=int, default=None, help="engine instances (default: the model config's)")
     ap.add_argument("--queue-delay-ms", type=float, default=None, help="max_queue_delay_ms (default: the config's)")
+    ap.add_argument("--max-batch-tokens", type=int, default=None, help="max_batch_tokens (0: none; default: config's)")
     ap.add_argument("--workers", type=int, default=1, help="server processes (miaohui serve --workers)")
     ap.add_argument("--no-ceiling", action="store_true", help="skip the bare-engine batch throughput runs")
     ap.add_argument("--max-load", type=float, default=None, help="wait while the 1-min load average is above")

@@ -38,11 +38,13 @@ def test_manifest_holds_the_contract(fp32: Path, tiny_model: Path) -> None:
     assert set(m.files) == {"model.onnx", "tokenizer.json"}
     assert m.files["model.onnx"].size == (fp32 / "model.onnx").stat().st_size
     assert len(m.build_key) == 64 and m.build.seconds > 0
-    # a new ONNX Runtime model serves from up to two instances and does not wait for batches to fill
+    # a new ONNX Runtime model serves from up to two instances, does not wait for batches to fill, and
+    # caps a batch at 128 padded tokens
     served = load_model_config(fp32.parent / "config.yaml")
     assert served.backend == "onnxruntime" and served.dynamic_batching
     assert served.batching.instances == min(2, len(os.sched_getaffinity(0)))
-    assert served.batching.max_queue_delay_ms == 0 and served.batching.length_buckets == [16, 32, 64, 128]
+    assert served.batching.max_queue_delay_ms == 0 and served.batching.max_batch_tokens == 128
+    assert served.batching.length_buckets == [16, 32, 64, 128]
 
 
 def test_same_key_is_reused_and_options_make_a_new_version(tiny_model: Path, repo: Path, fp32: Path) -> None:

@@ -122,16 +122,18 @@ class ModelConfig(BaseModel):
 
 def default_model_config(backend: str) -> ModelConfig:
     """The serving config a newly built model gets. For ONNX Runtime (CPU) engines: up to two instances of
-    cores/2 threads each, and no queue delay. Measured on 2 cores (``benchmarks/bench_server_cpu.py``): a
-    batch-1 int8 row costs barely more than a batched one (the request's own tokens already fill the
-    GEMMs), so waiting for a batch only adds latency (+5.7 ms p50 at c=1 with 5 ms, same throughput at
-    c=8…64), while two single-thread instances beat one two-thread instance by 20–40 % under load (no
-    straggling intra-op thread). Rows still batch whenever requests queue behind busy instances."""
+    cores/2 threads each, no queue delay, and batches of at most 128 padded tokens. Measured on 2 cores
+    (``benchmarks/bench_server_cpu.py``): one request's own tokens already fill the int8 GEMMs (an engine does
+    1.4× more rows/s in batches of 32 than singly), so waiting for a batch only added latency (+5.7 ms p50
+    at c=1 with 5 ms, no throughput gained at c=8…64); a big batch makes each of its rows wait for all the
+    others (c=32 p99 252 → 168 ms with the 128-token cap, same throughput); and two single-thread instances
+    served 10–40 % more than one two-thread instance under load (no straggling intra-op thread). Rows
+    still batch whenever requests queue behind busy instances."""
     cfg = ModelConfig(backend=backend)
     if backend == "onnxruntime":
         instances = min(2, len(os.sched_getaffinity(0)))
-        batching = cfg.batching.model_copy(update={"instances": instances, "max_queue_delay_ms": 0.0})
-        cfg = cfg.model_copy(update={"batching": batching})
+        update = {"instances": instances, "max_queue_delay_ms": 0.0, "max_batch_tokens": 128}
+        cfg = cfg.model_copy(update={"batching": cfg.batching.model_copy(update=update)})
     return cfg
 
 
