@@ -253,10 +253,11 @@ def served_instances(artifact: Path, args: argparse.Namespace) -> int:
 
 def served_threads(artifact: Path, args: argparse.Namespace) -> int:
     """Intra-op threads of one served instance of ``artifact`` (as ``miaohui serve`` computes them)."""
+    from miaohui.engines.target import usable_cores
     from miaohui.serving.model_config import load_model_config
 
     threads = args.threads or load_model_config(artifact.parent / "config.yaml").threads
-    return int(threads or max(1, (os.cpu_count() or 1) // served_instances(artifact, args)))
+    return int(threads or max(1, usable_cores() // served_instances(artifact, args)))
 
 
 def run_engine(name: str, artifact: Path, texts: list[str], args: argparse.Namespace) -> dict[str, Any]:

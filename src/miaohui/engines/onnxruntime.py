@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +11,7 @@ from miaohui.compile.optimize import ORT_SLOW_FUSIONS, fuse_bert, op_counts, unf
 from miaohui.compile.quantize import quantize_dynamic_int8, quantize_qdq
 from miaohui.engines.base import Engine, Manifest, TensorSpec
 from miaohui.engines.context import BuildContext, BuiltEngine
-from miaohui.engines.target import cpu_target
+from miaohui.engines.target import cpu_target, usable_cores
 from miaohui.errors import ArtifactError, BuildError
 
 ENGINE_FILE = "model.onnx"
@@ -92,7 +91,7 @@ class OnnxRuntimeEngine(Engine):
 
         opts = ort.SessionOptions()
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        opts.intra_op_num_threads = threads or (os.cpu_count() or 1)
+        opts.intra_op_num_threads = threads or usable_cores()
         opts.inter_op_num_threads = 1
         opts.log_severity_level = 3
         if not spin_wait:  # idle threads sleep instead of busy-waiting (see ModelConfig.spin_wait)

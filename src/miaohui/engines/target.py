@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import platform
 from pathlib import Path
 
@@ -27,6 +28,14 @@ RELEVANT_CPU_FLAGS = (
 
 
 @functools.lru_cache(maxsize=1)
+def usable_cores() -> int:
+    """Cores this process may run on (``sched_getaffinity``: a container's or taskset's limit), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
 def cpu_flags() -> tuple[str, ...]:
     """The relevant ISA flags of this CPU (Linux /proc/cpuinfo; empty elsewhere)."""
     try:

@@ -8,22 +8,14 @@ Session: CPU provider, all graph optimizations, ``intra_op_num_threads`` = the p
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 
+from miaohui.engines.target import usable_cores
 from miaohui.errors import ArtifactError, BackendUnavailableError
 from miaohui.generation.base import CausalLMEngine
 from miaohui.generation.export import MODEL_NAME, DecoderMeta, input_names, load_meta, output_names
-
-
-def default_threads() -> int:
-    """Cores this process may run on (``sched_getaffinity``), at least 1."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
 
 
 class OrtCausalLMEngine(CausalLMEngine):
@@ -44,7 +36,7 @@ class OrtCausalLMEngine(CausalLMEngine):
         super().__init__(dims, self.meta.eos_token_ids, self.meta.pad_token_id)
         opts = ort.SessionOptions()
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        opts.intra_op_num_threads = threads or default_threads()
+        opts.intra_op_num_threads = threads or usable_cores()
         opts.inter_op_num_threads = 1
         opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         path = self.folder / MODEL_NAME

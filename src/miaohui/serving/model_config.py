@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Literal
@@ -10,6 +9,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from miaohui.engines.target import usable_cores
 from miaohui.errors import ConfigError
 from miaohui.serving.batcher import BatcherConfig
 
@@ -131,7 +131,7 @@ def default_model_config(backend: str) -> ModelConfig:
     still batch whenever requests queue behind busy instances."""
     cfg = ModelConfig(backend=backend)
     if backend == "onnxruntime":
-        instances = min(2, len(os.sched_getaffinity(0)))
+        instances = min(2, usable_cores())
         update = {"instances": instances, "max_queue_delay_ms": 0.0, "max_batch_tokens": 128}
         cfg = cfg.model_copy(update={"batching": cfg.batching.model_copy(update=update)})
     return cfg

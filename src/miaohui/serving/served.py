@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import os
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -20,6 +19,7 @@ import numpy as np
 
 from miaohui.engines.base import Engine, Manifest
 from miaohui.engines.loader import load_engine
+from miaohui.engines.target import usable_cores
 from miaohui.errors import InputError
 from miaohui.nlp.normalize import normalize_text
 from miaohui.nlp.slots import Slot, extract_slots
@@ -64,7 +64,7 @@ class ServedVersion:
         self.path = path
         self.config = config
         instances = config.batching.instances
-        threads = config.threads or max(1, (os.cpu_count() or 1) // instances)
+        threads = config.threads or max(1, usable_cores() // instances)
         self.engines: list[Engine] = [
             load_engine(path, threads=threads, verify_checksums=i == 0, spin_wait=config.spin_wait)
             for i in range(instances)
