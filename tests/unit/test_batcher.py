@@ -241,7 +241,7 @@ async def test_a_stream_of_short_requests_does_not_starve_a_long_one() -> None:
 
         async def stream() -> None:
             """Keep 24 short requests outstanding, so a full short bucket is always ready."""
-            end, payload = time.monotonic() + 0.3, 1000
+            end, payload = time.monotonic() + 1.0, 1000
             while time.monotonic() < end:
                 while sum(not t.done() for t in shorts) < 24:
                     shorts.append(asyncio.create_task(batcher.submit(payload, 4)))
@@ -256,9 +256,9 @@ async def test_a_stream_of_short_requests_does_not_starve_a_long_one() -> None:
         assert not producer.done()
         await producer
         await asyncio.gather(*shorts)
-    # served within a few batches after its delay, while the stream went on for 0.3 s; a policy that
+    # served within a few batches after its delay, while the stream went on for 1 s; a policy that
     # prefers the busiest (or full) bucket would hold it until the stream ends
-    assert latency < 0.1
+    assert latency < 0.3
     long_batch = engine.batches.index([1])
     assert len(engine.batches) - long_batch > 10  # and shorts kept being served after it
 
