@@ -18,7 +18,11 @@ Per model, in one process, bf16 everywhere except the fp32 reference:
    ``--prompt-len`` prompt and ``--new-tokens`` output tokens (continuous batching, greedy, ignore_eos);
 5. ``--server`` (first model only): the artifact saved, ``miaohui serve`` started, and ``--streams`` streaming
    ``/v1/completions`` clients (``--client-procs`` processes) in a closed loop for ``--duration`` s:
-   output tokens/s, TTFT and inter-token latency p50/p99.
+   output tokens/s, TTFT and inter-token latency p50/p99, and the server process's CPU (all threads, and its
+   main thread — the event loop that runs HTTP, SSE and detokenization) per streamed token;
+6. ``--cpu-hostpath`` (no GPU): phase 5 with the tiny random model on the CPU, whose steps cost little, so
+   the figures are the server's host path: how much CPU one streamed token costs it
+   (→ ``generation_cpu_hostpath.json``).
 
 The HBM floor of a decode step is the bytes it must read (weights + attended KV) over the measured copy
 bandwidth (4.3 TB/s, ../shared/GPU.md). Writes ``generation_gpu_<models>.json``; prints the table last.
@@ -396,6 +400,7 @@ def server_load(
         ]
         for p in procs:
             p.start()
+        host = server_cpu(server.pid, args.client_warmup + 1.5, 0.8 * args.duration)
         results = [q.get(timeout=args.client_warmup + args.duration + 300) for _ in procs]
         for p in procs:
             p.join()
@@ -420,6 +425,10 @@ def server_load(
             "ttft_ms_p99": pct(merged["ttft"], 99) * 1e3,
             "itl_ms_median": statistics.median(merged["itl"]) * 1e3,
             "itl_ms_p99": pct(merged["itl"], 99) * 1e3,
+            "server_cpu_cores": host["cores"],
+            "server_main_thread_cores": host["main_thread_cores"],
+            "server_cpu_us_per_token": 1e6 * host["cores"] / (tokens / wall),
+            "server_main_thread_us_per_token": 1e6 * host["main_thread_cores"] / (tokens / wall),
             "metrics_excerpt": [ln for ln in metrics.splitlines() if ln.startswith("miaohui_llm") and "_sum" in ln][
                 :12
             ],
@@ -428,6 +437,25 @@ def server_load(
         server.terminate()
         server.wait(30)
         log_file.close()
+
+
+def server_cpu(pid: int, after_s: float, for_s: float) -> dict[str, float]:
+    """CPU the server process used (cores: CPU seconds per second) from ``after_s`` for ``for_s`` seconds,
+    in all and on its main thread — the event loop, where the HTTP/SSE host path runs."""
+    import psutil
+
+    proc = psutil.Process(pid)
+
+    def sample() -> tuple[float, float]:
+        main = next((t for t in proc.threads() if t.id == pid), None)
+        total = proc.cpu_times()
+        return total.user + total.system, (main.user_time + main.system_time) if main else float("nan")
+
+    time.sleep(after_s)
+    (all0, main0), t0 = sample(), time.perf_counter()
+    time.sleep(for_s)
+    (all1, main1), t1 = sample(), time.perf_counter()
+    return {"cores": (all1 - all0) / (t1 - t0), "main_thread_cores": (main1 - main0) / (t1 - t0)}
 
 
 def _free_port() -> int:
@@ -455,7 +483,8 @@ def bench_model(name: str, args: argparse.Namespace, server: bool) -> dict[str, 
     vocab = hf32.config.vocab_size
     log(f"{name}: {desc}; {sum(p.numel() for p in hf32.parameters()) / 1e6:.0f}M parameters")
     res: dict[str, Any] = {"model": name, "description": desc}
-    options = SlotEngineOptions(num_slots=args.slots, max_len=args.max_len, dtype="bf16", autotune=args.autotune)
+    dtype = "fp32" if DEVICE == "cpu" else "bf16"
+    options = SlotEngineOptions(num_slots=args.slots, max_len=args.max_len, dtype=dtype, autotune=args.autotune)
     if args.server_only:
         res["server"] = server_load(hf32, eos, args, vocab, options)
         return res
@@ -552,22 +581,31 @@ def main() -> None:
     ap.add_argument("--client-warmup", type=float, default=5.0, help="seconds of load before recording")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     ap.add_argument("--smoke", action="store_true", help="tiny random model on the CPU: checks the script, no timing")
+    ap.add_argument(
+        "--cpu-hostpath",
+        action="store_true",
+        help="the server's host path on the CPU: the tiny model (near-free steps) behind `miaohui serve`, "
+        "--streams streaming clients; reports server CPU per streamed token (→ generation_cpu_hostpath.json)",
+    )
     args = ap.parse_args()
     global DEVICE
-    if args.smoke:
+    if args.cpu_hostpath:
+        DEVICE = "cpu"
+        args.models, args.server_only, args.client_procs = "tiny", True, 1
+    elif args.smoke:
         DEVICE = "cpu"
         args.models, args.streams, args.prompt_len, args.new_tokens, args.iters = "tiny", 4, 16, 8, 5
         args.hf_tokens, args.check_steps, args.slots, args.max_len, args.duration = 4, 4, 8, 256, 3.0
         args.client_procs, args.client_warmup = 2, 1.0
         if args.out == Path("benchmarks/results"):  # never overwrite measured results with a smoke run
             args.out = Path(tempfile.mkdtemp(prefix="gen-gpu-smoke-"))
-    elif not torch.cuda.is_available():
+    if DEVICE == "cuda" and not torch.cuda.is_available():
         raise SystemExit("this benchmark needs a CUDA GPU (or --smoke for a CPU check of the script)")
     args.out.mkdir(parents=True, exist_ok=True)
     doc: dict[str, Any] = {
         "command": "python " + " ".join(shlex.quote(a) for a in sys.argv),
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "gpu": torch.cuda.get_device_name() if DEVICE == "cuda" else "none (--smoke on the CPU)",
+        "gpu": torch.cuda.get_device_name() if DEVICE == "cuda" else "none (on the CPU)",
         "capability": ".".join(map(str, torch.cuda.get_device_capability())) if DEVICE == "cuda" else None,
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
@@ -578,6 +616,8 @@ def main() -> None:
     }
     suffix = "_server" if args.server_only else ""
     path = args.out / f"generation_gpu_{args.models.replace(',', '_')}{suffix}.json"
+    if args.cpu_hostpath:
+        path = args.out / "generation_cpu_hostpath.json"
     args.server = args.server or args.server_only
     for i, name in enumerate(args.models.split(",")):
         try:

@@ -293,3 +293,18 @@ def test_chat_template_rendering() -> None:
     strict = ChatTokenizer(char_tokenizer(), "{{ raise_exception('roles must alternate') }}")
     with pytest.raises(Exception, match="^the chat template rejected the messages: roles must alternate"):
         strict.render([{"role": "user", "content": "x"}])
+
+
+@pytest.mark.parametrize("chat", [True, False])
+@pytest.mark.parametrize("include_usage", [True, False])
+def test_text_event_template_is_the_chunk_byte_for_byte(chat: bool, include_usage: bool) -> None:
+    from types import SimpleNamespace
+
+    from miaohui.server.openai_api import _Call, _sse
+
+    llm = SimpleNamespace(name='m"型号', version=3, info=SimpleNamespace(precision="bf16"))
+    call = _Call(chat, llm, None, 5, include_usage)  # type: ignore[arg-type]
+    for text in ["hello", ' "quoted" \\ ', "投资有风险，入市需谨慎\n", "\t\x01", "a" * 300]:
+        assert call.text_event(text) == _sse(call.chunk(text, None))
+        choice = json.loads(call.text_event(text)[len(b"data: ") :])["choices"][0]
+        assert (choice["delta"]["content"] if chat else choice["text"]) == text

@@ -72,9 +72,17 @@ def error_response(exc: BaseException) -> JSONResponse:
     return JSONResponse(body, status_code=status)
 
 
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
 def _sse(obj: dict[str, Any] | str) -> bytes:
-    data = obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    data = obj if isinstance(obj, str) else _dumps(obj)
     return f"data: {data}\n\n".encode()
+
+
+_PROBE = "\x00miaohui-text\x00"
+"""Stands for the text while a chunk template is made; split on once (ids and model names never hold NULs)."""
 
 
 class _EventStream(StreamingResponse):
@@ -102,6 +110,7 @@ class _Call:
     include_usage: bool
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
+    _template: tuple[bytes, bytes] | None = field(default=None, repr=False)
 
     @property
     def object(self) -> str:
@@ -140,6 +149,16 @@ class _Call:
             out["usage"] = None
         return out
 
+    def text_event(self, text: str) -> bytes:
+        """``_sse(self.chunk(text, None))``, byte for byte, from a template made once per call: per token
+        only the text is JSON-encoded (the streaming hot path)."""
+        if self._template is None:
+            probe = _dumps(_PROBE)
+            head, tail = _dumps(self.chunk(_PROBE, None)).split(probe)
+            self._template = (f"data: {head}".encode(), f"{tail}\n\n".encode())
+        head_b, tail_b = self._template
+        return head_b + _dumps(text).encode() + tail_b
+
     def full(self, text: str, finish: str, completion_tokens: int) -> dict[str, Any]:
         if self.chat:
             choice: dict[str, Any] = {
@@ -167,7 +186,7 @@ async def _stream_chunks(call: _Call, done: Callable[[int, str], None]) -> Async
             if event.finish_reason in ("abort", "error"):
                 _check_finish(event)
             if event.text:
-                yield _sse(call.chunk(event.text, None))
+                yield call.text_event(event.text)
             if event.finish_reason is not None:
                 yield _sse(call.chunk(None, _check_finish(event)))
                 if call.include_usage:
