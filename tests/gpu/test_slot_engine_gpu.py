@@ -48,6 +48,8 @@ def test_graphs_match_eager_tokens() -> None:
 
 
 def test_static_kv_matches_hf_logits_bf16() -> None:
+    """bf16 weights + cache move the logits about as far from HF fp32 as HF's own bf16 model does (the CPU
+    twin, eager, is tests/integration/test_static_engine.py::test_bf16_prefill_logits_are_as_close_to_fp32_as_hf_bf16)."""
     hf = _tiny_qwen()
     engine = TorchSlotEngine(
         StaticKVDecoder.from_hf(hf, num_slots=4, max_len=256, dtype=torch.bfloat16),
@@ -58,6 +60,12 @@ def test_static_kv_matches_hf_logits_bf16() -> None:
     row = torch.as_tensor(engine.prefill([2], [prompt]).rows([0])[0])
     with torch.inference_mode():
         ref = hf(torch.tensor([prompt], device="cuda")).logits[0, -1].float().cpu()
-    # bf16 weights + cache on a random-weight model (near-flat logits): a few % relative error; wrong math is ~1
-    rel = float((row - ref).norm() / ref.norm())
-    assert rel < 0.1, f"relative logit error {rel:.3f}"
+        hf_bf16 = _tiny_qwen().to(torch.bfloat16)
+        hf_bf16.load_state_dict(hf.state_dict())
+        hf_err = float((hf_bf16(torch.tensor([prompt], device="cuda")).logits[0, -1].float().cpu() - ref).norm())
+    err = float((row - ref).norm())
+    # reported with both errors relative to the fp32 logits, so a failure says by how much (undiagnosed on the
+    # H200 in session 2: > 10 % there, 0.6 % on the CPU)
+    assert err < 2 * hf_err, (
+        f"relative logit error {err / float(ref.norm()):.4f}, HF bf16 {hf_err / float(ref.norm()):.4f}"
+    )

@@ -70,6 +70,33 @@ def test_more_requests_than_slots_reuse_freed_slots(
     assert [g[0] for g in got] == hf_greedy * 2
 
 
+def test_bf16_prefill_logits_are_as_close_to_fp32_as_hf_bf16() -> None:
+    """The CPU twin of tests/gpu's bf16 check, on a tiny Qwen2 (QKV bias, GQA, tied embeddings): bf16 weights
+    and cache move the last-token logits about as far from HF fp32 as HF's own bf16 model does."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(
+        hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=256,
+        vocab_size=1000, max_position_embeddings=1024, tie_word_embeddings=True,
+    )  # fmt: skip
+    hf = Qwen2ForCausalLM(cfg).eval()
+    prompt = list(range(30, 90))
+    with torch.inference_mode():
+        ref = hf(torch.tensor([prompt])).logits[0, -1].float()
+        hf_bf16 = Qwen2ForCausalLM(cfg).eval()
+        hf_bf16.load_state_dict(hf.state_dict())
+        hf_err = float((hf_bf16.to(torch.bfloat16)(torch.tensor([prompt])).logits[0, -1].float() - ref).norm())
+    dec = StaticKVDecoder.from_hf(hf, num_slots=4, max_len=256, dtype=torch.bfloat16)
+    engine = TorchSlotEngine(dec, [999], 0, SlotEngineOptions(num_slots=4, max_len=256, dtype="bf16", device="cpu"))
+    row = torch.as_tensor(engine.prefill([2], [prompt]).rows([0])[0])
+    err = float((row - ref).norm())
+    assert err < 2 * hf_err, (
+        f"relative logit error {err / float(ref.norm()):.4f}, HF bf16 {hf_err / float(ref.norm()):.4f}"
+    )
+
+
 def test_seeded_sampling_is_reproducible(smollm: tuple[Any, Any], prompts: list[list[int]]) -> None:
     engine = _engine(smollm, slots=4)
     params = SamplingParams(max_tokens=12, temperature=0.9, top_p=0.9, seed=123, ignore_eos=True)
