@@ -27,7 +27,6 @@ RELEVANT_CPU_FLAGS = (
 )
 
 
-@functools.lru_cache(maxsize=1)
 def usable_cores() -> int:
     """Cores this process may run on (``sched_getaffinity``: a container's or taskset's limit), at least 1."""
     try:
@@ -36,6 +35,7 @@ def usable_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+@functools.lru_cache(maxsize=1)
 def cpu_flags() -> tuple[str, ...]:
     """The relevant ISA flags of this CPU (Linux /proc/cpuinfo; empty elsewhere)."""
     try:
