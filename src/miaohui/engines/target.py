@@ -27,8 +27,16 @@ RELEVANT_CPU_FLAGS = (
 )
 
 
+CORES_ENV = "MIAOHUI_CORES"
+"""Cores one process should use; ``miaohui serve --workers N`` sets it to each worker's share."""
+
+
 def usable_cores() -> int:
-    """Cores this process may run on (``sched_getaffinity``: a container's or taskset's limit), at least 1."""
+    """Cores this process should size its thread pools for: ``$MIAOHUI_CORES`` when set, else the cores it
+    may run on (``sched_getaffinity``: a container's or taskset's limit); at least 1."""
+    share = os.environ.get(CORES_ENV, "")
+    if share.isdigit() and int(share) > 0:
+        return int(share)
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not on Linux

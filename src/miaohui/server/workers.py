@@ -146,6 +146,10 @@ def _worker_main(index: int, count: int, spec: ServeSpec, sock: socket.socket, e
         os.setpgid(0, 0)  # Ctrl-C in a terminal reaches the parent only; it forwards the signal once
     _die_with_parent()
     os.environ[WORKER_ENV], os.environ[WORKERS_ENV] = str(index), str(count)
+    from miaohui.engines.target import CORES_ENV, usable_cores
+
+    # engine thread pools default to this worker's share of the cores, not all of them N times over
+    os.environ.setdefault(CORES_ENV, str(max(1, usable_cores() // count)))
     from miaohui.server.metrics import use_worker_files
 
     use_worker_files(index)  # before any metric exists
