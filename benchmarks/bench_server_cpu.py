@@ -244,20 +244,23 @@ def run_config(
     }
 
 
-def served_instances(artifact: Path, args: argparse.Namespace) -> int:
-    """Instances ``miaohui serve`` runs of ``artifact`` in these configurations."""
+def served_config(artifact: Path, args: argparse.Namespace) -> Any:
+    """The ``ModelConfig`` ``miaohui serve`` uses for ``artifact`` here (``--instances``/``--threads`` applied)."""
     from miaohui.serving.model_config import load_model_config
 
-    return int(args.instances or load_model_config(artifact.parent / "config.yaml").batching.instances)
+    cfg = load_model_config(artifact.parent / "config.yaml")
+    if args.instances:
+        cfg = cfg.model_copy(update={"batching": cfg.batching.model_copy(update={"instances": args.instances})})
+    return cfg.model_copy(update={"threads": args.threads}) if args.threads else cfg
+
+
+def served_instances(artifact: Path, args: argparse.Namespace) -> int:
+    return int(served_config(artifact, args).batching.instances)
 
 
 def served_threads(artifact: Path, args: argparse.Namespace) -> int:
-    """Intra-op threads of one served instance of ``artifact`` (as ``miaohui serve`` computes them)."""
-    from miaohui.engines.target import usable_cores
-    from miaohui.serving.model_config import load_model_config
-
-    threads = args.threads or load_model_config(artifact.parent / "config.yaml").threads
-    return int(threads or max(1, usable_cores() // served_instances(artifact, args)))
+    """Intra-op threads of one served instance of ``artifact`` (the server's own rule)."""
+    return int(served_config(artifact, args).instance_threads())
 
 
 def run_engine(name: str, artifact: Path, texts: list[str], args: argparse.Namespace) -> dict[str, Any]:

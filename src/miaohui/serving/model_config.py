@@ -95,6 +95,10 @@ class ModelConfig(BaseModel):
     shadow: ShadowConfig | None = None
     """Shadow a candidate version on live traffic (see :class:`ShadowConfig`); None = off."""
 
+    def instance_threads(self) -> int:
+        """Intra-op threads of one instance: ``threads``, else this process's cores / instances (at least 1)."""
+        return self.threads or max(1, usable_cores() // self.batching.instances)
+
     def primary_of(self, served: Iterable[int]) -> int | None:
         """The version that answers requests naming none: the newest served one that is not the shadow
         candidate (the newest of all when only the candidate is served; None when none is)."""

@@ -19,7 +19,6 @@ import numpy as np
 
 from miaohui.engines.base import Engine, Manifest
 from miaohui.engines.loader import load_engine
-from miaohui.engines.target import usable_cores
 from miaohui.errors import InputError
 from miaohui.nlp.normalize import normalize_text
 from miaohui.nlp.slots import Slot, extract_slots
@@ -64,7 +63,7 @@ class ServedVersion:
         self.path = path
         self.config = config
         instances = config.batching.instances
-        threads = config.threads or max(1, usable_cores() // instances)
+        threads = config.instance_threads()
         self.engines: list[Engine] = [
             load_engine(path, threads=threads, verify_checksums=i == 0, spin_wait=config.spin_wait)
             for i in range(instances)
