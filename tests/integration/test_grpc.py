@@ -662,6 +662,23 @@ def test_serve_stops_with_status_1_when_grpc_cannot_listen(
     assert client_still_serves(server)
 
 
+def test_serve_stops_with_status_1_when_grpc_cannot_be_imported(
+    repo: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A grpcio older than the generated stubs need raises at import (seen on a GPU host with grpcio 1.84): the
+    server must stop with status 1, not serve HTTP alone with the error lost in an unretrieved task. The import
+    failure is simulated (``None`` in ``sys.modules``): installing an old grpcio in the test is not possible."""
+    import sys
+
+    from miaohui.server.app import serve_async
+
+    monkeypatch.setitem(sys.modules, "miaohui.server.grpc", None)
+    with caplog.at_level("ERROR", logger="miaohui.server"):
+        status = asyncio.run(serve_async(repo, "127.0.0.1", _free_port(), _free_port(), ["spare"]))
+    assert status == 1
+    assert "gRPC could not start, stopping the server" in caplog.text and "miaohui.server.grpc" in caplog.text
+
+
 def client_still_serves(server: ServerThread) -> bool:
     with tc.InferenceServerClient(url=f"127.0.0.1:{server.port}") as c:
         return c.is_server_ready() and c.infer("intent", [text_input(["hi"])]).as_numpy("INTENT").shape == (1,)

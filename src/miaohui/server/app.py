@@ -103,8 +103,6 @@ async def serve_async(
 
     async def start_grpc_when_ready() -> None:
         nonlocal grpc_server, grpc_error
-        from miaohui.server.grpc import start_grpc
-
         while not server.started:
             if server.should_exit:
                 return
@@ -113,7 +111,9 @@ async def serve_async(
             if on_ready is not None:
                 on_ready()
             return
-        try:
+        try:  # the import too: grpcio older than the generated stubs need fails here, and must stop the server
+            from miaohui.server.grpc import start_grpc
+
             grpc_server = await start_grpc(state, host, grpc_port, reuse_port=sockets is not None)
         except Exception as exc:
             grpc_error = exc
