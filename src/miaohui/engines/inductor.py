@@ -161,6 +161,9 @@ class InductorEngine(Engine):
         self._graphs: dict[tuple[int, int], _Bucket] = {}
         if self.device.type == "cuda":
             self.stream = torch.cuda.Stream(self.device)
+            # A blocking event: waiting for the batch sleeps instead of spinning a core (CUDA's default sync
+            # spins). With ``--workers N`` every worker waits at once; spinning took cores from the host path.
+            self._done = torch.cuda.Event(blocking=True)
 
     def bucket(self, b: int, s: int) -> tuple[int, int]:
         return (
@@ -212,7 +215,8 @@ class InductorEngine(Engine):
             k.mask.copy_(k.host_mask, non_blocking=True)
             k.graph.replay()
             k.host_out.copy_(k.out, non_blocking=True)
-        self.stream.synchronize()
+            self._done.record(self.stream)
+        self._done.synchronize()
         return {self.output_names[0]: k.host_out.numpy()[:b].copy()}
 
     def close(self) -> None:

@@ -759,8 +759,19 @@ def _surface_pattern(surface: str) -> str:
     return body
 
 
+def _first_chars(surfaces: list[str]) -> str:
+    """A lookahead that admits only positions where one of ``surfaces`` can start. The surfaces' patterns open
+    with lookbehinds, which stop ``re`` from skipping ahead by their first characters itself: without this
+    guard every alternative is tried at every position (≈ 4× slower on a typical request)."""
+    chars = sorted({c for s in surfaces for c in (s[0].lower(), s[0].upper())})
+    return "(?=[" + "".join(re.escape(c) for c in chars) + "])"
+
+
 _PRODUCT_RE = re.compile(
-    "|".join(_surface_pattern(s) for s in sorted(_PRODUCTS, key=len, reverse=True)),
+    _first_chars(list(_PRODUCTS))
+    + "(?:"
+    + "|".join(_surface_pattern(s) for s in sorted(_PRODUCTS, key=len, reverse=True))
+    + ")",
     re.I,
 )
 

@@ -107,21 +107,27 @@ class ServedVersion:
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        """Start batching and run the warm-up shapes; only then is the version ready."""
+        """Start batching and run the warm-up shapes on every instance; only then is the version ready.
+
+        Instances warm up one after another (not at once): CUDA graph capture is not safe from two threads."""
         self.batcher.start()
         started = time.perf_counter()
+        engines = [await self._free.get() for _ in self.engines]
+        try:
+            for engine in engines:
+                await asyncio.get_running_loop().run_in_executor(self._pool, self._warm_up, engine)
+        finally:
+            for engine in engines:
+                self._free.put_nowait(engine)
+        self.warmup_seconds = time.perf_counter() - started
+        self.ready = True
+
+    def _warm_up(self, engine: Engine) -> None:
         for shape in self.config.warmup:
             batch = max(1, min(shape.batch, self.max_batch))
             seq = max(2, min(shape.sequence, self.max_length))
             ids = np.full((batch, seq), 5, dtype=np.int64)
-            feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
-            engine = await self._free.get()
-            try:
-                await asyncio.get_running_loop().run_in_executor(self._pool, engine.infer, feeds)
-            finally:
-                self._free.put_nowait(engine)
-        self.warmup_seconds = time.perf_counter() - started
-        self.ready = True
+            engine.infer({"input_ids": ids, "attention_mask": np.ones_like(ids)})
 
     async def stop(self) -> None:
         self.ready = False
