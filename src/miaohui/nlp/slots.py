@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import calendar
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta
 from typing import Literal
@@ -759,21 +760,33 @@ def _surface_pattern(surface: str) -> str:
     return body
 
 
-def _first_chars(surfaces: list[str]) -> str:
-    """A lookahead that admits only positions where one of ``surfaces`` can start. The surfaces' patterns open
-    with lookbehinds, which stop ``re`` from skipping ahead by their first characters itself: without this
-    guard every alternative is tried at every position (≈ 4× slower on a typical request)."""
-    chars = sorted({c for s in surfaces for c in (s[0].lower(), s[0].upper())})
-    return "(?=[" + "".join(re.escape(c) for c in chars) + "])"
+def _by_first_char(surfaces: list[str]) -> dict[str, re.Pattern[str]]:
+    """One regex per (lower-cased) first character, of the surfaces that start with it, longest first.
+
+    Equivalent to one alternation of all surfaces (longest first) tried at every position, but only the few
+    surfaces that can start at a position are tried there: the surfaces' patterns open with lookbehinds, which
+    keep ``re`` from skipping ahead by first characters itself (≈ 5× faster on a typical request)."""
+    groups: dict[str, list[str]] = {}
+    for surface in sorted(surfaces, key=len, reverse=True):
+        groups.setdefault(surface[0].lower(), []).append(surface)
+    return {c: re.compile("|".join(_surface_pattern(s) for s in group), re.I) for c, group in groups.items()}
 
 
-_PRODUCT_RE = re.compile(
-    _first_chars(list(_PRODUCTS))
-    + "(?:"
-    + "|".join(_surface_pattern(s) for s in sorted(_PRODUCTS, key=len, reverse=True))
-    + ")",
-    re.I,
-)
+_PRODUCT_RES = _by_first_char(list(_PRODUCTS))
+
+
+def _product_matches(folded: str) -> Iterator[re.Match[str]]:
+    """Non-overlapping product matches, left to right (what ``finditer`` of the whole alternation gives)."""
+    i, n = 0, len(folded)
+    while i < n:
+        pattern = _PRODUCT_RES.get(folded[i].lower())
+        m = pattern.match(folded, i) if pattern is not None else None
+        if m is None:
+            i += 1
+            continue
+        yield m
+        i = m.end()
+
 
 _RISK_LEVELS: dict[str, str] = {
     "保守型": "保守型", "谨慎型": "保守型", "保守": "保守型", "低风险": "保守型",
@@ -812,7 +825,7 @@ _RISK_CODES = ["保守型", "稳健型", "平衡型", "成长型", "进取型"]
 def _products(folded: str) -> list[_Cand]:
     """Bank products, as canonical Chinese names."""
     found: list[_Cand] = []
-    for m in _PRODUCT_RE.finditer(folded):
+    for m in _product_matches(folded):
         key = re.sub(r"\s+", " ", m.group().lower())
         found.append(_Cand("product", m.start(), m.end(), _PRODUCTS[key]))
     return found

@@ -5,10 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import signal
 import socket
-import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -16,7 +14,6 @@ import grpc
 import uvicorn
 from fastapi import FastAPI
 
-from miaohui.errors import ConfigError
 from miaohui.server.http import ServerState, create_app
 from miaohui.server.metrics import Metrics
 from miaohui.server.status import message
@@ -157,23 +154,6 @@ async def serve_async(
     return 1 if grpc_error is not None else 0
 
 
-SWITCH_INTERVAL_ENV = "MIAOHUI_SWITCH_INTERVAL_MS"
-DEFAULT_SWITCH_INTERVAL_MS = 5.0
-
-
-def switch_interval_s() -> float:
-    """The interpreter's GIL switch interval for the server process (``$MIAOHUI_SWITCH_INTERVAL_MS``)."""
-    raw = os.environ.get(SWITCH_INTERVAL_ENV, "")
-    try:
-        ms = float(raw) if raw else DEFAULT_SWITCH_INTERVAL_MS
-    except ValueError:
-        fix = "set it in milliseconds, e.g. 0.5"
-        raise ConfigError(f"${SWITCH_INTERVAL_ENV}={raw!r} is not a number", fix) from None
-    if not 0.01 <= ms <= 100:
-        raise ConfigError(f"${SWITCH_INTERVAL_ENV}={raw!r} is out of range", "use 0.01 to 100 (milliseconds)")
-    return ms / 1000
-
-
 def run_server(
     repository: Path,
     host: str = "127.0.0.1",
@@ -199,7 +179,6 @@ def run_server(
         return
     who = f"{log_as} " if log_as else ""
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s {who}%(name)s: %(message)s")
-    sys.setswitchinterval(switch_interval_s())
     with contextlib.suppress(ImportError):
         import uvloop
 
