@@ -62,7 +62,14 @@ def tiny_repository(root: Path) -> Path:
 
 
 def run_point(
-    repo: Path, src: Path | None, workers: int, target: str, level: int, args: argparse.Namespace, work: Path
+    repo: Path,
+    src: Path | None,
+    workers: int,
+    target: str,
+    level: int,
+    args: argparse.Namespace,
+    work: Path,
+    shared_engine: bool = False,
 ) -> dict[str, Any]:
     port, grpc_port = free_port(), free_port()
     env = os.environ.copy()
@@ -72,6 +79,8 @@ def run_point(
     cmd += ["--grpc-port", str(grpc_port), "--models", "intent"]
     if workers > 1:
         cmd += ["--workers", str(workers)]
+    if shared_engine:
+        cmd += ["--shared-engine"]
     log = work / f"server-{port}.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
@@ -104,7 +113,7 @@ def run_point(
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--baseline-src", type=Path, default=None, help="an older tree's src/ to compare with")
-    ap.add_argument("--workers", default="1,2")
+    ap.add_argument("--workers", default="1,2", help="worker counts; '2s' = 2 workers with --shared-engine")
     ap.add_argument("--targets", default="http,v2-http,grpc")
     ap.add_argument("--concurrency", default="1,32")
     ap.add_argument("--duration", type=float, default=6.0)
@@ -131,19 +140,21 @@ def main() -> None:
         for target in args.targets.split(","):
             for level in (int(c) for c in args.concurrency.split(",")):
                 for name, src in trees:
-                    for workers in (int(w) for w in args.workers.split(",")):
+                    for spec in args.workers.split(","):
+                        workers, shared = int(spec.rstrip("s")), spec.endswith("s")
                         if src is not None and workers > 1:
                             continue  # the baseline may predate --workers
                         repo = repos[name] / ("batching" if level > 1 else "no-batching")
-                        p = run_point(repo, src, workers, target, level, args, work)
+                        p = run_point(repo, src, workers, target, level, args, work, shared)
                         lat, srv = p["latency_ms"], p.get("server") or {}
                         other = srv.get("other_ms")
                         row = {"round": rnd, "tree": name, "workers": workers, "target": target, "concurrency": level}
+                        row["shared_engine"] = shared
                         row |= {"throughput_rps": p["throughput_rps"], "latency_ms": lat, "errors": p["error_count"]}
                         row |= {"server_other_ms": other, "load_avg_after": p["load_avg_after"]}
                         rows.append(row)
                         print(
-                            f"{name:<10} w={workers} {target:<8} c={level:<3} {p['throughput_rps']:8.1f} req/s  "
+                            f"{name:<10} w={spec:<2} {target:<8} c={level:<3} {p['throughput_rps']:8.1f} req/s  "
                             f"p50 {lat['p50']:7.3f}  p99 {lat['p99']:7.2f} ms  errors {p['error_count']}  "
                             f"load {p['load_avg_after'][0]:.2f}",
                             flush=True,

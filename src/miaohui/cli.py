@@ -317,6 +317,13 @@ def serve(
             "model load/unload over the API needs 1).",
         ),
     ] = 1,
+    shared_engine: Annotated[
+        bool,
+        typer.Option(
+            help="With --workers N: one engine process loads the (encoder) models and batches the rows of all "
+            "workers; the workers only parse, tokenize and answer (one CUDA context on a GPU).",
+        ),
+    ] = False,
 ) -> None:
     """Serve the repository: HTTP (KServe v2, /v1/intent, /v1/chat/completions, /v1/dialogue, /metrics) and gRPC."""
     from miaohui.server.app import run_server
@@ -330,6 +337,7 @@ def serve(
             models=models.split(",") if models else None,
             dialogue_llm=dialogue_llm,
             workers=workers,
+            shared_engine=shared_engine,
         )
     except MiaohuiError as exc:
         _fail(exc)

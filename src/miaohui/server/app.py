@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import socket
 from collections.abc import AsyncIterator, Callable
@@ -14,9 +15,11 @@ import grpc
 import uvicorn
 from fastapi import FastAPI
 
+from miaohui.errors import ConfigError
 from miaohui.server.http import ServerState, create_app
 from miaohui.server.metrics import Metrics
 from miaohui.server.status import message
+from miaohui.serving.engine_process import ENGINE_SOCKET_ENV, EngineClient
 from miaohui.serving.repository import ModelManager
 
 log = logging.getLogger("miaohui.server")
@@ -41,7 +44,9 @@ def build_app(
     from miaohui.serving.shadow import ShadowManager
 
     metrics = Metrics()
-    manager = ModelManager(repository, observer_factory=metrics.observer)
+    engine_socket = os.environ.get(ENGINE_SOCKET_ENV)  # an HTTP worker of `--shared-engine`
+    engine = EngineClient(engine_socket) if engine_socket else None
+    manager = ModelManager(repository, observer_factory=metrics.observer, engine_process=engine)
     state = ServerState(manager, metrics)
     llm_names = causal_lm_names(repository)
     generation = GenerationService(
@@ -163,6 +168,7 @@ def run_server(
     dialogue_llm: str | None = None,
     *,
     workers: int = 1,
+    shared_engine: bool = False,
     sockets: list[socket.socket] | None = None,
     on_ready: Callable[[], None] | None = None,
     log_as: str | None = None,
@@ -170,12 +176,17 @@ def run_server(
     """Run until SIGINT/SIGTERM. Exits non-zero (``SystemExit``) when startup failed: uvicorn exits with 3 when
     HTTP cannot listen or the models' startup raises; 1 when gRPC cannot listen.
 
-    ``workers`` > 1: a supervisor process with that many server processes (:mod:`miaohui.server.workers`).
+    ``workers`` > 1: a supervisor process with that many server processes (:mod:`miaohui.server.workers`);
+    ``shared_engine``: and one engine process that serves the models to all of them.
     ``sockets``/``on_ready``/``log_as`` are how such a worker runs (see :func:`serve_async`)."""
+    if shared_engine and workers < 2:
+        raise ConfigError(
+            "--shared-engine needs --workers 2 or more", "add --workers N (one process already owns its engines)"
+        )
     if workers > 1:
         from miaohui.server.workers import run_workers
 
-        run_workers(repository, host, port, grpc_port, models, dialogue_llm, workers)
+        run_workers(repository, host, port, grpc_port, models, dialogue_llm, workers, shared_engine)
         return
     who = f"{log_as} " if log_as else ""
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s {who}%(name)s: %(message)s")

@@ -32,6 +32,7 @@ users expect:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
 import logging
@@ -73,6 +74,7 @@ class ServeSpec:
     grpc_port: int
     models: list[str] | None
     dialogue_llm: str | None
+    shared_engine: bool = False
 
 
 def worker_index() -> int:
@@ -171,6 +173,52 @@ def _worker_main(index: int, count: int, spec: ServeSpec, sock: socket.socket, e
     )
 
 
+def _engine_main(spec: ServeSpec, path: str, events: Any) -> None:
+    """Entry point of the engine process of ``--shared-engine`` (a spawned interpreter; "worker" 0)."""
+    with contextlib.suppress(OSError):
+        os.setpgid(0, 0)
+    _die_with_parent()
+    from miaohui.serving.engine_process import ENGINE_SOCKET_ENV
+
+    os.environ.pop(ENGINE_SOCKET_ENV, None)  # it serves the socket; it is no client of it
+    os.environ[WORKER_ENV], os.environ[WORKERS_ENV] = "0", "1"
+    from miaohui.server.metrics import use_worker_files
+
+    use_worker_files(0)
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT.format(who="engine"))
+    with contextlib.suppress(ImportError):
+        import uvloop
+
+        uvloop.install()
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(_engine_serve(spec, path, events))
+
+
+async def _engine_serve(spec: ServeSpec, path: str, events: Any) -> None:
+    """Load and warm up the encoder models, then answer the workers until cancelled (SIGTERM)."""
+    from miaohui.generation.artifact import causal_lm_names
+    from miaohui.server.metrics import Metrics
+    from miaohui.serving.engine_process import EngineServer
+    from miaohui.serving.repository import ModelManager
+
+    metrics = Metrics()  # batch, queue and compute metrics: written to the shared files, shown by every worker
+    manager = ModelManager(spec.repository, observer_factory=metrics.observer)
+    llms = set(causal_lm_names(spec.repository))
+    await manager.load_all([m for m in spec.models if m not in llms] if spec.models else None)
+    server = EngineServer(manager)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)  # left by an engine process that died
+    await server.start(path)
+    events.put(("ready", 0, os.getpid()))
+    log.info("engine process serves %s on %s", [s.name for s in manager.states()], path)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await server.stop()
+        await manager.stop()
+
+
 # ---------------------------------------------------------------------------------------------- parent
 
 
@@ -192,17 +240,25 @@ class Supervisor:
         self.restarts: list[float] = []
         self.stop_signal: int | None = None
         self.sock: socket.socket | None = None
+        self.engine_dir = tempfile.mkdtemp(prefix="miaohui-engine-") if spec.shared_engine else ""
+        self.engine_socket = os.path.join(self.engine_dir, "engine.sock") if spec.shared_engine else ""
 
     def _spawn(self, index: int) -> None:
+        """Start worker ``index`` (1..N), or with index 0 the engine process of ``--shared-engine``."""
         assert self.sock is not None
-        proc = self.ctx.Process(
-            target=_worker_main,
-            args=(index, self.count, self.spec, self.sock, self.events),
-            name=f"miaohui-worker-{index}",
-        )
+        if index == 0:
+            proc = self.ctx.Process(
+                target=_engine_main, args=(self.spec, self.engine_socket, self.events), name="miaohui-engine"
+            )
+        else:
+            proc = self.ctx.Process(
+                target=_worker_main,
+                args=(index, self.count, self.spec, self.sock, self.events),
+                name=f"miaohui-worker-{index}",
+            )
         proc.start()
         self.workers[index] = _Worker(index, proc)
-        log.info("worker %d started (pid %d)", index, proc.pid)
+        log.info("%s started (pid %d)", _who(index), proc.pid)
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         if self.stop_signal is None:
@@ -219,6 +275,10 @@ class Supervisor:
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         status = 0
         try:
+            if spec.shared_engine:
+                status = self._start_engine_process()
+                if status:
+                    return status
             for i in range(1, self.count + 1):
                 self._spawn(i)
             log.info(
@@ -233,7 +293,7 @@ class Supervisor:
             while self.stop_signal is None:
                 self._drain_events()
                 if not announced and all(w.ready for w in self.workers.values()):
-                    log.info("all %d workers are ready", self.count)
+                    log.info("all %d workers are ready", self.count)  # (and the engine process: it was first)
                     announced = True
                 failed = self._check_workers(multiprocess)
                 if failed is not None:
@@ -246,7 +306,29 @@ class Supervisor:
             self.sock.close()
             if grpc_guard is not None:
                 grpc_guard.close()
+            if self.engine_dir:
+                shutil.rmtree(self.engine_dir, ignore_errors=True)
         return status
+
+    def _start_engine_process(self) -> int:
+        """Start the engine process and wait until its models are warm; then the workers may connect (they find
+        its socket in ``$MIAOHUI_ENGINE_SOCKET``). A non-zero status when it failed or a signal came first."""
+        from miaohui.serving.engine_process import ENGINE_SOCKET_ENV
+
+        self._spawn(0)
+        engine = self.workers[0]
+        while not engine.ready:
+            if self.stop_signal is not None:
+                return 0
+            if not engine.process.is_alive():
+                log.error("the engine process exited with status %s before it was ready; stopping the server",
+                          engine.process.exitcode)  # fmt: skip
+                del self.workers[0]
+                code = engine.process.exitcode
+                return code if isinstance(code, int) and code > 0 else 1
+            self._drain_events()
+        os.environ[ENGINE_SOCKET_ENV] = self.engine_socket  # inherited by the workers spawned from now on
+        return 0
 
     def _drain_events(self) -> None:
         try:
@@ -256,7 +338,7 @@ class Supervisor:
         worker = self.workers.get(index)
         if kind == "ready" and worker is not None and worker.process.pid == pid:
             worker.ready = True
-            log.info("worker %d (pid %d) is ready", index, pid)
+            log.info("%s (pid %d) is ready", _who(index), pid)
 
     def _check_workers(self, multiprocess: Any) -> int | None:
         """Restart workers that died after they were ready; a fatal exit status otherwise (None: all fine)."""
@@ -269,8 +351,8 @@ class Supervisor:
             multiprocess.mark_process_dead(f"w{index}")
             if not worker.ready:
                 log.error(
-                    "worker %d (pid %s) exited with status %s before it was ready; stopping the server",
-                    index,
+                    "%s (pid %s) exited with status %s before it was ready; stopping the server",
+                    _who(index),
                     proc.pid,
                     code,
                 )
@@ -280,8 +362,8 @@ class Supervisor:
             self.restarts = [t for t in self.restarts if now - t < RESTART_WINDOW_S] + [now]
             if len(self.restarts) > MAX_RESTARTS:
                 log.error(
-                    "worker %d (pid %s) died with status %s; %d restarts within %.0f s: stopping the server",
-                    index,
+                    "%s (pid %s) died with status %s; %d restarts within %.0f s: stopping the server",
+                    _who(index),
                     proc.pid,
                     code,
                     len(self.restarts) - 1,
@@ -289,12 +371,22 @@ class Supervisor:
                 )
                 del self.workers[index]
                 return 1
-            log.error("worker %d (pid %s) died with status %s; restarting it", index, proc.pid, code)
+            log.error("%s (pid %s) died with status %s; restarting it", _who(index), proc.pid, code)
             self._spawn(index)
         return None
 
     def _stop_all(self, signum: int, multiprocess: Any) -> None:
-        alive = [w for w in self.workers.values() if w.process.is_alive()]
+        # the HTTP workers first (they drain requests the engine process still answers), then the engine process
+        self._stop([w for w in self.workers.values() if w.index > 0], signum)
+        self._stop([w for w in self.workers.values() if w.index == 0], signum)
+        for w in self.workers.values():
+            multiprocess.mark_process_dead(f"w{w.index}")
+            if w.process.exitcode not in (0, None, -signum):
+                log.warning("%s exited with status %s", _who(w.index), w.process.exitcode)
+        self.events.close()
+
+    def _stop(self, workers: list[_Worker], signum: int) -> None:
+        alive = [w for w in workers if w.process.is_alive()]
         for w in alive:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(w.process.pid or 0, signum)
@@ -303,15 +395,14 @@ class Supervisor:
             w.process.join(max(0.0, deadline - time.monotonic()))
             if w.process.is_alive():
                 log.error(
-                    "worker %d (pid %s) did not stop within %.0f s; killing it", w.index, w.process.pid, STOP_TIMEOUT_S
+                    "%s (pid %s) did not stop within %.0f s; killing it", _who(w.index), w.process.pid, STOP_TIMEOUT_S
                 )
                 w.process.kill()
                 w.process.join(5)
-        for w in self.workers.values():
-            multiprocess.mark_process_dead(f"w{w.index}")
-            if w.process.exitcode not in (0, None, -signum):
-                log.warning("worker %d exited with status %s", w.index, w.process.exitcode)
-        self.events.close()
+
+
+def _who(index: int) -> str:
+    return "the engine process" if index == 0 else f"worker {index}"
 
 
 def run_workers(
@@ -322,6 +413,7 @@ def run_workers(
     models: list[str] | None,
     dialogue_llm: str | None,
     workers: int,
+    shared_engine: bool = False,
 ) -> None:
     """Run ``workers`` server processes until SIGINT/SIGTERM; ``SystemExit`` with a non-zero status when the
     server could not start or a worker kept failing."""
@@ -329,11 +421,12 @@ def run_workers(
     metrics_dir = tempfile.mkdtemp(prefix="miaohui-metrics-")
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir  # inherited by the workers, read at their import
     try:
-        spec = ServeSpec(Path(repository), host, port, grpc_port, models, dialogue_llm)
+        spec = ServeSpec(Path(repository), host, port, grpc_port, models, dialogue_llm, shared_engine)
         status = Supervisor(spec, workers).run()
     finally:
         shutil.rmtree(metrics_dir, ignore_errors=True)
         os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
+        os.environ.pop("MIAOHUI_ENGINE_SOCKET", None)
     if status:
         log.error("miaohui server stopped with status %d (see the errors above)", status)
         raise SystemExit(status)

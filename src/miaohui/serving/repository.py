@@ -20,6 +20,7 @@ from pathlib import Path
 from miaohui.engines.store import versions
 from miaohui.errors import InputError, MiaohuiError, ModelNotFoundError
 from miaohui.serving.batcher import BatcherObserver
+from miaohui.serving.engine_process import EngineClient
 from miaohui.serving.model_config import load_model_config
 from miaohui.serving.served import ServedVersion
 
@@ -56,8 +57,15 @@ class ModelState:
 class ModelManager:
     """Owns every served version. All methods run on the server's event loop."""
 
-    def __init__(self, repository: Path, observer_factory: ObserverFactory | None = None) -> None:
+    def __init__(
+        self,
+        repository: Path,
+        observer_factory: ObserverFactory | None = None,
+        engine_process: EngineClient | None = None,
+    ) -> None:
+        """``engine_process``: versions are served by that engine process (``--shared-engine``), not here."""
         self.repository = Path(repository)
+        self.engine_process = engine_process
         self._observer_factory = observer_factory or (lambda name, version: None)
         self._models: dict[str, ModelState] = {}
         self._locks: dict[str, asyncio.Lock] = {}
@@ -117,7 +125,11 @@ class ModelManager:
                         if v in state.versions and state.versions[v].config == config:
                             continue
                         served = await asyncio.to_thread(
-                            ServedVersion, model_dir / str(v), config, self._observer_factory(name, v)
+                            ServedVersion,
+                            model_dir / str(v),
+                            config,
+                            self._observer_factory(name, v),
+                            self.engine_process,
                         )
                         fresh[v] = served
                         served.load_seconds = time.perf_counter() - started

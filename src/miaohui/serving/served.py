@@ -19,11 +19,13 @@ import numpy as np
 
 from miaohui.engines.base import Engine, Manifest
 from miaohui.engines.loader import load_engine
-from miaohui.errors import InputError
+from miaohui.engines.store import read_manifest
+from miaohui.errors import InputError, UnavailableError
 from miaohui.nlp.normalize import normalize_text
 from miaohui.nlp.slots import Slot, extract_slots
 from miaohui.nlp.tokenizer import TextTokenizer, check_length, pad_batch, truncate_ids
 from miaohui.serving.batcher import BatcherConfig, BatcherObserver, DynamicBatcher
+from miaohui.serving.engine_process import EngineClient
 from miaohui.serving.model_config import ModelConfig
 
 MAX_TEXT_CHARS = 4096
@@ -59,18 +61,31 @@ class IntentResult:
 class ServedVersion:
     """A model version that is loaded, warmed up and batching."""
 
-    def __init__(self, path: Path, config: ModelConfig, observer: BatcherObserver | None = None) -> None:
+    def __init__(
+        self,
+        path: Path,
+        config: ModelConfig,
+        observer: BatcherObserver | None = None,
+        engine_process: EngineClient | None = None,
+    ) -> None:
+        """``engine_process``: serve the version remotely (``--shared-engine``): no engines here, rows go to
+        the engine process, which batches and computes them (:mod:`miaohui.serving.engine_process`)."""
         self.path = path
         self.config = config
+        self.remote = engine_process
         instances = config.batching.instances
         threads = config.instance_threads()
-        self.engines: list[Engine] = [
-            load_engine(path, threads=threads, verify_checksums=i == 0, spin_wait=config.spin_wait)
-            for i in range(instances)
-        ]
-        self.manifest: Manifest = self.engines[0].manifest
+        self.engines: list[Engine] = (
+            [
+                load_engine(path, threads=threads, verify_checksums=i == 0, spin_wait=config.spin_wait)
+                for i in range(instances)
+            ]
+            if engine_process is None
+            else []
+        )
+        self.manifest: Manifest = self.engines[0].manifest if self.engines else read_manifest(path)
         self.name, self.version = self.manifest.name, self.manifest.version
-        self.output_name = self.engines[0].output_names[0]
+        self.output_name = self.manifest.outputs[0].name
         self.max_length = self.manifest.max_length or self.manifest.inputs[0].profile.max[1]  # type: ignore[union-attr]
         profile = self.manifest.inputs[0].profile
         self.max_batch = min(config.batching.max_batch_size, profile.max[0] if profile else 1 << 30)
@@ -109,7 +124,18 @@ class ServedVersion:
     async def start(self) -> None:
         """Start batching and run the warm-up shapes on every instance; only then is the version ready.
 
-        Instances warm up one after another (not at once): CUDA graph capture is not safe from two threads."""
+        Instances warm up one after another (not at once): CUDA graph capture is not safe from two threads.
+        A remote version is ready once the engine process says it serves this version (it warmed it up)."""
+        if self.remote is not None:
+            ready = await self.remote.status()
+            if self.version not in ready.get(self.name, []):
+                raise UnavailableError(
+                    f"the engine process does not serve {self.name} version {self.version} "
+                    f"(it serves {ready or 'nothing'})",
+                    "see the engine process's load error in the server log",
+                )
+            self.ready = True
+            return
         self.batcher.start()
         started = time.perf_counter()
         engines = [await self._free.get() for _ in self.engines]
@@ -131,6 +157,8 @@ class ServedVersion:
 
     async def stop(self) -> None:
         self.ready = False
+        if self.remote is not None:
+            return
         await self.batcher.stop(drain=True)
         self._pool.shutdown(wait=True)
         for engine in self.engines:
@@ -155,7 +183,14 @@ class ServedVersion:
         return await self._outputs(self._submit(rows, deadline))
 
     def _submit(self, rows: list[list[int]], deadline: float | None) -> asyncio.Task[list[RowResult]]:
+        if self.remote is not None:
+            return asyncio.get_running_loop().create_task(self._remote_rows(rows, deadline))
         return self.batcher.submit_many([(Row(ids), len(ids)) for ids in rows], deadline)
+
+    async def _remote_rows(self, rows: list[list[int]], deadline: float | None) -> list[RowResult]:
+        assert self.remote is not None
+        out = await self.remote.infer(self.name, self.version, rows, deadline)
+        return [RowResult(output=row) for row in out]
 
     @staticmethod
     async def _outputs(pending: asyncio.Task[list[RowResult]]) -> np.ndarray:

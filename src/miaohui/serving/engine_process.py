@@ -1,0 +1,252 @@
+"""``miaohui serve --workers N --shared-engine``: one engine process batches for every HTTP worker.
+
+Why: with ``--workers N`` alone each worker holds its own engines. On a GPU that is N CUDA contexts that
+time-slice the device, each launching its own small batches: on the H200 six workers kept the GPU 99 % busy
+with batches of 2–7 rows and p99 at 20 ms (README, GPU section). Here the HTTP workers parse, tokenize,
+extract slots and answer; the rows of all of them go to one process that owns the engines, the dynamic
+batcher and the warm-up, so batches form across workers and one context owns the GPU (vLLM's engine-core
+split, Triton's single server process).
+
+Layout (parent: :mod:`miaohui.server.workers`):
+
+* the **engine process** loads the repository (:class:`~miaohui.serving.repository.ModelManager`, the usual
+  version policy, warm-up and batcher) and serves :class:`EngineServer` on a Unix socket; the supervisor starts
+  the HTTP workers only after it reported ready, and restarts it like a worker if it dies;
+* each **HTTP worker** reads ``$MIAOHUI_ENGINE_SOCKET`` and serves its models as remote versions
+  (:class:`~miaohui.serving.served.ServedVersion` with an :class:`EngineClient`): manifest and tokenizer are read
+  from the artifact, rows are sent to the engine process and the logits come back.
+
+Protocol: length-prefixed pickles over the Unix socket (both ends are this program, started by the same
+supervisor; the socket lives in a private temporary directory). Requests ``("infer", id, model, version, rows,
+timeout_ms)``, ``("cancel", id)``, ``("status", id)``; replies ``("ok", id, value)`` or ``("err", id, error class,
+message, fix)``. Errors keep their class across the hop (a full queue is still a 429, a passed deadline a 504);
+a lost engine process fails the requests in flight with 503 and the next request reconnects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import pickle
+import struct
+import time
+from typing import Any
+
+import numpy as np
+
+from miaohui import errors
+from miaohui.errors import MiaohuiError, UnavailableError
+
+log = logging.getLogger("miaohui.engine_process")
+
+ENGINE_SOCKET_ENV = "MIAOHUI_ENGINE_SOCKET"
+"""Set in every HTTP worker of ``--shared-engine``: the engine process's Unix socket."""
+_HEADER = struct.Struct("!I")
+_FLUSH_BYTES = 1 << 20
+"""Wait for the socket to drain once this much is buffered (a slow reader must not grow memory without bound)."""
+
+
+def _frame(message: tuple[Any, ...]) -> bytes:
+    body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    return _HEADER.pack(len(body)) + body
+
+
+async def _read(reader: asyncio.StreamReader) -> tuple[Any, ...]:
+    (size,) = _HEADER.unpack(await reader.readexactly(_HEADER.size))
+    message = pickle.loads(await reader.readexactly(size))  # our own processes, over a private socket
+    assert isinstance(message, tuple)
+    return message
+
+
+def _error(kind: str, message: str, fix: str | None) -> Exception:
+    """The engine process's error as the same miaohui error class (HTTP/gRPC status follows the class)."""
+    cls = getattr(errors, kind, None)
+    if isinstance(cls, type) and issubclass(cls, MiaohuiError):
+        return cls(message, fix)
+    return RuntimeError(f"engine process: {message}")
+
+
+async def _send(writer: asyncio.StreamWriter, message: tuple[Any, ...]) -> None:
+    if writer.is_closing():
+        return
+    writer.write(_frame(message))
+    if writer.transport.get_write_buffer_size() > _FLUSH_BYTES:
+        await writer.drain()
+
+
+# ---------------------------------------------------------------------------------------------- engine side
+
+
+class EngineServer:
+    """Answers the HTTP workers' rows with the versions of ``manager`` (run in the engine process)."""
+
+    def __init__(self, manager: Any) -> None:
+        self.manager = manager
+        self._server: asyncio.AbstractServer | None = None
+        self._connections: set[asyncio.StreamWriter] = set()
+
+    async def start(self, path: str) -> None:
+        self._server = await asyncio.start_unix_server(self._serve, path=path)
+
+    async def stop(self) -> None:
+        """Stop listening and close the workers' connections (their requests in flight fail with 503)."""
+        if self._server is not None:
+            self._server.close()
+            for writer in list(self._connections):
+                writer.close()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._server.wait_closed(), 5)
+
+    def status(self) -> dict[str, list[int]]:
+        """The versions that are ready, by model."""
+        return {s.name: sorted(v for v, served in s.versions.items() if served.ready) for s in self.manager.states()}
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        tasks: dict[int, asyncio.Task[None]] = {}
+        self._connections.add(writer)
+        try:
+            while True:
+                message = await _read(reader)
+                kind, rid = message[0], message[1]
+                if kind == "infer":
+                    tasks[rid] = asyncio.create_task(self._infer(writer, tasks, *message[1:]))
+                elif kind == "cancel":
+                    task = tasks.pop(rid, None)
+                    if task is not None:
+                        task.cancel()
+                elif kind == "status":
+                    await _send(writer, ("ok", rid, self.status()))
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass  # the worker went away: its requests are dropped below
+        finally:
+            for task in tasks.values():
+                task.cancel()
+            self._connections.discard(writer)
+            writer.close()
+
+    async def _infer(
+        self,
+        writer: asyncio.StreamWriter,
+        tasks: dict[int, asyncio.Task[None]],
+        rid: int,
+        model: str,
+        version: int,
+        rows: list[list[int]],
+        timeout_ms: float | None,
+    ) -> None:
+        from miaohui.serving.served import deadline_from_ms
+
+        reply: tuple[Any, ...]
+        try:
+            out = await self.manager.get(model, version).run_rows(rows, deadline_from_ms(timeout_ms))
+            reply = ("ok", rid, out)
+        except asyncio.CancelledError:
+            return  # the worker cancelled (client gone): the rows were dropped from the queue
+        except MiaohuiError as exc:
+            reply = ("err", rid, type(exc).__name__, exc.message, exc.fix)
+        except Exception as exc:  # an engine failure: the worker answers it as a server error, like in-process
+            log.exception("model %s v%d failed a request", model, version)
+            reply = ("err", rid, "RuntimeError", repr(exc), None)
+        finally:
+            tasks.pop(rid, None)
+        await _send(writer, reply)
+
+
+# ---------------------------------------------------------------------------------------------- worker side
+
+
+class EngineClient:
+    """One HTTP worker's connection to the engine process (opened on first use, reopened after a loss)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._writer: asyncio.StreamWriter | None = None
+        self._pending: dict[int, asyncio.Future[Any]] = {}
+        self._ids = itertools.count(1)
+        self._lock: asyncio.Lock | None = None
+        self._reader: asyncio.Task[None] | None = None
+
+    async def _connection(self) -> asyncio.StreamWriter:
+        writer = self._writer
+        if writer is not None and not writer.is_closing():
+            return writer
+        self._lock = self._lock or asyncio.Lock()
+        async with self._lock:
+            if self._writer is None or self._writer.is_closing():
+                try:
+                    reader, writer = await asyncio.open_unix_connection(self.path)
+                except OSError as exc:
+                    raise UnavailableError(
+                        f"the engine process ({self.path}) is not reachable: {exc.strerror or exc}",
+                        "retry shortly: the supervisor restarts a failed engine process (see the server log)",
+                    ) from None
+                self._writer = writer
+                self._reader = asyncio.get_running_loop().create_task(self._read_replies(reader, writer))
+            return self._writer
+
+    async def _read_replies(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                message = await _read(reader)
+                future = self._pending.pop(message[1], None)
+                if future is None or future.done():
+                    continue
+                if message[0] == "ok":
+                    future.set_result(message[2])
+                else:
+                    future.set_exception(_error(*message[2:5]))
+        except (asyncio.IncompleteReadError, ConnectionError, OSError):
+            pass
+        finally:
+            if self._writer is writer:
+                self._writer = None
+            writer.close()
+            lost, self._pending = self._pending, {}
+            for future in lost.values():
+                if not future.done():
+                    future.set_exception(
+                        UnavailableError(
+                            "lost the engine process while the request was in flight",
+                            "retry: the supervisor restarts it (see the server log)",
+                        )
+                    )
+
+    async def _call(self, message: tuple[Any, ...]) -> Any:
+        writer = await self._connection()
+        rid = next(self._ids)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._pending[rid] = future
+        await _send(writer, (message[0], rid, *message[1:]))
+        if writer.is_closing():  # lost before or while sending: the reader's sweep may have missed this request
+            self._pending.pop(rid, None)
+            raise UnavailableError(
+                "lost the engine process before the request was sent",
+                "retry: the supervisor restarts it (see the server log)",
+            )
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if self._pending.pop(rid, None) is not None:
+                await asyncio.shield(_send(writer, ("cancel", rid)))
+            raise
+
+    async def infer(self, model: str, version: int, rows: list[list[int]], deadline: float | None) -> np.ndarray:
+        """The model version's output rows for ``rows`` (batched with every worker's rows in the engine process).
+        ``deadline`` (``time.monotonic()``) travels as the time left."""
+        timeout_ms = None if deadline is None else max(0.001, (deadline - time.monotonic()) * 1000.0)
+        out = await self._call(("infer", model, version, rows, timeout_ms))
+        assert isinstance(out, np.ndarray)
+        return out
+
+    async def status(self) -> dict[str, list[int]]:
+        """Ready versions by model, as the engine process sees them."""
+        out = await self._call(("status",))
+        assert isinstance(out, dict)
+        return out
+
+    async def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None

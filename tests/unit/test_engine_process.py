@@ -1,0 +1,158 @@
+"""The engine-process protocol (``--shared-engine``) over a real Unix socket, in one event loop: results and
+errors cross the hop with their class, cancellation reaches the engine side, a lost engine process fails
+the requests in flight with 503 and the next request reconnects. The model manager is a stand-in here (its
+versions answer from a function); the real engines are covered by tests/e2e/test_shared_engine.py."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from miaohui.errors import DeadlineExceededError, QueueFullError, UnavailableError
+from miaohui.serving.engine_process import EngineClient, EngineServer
+
+Answer = Callable[[list[list[int]], float | None], Awaitable[np.ndarray]]
+
+
+class _Version:
+    def __init__(self, answer: Answer) -> None:
+        self.answer, self.ready = answer, True
+
+    async def run_rows(self, rows: list[list[int]], deadline: float | None) -> np.ndarray:
+        return await self.answer(rows, deadline)
+
+
+class _State:
+    def __init__(self, version: _Version) -> None:
+        self.name, self.versions = "m", {3: version}
+
+
+class _Manager:
+    def __init__(self, answer: Answer) -> None:
+        self.version = _Version(answer)
+
+    def get(self, name: str, version: int) -> _Version:
+        assert (name, version) == ("m", 3)
+        return self.version
+
+    def states(self) -> list[_State]:
+        return [_State(self.version)]
+
+
+def _run(answer: Answer, body: Callable[[EngineClient, EngineServer, str], Awaitable[Any]], tmp: Path) -> Any:
+    async def main() -> Any:
+        path = str(tmp / "engine.sock")
+        server = EngineServer(_Manager(answer))
+        await server.start(path)
+        client = EngineClient(path)
+        try:
+            return await body(client, server, path)
+        finally:
+            await client.close()
+            await server.stop()
+
+    return asyncio.run(main())
+
+
+async def _sums(rows: list[list[int]], deadline: float | None) -> np.ndarray:
+    return np.array([[float(sum(r)), float(len(r))] for r in rows], dtype=np.float32)
+
+
+def test_rows_and_status_round_trip(tmp_path: Path) -> None:
+    async def body(client: EngineClient, server: EngineServer, path: str) -> None:
+        assert await client.status() == {"m": [3]}
+        outs = await asyncio.gather(*(client.infer("m", 3, [[i, 1], [2]], None) for i in range(20)))
+        for i, out in enumerate(outs):
+            np.testing.assert_array_equal(out, [[i + 1, 2], [2, 1]])
+
+    _run(_sums, body, tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("raised", "expected", "status"),
+    [
+        (QueueFullError("queue of m is full (8)", "retry later"), QueueFullError, 429),
+        (DeadlineExceededError("deadline passed", "give more time"), DeadlineExceededError, 504),
+    ],
+)
+def test_errors_keep_their_class(tmp_path: Path, raised: Exception, expected: type, status: int) -> None:
+    from miaohui.server.status import http_status
+
+    async def fail(rows: list[list[int]], deadline: float | None) -> np.ndarray:
+        raise raised
+
+    async def body(client: EngineClient, server: EngineServer, path: str) -> None:
+        with pytest.raises(expected) as err:
+            await client.infer("m", 3, [[1]], None)
+        assert str(err.value) == str(raised) and http_status(err.value) == status
+
+    _run(fail, body, tmp_path)
+
+
+def test_an_engine_failure_is_a_server_error(tmp_path: Path) -> None:
+    async def broken(rows: list[list[int]], deadline: float | None) -> np.ndarray:
+        raise ValueError("onnxruntime said no")
+
+    async def body(client: EngineClient, server: EngineServer, path: str) -> None:
+        with pytest.raises(RuntimeError, match="onnxruntime said no"):
+            await client.infer("m", 3, [[1]], None)
+        assert await client.status() == {"m": [3]}  # the connection and the engine side still serve
+
+    _run(broken, body, tmp_path)
+
+
+def test_a_cancelled_request_is_cancelled_in_the_engine_process(tmp_path: Path) -> None:
+    seen: list[str] = []
+
+    async def slow(rows: list[list[int]], deadline: float | None) -> np.ndarray:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            seen.append("cancelled")
+            raise
+        return np.zeros((1, 1), dtype=np.float32)
+
+    async def body(client: EngineClient, server: EngineServer, path: str) -> None:
+        task = asyncio.create_task(client.infer("m", 3, [[1]], None))
+        await asyncio.sleep(0.2)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        for _ in range(50):
+            if seen:
+                break
+            await asyncio.sleep(0.02)
+
+    _run(slow, body, tmp_path)
+    assert seen == ["cancelled"]
+
+
+def test_a_lost_engine_process_fails_requests_with_503_then_reconnects(tmp_path: Path) -> None:
+    async def slow(rows: list[list[int]], deadline: float | None) -> np.ndarray:
+        await asyncio.sleep(30)
+        return np.zeros((1, 1), dtype=np.float32)
+
+    async def body(client: EngineClient, server: EngineServer, path: str) -> None:
+        from miaohui.server.status import http_status
+
+        task = asyncio.create_task(client.infer("m", 3, [[1]], None))
+        await asyncio.sleep(0.2)
+        await server.stop()  # what the worker sees when the engine process dies: the connection ends
+        with pytest.raises(UnavailableError, match="lost the engine process") as err:
+            await asyncio.wait_for(task, 5)
+        assert http_status(err.value) == 503
+        with pytest.raises(UnavailableError, match="not reachable"):
+            await client.status()  # nobody listens on the socket now
+        restarted = EngineServer(_Manager(_sums))
+        await restarted.start(path)
+        try:
+            np.testing.assert_array_equal(await client.infer("m", 3, [[4, 5]], None), [[9, 2]])
+        finally:
+            await restarted.stop()
+
+    _run(slow, body, tmp_path)
