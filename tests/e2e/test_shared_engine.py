@@ -19,8 +19,6 @@ import asyncio
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,7 +26,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from tests.e2e.test_workers import Served, free_port, ready_workers, scrape, wait_ready
+from tests.e2e.test_workers import Served, ready_workers, scrape, serve_workers
 
 from miaohui.config import BuildConfig
 from miaohui.engines.loader import load_engine
@@ -37,8 +35,6 @@ from miaohui.serving.batcher import BatcherConfig
 from miaohui.serving.model_config import ModelConfig, WarmupShape, write_model_config
 
 pytestmark = pytest.mark.slow  # three spawned interpreters load ORT: ~20-40 s on 2 cores
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -54,20 +50,7 @@ def repo(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(repo: Path) -> Iterator[Served]:
-    port, grpc_port = free_port(), free_port()
-    log = repo / "server.log"
-    cmd = [sys.executable, "-m", "miaohui.cli", "serve", "-r", str(repo), "--port", str(port)]
-    cmd += ["--grpc-port", str(grpc_port), "--workers", "2", "--shared-engine", "--models", "intent"]
-    with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=os.environ.copy())
-    served = Served(proc, f"http://127.0.0.1:{port}", f"127.0.0.1:{grpc_port}", log)
-    try:
-        wait_ready(served, timeout_s=180)
-        yield served
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+    yield from serve_workers(repo, "--workers", "2", "--shared-engine")
 
 
 def engine_pid(server: Served) -> int:

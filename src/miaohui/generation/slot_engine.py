@@ -78,6 +78,19 @@ class TorchLogits(StepLogits):
         return self.logits.index_select(0, sel).float().cpu().numpy()
 
 
+_Graph = tuple[torch.cuda.CUDAGraph, torch.Tensor]
+"""A captured CUDA graph and its static output."""
+
+
+def _replay_or_run(graph: _Graph | None, run: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """The graph's output after a replay; without a graph for the shape (or on a CPU), ``run()`` eagerly."""
+    if graph is not None:
+        graph[0].replay()
+        return graph[1]
+    with torch.inference_mode():
+        return run()
+
+
 class _PrefillBuffers:
     """Static prefill inputs: token ids [prompts, length], real lengths and cache rows [prompts]."""
 
@@ -121,13 +134,13 @@ class TorchSlotEngine(SlotCausalLMEngine):
         self._pos_host = torch.zeros(top, dtype=torch.int64, pin_memory=pin)
         self._tok_dev = torch.zeros(top, dtype=torch.int64, device=self.device)
         self._pos_dev = torch.zeros(top, dtype=torch.int64, device=self.device)
-        self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._graphs: dict[tuple[int, int], _Graph] = {}
         self.prefill_batches, self.prefill_lengths = options.prefill_buckets()
         if options.static_prefill:
             pb, ps = max(self.prefill_batches), max(self.prefill_lengths)
             self._pf_host = _PrefillBuffers(pb, ps, "cpu", pin)
             self._pf_dev = _PrefillBuffers(pb, ps, self.device, False)
-        self._prefill_graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._prefill_graphs: dict[tuple[int, int], _Graph] = {}
         self.warmup_seconds: float | None = None
 
     @classmethod
@@ -186,17 +199,23 @@ class TorchSlotEngine(SlotCausalLMEngine):
         # largest first, so the smaller graphs reuse the pool's memory
         for b in sorted(self.batch_buckets, reverse=True):
             for t in sorted(self.length_buckets, reverse=True):
-                side = torch.cuda.Stream(self.device)
-                side.wait_stream(torch.cuda.current_stream(self.device))
-                with torch.cuda.stream(side):
-                    for _ in range(2):  # compiles (first bucket only) and warms cuBLAS for this shape
-                        self._decode_fn(self._tok_dev[:b], self._pos_dev[:b], t)
-                torch.cuda.current_stream(self.device).wait_stream(side)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
-                    out = self._decode_fn(self._tok_dev[:b], self._pos_dev[:b], t)
-                self._graphs[(b, t)] = (graph, out)
+                args = (self._tok_dev[:b], self._pos_dev[:b], t)
+                self._graphs[(b, t)] = self._capture_one(self._decode_fn, args, pool)
             log(f"captured decode graphs for batch {b}")
+
+    def _capture_one(self, fn: Callable[..., torch.Tensor], args: tuple[Any, ...], pool: Any) -> _Graph:
+        """Run ``fn(*args)`` twice on a side stream (compiles on the first bucket, warms cuBLAS for the shape),
+        then capture it into a CUDA graph from ``pool``; the graph and its static output."""
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                fn(*args)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            out = fn(*args)
+        return graph, out
 
     def _capture_prefill(self, log: Callable[[str], None]) -> None:
         """One CUDA graph per (prompts, prompt length) prefill bucket over the static prefill buffers. Capture
@@ -209,16 +228,7 @@ class TorchSlotEngine(SlotCausalLMEngine):
         for n in sorted(self.prefill_batches, reverse=True):
             for s in sorted(self.prefill_lengths, reverse=True):
                 args = (buf.tokens[:n, :s], buf.lengths[:n], buf.slots[:n])
-                side = torch.cuda.Stream(self.device)
-                side.wait_stream(torch.cuda.current_stream(self.device))
-                with torch.cuda.stream(side):
-                    for _ in range(2):
-                        self._prefill_fn(*args)
-                torch.cuda.current_stream(self.device).wait_stream(side)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
-                    out = self._prefill_fn(*args)
-                self._prefill_graphs[(n, s)] = (graph, out)
+                self._prefill_graphs[(n, s)] = self._capture_one(self._prefill_fn, args, pool)
         log(f"captured {len(self._prefill_graphs)} prefill graphs")
 
     # ---- steps -------------------------------------------------------------------------------------------
@@ -247,13 +257,10 @@ class TorchSlotEngine(SlotCausalLMEngine):
         dev.tokens[:nb, :sb].copy_(host.tokens[:nb, :sb], non_blocking=True)
         dev.lengths[:nb].copy_(host.lengths[:nb], non_blocking=True)
         dev.slots[:nb].copy_(host.slots[:nb], non_blocking=True)
-        graph = self._prefill_graphs.get((nb, sb))
-        if graph is not None:
-            graph[0].replay()
-            logits = graph[1]
-        else:
-            with torch.inference_mode():
-                logits = self._prefill_fn(dev.tokens[:nb, :sb], dev.lengths[:nb], dev.slots[:nb])
+        logits = _replay_or_run(
+            self._prefill_graphs.get((nb, sb)),
+            lambda: self._prefill_fn(dev.tokens[:nb, :sb], dev.lengths[:nb], dev.slots[:nb]),
+        )
         # the pinned staging buffers are rewritten only by the next prefill, after sampling synchronised
         return TorchLogits(logits, range(n))
 
@@ -285,13 +292,9 @@ class TorchSlotEngine(SlotCausalLMEngine):
         pos[slots] = positions
         self._tok_dev[:b].copy_(self._tok_host[:b], non_blocking=True)
         self._pos_dev[:b].copy_(self._pos_host[:b], non_blocking=True)
-        graph = self._graphs.get((b, t))
-        if graph is not None:
-            graph[0].replay()
-            logits = graph[1]
-        else:
-            with torch.inference_mode():
-                logits = self._decode_fn(self._tok_dev[:b], self._pos_dev[:b], t)
+        logits = _replay_or_run(
+            self._graphs.get((b, t)), lambda: self._decode_fn(self._tok_dev[:b], self._pos_dev[:b], t)
+        )
         # the pinned staging buffers are rewritten only by the next step, after sampling synchronised
         return TorchLogits(logits, slots)
 
