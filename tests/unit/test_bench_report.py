@@ -326,7 +326,9 @@ def test_bench_command_writes_json_and_png(server_url: str, tmp_path: Path) -> N
     app.command("noop")(lambda: None)  # two commands: typer keeps the "bench" sub-command name
     out, png = tmp_path / "r.json", tmp_path / "r.png"
     texts = _texts(tmp_path)
-    args = f"bench --url {server_url} --concurrency 1,4 --duration 0.4s --warmup 0.1s --texts {texts}".split()
+    # a window long enough that the opening /metrics scrape (a thread in this busy process, like the server)
+    # lands inside it also on a loaded CI machine; with 0.4 s it once landed after the load had ended
+    args = f"bench --url {server_url} --concurrency 1,4 --duration 1.5s --warmup 0.1s --texts {texts}".split()
     args += ["--out", str(out), "--plot", str(png)]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output

@@ -156,3 +156,11 @@ def test_a_lost_engine_process_fails_requests_with_503_then_reconnects(tmp_path:
             await restarted.stop()
 
     _run(slow, body, tmp_path)
+
+
+def test_shared_engine_needs_several_workers(tmp_path: Path) -> None:
+    from miaohui.errors import ConfigError
+    from miaohui.server.app import run_server
+
+    with pytest.raises(ConfigError, match="--shared-engine needs --workers 2 or more"):
+        run_server(tmp_path, workers=1, shared_engine=True)
