@@ -142,19 +142,25 @@ def _die_with_parent() -> None:
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def _worker_main(index: int, count: int, spec: ServeSpec, sock: socket.socket, events: Any) -> None:
-    """Entry point of worker ``index`` (a spawned interpreter)."""
+def _child_setup(index: int, count: int) -> None:
+    """What every spawned server process (worker ``index`` of ``count``, or the engine process as 0 of 1) does
+    first: its own process group, SIGTERM when the parent dies, its index, and metric files named by it."""
     with contextlib.suppress(OSError):
         os.setpgid(0, 0)  # Ctrl-C in a terminal reaches the parent only; it forwards the signal once
     _die_with_parent()
     os.environ[WORKER_ENV], os.environ[WORKERS_ENV] = str(index), str(count)
+    from miaohui.server.metrics import use_worker_files
+
+    use_worker_files(index)  # before any metric exists
+
+
+def _worker_main(index: int, count: int, spec: ServeSpec, sock: socket.socket, events: Any) -> None:
+    """Entry point of worker ``index`` (a spawned interpreter)."""
+    _child_setup(index, count)
     from miaohui.engines.target import CORES_ENV, usable_cores
 
     # engine thread pools default to this worker's share of the cores, not all of them N times over
     os.environ.setdefault(CORES_ENV, str(max(1, usable_cores() // count)))
-    from miaohui.server.metrics import use_worker_files
-
-    use_worker_files(index)  # before any metric exists
     from miaohui.server.app import run_server
 
     def ready() -> None:
@@ -175,16 +181,10 @@ def _worker_main(index: int, count: int, spec: ServeSpec, sock: socket.socket, e
 
 def _engine_main(spec: ServeSpec, path: str, events: Any) -> None:
     """Entry point of the engine process of ``--shared-engine`` (a spawned interpreter; "worker" 0)."""
-    with contextlib.suppress(OSError):
-        os.setpgid(0, 0)
-    _die_with_parent()
+    _child_setup(0, 1)
     from miaohui.serving.engine_process import ENGINE_SOCKET_ENV
 
     os.environ.pop(ENGINE_SOCKET_ENV, None)  # it serves the socket; it is no client of it
-    os.environ[WORKER_ENV], os.environ[WORKERS_ENV] = "0", "1"
-    from miaohui.server.metrics import use_worker_files
-
-    use_worker_files(0)
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT.format(who="engine"))
     with contextlib.suppress(ImportError):
         import uvloop
@@ -417,6 +417,8 @@ def run_workers(
 ) -> None:
     """Run ``workers`` server processes until SIGINT/SIGTERM; ``SystemExit`` with a non-zero status when the
     server could not start or a worker kept failing."""
+    from miaohui.serving.engine_process import ENGINE_SOCKET_ENV
+
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT.format(who="main"))
     metrics_dir = tempfile.mkdtemp(prefix="miaohui-metrics-")
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir  # inherited by the workers, read at their import
@@ -426,7 +428,7 @@ def run_workers(
     finally:
         shutil.rmtree(metrics_dir, ignore_errors=True)
         os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
-        os.environ.pop("MIAOHUI_ENGINE_SOCKET", None)
+        os.environ.pop(ENGINE_SOCKET_ENV, None)
     if status:
         log.error("miaohui server stopped with status %d (see the errors above)", status)
         raise SystemExit(status)
