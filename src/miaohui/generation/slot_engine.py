@@ -102,6 +102,22 @@ class _PrefillBuffers:
         self.tokens, self.lengths, self.slots = zeros(prompts, length), zeros(prompts), zeros(prompts)
 
 
+RECOMPILE_LIMIT = 64
+"""Dynamo's per-function limit while decode engines are compiled (its default is 8)."""
+
+
+def _allow_specialisations() -> None:
+    """Raise Dynamo's recompile limit so a second engine in one process still compiles.
+
+    The compiled layer halves are shared by every layer, engine and dtype of the process (Dynamo caches per code
+    object), and one engine adds ~5 specialisations of each (batch 1, the attention bias of each length bucket,
+    the cache strides). A second engine (another dtype or model) passed the default limit of 8 and, with
+    ``fullgraph=True``, failed hard (``FailOnRecompileLimitHit``: fp32 then bf16 engines in one process, found on
+    the H200, reproduced on the CPU). The number of specialisations stays bounded by engines x buckets."""
+    config = torch._dynamo.config
+    config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
+
+
 class TorchSlotEngine(SlotCausalLMEngine):
     """See the module docstring. Build with :meth:`create`; call :meth:`warmup` before timing or serving."""
 
@@ -126,6 +142,7 @@ class TorchSlotEngine(SlotCausalLMEngine):
         self._decode_fn: Callable[..., torch.Tensor] = model.decode
         self._prefill_fn: Callable[..., torch.Tensor] = model.prefill  # eager: compute-bound, graphs don't pay
         if self.compiled:
+            _allow_specialisations()
             mode = "max-autotune-no-cudagraphs" if options.autotune else None
             model.use_compiled(functools.partial(torch.compile, dynamic=True, fullgraph=True, mode=mode))
         top = max(self.batch_buckets)
