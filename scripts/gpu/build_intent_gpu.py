@@ -1,7 +1,7 @@
 """On the GPU: build the e5 intent engine (inductor fp16) into a repository with the serving config the GPU
 server runs use (batch up to 256, 1 ms queue delay, length buckets 16/32/64, every bucket warmed up).
 
-    python3 scripts/gpu/build_intent_gpu.py /tmp/gpurepo [MAX_QUEUE_DELAY_MS]
+    python3 scripts/gpu/build_intent_gpu.py /tmp/gpurepo [MAX_QUEUE_DELAY_MS] [INSTANCES]
 """
 
 from __future__ import annotations
@@ -21,8 +21,13 @@ cfg = BuildConfig(
 if not (repo / "intent" / "1").is_dir():  # a rerun (another delay) only rewrites config.yaml
     build_artifact(Path("var/models/intent-e5-small"), "intent", cfg, repo, log=print)
 delay_ms = float(sys.argv[2]) if len(sys.argv) > 2 else 1.0  # max_queue_delay_ms (a sweep passes others)
+instances = int(sys.argv[3]) if len(sys.argv) > 3 else 1  # engine instances (each its own CUDA stream)
 batching = BatcherConfig(
-    max_batch_size=256, max_queue_delay_ms=delay_ms, max_queue_size=8192, length_buckets=[16, 32, 64]
+    max_batch_size=256,
+    max_queue_delay_ms=delay_ms,
+    max_queue_size=8192,
+    length_buckets=[16, 32, 64],
+    instances=instances,
 )
 warmup = [WarmupShape(batch=b, sequence=s) for b in (1, 2, 4, 8, 16, 32, 64, 128, 256) for s in (16, 32, 64)]
 write_model_config(repo / "intent" / "config.yaml", ModelConfig(backend="inductor", batching=batching, warmup=warmup))

