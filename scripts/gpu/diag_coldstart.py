@@ -49,7 +49,9 @@ from miaohui.engines.inductor import InductorEngine
 from miaohui.engines.store import read_manifest
 p = Path(ART)
 eng = timed("load_s", lambda: InductorEngine(read_manifest(p), p))
-feeds = lambda b, s: {"input_ids": np.random.randint(5, 900, (b, s)).astype(np.int64), "attention_mask": np.ones((b, s), np.int64)}
+def feeds(b, s):
+    ids = np.random.randint(5, 900, (b, s)).astype(np.int64)
+    return {"input_ids": ids, "attention_mask": np.ones((b, s), np.int64)}
 timed("first_call_1x16_s", lambda: eng.infer(feeds(1, 16)))
 timed("call_8x32_s", lambda: eng.infer(feeds(8, 32)))
 timed("call_32x64_s", lambda: eng.infer(feeds(32, 64)))
@@ -115,11 +117,14 @@ def main() -> None:
 
     log("A: build (export + Inductor cache)")
     t = time.perf_counter()
-    cfg = BuildConfig(backend="inductor", precision=prec, autotune=False, shapes=parse_shapes("input_ids:1x1,8x32,64x64"))
+    cfg = BuildConfig(
+        backend="inductor", precision=prec, autotune=False, shapes=parse_shapes("input_ids:1x1,8x32,64x64")
+    )
     art_a = build_artifact(ckpt, "t", cfg, tmp / "repo", log=log)
     results["A_build_s"] = round(time.perf_counter() - t, 1)
     results["A_exported_program_plus_cache"] = child("A_exported_program_plus_cache", str(art_a.path))
     log(json.dumps(results["A_exported_program_plus_cache"]))
+    save(out_dir, results)
 
     module = from_module(load_checkpoint(ckpt, attn_implementation="sdpa").module)
     dtype = torch.float16 if cuda else torch.float32
@@ -140,11 +145,13 @@ def main() -> None:
     except Exception as exc:
         results["B_aoti_package"] = {"ok": False, "build_error": repr(exc)[:1500]}
     log(json.dumps(results["B_aoti_package"]))
+    save(out_dir, results)
 
     log("C: torch.compile(...).aot_compile")
     try:
         t = time.perf_counter()
         torch._dynamo.reset()
+
         def forward(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
             return model(input_ids, attention_mask)
 
@@ -158,8 +165,13 @@ def main() -> None:
     except Exception as exc:
         results["C_aot_compile"] = {"ok": False, "build_error": repr(exc)[:1500]}
     log(json.dumps(results["C_aot_compile"]))
-    (out_dir / "coldstart_diag.json").write_text(json.dumps(results, indent=1))
+    save(out_dir, results)
     print(json.dumps(results, indent=1))
+
+
+def save(out_dir: Path, results: dict[str, object]) -> None:
+    """After every variant, so a run cut by its time limit keeps what it measured."""
+    (out_dir / "coldstart_diag.json").write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":
