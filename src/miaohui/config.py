@@ -144,8 +144,10 @@ class BuildConfig(Frozen):
     """GPU target for TensorRT builds, e.g. ``sm86`` (A10) or ``sm89`` (L4); None = this machine."""
     opt_level: int = Field(default=3, ge=0, le=5)
     """Builder optimization level (TensorRT builder level; ORT: >=1 basic, >=2 extended, >=3 all)."""
-    autotune: bool = True
-    """inductor: max-autotune GEMM selection."""
+    autotune: bool = False
+    """inductor: Inductor's max-autotune GEMM selection. Off by default: on the H200 it made BERT-base slower
+    (1×128 0.58 vs 0.49 ms, 32×128 3.15 vs 1.88 ms; its Triton templates lost to cuBLAS) and the build 140 s long
+    (``benchmarks/results/gpu_encoder_bert_autotune.json``)."""
 
     @field_validator("target")
     @classmethod

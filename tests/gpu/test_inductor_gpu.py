@@ -55,7 +55,10 @@ def artifact(request: pytest.FixtureRequest, source: Path, repo: Path) -> Path:
 
 def test_manifest_records_the_gpu(artifact: Path) -> None:
     m = read_manifest(artifact)
-    assert m.backend == "inductor" and m.engine_file == "program.pt2"
+    assert m.backend == "inductor" and m.engine_file in ("model.pt2", "program.pt2")
+    # which format the build chose: the AOTInductor package, or the exported program when the package was refused
+    print(f"format {m.extra['format']}; AOTInductor: {m.extra['aoti']}")
+    assert (m.engine_file == "model.pt2") == (m.extra["format"] == "aoti-package") == m.extra["aoti"]["ok"]
     assert m.target.device == "cuda" and m.target.compute_capability == "sm90"
     assert m.target.gpu_name == torch.cuda.get_device_name() and m.target.cuda_version == torch.version.cuda
     assert m.extra["compile_seconds"] > 0
@@ -70,7 +73,10 @@ def test_load_is_fast_and_matches_fp32(artifact: Path, source: Path) -> None:
     out = engine.infer({"input_ids": ids, "attention_mask": mask})["logits"]
     cold = time.perf_counter() - t0
     assert isinstance(engine, InductorEngine)
-    print(f"cold start (load + first bucket capture + infer): {cold:.3f}s; load {engine.load_seconds:.3f}s")
+    print(
+        f"cold start (load + first bucket capture + infer): {cold:.3f}s; load {engine.load_seconds:.3f}s; "
+        f"{'AOTInductor package' if engine.packaged else 'exported program'}"
+    )
     assert cold < 10
     ref_model = load_checkpoint(source).module.eval()
     with torch.inference_mode():
