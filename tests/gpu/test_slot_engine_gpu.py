@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tests.tiny_llm import tiny_qwen
 
 from miaohui.generation.engine_loop import LLMEngine
 from miaohui.generation.params import SamplingParams
@@ -13,18 +14,6 @@ from miaohui.generation.slot_options import SlotEngineOptions
 from miaohui.generation.static_kv import StaticKVDecoder
 
 pytestmark = pytest.mark.gpu
-
-
-def _tiny_qwen() -> torch.nn.Module:
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    cfg = Qwen2Config(
-        hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=256,
-        vocab_size=1000, max_position_embeddings=1024, tie_word_embeddings=True,
-    )  # fmt: skip
-    with torch.device("cuda"):
-        return Qwen2ForCausalLM(cfg).eval()
 
 
 def _engine(hf: torch.nn.Module, *, graphs: bool) -> TorchSlotEngine:
@@ -36,7 +25,7 @@ def _engine(hf: torch.nn.Module, *, graphs: bool) -> TorchSlotEngine:
 
 
 def test_graphs_match_eager_tokens() -> None:
-    hf = _tiny_qwen()
+    hf = tiny_qwen("cuda")
     fast, slow = _engine(hf, graphs=True), _engine(hf, graphs=False)
     assert fast.graphs_on and len(fast._graphs) == len(fast.batch_buckets) * len(fast.length_buckets)
     prompts = [[5, 6, 7, 8, 9], [11, 12, 13], list(range(20, 60))]
@@ -50,7 +39,7 @@ def test_graphs_match_eager_tokens() -> None:
 def test_static_kv_matches_hf_logits_bf16() -> None:
     """bf16 weights + cache move the logits about as far from HF fp32 as HF's own bf16 model does (the CPU
     twin, eager, is tests/integration/test_static_engine.py::test_bf16_prefill_logits_are_as_close_to_fp32_as_hf_bf16)."""
-    hf = _tiny_qwen()
+    hf = tiny_qwen("cuda")
     engine = TorchSlotEngine(
         StaticKVDecoder.from_hf(hf, num_slots=4, max_len=256, dtype=torch.bfloat16),
         [999], 0, SlotEngineOptions(num_slots=4, max_len=256, dtype="bf16"),
@@ -60,7 +49,7 @@ def test_static_kv_matches_hf_logits_bf16() -> None:
     row = torch.as_tensor(engine.prefill([2], [prompt]).rows([0])[0])
     with torch.inference_mode():
         ref = hf(torch.tensor([prompt], device="cuda")).logits[0, -1].float().cpu()
-        hf_bf16 = _tiny_qwen().to(torch.bfloat16)
+        hf_bf16 = tiny_qwen("cuda").to(torch.bfloat16)
         hf_bf16.load_state_dict(hf.state_dict())
         hf_err = float((hf_bf16(torch.tensor([prompt], device="cuda")).logits[0, -1].float().cpu() - ref).norm())
     err = float((row - ref).norm())
@@ -73,7 +62,7 @@ def test_static_kv_matches_hf_logits_bf16() -> None:
 
 def test_static_prefill_graphs_match_eager_tokens() -> None:
     """Prefill through CUDA graphs of padded (prompts, length) buckets gives the eager engine's tokens."""
-    hf = _tiny_qwen()
+    hf = tiny_qwen("cuda")
     opts = SlotEngineOptions(num_slots=8, max_len=256, dtype="fp32", static_prefill=True)
     fast = TorchSlotEngine(StaticKVDecoder.from_hf(hf, num_slots=8, max_len=256, dtype=torch.float32), [999], 0, opts)
     fast.warmup()

@@ -10,23 +10,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tests.tiny_llm import tiny_qwen
 
 from miaohui.generation.slot_engine import TorchSlotEngine
 from miaohui.generation.slot_options import SlotEngineOptions
 from miaohui.generation.static_kv import StaticKVDecoder
 
 pytestmark = pytest.mark.slow
-
-
-def _tiny_qwen() -> torch.nn.Module:
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    cfg = Qwen2Config(
-        hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=256,
-        vocab_size=1000, max_position_embeddings=1024, tie_word_embeddings=True,
-    )  # fmt: skip
-    return Qwen2ForCausalLM(cfg).eval()
 
 
 def _eager_decode(model: StaticKVDecoder, *args: object) -> torch.Tensor:
@@ -39,7 +29,7 @@ def _eager_decode(model: StaticKVDecoder, *args: object) -> torch.Tensor:
 
 
 def test_fp32_then_bf16_engines_compile_every_bucket_and_match_eager() -> None:
-    hf = _tiny_qwen()
+    hf = tiny_qwen()
     for name, dtype, tol in (("fp32", torch.float32, 1e-4), ("bf16", torch.bfloat16, 2e-2)):
         opts = SlotEngineOptions(num_slots=8, max_len=256, dtype=name, compile=True, cuda_graphs=False)
         engine = TorchSlotEngine(StaticKVDecoder.from_hf(hf, num_slots=8, max_len=256, dtype=dtype), [999], 0, opts)

@@ -19,6 +19,8 @@ from miaohui.engines.loader import load_engine
 from miaohui.engines.store import build_artifact, read_manifest
 from miaohui.errors import ArtifactError
 from miaohui.models.checkpoint import load_checkpoint
+from miaohui.nlp.tokenizer import pad_batch
+from miaohui.serving.served import ServedVersion
 
 pytestmark = pytest.mark.slow
 CFG = BuildConfig(backend="inductor", precision="fp32", autotune=False, shapes=parse_shapes("input_ids:1x1,4x16,16x32"))
@@ -113,3 +115,33 @@ def test_corrupt_package_is_a_clear_error(packaged: Path, tmp_path: Path) -> Non
         load_engine(art)
     with pytest.raises(ArtifactError, match="cannot load inductor engine"):
         load_engine(art, verify_checksums=False)
+
+
+async def test_served_by_the_model_manager(packaged: Path, repo: Path) -> None:
+    """The package behind the serving stack (repository config, warm-up, batcher) answers /v1/intent."""
+    import httpx
+
+    from miaohui.server.http import ServerState, create_app
+    from miaohui.server.metrics import Metrics
+    from miaohui.serving.repository import ModelManager
+
+    metrics = Metrics()
+    manager = ModelManager(repo, observer_factory=metrics.observer)
+    await manager.load("intent-aoti")
+    served = manager.get("intent-aoti", 1)
+    assert served.ready and all(isinstance(e, InductorEngine) and e.packaged for e in served.engines)
+    app = create_app(ServerState(manager, metrics))
+    texts = ["帮我订明天上午九点的会议室", "我的信用卡丢了", "hello"]
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://cpu") as client:
+        resp = await client.post("/v1/intent", json={"texts": texts, "model": "intent-aoti"})
+        assert resp.status_code == 200, resp.text
+        got = resp.json()
+    labels = read_manifest(packaged).labels
+    want = load_engine(packaged).infer(_encode(served, texts))["logits"].argmax(-1)
+    assert [r["intent"] for r in got] == [labels[int(i)] for i in want]
+    await manager.stop()
+
+
+def _encode(served: ServedVersion, texts: list[str]) -> dict[str, np.ndarray]:
+    ids, mask = pad_batch(served.tokenize(texts), served.pad_id)
+    return {"input_ids": ids, "attention_mask": mask}

@@ -149,11 +149,20 @@ class ServedVersion:
         self.ready = True
 
     def _warm_up(self, engine: Engine) -> None:
+        took: list[tuple[float, int, int]] = []
         for shape in self.config.warmup:
             batch = max(1, min(shape.batch, self.max_batch))
             seq = max(2, min(shape.sequence, self.max_length))
             ids = np.full((batch, seq), 5, dtype=np.int64)
+            started = time.perf_counter()
             engine.infer({"input_ids": ids, "attention_mask": np.ones_like(ids)})
+            took.append((time.perf_counter() - started, batch, seq))
+        if took:  # where a slow start goes (first call, new CUDA-graph buckets, a compile)
+            slowest = ", ".join(f"{b}x{s} {t:.2f}s" for t, b, s in sorted(took, reverse=True)[:3])
+            log.info(
+                "%s v%d instance warmed up: %d shapes in %.2fs (slowest: %s)",
+                self.name, self.version, len(took), sum(t for t, _, _ in took), slowest,
+            )  # fmt: skip
 
     async def stop(self) -> None:
         self.ready = False
