@@ -282,18 +282,29 @@ def through_scheduler(engine: TorchSlotEngine, streams: int, prompt_len: int, ne
 
 
 def _client_proc(
-    url: str, model: str, prompts: list[list[int]], new_tokens: int, duration: float, warmup: float, q: Any
+    url: str,
+    model: str,
+    prompts: list[list[int]],
+    new_tokens: int,
+    duration: float,
+    warmup: float,
+    q: Any,
+    first_delays: list[float] | None = None,
 ) -> None:
     """One client process: ``len(prompts)`` streams in a closed loop for ``warmup + duration`` s (from its own
-    start); only requests that start after the warm-up are recorded."""
+    start); only requests that start after the warm-up are recorded. ``first_delays``: seconds each stream waits
+    before its first request (staggered starts; none = all at once)."""
     import aiohttp
 
     measure_from = time.time() + warmup
     until = measure_from + duration
 
-    async def one_stream(session: aiohttp.ClientSession, prompt: list[int], res: dict[str, list[float]]) -> None:
+    async def one_stream(
+        session: aiohttp.ClientSession, prompt: list[int], res: dict[str, list[float]], delay: float
+    ) -> None:
         body = {"model": model, "prompt": prompt, "max_tokens": new_tokens, "temperature": 0, "stream": True,
                 "ignore_eos": True}  # fmt: skip
+        await asyncio.sleep(delay)
         while time.time() < until:
             record = time.time() >= measure_from
             start = time.perf_counter()
@@ -325,7 +336,8 @@ def _client_proc(
         res["start"].append(measure_from)
         conn = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=600)) as session:
-            await asyncio.gather(*(one_stream(session, p, res) for p in prompts))
+            delays = first_delays or [0.0] * len(prompts)
+            await asyncio.gather(*(one_stream(session, p, res, d) for p, d in zip(prompts, delays, strict=True)))
         return res
 
     q.put(asyncio.run(main()))
@@ -394,6 +406,7 @@ def server_load(
                     args.duration,
                     args.client_warmup,
                     q,
+                    [(i * per + j) * args.stagger_ms / 1e3 for j in range(per)],
                 ),
             )
             for i in range(args.client_procs)
@@ -415,6 +428,7 @@ def server_load(
             "streams": args.streams,
             "client_processes": args.client_procs,
             "client_warmup_s": args.client_warmup,
+            "stagger_ms": args.stagger_ms,
             "server_ready_s": ready_s,
             "requests": len(merged["tokens"]),
             "errors": len(merged["errors"]),
@@ -429,9 +443,13 @@ def server_load(
             "server_main_thread_cores": host["main_thread_cores"],
             "server_cpu_us_per_token": 1e6 * host["cores"] / (tokens / wall),
             "server_main_thread_us_per_token": 1e6 * host["main_thread_cores"] / (tokens / wall),
-            "metrics_excerpt": [ln for ln in metrics.splitlines() if ln.startswith("miaohui_llm") and "_sum" in ln][
-                :12
-            ],
+            # the server's own view (from engine.add): TTFT / inter-token / whole-request sums and counts
+            "metrics_excerpt": [
+                ln
+                for ln in metrics.splitlines()
+                if ln.startswith(("miaohui_time_to_first_token", "miaohui_inter_token", "miaohui_generation_duration"))
+                and ("_sum" in ln or "_count" in ln)
+            ][:12],
         }
     finally:
         server.terminate()
@@ -589,6 +607,13 @@ def main() -> None:
     ap.add_argument("--client-procs", type=int, default=4)
     ap.add_argument("--duration", type=float, default=20.0)
     ap.add_argument("--client-warmup", type=float, default=5.0, help="seconds of load before recording")
+    ap.add_argument(
+        "--stagger-ms",
+        type=float,
+        default=0.0,
+        help="server load: stream k sends its first request k x this many ms after the start (0: all at once; then "
+        "fixed-length streams finish and restart together, in waves of --streams prompts)",
+    )
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     ap.add_argument("--smoke", action="store_true", help="tiny random model on the CPU: checks the script, no timing")
     ap.add_argument(

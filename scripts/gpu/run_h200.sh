@@ -19,6 +19,8 @@
 #           1/2 engine instances
 #   aoti7:  (after a call that kept e5 part 1) join e5; tests/gpu (the inductor AOTInductor package and its probe on
 #           the H200), then benchmarks/bench_cold_start.py on the e5 intent model (package vs exported program)
+#   llm8:   the 1.5B server with staggered stream starts (--stagger-ms 10: no synchronized waves of 64 prompts),
+#           without and with --static-prefill (one prompt per step is where prefill graphs should pay)
 #   llm2:   join the SmolLM2 GGUF (parts from llm1 + llm2), SmolLM2 decoder benchmark, tests/gpu (tiny models)
 # Carried (ignored) folders: .whl (pure-python wheels), .gpu1 / .gpu2 (e5 parts, intent delta),
 # .llm1 / .llm2 (SmolLM2 GGUF parts).
@@ -137,6 +139,14 @@ case $stage in
       --tb=short 2>&1 | grep -E "passed|failed|error|Error|cold start|format|accuracy|assert|FAIL" | tail -25
     timeout 250 python3 -X faulthandler benchmarks/bench_cold_start.py --model var/models/intent-e5-small --runs 3 \
       --out "$OUT/cold_start_gpu.json" 2>&1 | grep -v -E "Warning|warn" | tail -12
+    ;;
+  llm8)
+    for v in base static; do
+      flag=""; [ $v = static ] && flag="--static-prefill"
+      mkdir -p "$OUT/stagger_$v"
+      timeout 250 python3 -X faulthandler benchmarks/bench_generation_gpu.py --models qwen1.5b --server-only $flag \
+        --stagger-ms 10 --out "$OUT/stagger_$v" 2>&1 | grep -E "server|Error|error" | tail -8
+    done
     ;;
   stage3)
     bash scripts/gpu/serve_and_load.sh "$OUT" 2>&1 | tail -60
