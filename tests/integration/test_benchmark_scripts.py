@@ -1,0 +1,27 @@
+"""The GPU generation benchmark's own CPU smoke mode, end to end (tiny model, real server, streaming clients), so a
+script error shows here and not in an H200 session's limited device time."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_generation_benchmark_smoke_with_staggered_streams(tmp_path: Path) -> None:
+    cmd = [sys.executable, "benchmarks/bench_generation_gpu.py", "--smoke", "--server", "--stagger-ms", "5"]
+    proc = subprocess.run([*cmd, "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (path,) = tmp_path.glob("generation_gpu_*.json")
+    server = json.loads(path.read_text())["models"][0]["server"]
+    assert server["stagger_ms"] == 5.0 and server["errors"] == 0 and server["output_tokens"] > 0
+    assert server["ttft_ms_p99"] >= server["ttft_ms_median"] > 0
+    # the server's own TTFT, inter-token and whole-request sums and counts come with it
+    names = {line.split("{")[0] for line in server["metrics_excerpt"]}
+    assert {"miaohui_time_to_first_token_seconds_count", "miaohui_inter_token_latency_seconds_sum"} <= names
