@@ -145,3 +145,12 @@ async def test_served_by_the_model_manager(packaged: Path, repo: Path) -> None:
 def _encode(served: ServedVersion, texts: list[str]) -> dict[str, np.ndarray]:
     ids, mask = pad_batch(served.tokenize(texts), served.pad_id)
     return {"input_ids": ids, "attention_mask": mask}
+
+
+def test_validate_gate_runs_within_the_profile(packaged: Path, repo: Path) -> None:
+    """`miaohui validate` on the package: its batches follow the profile's max batch (16 here, not 32)."""
+    from miaohui.validate.run import run_validation
+
+    report, _ = run_validation(str(packaged), repo, "dev", "torch", 1.0, 0.98, None)
+    assert report.passed, report.failures
+    assert report.agreement == 1.0 and report.max_logit_error < 1e-3

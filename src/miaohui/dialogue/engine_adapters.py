@@ -171,9 +171,12 @@ class ArtifactClassifier:
 
     def logits(self, texts: list[str], batch_size: int = 32) -> np.ndarray:
         """Logits of every text (normalized like the server does, over-long texts truncated)."""
-        from miaohui.validate.accuracy import run_logits
+        from miaohui.validate.accuracy import engine_batch, run_logits
 
-        return run_logits(lambda feeds: self.engine.infer(feeds)[self.output], self.tokenizer, texts, batch_size)
+        def fn(feeds: dict[str, np.ndarray]) -> np.ndarray:
+            return self.engine.infer(feeds)[self.output]
+
+        return run_logits(fn, self.tokenizer, texts, engine_batch(self.engine, batch_size))
 
     async def classify(self, texts: list[str]) -> list[tuple[str, float]]:
         return _softmax_top(await asyncio.to_thread(self.logits, texts), self.labels)

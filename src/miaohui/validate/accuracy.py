@@ -48,6 +48,12 @@ def engine_logits(engine: Engine) -> Logits:
     return lambda feeds: engine.infer(feeds)[name]
 
 
+def engine_batch(engine: Engine, default: int = 32) -> int:
+    """Rows per validation batch: ``default``, or fewer if the engine's shape profile allows fewer."""
+    profile = engine.manifest.inputs[0].profile if engine.manifest.inputs else None
+    return min(default, profile.max[0]) if profile is not None else default
+
+
 def run_logits(fn: Logits, tok: TextTokenizer, texts: list[str], batch_size: int = 32) -> np.ndarray:
     """Logits of every text, batched and padded per batch (sorted by length to limit padding)."""
     order = sorted(range(len(texts)), key=lambda i: len(texts[i]))

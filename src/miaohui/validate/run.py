@@ -16,6 +16,7 @@ from miaohui.validate.accuracy import (
     GateConfig,
     ValidationReport,
     compare,
+    engine_batch,
     engine_logits,
     load_golden,
     run_logits,
@@ -57,7 +58,7 @@ def reference_logits(
     with load_engine(path) as ref:
         m = ref.manifest
         ref_tok = TextTokenizer.from_file(path / (m.tokenizer_file or "tokenizer.json"), m.max_length or 512)
-        return run_logits(engine_logits(ref), ref_tok, texts), f"{m.name} v{m.version}", m.labels
+        return run_logits(engine_logits(ref), ref_tok, texts, engine_batch(ref)), f"{m.name} v{m.version}", m.labels
 
 
 def run_validation(
@@ -75,7 +76,7 @@ def run_validation(
     texts = [x.text for x in examples]
     tok = TextTokenizer.from_file(path / (manifest.tokenizer_file or "tokenizer.json"), manifest.max_length or 512)
     with load_engine(path) as engine:
-        logits = run_logits(engine_logits(engine), tok, texts)
+        logits = run_logits(engine_logits(engine), tok, texts, engine_batch(engine))
     ref, ref_name, ref_labels = reference_logits(reference, manifest.extra.get("source_model"), repository, tok, texts)
     gate = GateConfig(max_accuracy_drop=max_drop, min_agreement=min_agreement)
     report = compare(
