@@ -119,4 +119,6 @@ async def test_serve_on_gpu(artifact: Path, repo: Path) -> None:
         assert len(resp.json()) == 2
         text = (await client.get("/metrics")).text
         assert "miaohui_gpu_utilization_ratio" in text and "miaohui_gpu_memory_used_bytes" in text
+        for stage in ("tokenize", "h2d", "gpu", "d2h"):  # the engine's stages from CUDA events
+            assert f'stage="{stage}"' in text, stage
     await manager.stop()

@@ -264,6 +264,11 @@ async def test_metrics_exposed(client: httpx.AsyncClient) -> None:
     ):
         assert name in text
     assert 'miaohui_model_ready{model="intent",version="1"} 1.0' in text
+    # where the time goes around the batcher: tokenize and slots per /v1/intent request (the ORT engine on
+    # the CPU measures no h2d/gpu/d2h stages)
+    for stage in ("tokenize", "slots"):
+        assert f'miaohui_stage_duration_seconds_count{{model="intent",stage="{stage}",version="1"}} 1.0' in text
+    assert 'stage="gpu"' not in text
 
 
 async def test_statistics(client: httpx.AsyncClient) -> None:

@@ -201,8 +201,13 @@ def test_breakdown_from_real_metrics_registry() -> None:
     obs.on_compute(0.005, 2, True)
     obs.on_compute(0.005, 2, True)
     obs.on_reject("queue_full")
+    for stage, seconds in (("tokenize", 0.0002), ("tokenize", 0.0004), ("gpu", 0.003)):
+        obs.on_stage(stage, seconds)
     after = parse_metrics(metrics.render().decode())
     out = breakdown(before, after, "intent", wall_s=1.0)
+    assert set(out["stage_ms"]) == {"tokenize", "gpu"}
+    assert out["stage_ms"]["tokenize"]["count"] == 2 and out["stage_ms"]["tokenize"]["mean"] == pytest.approx(0.3)
+    assert out["stage_ms"]["gpu"]["mean"] == pytest.approx(3.0)
     assert out["requests_by_code"] == {"200": 4, "429": 1}
     assert out["rejected_by_reason"] == {"queue_full": 1}
     assert out["request_ms"]["count"] == 5 and out["request_ms"]["mean"] == pytest.approx(8.2)

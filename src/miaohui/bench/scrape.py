@@ -127,6 +127,14 @@ def breakdown(before: Snapshot, after: Snapshot, model: str, wall_s: float) -> d
     if request and queue and compute:
         # what is neither waiting for a batch nor running it: parsing, tokenizing, routing, serializing
         out["other_ms"] = request["mean"] - queue["mean"] - compute["mean"]
+    # around the batcher: tokenize and slots per request; the engine's h2d / gpu / d2h per batch (GPU engines)
+    stages = {
+        stage: hist
+        for stage in ("tokenize", "slots", "h2d", "gpu", "d2h")
+        if (hist := _hist(before, after, "miaohui_stage_duration_seconds", 1e3, model=model, stage=stage))
+    }
+    if stages:
+        out["stage_ms"] = stages
     cpu = _delta(before, after, "miaohui_process_cpu_seconds_total")
     if wall_s > 0 and cpu > 0:
         out["server_cpu_cores"] = cpu / wall_s

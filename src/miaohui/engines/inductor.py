@@ -301,6 +301,8 @@ class InductorEngine(Engine):
             # A blocking event: waiting for the batch sleeps instead of spinning a core (CUDA's default sync
             # spins). With ``--workers N`` every worker waits at once; spinning took cores from the host path.
             self._done = torch.cuda.Event(blocking=True)
+            # where a batch's GPU time goes (``last_stages``): copies in, the graph, copies out
+            self._marks = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
 
     def bucket(self, b: int, s: int) -> tuple[int, int]:
         return (
@@ -347,13 +349,21 @@ class InductorEngine(Engine):
         h_mask[:, 0] = 1  # padding rows attend to one token (no all-masked softmax); their outputs are dropped
         h_ids[:b, :s] = ids_np
         h_mask[:b, :s] = mask_np
+        marks = self._marks
         with torch.no_grad(), torch.cuda.stream(self.stream):
+            marks[0].record(self.stream)
             k.ids.copy_(k.host_ids, non_blocking=True)
             k.mask.copy_(k.host_mask, non_blocking=True)
+            marks[1].record(self.stream)
             k.graph.replay()
+            marks[2].record(self.stream)
             k.host_out.copy_(k.out, non_blocking=True)
+            marks[3].record(self.stream)
             self._done.record(self.stream)
         self._done.synchronize()
+        self.last_stages = {
+            stage: marks[i].elapsed_time(marks[i + 1]) / 1e3 for i, stage in enumerate(("h2d", "gpu", "d2h"))
+        }
         return {self.output_names[0]: k.host_out.numpy()[:b].copy()}
 
     def close(self) -> None:

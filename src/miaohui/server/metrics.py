@@ -209,6 +209,14 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        self.serving_stage_seconds = Histogram(
+            "miaohui_stage_duration_seconds",
+            "Where a request's time goes around the batcher: tokenize and slots per request; the engine's "
+            "h2d, gpu and d2h per batch (CUDA events, GPU engines)",
+            ["model", "version", "stage"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.batch_size = Histogram(
             "miaohui_batch_size",
             "Rows per executed batch",
@@ -405,3 +413,6 @@ class _BatchMetrics(BatcherObserver):
 
     def on_compute(self, seconds: float, size: int, ok: bool) -> None:
         self.compute.observe(seconds)
+
+    def on_stage(self, stage: str, seconds: float) -> None:
+        self.m.child(self.m.serving_stage_seconds, *self.labels, stage).observe(seconds)

@@ -127,6 +127,11 @@ class BatcherObserver:
         """``run_batch`` returned (``ok``) or raised after ``seconds``; retries of a failed batch report
         their own calls."""
 
+    def on_stage(self, stage: str, seconds: float) -> None:
+        """Not the batcher's: the served model reports the parts around it through the same observer —
+        per request ``tokenize`` and ``slots``, per batch the engine's own stages (on a GPU ``h2d``, ``gpu``,
+        ``d2h``). Called from the event loop or an engine thread."""
+
 
 class _State(enum.Enum):
     QUEUED = "queued"

@@ -110,6 +110,7 @@ class ServedVersion:
         for engine in self.engines:
             self._free.put_nowait(engine)
         self._pool = ThreadPoolExecutor(max_workers=instances, thread_name_prefix=f"{self.name}-v{self.version}")
+        self.observer = observer
         self.batcher: DynamicBatcher[Row, RowResult] = DynamicBatcher(
             self._run_batch, bcfg, observer, name=f"{self.name}:{self.version}"
         )
@@ -185,7 +186,16 @@ class ServedVersion:
     def _compute(self, engine: Engine, rows: list[Row]) -> list[RowResult | BaseException]:
         ids, mask = pad_batch([r.ids for r in rows], self.pad_id)
         out = engine.infer({"input_ids": ids, "attention_mask": mask})[self.output_name]
+        for stage, seconds in engine.last_stages.items():
+            self._stage(stage, seconds)
         return [RowResult(output=out[i]) for i in range(len(rows))]
+
+    def _stage(self, stage: str, seconds: float) -> None:
+        if self.observer is not None:
+            try:
+                self.observer.on_stage(stage, seconds)
+            except Exception:  # metrics must never fail a request
+                log.exception("stage observer of %s v%d failed", self.name, self.version)
 
     async def run_rows(self, rows: list[list[int]], deadline: float | None) -> np.ndarray:
         """Submit every row to the batcher and gather the outputs in order."""
@@ -231,12 +241,17 @@ class ServedVersion:
         return ids
 
     async def classify(self, texts: list[str], deadline: float | None, with_slots: bool = True) -> list[IntentResult]:
-        pending = self._submit(self.tokenize(texts), deadline)  # queued now
+        started = time.perf_counter()
+        rows = self.tokenize(texts)
+        self._stage("tokenize", time.perf_counter() - started)
+        pending = self._submit(rows, deadline)  # queued now
         slots: list[list[Slot]] = [[] for _ in texts]
         if with_slots:  # extract slots while the rows are batched and computed, not after
             try:
                 await asyncio.sleep(0)  # one loop turn: the batcher's owner takes the rows to the engine first
+                started = time.perf_counter()
                 slots = [extract_slots(t) for t in texts]
+                self._stage("slots", time.perf_counter() - started)
             except BaseException:
                 pending.cancel()
                 raise
