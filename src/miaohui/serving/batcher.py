@@ -268,7 +268,7 @@ class DynamicBatcher(Generic[P, R]):
 
     def _enqueue(self, payload: P, length: int, deadline: float | None) -> _Item[P, R]:
         if self._closed:
-            self._observe("on_reject", "shutdown")
+            self.observe("on_reject", "shutdown")
             raise self._shutdown_error()
         if not self._started:
             raise MiaohuiError(
@@ -281,7 +281,7 @@ class DynamicBatcher(Generic[P, R]):
         deadline = self._resolve_deadline(deadline, now)
         depth = self.queue_depth
         if depth >= self.config.max_queue_size:
-            self._observe("on_reject", "queue_full")
+            self.observe("on_reject", "queue_full")
             raise QueueFullError(
                 f"queue of {self.name!r} is full ({depth} of max_queue_size={self.config.max_queue_size} "
                 "requests waiting)",
@@ -292,7 +292,7 @@ class DynamicBatcher(Generic[P, R]):
             payload, length, self._bucket_of(length), deadline, now, next(self._seq), loop.create_future()
         )
         self._buckets.setdefault(item.bucket, deque()).append(item)
-        self._observe("on_enqueue", depth + 1)
+        self.observe("on_enqueue", depth + 1)
         self._notify()
         return item
 
@@ -300,7 +300,7 @@ class DynamicBatcher(Generic[P, R]):
         if deadline is None and self.config.default_timeout_ms is not None:
             deadline = now + self.config.default_timeout_ms / 1000.0
         if deadline is not None and deadline <= now:
-            self._observe("on_reject", "deadline")
+            self.observe("on_reject", "deadline")
             raise DeadlineExceededError(
                 f"request deadline passed {1000 * (now - deadline):.1f} ms before it was submitted",
                 "give a deadline in the future, in time.monotonic() seconds, or a longer timeout",
@@ -335,7 +335,7 @@ class DynamicBatcher(Generic[P, R]):
         if item.state is _State.QUEUED:
             self._remove(item)
         item.future.cancel()
-        self._observe("on_reject", reason)
+        self.observe("on_reject", reason)
 
     # ---------------------------------------------------------------- owner side
 
@@ -425,14 +425,14 @@ class DynamicBatcher(Generic[P, R]):
         for item in batch:
             item.state = _State.RUNNING
         self._in_flight += len(batch)
-        self._observe(
+        self.observe(
             "on_batch",
             len(batch),
             sum(item.length for item in batch),
             longest * len(batch),
             [now - item.enqueued for item in batch],
         )
-        self._observe("on_dequeue", self.queue_depth)
+        self.observe("on_dequeue", self.queue_depth)
         try:
             await self._compute(batch)
         finally:
@@ -451,7 +451,7 @@ class DynamicBatcher(Generic[P, R]):
             results = await self._run_batch([item.payload for item in items])
             _check_results(results, len(items))
         except Exception as exc:
-            self._observe("on_compute", time.monotonic() - start, len(items), False)
+            self.observe("on_compute", time.monotonic() - start, len(items), False)
             if len(items) == 1:
                 self._settle(items[0], exc)
                 return
@@ -460,7 +460,7 @@ class DynamicBatcher(Generic[P, R]):
             await self._compute(items[:middle])
             await self._compute(items[middle:])
             return
-        self._observe("on_compute", time.monotonic() - start, len(items), True)
+        self.observe("on_compute", time.monotonic() - start, len(items), True)
         for item, result in zip(items, results, strict=True):
             self._settle(item, result)
 
@@ -478,7 +478,7 @@ class DynamicBatcher(Generic[P, R]):
     def _reject_queued(self, item: _Item[P, R], reason: RejectReason, error: MiaohuiError) -> None:
         self._remove(item)
         self._settle(item, error)
-        self._observe("on_reject", reason)
+        self.observe("on_reject", reason)
 
     def _remove(self, item: _Item[P, R]) -> None:
         queue = self._buckets.get(item.bucket)
@@ -496,7 +496,8 @@ class DynamicBatcher(Generic[P, R]):
         wakeup, self._wakeup = self._wakeup, asyncio.Event()
         wakeup.set()
 
-    def _observe(self, hook: str, *args: object) -> None:
+    def observe(self, hook: str, *args: object) -> None:
+        """Call the observer's ``hook``; an exception there is logged and ignored (metrics never fail work)."""
         try:
             getattr(self._observer, hook)(*args)
         except Exception:

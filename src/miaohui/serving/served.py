@@ -110,7 +110,6 @@ class ServedVersion:
         for engine in self.engines:
             self._free.put_nowait(engine)
         self._pool = ThreadPoolExecutor(max_workers=instances, thread_name_prefix=f"{self.name}-v{self.version}")
-        self.observer = observer
         self.batcher: DynamicBatcher[Row, RowResult] = DynamicBatcher(
             self._run_batch, bcfg, observer, name=f"{self.name}:{self.version}"
         )
@@ -191,11 +190,7 @@ class ServedVersion:
         return [RowResult(output=out[i]) for i in range(len(rows))]
 
     def _stage(self, stage: str, seconds: float) -> None:
-        if self.observer is not None:
-            try:
-                self.observer.on_stage(stage, seconds)
-            except Exception:  # metrics must never fail a request
-                log.exception("stage observer of %s v%d failed", self.name, self.version)
+        self.batcher.observe("on_stage", stage, seconds)
 
     async def run_rows(self, rows: list[list[int]], deadline: float | None) -> np.ndarray:
         """Submit every row to the batcher and gather the outputs in order."""
