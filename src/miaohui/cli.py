@@ -140,6 +140,10 @@ def build(
     ] = 0,
     target: Annotated[str | None, typer.Option(help="TensorRT GPU target, e.g. sm86 (A10), sm89 (L4).")] = None,
     opt_level: Annotated[int, typer.Option(min=0, max=5)] = 3,
+    autotune: Annotated[bool, typer.Option(help="inductor: max-autotune GEMM selection (slower build).")] = False,
+    inductor_format: Annotated[
+        str, typer.Option(help="inductor: auto | aoti-package | exported-program (see README, GPU section)")
+    ] = "auto",
     repository: RepoOpt = None,
     force: Annotated[bool, typer.Option(help="Rebuild even if the build key is cached.")] = False,
 ) -> None:
@@ -164,6 +168,8 @@ def build(
             ),
             target=target,
             opt_level=opt_level,
+            autotune=autotune,
+            inductor_format=inductor_format,
         )
         texts = _calibration_texts(calib_data) if precision == "int8" else []
         outcome = build_artifact(

@@ -148,6 +148,11 @@ class BuildConfig(Frozen):
     """inductor: Inductor's max-autotune GEMM selection. Off by default: on the H200 it made BERT-base slower
     (1×128 0.58 vs 0.49 ms, 32×128 3.15 vs 1.88 ms; its Triton templates lost to cuBLAS) and the build 140 s long
     (``benchmarks/results/gpu_encoder_bert_autotune.json``)."""
+    inductor_format: Literal["auto", "aoti-package", "exported-program"] = "auto"
+    """inductor: the artifact's format. ``auto``: the AOTInductor package when a fresh process loads and runs it
+    at build time, else the exported program + Inductor cache; ``aoti-package``: fail the build instead of falling
+    back; ``exported-program``: skip the package (where it is known to crash on load, e.g. the H200 image with
+    torch 2.11, it saves the package's compile and probe)."""
 
     @field_validator("target")
     @classmethod
@@ -168,6 +173,11 @@ class BuildConfig(Frozen):
                 f"precision {self.precision} with backend onnxruntime (CPU)",
                 "ONNX Runtime's CPU kernels are fp32/int8; use --precision int8 or fp32, "
                 "or a GPU backend (tensorrt, tensorrt-rtx, inductor) for fp16/bf16",
+            )
+        if self.backend != "inductor" and self.inductor_format != "auto":
+            raise ConfigError(
+                f"inductor_format {self.inductor_format} with backend {self.backend}",
+                "the artifact format is an inductor option: drop --inductor-format or use --backend inductor",
             )
         if self.backend in ("tensorrt", "tensorrt-rtx") and self.precision == "bf16":
             # TensorRT supports bf16 from 9.0 on; kept explicit so the error is ours if the library refuses.
@@ -201,6 +211,7 @@ class BuildConfig(Frozen):
             fields["calibration"] = {k: fields["calibration"][k] for k in kept}
         if self.backend != "inductor":
             fields.pop("autotune")
+            fields.pop("inductor_format")
         return digest_json(fields)
 
 

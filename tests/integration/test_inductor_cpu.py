@@ -17,7 +17,7 @@ from miaohui.engines import inductor
 from miaohui.engines.inductor import InductorEngine
 from miaohui.engines.loader import load_engine
 from miaohui.engines.store import build_artifact, read_manifest
-from miaohui.errors import ArtifactError
+from miaohui.errors import ArtifactError, BuildError
 from miaohui.models.checkpoint import load_checkpoint
 from miaohui.nlp.tokenizer import pad_batch
 from miaohui.serving.served import ServedVersion
@@ -88,6 +88,31 @@ def test_refused_package_falls_back_to_the_exported_program(
     engine = load_engine(out)
     assert isinstance(engine, InductorEngine) and not engine.packaged
     _check_matches_pytorch(engine, tiny_model)
+
+
+def test_format_aoti_package_fails_the_build_instead_of_falling_back(
+    tiny_model: Path, repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(inductor, "probe_aoti_package", lambda *a: "a child process ended with signal 11")
+    cfg = CFG.model_copy(update={"inductor_format": "aoti-package"})
+    with pytest.raises(BuildError, match="signal 11") as err:
+        build_artifact(tiny_model, "intent-strict", cfg, repo, log=print)
+    assert "--inductor-format auto" in str(err.value)
+    assert not (repo / "intent-strict").exists() or not any((repo / "intent-strict").iterdir())  # no partial artifact
+
+
+def test_format_exported_program_skips_the_package(
+    tiny_model: Path, repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def never(*a: object) -> None:
+        raise AssertionError("the AOTInductor package was compiled")
+
+    monkeypatch.setattr(inductor, "build_aoti_package", never)
+    cfg = CFG.model_copy(update={"inductor_format": "exported-program"})
+    out = build_artifact(tiny_model, "intent-ep", cfg, repo, log=print).path
+    manifest = read_manifest(out)
+    assert manifest.engine_file == "program.pt2" and manifest.extra["format"] == "exported-program"
+    assert manifest.extra["aoti"]["reason"].startswith("not tried")
 
 
 def test_probe_reports_a_package_that_does_not_load(tiny_model: Path, tmp_path: Path) -> None:

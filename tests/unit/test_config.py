@@ -50,6 +50,8 @@ def test_cross_field_errors() -> None:
     with pytest.raises(ConfigError, match="unknown target 'x9'"):
         BuildConfig(backend="tensorrt-rtx", target="x9")
     assert BuildConfig(backend="tensorrt-rtx", target="8.6").target == "sm86"
+    with pytest.raises(ConfigError, match="inductor_format exported-program with backend onnxruntime"):
+        BuildConfig(backend="onnxruntime", inductor_format="exported-program")
 
 
 def test_hash_covers_only_graph_changing_fields() -> None:

@@ -94,7 +94,16 @@ def build(ctx: BuildContext) -> BuiltEngine:
         warnings.simplefilter("ignore")
         ep = torch.export.export(model, (ids, mask), dynamic_shapes=({0: batch, 1: seq}, {0: batch, 1: seq}))
         export_s = time.perf_counter() - started
-        aoti = build_aoti_package(ep, ctx.out_dir / AOTI_FILE, shapes, ctx.cfg.precision, ctx.cfg.autotune, ctx.log)
+        fmt = ctx.cfg.inductor_format
+        if fmt == "exported-program":
+            aoti: dict[str, Any] = {"ok": False, "reason": "not tried (inductor_format exported-program)"}
+        else:
+            aoti = build_aoti_package(ep, ctx.out_dir / AOTI_FILE, shapes, ctx.cfg.precision, ctx.cfg.autotune, ctx.log)
+        if not aoti["ok"] and fmt == "aoti-package":
+            raise BuildError(
+                f"the AOTInductor package was not accepted: {aoti['reason']}",
+                "build with --inductor-format auto (falls back to the exported program) or exported-program",
+            )
         if not aoti["ok"]:
             ctx.log(f"AOTInductor package not used ({aoti['reason']}): saving the exported program + Inductor cache")
             _build_exported_program(ctx, ep, shapes, device)

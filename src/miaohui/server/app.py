@@ -194,6 +194,10 @@ def run_server(
         import uvloop
 
         uvloop.install()
+    if os.environ.get("MIAOHUI_SWITCH_US"):
+        import sys
+
+        sys.setswitchinterval(float(os.environ["MIAOHUI_SWITCH_US"]) / 1e6)
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     status = 0
     with contextlib.suppress(KeyboardInterrupt):
