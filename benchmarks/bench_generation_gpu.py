@@ -57,6 +57,7 @@ from miaohui.generation.scheduler import SchedulerConfig
 from miaohui.generation.slot_engine import TorchSlotEngine
 from miaohui.generation.slot_options import SlotEngineOptions
 from miaohui.generation.static_kv import StaticKVDecoder
+from miaohui.server.gil import DEFAULT_SWITCH_US, SWITCH_ENV
 
 HBM_BYTES_PER_S = 4.3e12
 DEVICE = "cuda"
@@ -429,7 +430,7 @@ def server_load(
             "client_processes": args.client_procs,
             "client_warmup_s": args.client_warmup,
             "stagger_ms": args.stagger_ms,
-            "gil_switch_interval_us": float(os.environ.get("MIAOHUI_SWITCH_US") or 5000),  # setswitchinterval
+            "gil_switch_interval_us": float(os.environ.get(SWITCH_ENV) or DEFAULT_SWITCH_US),
             "server_ready_s": ready_s,
             "requests": len(merged["tokens"]),
             "errors": len(merged["errors"]),

@@ -24,7 +24,10 @@ cfg = BuildConfig(
     inductor_format=os.environ.get("INDUCTOR_FORMAT", "auto"),  # exported-program: skip a package known to crash
 )
 if not (repo / "intent" / "1").is_dir():  # a rerun (another delay) only rewrites config.yaml
-    build_artifact(Path("var/models/intent-e5-small"), "intent", cfg, repo, log=print)
+    model = Path(
+        os.environ.get("MODEL", "var/models/intent-e5-small")
+    )  # scripts/gpu/e5_shape_model.py: random e5 shape
+    build_artifact(model, "intent", cfg, repo, log=print)
 delay_ms = float(sys.argv[2]) if len(sys.argv) > 2 else 1.0  # max_queue_delay_ms (a sweep passes others)
 instances = int(sys.argv[3]) if len(sys.argv) > 3 else 1  # engine instances (each its own CUDA stream)
 batching = BatcherConfig(

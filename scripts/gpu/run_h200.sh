@@ -28,6 +28,9 @@
 #           backtrace under gdb) (keeps e5 part 1)
 #   s6d:    (after s6c) join e5, build the intent engine (exported-program format), `--shared-engine` at queue delay
 #           0/1 ms with 1/2 instances (gpu6 without the package's compile and probe)
+#   s6e:    (no e5 needed) the random e5-shaped intent model (scripts/gpu/e5_shape_model.py) behind `--shared-engine`,
+#           queue delay 0, GIL switch interval 5000 µs (Python's default) vs 200 µs (miaohui's); then tests/gpu inductor
+#           fp16 (exported-program format) incl. two instances under concurrent load
 #   llm2:   join the SmolLM2 GGUF (parts from llm1 + llm2), SmolLM2 decoder benchmark, tests/gpu (tiny models)
 # Carried (ignored) folders: .whl (pure-python wheels), .gpu1 / .gpu2 (e5 parts, intent delta),
 # .llm1 / .llm2 (SmolLM2 GGUF parts).
@@ -179,7 +182,7 @@ case $stage in
     timeout 400 python3 -X faulthandler scripts/gpu/diag_aoti.py "$OUT" 2>&1 | grep -v -E "Warning|warn\(" | tail -120
     # the GIL hand-off between the event loop and the engine thread: 5 ms (Python's default) vs 0.2 ms switch interval
     mkdir -p "$OUT/switch200"
-    MIAOHUI_SWITCH_US=200 timeout 140 python3 -X faulthandler benchmarks/bench_generation_gpu.py --models qwen1.5b \
+    MIAOHUI_GIL_SWITCH_US=200 timeout 140 python3 -X faulthandler benchmarks/bench_generation_gpu.py --models qwen1.5b \
       --server-only --static-prefill --stagger-ms 10 --duration 12 --out "$OUT/switch200" 2>&1 | grep -E "server|Error|error" | tail -8
     ;;
   s6d)
@@ -191,6 +194,17 @@ case $stage in
       SHARED=1 DELAY_MS=$1 INSTANCES=$2 TAG="_shared_delay$1_inst$2" WORKERS=${WORKERS:-6} LEVELS=${LEVELS:-32,48,64} \
         timeout 215 bash scripts/gpu/serve_workers.sh "$OUT" 2>&1 | grep -E "ready after|c=|exit" | tail -12
     done
+    ;;
+  s6e)
+    python3 scripts/gpu/e5_shape_model.py var/models/intent-e5-shape | tail -1
+    MODEL=var/models/intent-e5-shape INDUCTOR_FORMAT=exported-program python3 scripts/gpu/build_intent_gpu.py /tmp/gpurepo 0 2>&1 | tail -1
+    for sw in 5000 200; do
+      MIAOHUI_GIL_SWITCH_US=$sw SHARED=1 DELAY_MS=0 INSTANCES=1 TAG="_e5shape_shared_delay0_switch$sw" WORKERS=6 \
+        LEVELS=${LEVELS:-48,64} timeout 150 bash scripts/gpu/serve_workers.sh "$OUT" 2>&1 | grep -E "ready after|c=|exit" | tail -8
+    done
+    MIAOHUI_GPU_TEST_FORMAT=exported-program timeout 240 python3 -X faulthandler -m pytest -q tests/gpu/test_inductor_gpu.py \
+      -k "fp16" -p no:cacheprovider -p no:warnings -s --tb=short > "$OUT/pytest_inductor_fp16.txt" 2>&1
+    grep -E "passed|failed|error|Error|cold start|format|assert|FAIL" "$OUT/pytest_inductor_fp16.txt" | tail -20
     ;;
   stage3)
     bash scripts/gpu/serve_and_load.sh "$OUT" 2>&1 | tail -60

@@ -40,3 +40,22 @@ def test_every_instance_runs_every_warmup_shape(tiny_model: Path, tmp_path: Path
     asyncio.run(run())
     assert len(served.engines) == 2
     assert all(shapes_run == [(1, 8), (4, 16)] for shapes_run in seen.values()), seen
+
+
+def test_warmup_covers_every_bucket_the_engine_specialises_on(tiny_model: Path, tmp_path: Path) -> None:
+    """A GPU inductor engine reports its CUDA-graph buckets; warm-up runs each (clamped to the served limits), so
+    no bucket is captured while serving. The CPU engine here has no buckets: its ``warmup_buckets`` is replaced with
+    what an engine with batch buckets 1..8 and sequence buckets 8..48 reports (stand-in for a GPU)."""
+    art = build_artifact(tiny_model, "tiny", BuildConfig(precision="fp32"), tmp_path / "repo", log=lambda m: None)
+    config = ModelConfig(
+        threads=1, batching=BatcherConfig(max_batch_size=6), warmup=[WarmupShape(batch=2, sequence=16)]
+    )
+    served = ServedVersion(art.path, config)
+    engine = served.engines[0]
+    assert engine.warmup_buckets() == []  # ONNX Runtime: shape-generic
+    assert served.warmup_shapes(engine) == [(2, 16)]
+    engine.warmup_buckets = lambda: [(b, s) for b in (1, 2, 4, 8) for s in (8, 48, 96)]  # type: ignore[method-assign]
+    shapes = served.warmup_shapes(engine)
+    limit = served.max_length
+    assert shapes[0] == (2, 16) and len(shapes) == len(set(shapes))
+    assert set(shapes[1:]) == {(b, s) for b in (1, 2, 4, 6) for s in (8, 48 if limit >= 48 else limit, min(96, limit))}

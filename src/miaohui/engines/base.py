@@ -120,6 +120,12 @@ class Engine(abc.ABC):
         """Seconds per stage of the last ``infer``, where the engine measures them (GPU engines: ``h2d``, ``gpu``,
         ``d2h`` from CUDA events); empty otherwise."""
 
+    def warmup_buckets(self) -> list[tuple[int, int]]:
+        """(batch, sequence) shapes this engine specialises on (CUDA-graph buckets), to be run before it serves:
+        a bucket first met while serving would be captured then (a latency spike). Empty for shape-generic
+        engines."""
+        return []
+
     @property
     def input_names(self) -> list[str]:
         return [s.name for s in self.manifest.inputs]

@@ -31,6 +31,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -56,6 +57,7 @@ CACHE_FILE = "inductor-cache.bin"
 PROBE_TIMEOUT_S = 600
 """Longest the child process that loads and runs a fresh AOTInductor package may take."""
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+_CAPTURE_LOCK = threading.Lock()
 SEQ_BUCKETS = (8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 
 
@@ -319,20 +321,31 @@ class InductorEngine(Engine):
             self.seqs[bisect.bisect_left(self.seqs, max(s, self.min_s))],
         )
 
+    def warmup_buckets(self) -> list[tuple[int, int]]:
+        if not self.use_graphs:
+            return []
+        return [(b, s) for b in self.batches for s in self.seqs if s >= self.min_s]
+
     def capture(self, b: int, s: int) -> None:
-        """Capture the CUDA graph of bucket (b, s) (idempotent)."""
+        """Capture the CUDA graph of bucket (b, s) (idempotent).
+
+        One capture at a time per process (``_CAPTURE_LOCK``), in ``thread_local`` mode: another instance's thread
+        keeps replaying its graphs and waiting on its events meanwhile. In CUDA's default (``global``) mode those
+        calls are forbidden during any capture and failed the other instance's batch (H200, two instances, a bucket
+        captured while serving: ``operation not permitted when stream is capturing``)."""
         if (b, s) in self._graphs:
             return
-        ids = torch.full((b, s), 5, dtype=torch.int64, device=self.device)
-        mask = torch.ones_like(ids)
-        with torch.no_grad(), torch.cuda.stream(self.stream):
-            for _ in range(2):  # warm the kernels and the allocator outside the graph
-                self._runner(ids, mask)
-            self.stream.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, stream=self.stream):
-                out = self._runner(ids, mask)
-        self._graphs[(b, s)] = _Bucket(graph, ids, mask, out)
+        with _CAPTURE_LOCK:
+            ids = torch.full((b, s), 5, dtype=torch.int64, device=self.device)
+            mask = torch.ones_like(ids)
+            with torch.no_grad(), torch.cuda.stream(self.stream):
+                for _ in range(2):  # warm the kernels and the allocator outside the graph
+                    self._runner(ids, mask)
+                self.stream.synchronize()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, stream=self.stream, capture_error_mode="thread_local"):
+                    out = self._runner(ids, mask)
+            self._graphs[(b, s)] = _Bucket(graph, ids, mask, out)
 
     def _infer_impl(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         ids_np, mask_np = feeds["input_ids"], feeds["attention_mask"]

@@ -16,6 +16,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from miaohui.errors import ConfigError
+from miaohui.server.gil import apply_switch_interval
 from miaohui.server.http import ServerState, create_app
 from miaohui.server.metrics import Metrics
 from miaohui.server.status import message
@@ -194,10 +195,7 @@ def run_server(
         import uvloop
 
         uvloop.install()
-    if os.environ.get("MIAOHUI_SWITCH_US"):
-        import sys
-
-        sys.setswitchinterval(float(os.environ["MIAOHUI_SWITCH_US"]) / 1e6)
+    apply_switch_interval()
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     status = 0
     with contextlib.suppress(KeyboardInterrupt):

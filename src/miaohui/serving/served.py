@@ -148,11 +148,16 @@ class ServedVersion:
         self.warmup_seconds = time.perf_counter() - started
         self.ready = True
 
+    def warmup_shapes(self, engine: Engine) -> list[tuple[int, int]]:
+        """The config's warm-up shapes, then every bucket the engine specialises on (CUDA graphs: none is then
+        captured while serving), clamped to this version's limits, each once."""
+        wanted = [(w.batch, w.sequence) for w in self.config.warmup] + engine.warmup_buckets()
+        # clamped, a bucket past the limits becomes the largest shape served, which the engine pads to that bucket
+        return list(dict.fromkeys((max(1, min(b, self.max_batch)), max(2, min(s, self.max_length))) for b, s in wanted))
+
     def _warm_up(self, engine: Engine) -> None:
         took: list[tuple[float, int, int]] = []
-        for shape in self.config.warmup:
-            batch = max(1, min(shape.batch, self.max_batch))
-            seq = max(2, min(shape.sequence, self.max_length))
+        for batch, seq in self.warmup_shapes(engine):
             ids = np.full((batch, seq), 5, dtype=np.int64)
             started = time.perf_counter()
             engine.infer({"input_ids": ids, "attention_mask": np.ones_like(ids)})
