@@ -57,7 +57,7 @@ from miaohui.generation.scheduler import SchedulerConfig
 from miaohui.generation.slot_engine import TorchSlotEngine
 from miaohui.generation.slot_options import SlotEngineOptions
 from miaohui.generation.static_kv import StaticKVDecoder
-from miaohui.server.gil import DEFAULT_SWITCH_US, SWITCH_ENV
+from miaohui.gil import GENERATION_SWITCH_US, switch_interval_us
 
 HBM_BYTES_PER_S = 4.3e12
 DEVICE = "cuda"
@@ -430,7 +430,7 @@ def server_load(
             "client_processes": args.client_procs,
             "client_warmup_s": args.client_warmup,
             "stagger_ms": args.stagger_ms,
-            "gil_switch_interval_us": float(os.environ.get(SWITCH_ENV) or DEFAULT_SWITCH_US),
+            "gil_switch_interval_us": switch_interval_us(GENERATION_SWITCH_US),  # the server's generation loop
             "server_ready_s": ready_s,
             "requests": len(merged["tokens"]),
             "errors": len(merged["errors"]),

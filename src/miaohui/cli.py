@@ -336,15 +336,14 @@ def serve(
         typer.Option(
             min=10,
             max=100_000,
-            help="Python's GIL switch interval in µs in every server process (default 200, or "
-            "$MIAOHUI_GIL_SWITCH_US; Python's own: 5000). Short: an engine thread done with the GPU gets the GIL back "
-            "sooner from the event loop.",
+            help="Python's GIL switch interval in µs in every server process (default: 200 where a generation loop "
+            "runs, else Python's 5000). Short: an engine thread done with the GPU step gets the GIL back sooner.",
         ),
     ] = None,
 ) -> None:
     """Serve the repository: HTTP (KServe v2, /v1/intent, /v1/chat/completions, /v1/dialogue, /metrics) and gRPC."""
+    from miaohui.gil import SWITCH_ENV
     from miaohui.server.app import run_server
-    from miaohui.server.gil import SWITCH_ENV
 
     if gil_switch_us is not None:
         os.environ[SWITCH_ENV] = str(gil_switch_us)  # this process and every spawned worker / engine process

@@ -40,6 +40,7 @@ from miaohui.generation.scheduler import (
     SchedulerConfig,
     SequenceUpdate,
 )
+from miaohui.gil import GENERATION_SWITCH_US, apply_switch_interval
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -222,6 +223,7 @@ class AsyncLLMEngine:
         """Start the loop task (and, with ``warmup``, run one short request through the engine first)."""
         if self.is_running:
             return
+        apply_switch_interval(GENERATION_SWITCH_US)  # the step thread gets the GIL back from the loop sooner
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="miaohui-llm")
         self._stopping = False
         if warmup:

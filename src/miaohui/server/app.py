@@ -16,7 +16,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from miaohui.errors import ConfigError
-from miaohui.server.gil import apply_switch_interval
+from miaohui.gil import apply_switch_interval
 from miaohui.server.http import ServerState, create_app
 from miaohui.server.metrics import Metrics
 from miaohui.server.status import message

@@ -149,7 +149,7 @@ def _child_setup(index: int, count: int) -> None:
         os.setpgid(0, 0)  # Ctrl-C in a terminal reaches the parent only; it forwards the signal once
     _die_with_parent()
     os.environ[WORKER_ENV], os.environ[WORKERS_ENV] = str(index), str(count)
-    from miaohui.server.gil import apply_switch_interval
+    from miaohui.gil import apply_switch_interval
 
     apply_switch_interval()
     from miaohui.server.metrics import use_worker_files
