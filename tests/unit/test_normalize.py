@@ -178,3 +178,25 @@ def test_cn_to_number(text: str, value: float) -> None:
 )
 def test_cn_to_number_rejects(text: str) -> None:
     assert cn_to_number(text) is None
+
+
+def test_fold_with_offsets_fast_path_agrees_with_the_per_character_fold() -> None:
+    """The ``str.translate`` fast path gives what folding one character at a time gives, whether or not a
+    character in the text folds to zero or several characters (seen before or for the first time)."""
+    import random
+
+    from miaohui.nlp.normalize import _fold_char, _is_plain
+
+    def reference(text: str) -> tuple[str, list[int]]:
+        out, offsets = [], []
+        for i, ch in enumerate(text):
+            f = ch if _is_plain(ch) else _fold_char(ch)
+            out.append(f)
+            offsets.extend([i] * len(f))
+        return "".join(out), [*offsets, len(text)]
+
+    rng = random.Random(1)
+    pool = "ａｂＣ１２３，。？！　\u200b\u00a0\t\nﬁ㍱①²½Åé가中文理财 abc\u2028\U0001f600"
+    for _ in range(3000):
+        text = "".join(rng.choice(pool) for _ in range(rng.randint(0, 24)))
+        assert fold_with_offsets(text) == reference(text), repr(text)

@@ -313,3 +313,46 @@ def test_sampling_is_safe_and_seeded() -> None:
     rng = make_rng(1)
     assert {sample(peaked, SamplingParams(temperature=1.0, top_p=0.5), rng) for _ in range(50)} == {17}
     assert np.isfinite(np.array([sample(np.full(5, -np.inf), SamplingParams(), rng)])).all()
+
+
+class FailingEngine(CountingEngine):
+    """Raises on its ``fail_at``-th forward call (a GPU fault stand-in: a failing step cannot be caused otherwise)."""
+
+    def __init__(self, fail_at: int) -> None:
+        super().__init__(delay=0.001)
+        self.fail_at = fail_at
+
+    def _forward(
+        self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray, past: list[np.ndarray]
+    ) -> tuple[np.ndarray, list[np.ndarray]]:
+        if len(self.calls) + 1 == self.fail_at:
+            self.calls.append((-1, -1))
+            raise RuntimeError("device fault")
+        return super()._forward(input_ids, attention_mask, position_ids, past)
+
+
+async def test_steps_run_while_the_event_loop_is_busy() -> None:
+    """The engine thread schedules, runs and updates steps back to back: a busy event loop (here blocked for
+    80 ms, as by streaming many SSE chunks) does not stall generation; its tokens arrive in order afterwards."""
+    engine = CountingEngine(delay=0.002)
+    llm = LLMEngine(engine, None, SchedulerConfig(max_running_seqs=2, max_batched_tokens=8))
+    async with AsyncLLMEngine(llm) as loop_engine:
+        stream = loop_engine.add([1], SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True))
+        first = await stream.__anext__()
+        calls = len(engine.calls)
+        time.sleep(0.08)  # the event loop is busy: no await
+        assert len(engine.calls) - calls >= 10  # steps went on meanwhile
+        rest = [ev async for ev in stream]
+        assert [first.token_id, *[e.token_id for e in rest]] == list(range(2, 32))
+        assert rest[-1].finish_reason == "length"
+
+
+async def test_a_failing_step_ends_its_requests_and_the_engine_keeps_serving() -> None:
+    llm = LLMEngine(FailingEngine(fail_at=3), None, SchedulerConfig(max_running_seqs=2, max_batched_tokens=8))
+    async with AsyncLLMEngine(llm) as engine:
+        stream = engine.add([1], SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True))
+        with pytest.raises(EngineStoppedError, match=r"generation step failed: RuntimeError\('device fault'\)"):
+            [ev async for ev in stream]
+        assert (engine.num_running, engine.num_waiting) == (0, 0)
+        events = [ev async for ev in engine.add([5], SamplingParams(temperature=0.0, max_tokens=3))]
+        assert [e.token_id for e in events] == [6, 7, 8]

@@ -201,6 +201,10 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self._waiting or self._running)
 
+    def seq_ids(self) -> list[int]:
+        """Ids of the unfinished (waiting and running) sequences."""
+        return list(self._seqs)
+
     def get(self, seq_id: int) -> Sequence | None:
         """An unfinished sequence by id (finished ones are forgotten)."""
         return self._seqs.get(seq_id)
