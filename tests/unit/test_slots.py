@@ -571,3 +571,26 @@ def test_extraction_is_fast() -> None:
             extract_slots(t, NOW)
     per_call = (_time.perf_counter() - start) / (rounds * len(texts))
     assert per_call < 1e-3
+
+
+def test_prefilters_never_skip_a_match() -> None:
+    """The cheap trigger searches that skip the datetime and risk alternations hit wherever those match (every
+    dataset text, plus random mixes of the characters and words they key on)."""
+    import random
+
+    from miaohui.nlp import slots as s
+    from miaohui.nlp.normalize import fold_with_offsets
+    from miaohui.zoo.intents import load_split
+
+    rng = random.Random(0)
+    pool = [*"今明昨天日号月周期拜点时1２七十半刻上下午晚早号保守稳健型中低高风险进取激长衡谨 ",
+        " Day ", "tomorrow", "tonight", " noon", "midnight", " monday ", " jan 5", "R3", "c2", "风险等级",
+        " conservative ", " growth ", " low-risk ", "balanced", "aggressive", "cautious", "3pm", "10:30"]  # fmt: skip
+    texts = [x.text for split in ("train", "dev") for x in load_split(split)]
+    texts += ["".join(rng.choice(pool) for _ in range(rng.randint(1, 12))) for _ in range(5000)]
+    for text in texts:
+        folded = fold_with_offsets(text)[0]
+        if s._DATE_RE.search(folded) or s._TIME_RE.search(folded):
+            assert s._DATETIME_TRIGGER_RE.search(folded), text
+        if s._RISK_RE.search(folded) or s._RISK_CODE_RE.search(folded):
+            assert s._RISK_TRIGGER_RE.search(folded), text

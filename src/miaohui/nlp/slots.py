@@ -603,8 +603,15 @@ def _date_with_time(folded: str, m: re.Match[str], day: date, period: str | None
     return (clock.end, clock) if clock else (p.end(), None)
 
 
+#: Every branch of ``_DATE_RE`` and ``_TIME_RE`` needs one of these (a digit, a date/time character, an English day
+#: word): a text without any has no datetime, and the two large alternations are not run (most utterances).
+_DATETIME_TRIGGER_RE = re.compile(r"[\d月日号天周期拜今明昨点时]|day|tonight|tomorrow|noon|midnight", re.I)
+
+
 def _datetimes(folded: str, now: datetime) -> list[_Cand]:
     """Dates, date+times and times, resolved against ``now``."""
+    if _DATETIME_TRIGGER_RE.search(folded) is None:
+        return []
     today = now.date()
     found: list[_Cand] = []
     taken: list[tuple[int, int]] = []
@@ -831,9 +838,17 @@ def _products(folded: str) -> list[_Cand]:
     return found
 
 
+#: Every surface of ``_RISK_RE`` and ``_RISK_CODE_RE`` has one of these: without any, the alternations are not run.
+_RISK_TRIGGER_RE = re.compile(
+    r"[保谨险稳衡长取激]|risk|conservative|cautious|balanced|aggressive|growth|[CR][1-5]", re.I
+)
+
+
 def _risk_levels(folded: str) -> list[_Cand]:
     """Risk-tolerance levels, as one of 保守型/稳健型/平衡型/成长型/进取型."""
     found: list[_Cand] = []
+    if _RISK_TRIGGER_RE.search(folded) is None:
+        return found
     for m in _RISK_RE.finditer(folded):
         canon = _RISK_LEVELS.get(m.group())
         if canon is None:
