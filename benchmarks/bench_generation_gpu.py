@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import copy
 import itertools
 import json
@@ -374,7 +375,8 @@ def server_load(
     base = f"http://127.0.0.1:{port}"
     log_file = (repo / "serve.log").open("w")
     server = subprocess.Popen(
-        [sys.executable, "-m", "miaohui.cli", "serve", "-r", str(repo), "--port", str(port), "--grpc-port", "0"],
+        [sys.executable, "-m", "miaohui.cli", "serve", "-r", str(repo), "--port", str(port), "--grpc-port", "0"]
+        + (["--workers", str(args.serve_workers), "--shared-engine"] if args.serve_workers > 1 else []),
         stdout=log_file, stderr=subprocess.STDOUT, env=env,
     )  # fmt: skip
     started = time.perf_counter()
@@ -430,6 +432,7 @@ def server_load(
             "client_processes": args.client_procs,
             "client_warmup_s": args.client_warmup,
             "stagger_ms": args.stagger_ms,
+            "serve_workers": args.serve_workers,
             "gil_switch_interval_us": switch_interval_us(GENERATION_SWITCH_US),  # the server's generation loop
             "server_ready_s": ready_s,
             "requests": len(merged["tokens"]),
@@ -466,10 +469,14 @@ def server_cpu(pid: int, after_s: float, for_s: float) -> dict[str, float]:
 
     proc = psutil.Process(pid)
 
-    def sample() -> tuple[float, float]:
+    def sample() -> tuple[float, float]:  # with --serve-workers: the parent, its workers and the engine process
         main = next((t for t in proc.threads() if t.id == pid), None)
-        total = proc.cpu_times()
-        return total.user + total.system, (main.user_time + main.system_time) if main else float("nan")
+        total = 0.0
+        for p in [proc, *proc.children(recursive=True)]:
+            with contextlib.suppress(psutil.Error):
+                times = p.cpu_times()
+                total += times.user + times.system
+        return total, (main.user_time + main.system_time) if main else float("nan")
 
     time.sleep(after_s)
     (all0, main0), t0 = sample(), time.perf_counter()
@@ -615,6 +622,13 @@ def main() -> None:
         default=0.0,
         help="server load: stream k sends its first request k x this many ms after the start (0: all at once; then "
         "fixed-length streams finish and restart together, in waves of --streams prompts)",
+    )
+    ap.add_argument(
+        "--serve-workers",
+        type=int,
+        default=1,
+        help="server load: `miaohui serve --workers N --shared-engine` (N > 1): N HTTP workers stream from the one "
+        "engine process (server CPU then sums every process; main_thread_cores is the parent's)",
     )
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     ap.add_argument("--smoke", action="store_true", help="tiny random model on the CPU: checks the script, no timing")

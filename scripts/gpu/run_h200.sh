@@ -31,6 +31,10 @@
 #   s6e:    (no e5 needed) the random e5-shaped intent model (scripts/gpu/e5_shape_model.py) behind `--shared-engine`,
 #           queue delay 0, GIL switch interval 5000 µs (Python's default) vs 200 µs (miaohui's); then tests/gpu inductor
 #           fp16 (exported-program format) incl. two instances under concurrent load
+#   s7a:    (no e5 needed) the 1.5B server with the step loop in the engine thread: staggered + static prefill (session
+#           6: 7,760 tok/s, TTFT p99 26 ms), all at once (session 5: 9,713), then 4 HTTP workers + the engine process
+#   s7b:    (no e5 needed) e5-shaped intent model, shared engine at delay 0 with 2 instances (capture fix) and with 8
+#           workers; then tests/gpu inductor fp16 (two instances under load)
 #   llm2:   join the SmolLM2 GGUF (parts from llm1 + llm2), SmolLM2 decoder benchmark, tests/gpu (tiny models)
 # Carried (ignored) folders: .whl (pure-python wheels), .gpu1 / .gpu2 (e5 parts, intent delta),
 # .llm1 / .llm2 (SmolLM2 GGUF parts).
@@ -205,6 +209,25 @@ case $stage in
     MIAOHUI_GPU_TEST_FORMAT=exported-program timeout 240 python3 -X faulthandler -m pytest -q tests/gpu/test_inductor_gpu.py \
       -k "fp16" -p no:cacheprovider -p no:warnings -s --tb=short > "$OUT/pytest_inductor_fp16.txt" 2>&1
     grep -E "passed|failed|error|Error|cold start|format|assert|FAIL" "$OUT/pytest_inductor_fp16.txt" | tail -20
+    ;;
+  s7a)
+    for cfg in "stagger_static:--stagger-ms 10 --static-prefill" "sync_base:" "stagger_static_w4:--stagger-ms 10 --static-prefill --serve-workers 4"; do
+      tag=${cfg%%:*}; flags=${cfg#*:}; mkdir -p "$OUT/$tag"
+      timeout 170 python3 -X faulthandler benchmarks/bench_generation_gpu.py --models qwen1.5b --server-only $flags \
+        --duration 12 --out "$OUT/$tag" 2>&1 | grep -E "server|Error|error" | tail -8
+    done
+    ;;
+  s7b)
+    python3 scripts/gpu/e5_shape_model.py var/models/intent-e5-shape | tail -1
+    MODEL=var/models/intent-e5-shape INDUCTOR_FORMAT=exported-program python3 scripts/gpu/build_intent_gpu.py /tmp/gpurepo 0 2 2>&1 | tail -1
+    for cfg in "6 2" "8 1"; do
+      set -- $cfg
+      SHARED=1 DELAY_MS=0 INSTANCES=$2 TAG="_e5shape_shared_delay0_inst$2" WORKERS=$1 LEVELS=${LEVELS:-48,64} \
+        timeout 150 bash scripts/gpu/serve_workers.sh "$OUT" 2>&1 | grep -E "ready after|c=|exit" | tail -8
+    done
+    MIAOHUI_GPU_TEST_FORMAT=exported-program timeout 200 python3 -X faulthandler -m pytest -q tests/gpu/test_inductor_gpu.py \
+      -k "fp16" -p no:cacheprovider -p no:warnings -s --tb=short > "$OUT/pytest_inductor_fp16.txt" 2>&1
+    grep -E "passed|failed|error|Error|assert|FAIL" "$OUT/pytest_inductor_fp16.txt" | tail -20
     ;;
   stage3)
     bash scripts/gpu/serve_and_load.sh "$OUT" 2>&1 | tail -60

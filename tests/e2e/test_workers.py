@@ -66,13 +66,13 @@ def server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     yield from serve_workers(root, "--workers", "2")
 
 
-def serve_workers(root: Path, *options: str) -> Iterator[Served]:
+def serve_workers(root: Path, *options: str, models: str = "intent") -> Iterator[Served]:
     """``miaohui serve`` on ``root`` with ``options`` (free ports, the log in ``root``), yielded once ready and
     killed at the end if still running."""
     port, grpc_port = free_port(), free_port()
     log = root / "server.log"
     cmd = [sys.executable, "-m", "miaohui.cli", "serve", "-r", str(root), "--port", str(port)]
-    cmd += ["--grpc-port", str(grpc_port), *options, "--models", "intent"]
+    cmd += ["--grpc-port", str(grpc_port), *options, "--models", models]
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=os.environ.copy())
     served = Served(proc, f"http://127.0.0.1:{port}", f"127.0.0.1:{grpc_port}", log)

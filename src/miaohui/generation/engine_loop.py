@@ -27,7 +27,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from miaohui.errors import InputError, MiaohuiError
 from miaohui.generation.observer import GenerationObserver, safe_call
@@ -65,6 +65,10 @@ class TokenEvent:
     finish_reason: FinishReason | None
     prompt_tokens: int
     completion_tokens: int
+
+
+class _Aborter(Protocol):
+    def abort(self, request_id: int) -> bool: ...
 
 
 class EngineStoppedError(MiaohuiError):
@@ -137,15 +141,36 @@ class RequestStream:
     """Async iterator of one request's :class:`TokenEvent` s; ``aclose()`` (or leaving ``async with``)
     aborts the request if it is still running. Cancelling the task that awaits it aborts it too."""
 
-    def __init__(self, engine: AsyncLLMEngine, request_id: int, prompt_tokens: int) -> None:
+    def __init__(
+        self,
+        engine: _Aborter,
+        request_id: int,
+        prompt_tokens: int,
+        sink: Callable[[TokenEvent | BaseException], None] | None = None,
+    ) -> None:
         self._engine = engine
         self.request_id = request_id
         self.prompt_tokens = prompt_tokens
         self._queue: asyncio.Queue[TokenEvent | BaseException] = asyncio.Queue()
+        self._sink = sink
+        self._admission: asyncio.Future[BaseException | None] | None = None
+        """Set by a remote engine: resolves to None once admitted, else to the rejection."""
         self.finished = False
 
     def _push(self, item: TokenEvent | BaseException) -> None:
-        self._queue.put_nowait(item)
+        if self._sink is not None:  # forwarded as it comes (the engine process's streams to its workers)
+            self._sink(item)
+        else:
+            self._queue.put_nowait(item)
+
+    async def admitted(self) -> None:
+        """Wait until the engine accepted the request (at once for a local engine; a remote one answers its
+        InputError / QueueFullError here, before the caller commits to a response)."""
+        if self._admission is not None:
+            error = await self._admission
+            if error is not None:
+                self.finished = True
+                raise error
 
     def __aiter__(self) -> RequestStream:
         return self
@@ -242,7 +267,8 @@ class AsyncLLMEngine:
         self._thread.start()
 
     def _warmup(self, prompt: list[int], params: SamplingParams) -> None:
-        warm = LLMEngine(self.llm.engine, None, self.llm.config)
+        config = self.llm.config  # its two prompts must fit the queue whatever max_waiting the model serves with
+        warm = LLMEngine(self.llm.engine, None, config.model_copy(update={"max_waiting": max(2, config.max_waiting)}))
         warm.generate([prompt, prompt[:2]], params)
 
     async def stop(self) -> None:
@@ -264,13 +290,19 @@ class AsyncLLMEngine:
     ) -> None:
         await self.stop()
 
-    def add(self, prompt_ids: Sequence[int], params: SamplingParams | None = None) -> RequestStream:
-        """Queue a request now and return its stream. Raises InputError / QueueFullError at once."""
+    def add(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams | None = None,
+        sink: Callable[[TokenEvent | BaseException], None] | None = None,
+    ) -> RequestStream:
+        """Queue a request now and return its stream. Raises InputError / QueueFullError at once.
+        ``sink``: receives the events (and a final exception) instead of the stream's queue."""
         if not self.is_running:
             raise EngineStoppedError("the generation engine is not running", "await engine.start() first")
         with self._work:
             rid = self.llm.add_request(prompt_ids, params)
-            stream = RequestStream(self, rid, len(prompt_ids))
+            stream = RequestStream(self, rid, len(prompt_ids), sink)
             self._tracks[rid] = _Track(stream, time.monotonic())
             self._work.notify()
         self._counts()

@@ -51,7 +51,10 @@ def build_app(
     state = ServerState(manager, metrics)
     llm_names = causal_lm_names(repository)
     generation = GenerationService(
-        repository, metrics, names=[n for n in models if n in llm_names] if models else llm_names
+        repository,
+        metrics,
+        names=[n for n in models if n in llm_names] if models else llm_names,
+        engine_process=engine,  # `--shared-engine`: the causal LMs run there too, for every worker
     )
     state.generation = generation
     generator = LLMTextGenerator(generation, dialogue_llm) if dialogue_llm else None

@@ -32,6 +32,8 @@ from miaohui.generation.observer import GenerationObserver
 from miaohui.generation.params import SamplingParams
 from miaohui.generation.scheduler import SchedulerConfig
 from miaohui.server.status import message
+from miaohui.serving.engine_process import EngineClient
+from miaohui.serving.remote_llm import RemoteLLMEngine
 
 if TYPE_CHECKING:
     from miaohui.dialogue.pipeline import ChatMessage
@@ -53,8 +55,11 @@ class LoadedLLM:
     """The repository version folder (None for an engine added with ``add_engine``)."""
     info: CausalLMInfo
     tokenizer: ChatTokenizer
-    engine: AsyncLLMEngine
+    engine: AsyncLLMEngine | RemoteLLMEngine
+    """The model's loop here, or (an HTTP worker of ``--shared-engine``) the engine process's."""
     max_model_len: int
+    vocab: int
+    """Token ids a prompt may hold: [0, vocab)."""
 
 
 class GenerationService:
@@ -73,18 +78,24 @@ class GenerationService:
         names: Sequence[str] | None = None,
         scheduler: SchedulerConfig | None = None,
         threads: int | None = None,
+        engine_process: EngineClient | None = None,
     ) -> None:
         self.repository = Path(repository)
         self.metrics = metrics
         self.names = list(names) if names is not None else None
         self.scheduler = scheduler or SchedulerConfig()
         self.threads = threads
+        self.engine_process = engine_process
+        """In an HTTP worker of ``--shared-engine``: the models run in the engine process (:class:`RemoteLLMEngine`)."""
         self.failures: dict[str, str] = {}
         self._models: dict[str, LoadedLLM] = {}
         self._started = False
 
     async def start(self) -> None:
         """Load and warm up (one short prefill + decode) every model, one after the other."""
+        if self.engine_process is not None:
+            await self._start_remote(self.engine_process)
+            return
         for name in self.names if self.names is not None else causal_lm_names(self.repository):
             try:
                 self._models[name] = await self._load(name)
@@ -92,6 +103,25 @@ class GenerationService:
             except Exception as exc:  # a broken model must not keep the others from serving
                 self.failures[name] = message(exc)
                 log.error("causal LM %s failed to load: %s", name, message(exc))
+        self._started = True
+
+    async def _start_remote(self, client: EngineClient) -> None:
+        """The engine process's models: their tokenizer and info from the artifact, the engine over the socket."""
+        status = await client.llm_status()
+        names = self.names if self.names is not None else causal_lm_names(self.repository)
+        for name in names:
+            served = status["models"].get(name)
+            if served is None:
+                self.failures[name] = status["failures"].get(name, "the engine process did not load it")
+                continue
+            path = self.repository / name / str(served["version"])
+            info = read_info(path)
+            engine = RemoteLLMEngine(client, name, int(served["vocab"]))
+            await engine.start()
+            tokenizer = ChatTokenizer.from_dir(path, info)
+            self._models[name] = LoadedLLM(
+                name, info.version, path, info, tokenizer, engine, int(served["max_model_len"]), engine.vocab
+            )
         self._started = True
 
     async def _load(self, name: str) -> LoadedLLM:
@@ -153,7 +183,8 @@ class GenerationService:
         await loop.start(warmup=True)
         seconds = time.perf_counter() - started
         log.info("causal LM %s v%d (%s) ready in %.1fs", info.name, info.version, info.precision, seconds)
-        return LoadedLLM(info.name, info.version, path, info, tokenizer, loop, sched.max_model_len)
+        vocab = engine.dims.vocab
+        return LoadedLLM(info.name, info.version, path, info, tokenizer, loop, sched.max_model_len, vocab)
 
     async def stop(self) -> None:
         """Stop every engine; unfinished streams end with an error event, waiting requests with 503."""
@@ -161,7 +192,8 @@ class GenerationService:
         self._started = False
         for m in models:
             await m.engine.stop()
-            m.engine.llm.engine.close()
+            if isinstance(m.engine, AsyncLLMEngine):
+                m.engine.llm.engine.close()
 
     @property
     def ready(self) -> bool:
@@ -181,7 +213,7 @@ class GenerationService:
         known = ", ".join(sorted(self._models)) or "none"
         raise ModelNotFoundError(f"The model '{name}' does not exist", f"generation models served here: {known}")
 
-    def engine(self, name: str) -> AsyncLLMEngine:
+    def engine(self, name: str) -> AsyncLLMEngine | RemoteLLMEngine:
         return self.get(name).engine
 
 

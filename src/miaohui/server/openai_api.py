@@ -310,6 +310,7 @@ def openai_router(
             done.label, done.version = llm.name, str(llm.version)
             ids = _encode(llm, req)
             stream = llm.engine.add(ids, sampling_params(req, len(ids), llm.max_model_len))
+            await stream.admitted()  # a remote engine's rejection (429 full queue) before any byte is sent
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             call = _Call(chat, llm, stream, len(ids), include_usage)
             if req.stream:
@@ -406,7 +407,7 @@ def _encode(llm: LoadedLLM, req: ChatRequest | CompletionRequest) -> list[int]:
             raise OpenAIError(400, message(exc), param="messages") from None
     prompt = completion_prompt(req.prompt)
     if prompt.token_ids is not None:
-        vocab = llm.engine.llm.engine.dims.vocab
+        vocab = llm.vocab
         bad = [t for t in prompt.token_ids if not 0 <= t < vocab]
         if bad:
             raise OpenAIError(400, f"prompt token ids must be in [0, {vocab}); got {bad[:5]}", param="prompt")

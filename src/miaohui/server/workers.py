@@ -199,26 +199,35 @@ def _engine_main(spec: ServeSpec, path: str, events: Any) -> None:
 
 
 async def _engine_serve(spec: ServeSpec, path: str, events: Any) -> None:
-    """Load and warm up the encoder models, then answer the workers until cancelled (SIGTERM)."""
+    """Load and warm up the encoder models and the causal LMs, then answer the workers until cancelled (SIGTERM)."""
     from miaohui.generation.artifact import causal_lm_names
+    from miaohui.server.generation_service import GenerationService
     from miaohui.server.metrics import Metrics
     from miaohui.serving.engine_process import EngineServer
     from miaohui.serving.repository import ModelManager
 
-    metrics = Metrics()  # batch, queue and compute metrics: written to the shared files, shown by every worker
+    metrics = Metrics()  # batch, queue, compute and generation metrics: shared files, shown by every worker
     manager = ModelManager(spec.repository, observer_factory=metrics.observer)
-    llms = set(causal_lm_names(spec.repository))
-    await manager.load_all([m for m in spec.models if m not in llms] if spec.models else None)
-    server = EngineServer(manager)
+    llms = causal_lm_names(spec.repository)
+    encoders = [m for m in spec.models if m not in llms] if spec.models else None
+    if encoders is None or encoders:  # [] = only causal LMs were asked for
+        await manager.load_all(encoders)
+    generation = GenerationService(
+        spec.repository, metrics, names=[m for m in spec.models if m in llms] if spec.models else llms
+    )
+    await generation.start()
+    server = EngineServer(manager, generation)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)  # left by an engine process that died
     await server.start(path)
     events.put(("ready", 0, os.getpid()))
-    log.info("engine process serves %s on %s", [s.name for s in manager.states()], path)
+    served = [s.name for s in manager.states()] + [m.name for m in generation.loaded()]
+    log.info("engine process serves %s on %s", served, path)
     try:
         await asyncio.Event().wait()
     finally:
         await server.stop()
+        await generation.stop()
         await manager.stop()
 
 

@@ -82,8 +82,10 @@ async def _send(writer: asyncio.StreamWriter, message: tuple[Any, ...]) -> None:
 class EngineServer:
     """Answers the HTTP workers' rows with the versions of ``manager`` (run in the engine process)."""
 
-    def __init__(self, manager: Any) -> None:
+    def __init__(self, manager: Any, generation: Any = None) -> None:
         self.manager = manager
+        self.generation = generation
+        """The engine process's :class:`~miaohui.server.generation_service.GenerationService` (causal LMs), if any."""
         self._server: asyncio.AbstractServer | None = None
         self._connections: set[asyncio.StreamWriter] = set()
 
@@ -103,8 +105,19 @@ class EngineServer:
         """The versions that are ready, by model."""
         return {s.name: sorted(v for v, served in s.versions.items() if served.ready) for s in self.manager.states()}
 
+    def llm_status(self) -> dict[str, Any]:
+        """The causal LMs served here: version, vocabulary and context length by name; failures by name."""
+        if self.generation is None:
+            return {"models": {}, "failures": {}}
+        models = {
+            m.name: {"version": m.version, "vocab": m.vocab, "max_model_len": m.max_model_len}
+            for m in self.generation.loaded()
+        }
+        return {"models": models, "failures": dict(self.generation.failures)}
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         tasks: dict[int, asyncio.Task[None]] = {}
+        streams = _GenerationStreams(writer)
         self._connections.add(writer)
         try:
             while True:
@@ -118,13 +131,34 @@ class EngineServer:
                         task.cancel()
                 elif kind == "status":
                     await _send(writer, ("ok", rid, self.status()))
+                elif kind == "llms":
+                    await _send(writer, ("ok", rid, self.llm_status()))
+                elif kind == "gen":
+                    await _send(writer, self._generate(streams, *message[1:]))
+                elif kind == "abort":
+                    streams.abort(message[2])
         except (asyncio.IncompleteReadError, ConnectionError):
             pass  # the worker went away: its requests are dropped below
         finally:
             for task in tasks.values():
                 task.cancel()
+            streams.abort_all()
             self._connections.discard(writer)
             writer.close()
+
+    def _generate(
+        self, streams: _GenerationStreams, rid: int, sid: int, model: str, prompt_ids: list[int], params: Any
+    ) -> tuple[Any, ...]:
+        """Admit a worker's generation request (its tokens follow in ``("tok", 0, [...])`` frames)."""
+        try:
+            if self.generation is None:
+                raise errors.ModelNotFoundError(f"the engine process serves no causal LM {model!r}", None)
+            engine = self.generation.engine(model)
+            stream = engine.add(prompt_ids, params, sink=streams.sink(sid))
+        except MiaohuiError as exc:
+            return ("err", rid, type(exc).__name__, exc.message, exc.fix)
+        streams.add(sid, stream)
+        return ("ok", rid, None)
 
     async def _infer(
         self,
@@ -154,6 +188,56 @@ class EngineServer:
         await _send(writer, reply)
 
 
+class _GenerationStreams:
+    """One worker connection's generation requests in the engine process. Their events are collected as the engine
+    publishes them and sent in one ``("tok", 0, items)`` frame per event-loop turn (one per decode step, not one
+    per token); an item is ``("t", sid, token_id, text, index, finish_reason, prompt_tokens, completion_tokens)`` or,
+    for a request that failed, ``("e", sid, error class, message, fix)``."""
+
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self.writer = writer
+        self.streams: dict[int, Any] = {}
+        self.outbox: list[tuple[Any, ...]] = []
+
+    def add(self, sid: int, stream: Any) -> None:
+        self.streams[sid] = stream
+
+    def sink(self, sid: int) -> Any:
+        def push(item: Any) -> None:
+            if isinstance(item, BaseException):
+                self.streams.pop(sid, None)
+                if isinstance(item, MiaohuiError):
+                    self.outbox.append(("e", sid, type(item).__name__, item.message, item.fix))
+                else:
+                    self.outbox.append(("e", sid, "RuntimeError", repr(item), None))
+            else:
+                if item.finish_reason is not None:
+                    self.streams.pop(sid, None)
+                self.outbox.append(
+                    ("t", sid, item.token_id, item.text, item.index, item.finish_reason, item.prompt_tokens,
+                     item.completion_tokens)
+                )  # fmt: skip
+            if len(self.outbox) == 1:
+                asyncio.get_running_loop().call_soon(self.flush)
+
+        return push
+
+    def flush(self) -> None:
+        items, self.outbox = self.outbox, []
+        if items and not self.writer.is_closing():
+            self.writer.write(_frame(("tok", 0, items)))
+
+    def abort(self, sid: int) -> None:
+        stream = self.streams.pop(sid, None)
+        if stream is not None:
+            stream.abort()
+
+    def abort_all(self) -> None:
+        """The worker went away: its requests stop generating."""
+        for sid in list(self.streams):
+            self.abort(sid)
+
+
 # ---------------------------------------------------------------------------------------------- worker side
 
 
@@ -167,6 +251,8 @@ class EngineClient:
         self._ids = itertools.count(1)
         self._lock: asyncio.Lock | None = None
         self._reader: asyncio.Task[None] | None = None
+        self._token_sinks: dict[int, Any] = {}
+        """Generation requests by id: called with each ``("t", ...)`` / ``("e", ...)`` item for them."""
 
     async def _connection(self) -> asyncio.StreamWriter:
         writer = self._writer
@@ -190,6 +276,12 @@ class EngineClient:
         try:
             while True:
                 message = await _read(reader)
+                if message[0] == "tok":
+                    for item in message[2]:
+                        sink = self._token_sinks.get(item[1])
+                        if sink is not None:
+                            sink(item)
+                    continue
                 future = self._pending.pop(message[1], None)
                 if future is None or future.done():
                     continue
@@ -204,6 +296,10 @@ class EngineClient:
                 self._writer = None
             writer.close()
             lost, self._pending = self._pending, {}
+            sinks, self._token_sinks = self._token_sinks, {}
+            for sink in sinks.values():  # generation requests in flight end with the same 503
+                sink(("e", 0, "UnavailableError", "lost the engine process while generating",
+                      "retry: the supervisor restarts it (see the server log)"))  # fmt: skip
             for future in lost.values():
                 if not future.done():
                     future.set_exception(
@@ -245,6 +341,33 @@ class EngineClient:
         out = await self._call(("status",))
         assert isinstance(out, dict)
         return out
+
+    async def llm_status(self) -> dict[str, Any]:
+        """The engine process's causal LMs (:meth:`EngineServer.llm_status`)."""
+        out = await self._call(("llms",))
+        assert isinstance(out, dict)
+        return out
+
+    async def generate(self, sid: int, model: str, prompt_ids: list[int], params: Any, sink: Any) -> None:
+        """Start generation request ``sid`` in the engine process; returns once admitted (raises its InputError /
+        QueueFullError otherwise). ``sink`` gets the request's items until one finishes it."""
+        self._token_sinks[sid] = sink
+        try:
+            await self._call(("gen", sid, model, prompt_ids, params))
+        except BaseException:
+            self._token_sinks.pop(sid, None)
+            raise
+
+    def release(self, sid: int) -> None:
+        """Generation request ``sid`` is finished here: forget its sink."""
+        self._token_sinks.pop(sid, None)
+
+    def abort(self, sid: int) -> None:
+        """Stop generation request ``sid`` in the engine process (no reply)."""
+        self._token_sinks.pop(sid, None)
+        writer = self._writer
+        if writer is not None and not writer.is_closing():
+            writer.write(_frame(("abort", 0, sid)))
 
     async def close(self) -> None:
         if self._writer is not None:
