@@ -327,8 +327,9 @@ def serve(
     shared_engine: Annotated[
         bool,
         typer.Option(
-            help="With --workers N: one engine process loads the (encoder) models and batches the rows of all "
-            "workers; the workers only parse, tokenize and answer (one CUDA context on a GPU).",
+            help="With --workers N: one engine process loads the models, batches the rows of all workers and runs "
+            "each causal LM's generation loop for all of them; the workers parse, tokenize, stream and answer "
+            "(one CUDA context on a GPU).",
         ),
     ] = False,
     gil_switch_us: Annotated[

@@ -13,6 +13,8 @@ the real ``openai`` client on localhost:
 from __future__ import annotations
 
 import concurrent.futures
+import os
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -104,3 +106,30 @@ def test_errors_keep_their_status_across_the_hop(server: Served, client: openai.
     assert codes.count(200) >= 2 and 429 in codes and set(codes) <= {200, 429}, codes
     done = client.completions.create(model=MODEL, prompt="Hello", max_tokens=3, temperature=0)
     assert done.usage is not None and done.usage.completion_tokens == 3  # still serving
+
+
+def test_a_killed_engine_process_ends_the_stream_then_generation_resumes(server: Served) -> None:
+    """SIGKILL to the engine process mid-stream: the open stream ends (an error chunk, no hang), requests meanwhile
+    are 503, and once the supervisor restarted it the same workers generate again."""
+    from tests.e2e.test_shared_engine import engine_pid
+
+    old = engine_pid(server)
+    body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 400, "stream": True, "temperature": 0}
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as resp:
+        lines = resp.iter_lines()
+        assert next(line for line in lines if line.startswith("data:"))
+        os.kill(old, signal.SIGKILL)
+        rest = list(lines)  # ends instead of hanging (the 60 s read timeout would fail the test)
+    assert any('"error"' in line for line in rest) and "data: [DONE]" in rest, rest[-3:]  # told in-band
+    assert not any('"finish_reason":"length"' in line for line in rest), rest[-3:]
+    codes: set[int] = set()
+    deadline = time.monotonic() + 120
+    small = {"model": MODEL, "prompt": "Hello", "max_tokens": 2, "temperature": 0}
+    while time.monotonic() < deadline:
+        r = httpx.post(f"{server.url}/v1/completions", json=small, timeout=60)
+        codes.add(r.status_code)
+        if r.status_code == 200:
+            break
+        assert r.status_code == 503, r.text  # rejected, never hanging or a 500
+        time.sleep(0.3)
+    assert 200 in codes and engine_pid(server) != old, server.log.read_text()

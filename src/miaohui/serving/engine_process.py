@@ -251,6 +251,7 @@ class EngineClient:
         self._ids = itertools.count(1)
         self._lock: asyncio.Lock | None = None
         self._reader: asyncio.Task[None] | None = None
+        self._generation_ids = itertools.count(1)
         self._token_sinks: dict[int, Any] = {}
         """Generation requests by id: called with each ``("t", ...)`` / ``("e", ...)`` item for them."""
 
@@ -357,6 +358,10 @@ class EngineClient:
         except BaseException:
             self._token_sinks.pop(sid, None)
             raise
+
+    def new_generation_id(self) -> int:
+        """An id for a generation request, unique on this connection whichever model it is for."""
+        return next(self._generation_ids)
 
     def release(self, sid: int) -> None:
         """Generation request ``sid`` is finished here: forget its sink."""

@@ -13,7 +13,6 @@ the engine's own rejections (a full queue: 429) come back through :meth:`Request
 from __future__ import annotations
 
 import asyncio
-import itertools
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -30,7 +29,6 @@ class RemoteLLMEngine:
     def __init__(self, client: EngineClient, model: str, vocab: int) -> None:
         self.client, self.model, self.vocab = client, model, vocab
         self._streams: dict[int, RequestStream] = {}
-        self._ids = itertools.count(1)
         self._running = False
 
     @property
@@ -64,7 +62,7 @@ class RemoteLLMEngine:
                 f"prompt token ids must be ints in [0, {self.vocab}); got {bad[:5]}",
                 "encode the prompt with this model's tokenizer",
             )
-        sid = next(self._ids)
+        sid = self.client.new_generation_id()  # unique across the worker's models: one connection carries all
         stream = RequestStream(self, sid, len(prompt_ids))
         self._streams[sid] = stream
         stream._admission = asyncio.ensure_future(self._admit(sid, [int(t) for t in prompt_ids], params))
