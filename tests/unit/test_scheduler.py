@@ -356,3 +356,19 @@ async def test_a_failing_step_ends_its_requests_and_the_engine_keeps_serving() -
         assert (engine.num_running, engine.num_waiting) == (0, 0)
         events = [ev async for ev in engine.add([5], SamplingParams(temperature=0.0, max_tokens=3))]
         assert [e.token_id for e in events] == [6, 7, 8]
+
+
+async def test_a_broken_loop_ends_every_request_instead_of_hanging(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bug in the loop itself (here the scheduler's update raises: a fault that cannot be caused otherwise)
+    stops the engine and ends the open requests with an error."""
+    llm = LLMEngine(CountingEngine(delay=0.001), None, SchedulerConfig(max_running_seqs=2, max_batched_tokens=8))
+    async with AsyncLLMEngine(llm) as engine:
+
+        def broken(output: RunnerOutput) -> list[SequenceUpdate]:
+            raise KeyError("bookkeeping")
+
+        monkeypatch.setattr(llm.scheduler, "update", broken)
+        stream = engine.add([1], SamplingParams(temperature=0.0, max_tokens=5))
+        with pytest.raises(EngineStoppedError, match="the generation loop stopped: KeyError"):
+            await asyncio.wait_for(stream.__anext__(), 5)
+        assert not engine.is_running

@@ -339,9 +339,20 @@ class AsyncLLMEngine:
         safe_call(self.observer.on_queue, self.num_running, self.num_waiting)
 
     def _run(self) -> None:
-        """The engine thread: schedule → execute → update, back to back while there is work."""
+        """The engine thread. If the loop itself breaks (a scheduler bug, not a failing model step, which
+        :meth:`_steps` survives), every request ends with an error and the engine stops, instead of hanging."""
         loop = self._loop
         assert loop is not None
+        try:
+            self._steps(loop)
+        except Exception as exc:
+            logger.exception("the generation loop stopped")
+            self._stopping = True
+            error = EngineStoppedError(f"the generation loop stopped: {exc!r}", "restart the server; see its log")
+            self._deliver_soon(loop, self._fail_all, error)
+
+    def _steps(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Schedule → execute → update, back to back while there is work."""
         while True:
             with self._work:
                 while not self._stopping and not self.llm.scheduler.has_work():
