@@ -67,8 +67,34 @@ class TokenEvent:
     completion_tokens: int
 
 
+def check_token_ids(prompt_ids: Sequence[int], vocab: int) -> None:
+    """InputError unless every prompt token id is an int in [0, vocab)."""
+    bad = [t for t in prompt_ids if not (isinstance(t, int) and 0 <= t < vocab)]
+    if bad:
+        raise InputError(
+            f"prompt token ids must be ints in [0, {vocab}); got {bad[:5]}",
+            "encode the prompt with this model's tokenizer",
+        )
+
+
 class _Aborter(Protocol):
     def abort(self, request_id: int) -> bool: ...
+
+
+class _Engine(Protocol):
+    def add(self, prompt_ids: Sequence[int], params: SamplingParams | None = None) -> RequestStream: ...
+
+
+async def stream_events(
+    engine: _Engine, prompt_ids: Sequence[int], params: SamplingParams | None = None
+) -> AsyncIterator[TokenEvent]:
+    """Add a request to ``engine`` (local or remote) and yield its events; closing the generator aborts it."""
+    stream = engine.add(prompt_ids, params)
+    try:
+        async for event in stream:
+            yield event
+    finally:
+        stream.abort()
 
 
 class EngineStoppedError(MiaohuiError):
@@ -103,13 +129,7 @@ class LLMEngine:
     def add_request(self, prompt_ids: Sequence[int], params: SamplingParams | None = None) -> int:
         """Queue a request; returns its id. InputError (bad prompt, checked here so that it fails alone,
         never its batch) / QueueFullError as :meth:`Scheduler.add`."""
-        vocab = self.engine.dims.vocab
-        bad = [t for t in prompt_ids if not (isinstance(t, int) and 0 <= t < vocab)]
-        if bad:
-            raise InputError(
-                f"prompt token ids must be ints in [0, {vocab}); got {bad[:5]}",
-                "encode the prompt with this model's tokenizer",
-            )
+        check_token_ids(prompt_ids, self.engine.dims.vocab)
         return self.scheduler.add(prompt_ids, params or SamplingParams()).seq_id
 
     def abort(self, request_id: int) -> bool:
@@ -308,16 +328,9 @@ class AsyncLLMEngine:
         self._counts()
         return stream
 
-    async def generate(
-        self, prompt_ids: Sequence[int], params: SamplingParams | None = None
-    ) -> AsyncIterator[TokenEvent]:
+    def generate(self, prompt_ids: Sequence[int], params: SamplingParams | None = None) -> AsyncIterator[TokenEvent]:
         """Stream one request's tokens; closing the generator (``aclose``) aborts the request."""
-        stream = self.add(prompt_ids, params)
-        try:
-            async for event in stream:
-                yield event
-        finally:
-            stream.abort()
+        return stream_events(self, prompt_ids, params)
 
     def abort(self, request_id: int) -> bool:
         """Abort a request now (its slot is free for the next step); its stream ends with a final event

@@ -17,8 +17,14 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from miaohui import errors
-from miaohui.errors import InputError, MiaohuiError
-from miaohui.generation.engine_loop import EngineStoppedError, RequestStream, TokenEvent
+from miaohui.errors import MiaohuiError
+from miaohui.generation.engine_loop import (
+    EngineStoppedError,
+    RequestStream,
+    TokenEvent,
+    check_token_ids,
+    stream_events,
+)
 from miaohui.generation.params import SamplingParams
 from miaohui.serving.engine_process import EngineClient
 
@@ -56,12 +62,7 @@ class RemoteLLMEngine:
         the engine's verdict). Raises InputError for token ids outside the vocabulary, like a local engine."""
         if not self._running:
             raise EngineStoppedError("the generation engine is not running", "await engine.start() first")
-        bad = [t for t in prompt_ids if not (isinstance(t, int) and 0 <= t < self.vocab)]
-        if bad:
-            raise InputError(
-                f"prompt token ids must be ints in [0, {self.vocab}); got {bad[:5]}",
-                "encode the prompt with this model's tokenizer",
-            )
+        check_token_ids(prompt_ids, self.vocab)
         sid = self.client.new_generation_id()  # unique across the worker's models: one connection carries all
         stream = RequestStream(self, sid, len(prompt_ids))
         self._streams[sid] = stream
@@ -115,13 +116,6 @@ class RemoteLLMEngine:
         stream._push(TokenEvent(request_id, None, "", 0, "abort", stream.prompt_tokens, 0))
         return True
 
-    async def generate(
-        self, prompt_ids: Sequence[int], params: SamplingParams | None = None
-    ) -> AsyncIterator[TokenEvent]:
+    def generate(self, prompt_ids: Sequence[int], params: SamplingParams | None = None) -> AsyncIterator[TokenEvent]:
         """Stream one request's tokens; closing the generator aborts the request."""
-        stream = self.add(prompt_ids, params)
-        try:
-            async for event in stream:
-                yield event
-        finally:
-            stream.abort()
+        return stream_events(self, prompt_ids, params)
