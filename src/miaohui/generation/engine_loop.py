@@ -452,11 +452,9 @@ class AsyncLLMEngine:
             safe_call(self.observer.on_finish, now - track.arrival, prompt, up.num_output_tokens, up.finish_reason)
 
     def _fail_all(self, exc: BaseException) -> None:
-        for rid, track in list(self._tracks.items()):
-            with self._lock:
+        """On the event loop: every open request ends with ``exc`` (its sequence is aborted)."""
+        rids = list(self._tracks)
+        with self._lock:
+            for rid in rids:
                 self.llm.scheduler.abort(rid, "error")
-            track.stream._push(exc)
-            e2e = time.monotonic() - track.arrival
-            safe_call(self.observer.on_finish, e2e, track.stream.prompt_tokens, track.tokens, "error")
-        self._tracks.clear()
-        self._counts()
+        self._fail(rids, exc)

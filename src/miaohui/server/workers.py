@@ -149,9 +149,6 @@ def _child_setup(index: int, count: int) -> None:
         os.setpgid(0, 0)  # Ctrl-C in a terminal reaches the parent only; it forwards the signal once
     _die_with_parent()
     os.environ[WORKER_ENV], os.environ[WORKERS_ENV] = str(index), str(count)
-    from miaohui.gil import apply_switch_interval
-
-    apply_switch_interval()
     from miaohui.server.metrics import use_worker_files
 
     use_worker_files(index)  # before any metric exists
@@ -185,6 +182,9 @@ def _worker_main(index: int, count: int, spec: ServeSpec, sock: socket.socket, e
 def _engine_main(spec: ServeSpec, path: str, events: Any) -> None:
     """Entry point of the engine process of ``--shared-engine`` (a spawned interpreter; "worker" 0)."""
     _child_setup(0, 1)
+    from miaohui.gil import apply_switch_interval
+
+    apply_switch_interval()  # the workers apply it in run_server
     from miaohui.serving.engine_process import ENGINE_SOCKET_ENV
 
     os.environ.pop(ENGINE_SOCKET_ENV, None)  # it serves the socket; it is no client of it

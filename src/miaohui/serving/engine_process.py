@@ -60,7 +60,14 @@ async def _read(reader: asyncio.StreamReader) -> tuple[Any, ...]:
     return message
 
 
-def _error(kind: str, message: str, fix: str | None) -> Exception:
+def error_fields(exc: BaseException) -> tuple[str, str, str | None]:
+    """An error as it crosses the socket: (miaohui error class or ``RuntimeError``, message, fix)."""
+    if isinstance(exc, MiaohuiError):
+        return type(exc).__name__, exc.message, exc.fix
+    return "RuntimeError", repr(exc), None
+
+
+def remote_error(kind: str, message: str, fix: str | None) -> Exception:
     """The engine process's error as the same miaohui error class (HTTP/gRPC status follows the class)."""
     cls = getattr(errors, kind, None)
     if isinstance(cls, type) and issubclass(cls, MiaohuiError):
@@ -156,7 +163,7 @@ class EngineServer:
             engine = self.generation.engine(model)
             stream = engine.add(prompt_ids, params, sink=streams.sink(sid))
         except MiaohuiError as exc:
-            return ("err", rid, type(exc).__name__, exc.message, exc.fix)
+            return ("err", rid, *error_fields(exc))
         streams.add(sid, stream)
         return ("ok", rid, None)
 
@@ -178,11 +185,10 @@ class EngineServer:
             reply = ("ok", rid, out)
         except asyncio.CancelledError:
             return  # the worker cancelled (client gone): the rows were dropped from the queue
-        except MiaohuiError as exc:
-            reply = ("err", rid, type(exc).__name__, exc.message, exc.fix)
-        except Exception as exc:  # an engine failure: the worker answers it as a server error, like in-process
-            log.exception("model %s v%d failed a request", model, version)
-            reply = ("err", rid, "RuntimeError", repr(exc), None)
+        except Exception as exc:  # an engine failure (not a MiaohuiError): the worker answers it as a server error
+            if not isinstance(exc, MiaohuiError):
+                log.exception("model %s v%d failed a request", model, version)
+            reply = ("err", rid, *error_fields(exc))
         finally:
             tasks.pop(rid, None)
         await _send(writer, reply)
@@ -206,10 +212,7 @@ class _GenerationStreams:
         def push(item: Any) -> None:
             if isinstance(item, BaseException):
                 self.streams.pop(sid, None)
-                if isinstance(item, MiaohuiError):
-                    self.outbox.append(("e", sid, type(item).__name__, item.message, item.fix))
-                else:
-                    self.outbox.append(("e", sid, "RuntimeError", repr(item), None))
+                self.outbox.append(("e", sid, *error_fields(item)))
             else:
                 if item.finish_reason is not None:
                     self.streams.pop(sid, None)
@@ -289,7 +292,7 @@ class EngineClient:
                 if message[0] == "ok":
                     future.set_result(message[2])
                 else:
-                    future.set_exception(_error(*message[2:5]))
+                    future.set_exception(remote_error(*message[2:5]))
         except (asyncio.IncompleteReadError, ConnectionError, OSError):
             pass
         finally:

@@ -16,8 +16,6 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from miaohui import errors
-from miaohui.errors import MiaohuiError
 from miaohui.generation.engine_loop import (
     EngineStoppedError,
     RequestStream,
@@ -26,7 +24,7 @@ from miaohui.generation.engine_loop import (
     stream_events,
 )
 from miaohui.generation.params import SamplingParams
-from miaohui.serving.engine_process import EngineClient
+from miaohui.serving.engine_process import EngineClient, remote_error
 
 
 class RemoteLLMEngine:
@@ -92,9 +90,7 @@ class RemoteLLMEngine:
                 return
             if item[0] == "e":
                 self._finish(sid)
-                cls = getattr(errors, item[2], None)
-                exc = cls(item[3], item[4]) if isinstance(cls, type) and issubclass(cls, MiaohuiError) else None
-                stream._push(exc or RuntimeError(f"engine process: {item[3]}"))
+                stream._push(remote_error(*item[2:5]))
                 return
             _, _, token_id, text, index, finish, prompt_tokens, completion_tokens = item
             if finish is not None:
