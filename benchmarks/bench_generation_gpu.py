@@ -44,6 +44,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -52,6 +53,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from miaohui.bench.scrape import Snapshot, fetch_metrics, parse_metrics
 from miaohui.generation.engine_loop import LLMEngine
 from miaohui.generation.params import SamplingParams
 from miaohui.generation.scheduler import SchedulerConfig
@@ -416,6 +418,9 @@ def server_load(
         ]
         for p in procs:
             p.start()
+        before: list[Snapshot | None] = []
+        grab = threading.Timer(args.client_warmup + 1.0, lambda: before.append(fetch_metrics(base)))
+        grab.start()
         host = server_cpu(server.pid, args.client_warmup + 1.5, 0.8 * args.duration)
         results = [q.get(timeout=args.client_warmup + args.duration + 300) for _ in procs]
         for p in procs:
@@ -426,7 +431,9 @@ def server_load(
         tokens = sum(merged["tokens"])
         if not tokens or wall <= 0:
             raise RuntimeError(f"no tokens came back ({len(merged['errors'])} errors); see {repo / 'serve.log'}")
+        grab.join()
         metrics = urllib.request.urlopen(f"{base}/metrics", timeout=5).read().decode()
+        steps = step_breakdown(before[0] if before else None, parse_metrics(metrics))
         return {
             "streams": args.streams,
             "client_processes": args.client_procs,
@@ -448,6 +455,9 @@ def server_load(
             "server_main_thread_cores": host["main_thread_cores"],
             "server_cpu_us_per_token": 1e6 * host["cores"] / (tokens / wall),
             "server_main_thread_us_per_token": 1e6 * host["main_thread_cores"] / (tokens / wall),
+            # the engine loop's steps over the measured window (server metrics; empty for --serve-workers, whose
+            # engine process does not export them)
+            "steps": steps,
             # the server's own view (from engine.add): TTFT / inter-token / whole-request sums and counts
             "metrics_excerpt": [
                 ln
@@ -460,6 +470,33 @@ def server_load(
         server.terminate()
         server.wait(30)
         log_file.close()
+
+
+def step_breakdown(before: Snapshot | None, after: Snapshot) -> dict[str, float]:
+    """Where the generation loop's time went between two scrapes: steps per second, and per step kind the
+    count and mean ms (``decode`` / ``prefill`` model time, ``loop``: the loop's own host time between model
+    calls), from ``miaohui_stage_duration_seconds``; sequences per step from ``miaohui_batch_size``."""
+    if before is None or not before.at:
+        return {}
+    window = time.time() - before.at
+    out: dict[str, float] = {"window_s": window}
+
+    def delta(name: str, **match: str) -> float:
+        return after.total(name, **match) - (before.total(name, **match) if before else 0.0)
+
+    steps = delta("miaohui_batch_size_count", model="llm")
+    if steps <= 0:
+        return {}
+    out["steps_per_s"] = steps / window
+    out["seqs_per_step"] = delta("miaohui_batch_size_sum", model="llm") / steps
+    out["model_ms_per_step"] = 1e3 * delta("miaohui_compute_duration_seconds_sum", model="llm") / steps
+    for stage in ("decode", "prefill", "loop"):
+        n = delta("miaohui_stage_duration_seconds_count", model="llm", stage=stage)
+        total = delta("miaohui_stage_duration_seconds_sum", model="llm", stage=stage)
+        out[f"{stage}_steps"] = n
+        out[f"{stage}_ms_mean"] = 1e3 * total / n if n else 0.0
+        out[f"{stage}_ms_per_step"] = 1e3 * total / steps
+    return out
 
 
 def server_cpu(pid: int, after_s: float, for_s: float) -> dict[str, float]:
@@ -693,6 +730,8 @@ def main() -> None:
             srv = m["server"]
             for k in ("tokens_per_s", "ttft_ms_median", "ttft_ms_p99", "itl_ms_median", "itl_ms_p99", "errors"):
                 print(f"{m['model']:10} server {k:27} {srv[k]:12.3f}")
+            for k, v in srv.get("steps", {}).items():
+                print(f"{m['model']:10} step {k:29} {v:12.3f}")
             continue
         rows = [
             ("HF eager TPOT b=1 (ms)", m["hf_eager"]["batch1"]["tpot_ms"]),

@@ -35,6 +35,9 @@
 #           6: 7,760 tok/s, TTFT p99 26 ms), all at once (session 5: 9,713), then 4 HTTP workers + the engine process
 #   s7b:    (no e5 needed) e5-shaped intent model, shared engine at delay 0 with 2 instances (capture fix) and with 8
 #           workers; then tests/gpu inductor fp16 (two instances under load)
+#   s7c:    (no e5 needed) the 1.5B server with compiled prefill pieces, staggered and all at once, with the step breakdown
+#   s7d:    (no e5 needed) slot-engine GPU tests; staggered 1.5B server, switch interval 200 vs 50 us
+#   s7e:    (no e5 needed) s7d's switch-interval pair again, in the other order
 #   llm2:   join the SmolLM2 GGUF (parts from llm1 + llm2), SmolLM2 decoder benchmark, tests/gpu (tiny models)
 # Carried (ignored) folders: .whl (pure-python wheels), .gpu1 / .gpu2 (e5 parts, intent delta),
 # .llm1 / .llm2 (SmolLM2 GGUF parts).
@@ -215,6 +218,33 @@ case $stage in
       tag=${cfg%%:*}; flags=${cfg#*:}; mkdir -p "$OUT/$tag"
       timeout 170 python3 -X faulthandler benchmarks/bench_generation_gpu.py --models qwen1.5b --server-only $flags \
         --duration 12 --out "$OUT/$tag" 2>&1 | grep -E "server|Error|error" | tail -8
+    done
+    ;;
+  s7c)
+    # compiled prefill pieces + the step breakdown (decode / prefill / loop ms per step from the server's metrics)
+    for cfg in "stagger_static:--stagger-ms 10 --static-prefill" "sync_static:--static-prefill"; do
+      tag=${cfg%%:*}; flags=${cfg#*:}; mkdir -p "$OUT/$tag"
+      timeout 170 python3 -X faulthandler benchmarks/bench_generation_gpu.py --models qwen1.5b --server-only $flags \
+        --duration 12 --out "$OUT/$tag" 2>&1 | grep -E "server|step|Error|error" | tail -30
+    done
+    ;;
+  s7d)
+    # argmax inside the step graphs, fewer torch calls (GIL take-backs) per step: GPU tests, then the staggered
+    # server at the default 200 us switch interval and at 50 us
+    timeout 150 python3 -m pytest -q tests/gpu/test_slot_engine_gpu.py -p no:cacheprovider -p no:warnings --tb=short \
+      > "$OUT/pytest_slot_engine.txt" 2>&1; tail -4 "$OUT/pytest_slot_engine.txt"
+    for cfg in "stagger_static:" "stagger_static_switch50:MIAOHUI_GIL_SWITCH_US=50"; do
+      tag=${cfg%%:*}; envs=${cfg#*:}; mkdir -p "$OUT/$tag"
+      env $envs timeout 170 python3 -X faulthandler benchmarks/bench_generation_gpu.py --models qwen1.5b --server-only \
+        --stagger-ms 10 --static-prefill --duration 12 --out "$OUT/$tag" 2>&1 | grep -E "server|step|Error|error" | tail -30
+    done
+    ;;
+  s7e)
+    # the s7d pair again in the other order: 50 us (now the generation default) first, then 200 us
+    for cfg in "stagger_static_switch50:" "stagger_static_switch200:MIAOHUI_GIL_SWITCH_US=200"; do
+      tag=${cfg%%:*}; envs=${cfg#*:}; mkdir -p "$OUT/$tag"
+      env $envs timeout 150 python3 -X faulthandler benchmarks/bench_generation_gpu.py --models qwen1.5b --server-only \
+        --stagger-ms 10 --static-prefill --duration 12 --out "$OUT/$tag" 2>&1 | grep -E "server|step|Error|error" | tail -30
     done
     ;;
   s7b)

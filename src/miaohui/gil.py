@@ -19,7 +19,7 @@ import os
 import sys
 
 SWITCH_ENV = "MIAOHUI_GIL_SWITCH_US"
-GENERATION_SWITCH_US = 200.0
+GENERATION_SWITCH_US = 50.0
 
 
 def switch_interval_us(default_us: float | None = None) -> float | None:

@@ -1,5 +1,5 @@
-"""The compiled (``torch.compile``) decode step on the CPU: two engines of different dtypes in one process
-both compile every decode bucket and give the eager step's logits.
+"""The compiled (``torch.compile``) decode step and prefill on the CPU: two engines of different dtypes in one
+process both compile every decode bucket and give the eager step's logits; compiled prefill gives eager prefill's.
 
 Regression: the compiled layer halves are shared by all engines of a process (Dynamo caches per code object);
 an fp32 engine then a bf16 one passed Dynamo's default recompile limit and ``fullgraph=True`` made that a hard
@@ -19,11 +19,14 @@ from miaohui.generation.static_kv import StaticKVDecoder
 pytestmark = pytest.mark.slow
 
 
-def _eager_decode(model: StaticKVDecoder, *args: object) -> torch.Tensor:
-    """The same step with the compiled halves taken off (the class's eager functions show through)."""
-    compiled = {k: model.__dict__.pop(k) for k in ("_attn_in", "_attn_out_mlp", "_final")}
+_COMPILED = ("_attn_in", "_attn_out_mlp", "_attn_proj_mlp", "_final")
+
+
+def _eager(fn_name: str, model: StaticKVDecoder, *args: object) -> torch.Tensor:
+    """``model.<fn_name>(*args)`` with the compiled pieces taken off (the class's eager functions show through)."""
+    compiled = {k: model.__dict__.pop(k) for k in _COMPILED}
     try:
-        return model.decode(*args)  # type: ignore[arg-type]
+        return getattr(model, fn_name)(*args)  # type: ignore[no-any-return]
     finally:
         model.__dict__.update(compiled)
 
@@ -43,7 +46,28 @@ def test_fp32_then_bf16_engines_compile_every_bucket_and_match_eager() -> None:
                     tokens = torch.randint(5, 1000, (b,), generator=gen)
                     positions = torch.randint(0, length, (b,), generator=gen)
                     got = engine._decode_fn(tokens, positions, length)  # compiled halves
-                    want = _eager_decode(model, tokens, positions, length)
+                    want = _eager("decode", model, tokens, positions, length)
                     assert got.shape == (b, hf.config.vocab_size)
                     err = float((got - want).norm() / want.norm())
                     assert err < tol, f"{name} batch {b} length {length}: relative logit error {err:.2e}"
+
+
+def test_compiled_prefill_matches_eager_prefill() -> None:
+    hf = tiny_qwen()
+    opts = SlotEngineOptions(num_slots=8, max_len=256, dtype="fp32", compile=True, cuda_graphs=False)
+    engine = TorchSlotEngine(StaticKVDecoder.from_hf(hf, num_slots=8, max_len=256, dtype=torch.float32), [999], 0, opts)
+    engine.warmup()
+    model = engine.model
+    assert all(k in model.__dict__ for k in _COMPILED)  # prefill runs the compiled pieces too
+    gen = torch.Generator().manual_seed(2)
+    with torch.inference_mode():
+        for n, s in ((1, 16), (3, 40), (2, 7)):
+            tokens = torch.randint(5, 1000, (n, s), generator=gen)
+            lengths = torch.randint(1, s + 1, (n,), generator=gen)
+            slots = torch.arange(n)
+            got = model.prefill(tokens, lengths, slots)
+            got_k = model.k_cache[0][:n, :, :s].clone()
+            want = _eager("prefill", model, tokens, lengths, slots)
+            err = float((got - want).norm() / want.norm())
+            assert err < 1e-4, f"prefill {n}x{s}: relative logit error {err:.2e}"
+            assert torch.allclose(got_k, model.k_cache[0][:n, :, :s], atol=1e-5)

@@ -19,6 +19,7 @@ from miaohui.errors import InputError
 from miaohui.generation.detok import IncrementalDetokenizer
 from miaohui.generation.engine_loop import AsyncLLMEngine, GenerationObserver, LLMEngine, TokenEvent
 from miaohui.generation.export import DecoderMeta, export_decoder, load_meta, quantize_decoder
+from miaohui.generation.observer import StepReport
 from miaohui.generation.ort_engine import OrtCausalLMEngine
 from miaohui.generation.params import SamplingParams
 from miaohui.generation.scheduler import SchedulerConfig
@@ -187,6 +188,10 @@ class Recorder(GenerationObserver):
         self.itl: list[float] = []
         self.finished: list[tuple[int, int, str]] = []
         self.queue: list[tuple[int, int]] = []
+        self.steps: list[StepReport] = []
+
+    def on_step(self, step: StepReport) -> None:
+        self.steps.append(step)
 
     def on_first_token(self, ttft_s: float) -> None:
         self.ttft.append(ttft_s)
@@ -236,6 +241,11 @@ async def test_async_engine_streams_and_cancellation_frees_the_slot(
     reasons = [r for _, _, r in rec.finished]
     assert reasons.count("abort") == 2 and reasons.count("stop") + reasons.count("length") == 1
     assert len(rec.ttft) == 3 and all(t > 0 for t in rec.ttft) and rec.itl
+    # every step says where its time went: three prompts prefilled, model time within the step's time
+    assert sum(s.prefill_seqs for s in rec.steps) == 3
+    assert all(0 <= s.decode_s + s.prefill_s <= s.step_s for s in rec.steps)
+    loops = [s.loop_s for s in rec.steps if s.loop_s is not None]
+    assert loops and all(x >= 0 for x in loops)
 
 
 @pytest.mark.slow

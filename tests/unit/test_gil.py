@@ -1,5 +1,5 @@
 """The GIL switch interval of server processes: ``$MIAOHUI_GIL_SWITCH_US`` (set by ``miaohui serve --gil-switch-us``)
-wins; else a generation loop uses 200 µs and other processes keep Python's; bad or extreme values fall back or are
+wins; else a generation loop uses 50 µs and other processes keep Python's; bad or extreme values fall back or are
 clamped instead of failing the start."""
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ def _restore() -> Iterator[None]:
     ("env", "default", "want_us"),
     [
         (None, None, 5000.0),  # nothing set: Python's own
-        (None, GENERATION_SWITCH_US, 200.0),  # a generation loop's default
+        (None, GENERATION_SWITCH_US, 50.0),  # a generation loop's default
         ("500", None, 500.0),
         ("5000", GENERATION_SWITCH_US, 5000.0),  # the flag wins over the generation default
-        ("abc", GENERATION_SWITCH_US, 200.0),
+        ("abc", GENERATION_SWITCH_US, 50.0),
         ("1", None, 10.0),  # clamped
     ],
 )

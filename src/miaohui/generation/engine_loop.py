@@ -30,7 +30,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Protocol
 
 from miaohui.errors import InputError, MiaohuiError
-from miaohui.generation.observer import GenerationObserver, safe_call
+from miaohui.generation.observer import GenerationObserver, StepReport, safe_call
 from miaohui.generation.params import SamplingParams
 from miaohui.generation.runner import ModelRunner
 from miaohui.generation.scheduler import (
@@ -366,9 +366,11 @@ class AsyncLLMEngine:
 
     def _steps(self, loop: asyncio.AbstractEventLoop) -> None:
         """Schedule → execute → update, back to back while there is work."""
+        last_end: float | None = None  # when the previous model call ended (None: idle since)
         while True:
             with self._work:
                 while not self._stopping and not self.llm.scheduler.has_work():
+                    last_end = None
                     self._work.wait()
                 if self._stopping:
                     return
@@ -392,9 +394,19 @@ class AsyncLLMEngine:
                 if not self._deliver_soon(loop, self._fail, failed, exc):
                     return
                 continue
+            end = time.perf_counter()
             timing = self.llm.runner.last_timing
-            step = (len(out.prefill), len(out.decode), out.num_batched_tokens, time.perf_counter() - start,
-                    timing.kv_length)  # fmt: skip
+            step = StepReport(
+                len(out.prefill),
+                len(out.decode),
+                out.num_batched_tokens,
+                end - start,
+                timing.kv_length,
+                timing.decode_s,
+                timing.prefill_s,
+                None if last_end is None else start - last_end,
+            )
+            last_end = end
             with self._lock:
                 updates = self.llm.scheduler.update(result)
             if not self._deliver_soon(loop, self._deliver, step, updates):
@@ -408,9 +420,9 @@ class AsyncLLMEngine:
             return False
         return True
 
-    def _deliver(self, step: tuple[int, int, int, float, int], updates: list[SequenceUpdate]) -> None:
+    def _deliver(self, step: StepReport, updates: list[SequenceUpdate]) -> None:
         """On the event loop: one step's updates to their streams, and the step's metrics."""
-        safe_call(self.observer.on_step, *step)
+        safe_call(self.observer.on_step, step)
         for update in updates:
             self._publish(update)
         self._counts()

@@ -9,9 +9,29 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """What one step of the generation loop did and where its time went."""
+
+    prefill_seqs: int
+    decode_seqs: int
+    batched_tokens: int
+    """The step's budgeted tokens (prompt tokens of the prefills + one per decoding sequence)."""
+    step_s: float
+    """Wall time of the model call (decode + prefill + sampling)."""
+    kv_length: int
+    """The batch's longest KV length after the step."""
+    decode_s: float
+    prefill_s: float
+    loop_s: float | None
+    """The loop's own time before this step's model call (scheduling, the previous step's update and
+    detokenization, waiting for the scheduler lock or the GIL); None after the loop sat idle."""
 
 
 class GenerationObserver:
@@ -29,9 +49,8 @@ class GenerationObserver:
     def on_queue(self, running: int, waiting: int) -> None:
         """Running and waiting sequence counts changed (after each step, add and abort)."""
 
-    def on_step(self, prefill_seqs: int, decode_seqs: int, batched_tokens: int, step_s: float, kv_length: int) -> None:
-        """One step computed: how many sequences prefilled / decoded, the step's budgeted tokens, its
-        wall time, and the batch's KV length after it."""
+    def on_step(self, step: StepReport) -> None:
+        """One step computed (see :class:`StepReport`)."""
 
 
 def safe_call(hook: Callable[..., Any], *args: Any) -> None:

@@ -2,7 +2,9 @@
 
 Per model: TTFT, inter-token latency and end-to-end latency histograms, prompt and generated token
 counters, running and waiting sequence gauges; per step: sequences in the batch, budgeted tokens and the
-step's wall time (the batch-size, batch-token and compute histograms the dynamic batcher also feeds).
+step's wall time (the batch-size, batch-token and compute histograms the dynamic batcher also feeds), and where
+the step's time went: ``miaohui_stage_duration_seconds{stage="decode"|"prefill"|"loop"}`` (``loop``: the loop's
+own host time between model calls).
 Label children are bound once here, so a hook costs one ``observe``/``inc``/``set``.
 """
 
@@ -10,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from miaohui.generation.observer import GenerationObserver
+from miaohui.generation.observer import GenerationObserver, StepReport
 
 if TYPE_CHECKING:
     from miaohui.server.metrics import Metrics
@@ -31,6 +33,8 @@ class MetricsObserver(GenerationObserver):
         self._batch = metrics.batch_size.labels(model, v)
         self._tokens = metrics.batch_tokens.labels(model, v)
         self._compute = metrics.compute_seconds.labels(model, v)
+        stage = metrics.serving_stage_seconds
+        self._decode, self._prefill, self._loop = (stage.labels(model, v, s) for s in ("decode", "prefill", "loop"))
 
     def on_first_token(self, ttft_s: float) -> None:
         self._ttft.observe(ttft_s)
@@ -47,7 +51,13 @@ class MetricsObserver(GenerationObserver):
         self._running.set(running)
         self._waiting.set(waiting)
 
-    def on_step(self, prefill_seqs: int, decode_seqs: int, batched_tokens: int, step_s: float, kv_length: int) -> None:
-        self._batch.observe(prefill_seqs + decode_seqs)
-        self._tokens.observe(batched_tokens)
-        self._compute.observe(step_s)
+    def on_step(self, step: StepReport) -> None:
+        self._batch.observe(step.prefill_seqs + step.decode_seqs)
+        self._tokens.observe(step.batched_tokens)
+        self._compute.observe(step.step_s)
+        if step.decode_seqs:
+            self._decode.observe(step.decode_s)
+        if step.prefill_seqs:
+            self._prefill.observe(step.prefill_s)
+        if step.loop_s is not None:
+            self._loop.observe(step.loop_s)

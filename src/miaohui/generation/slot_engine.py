@@ -7,10 +7,12 @@
   keeps that small) and the attended cache length to the next *length bucket*. The step is captured
   as one CUDA graph per ``(batch bucket, length bucket)``: a step is then two tiny host→device copies
   from pinned memory and one ``graph.replay()``, with no Python per layer.
-* **prefill** — prompts right-padded to a common length, run eagerly (it is compute-bound: launch
-  overhead does not matter there, and it keeps warm-up short).
-* **compile** — Inductor compiles one layer's two halves (weights are arguments, so one graph serves all
-  layers) and the head, with dynamic batch/length: seconds, not the minutes a whole unrolled model takes.
+* **prefill** — prompts right-padded to a common length (at least 2, so a one-token prompt does not make
+  Dynamo specialise a new graph under load); with ``static_prefill`` padded to (prompts, length) buckets and
+  replayed as one CUDA graph per bucket.
+* **compile** — Inductor compiles one layer's pieces for decode and for prefill (weights are arguments, so
+  one graph serves all layers; prefill's attention is SDPA, eager) and the head, with dynamic batch/length:
+  seconds, not the minutes a whole unrolled model takes.
 * **logits stay on the device**: greedy rows take one ``argmax`` kernel and copy ``batch`` ints back;
   only rows that sample with temperature/top-p copy their logits to the host (so the same seeded numpy
   sampler as the CPU engines decides, token for token).
@@ -51,55 +53,86 @@ def resolve_device(options: SlotEngineOptions) -> torch.device:
     return dev
 
 
-class TorchLogits(StepLogits):
-    """Device logits ``[bucket, vocab]`` of which ``rows`` are the step's sequences, in order."""
+class _HostTokens:
+    """A pinned host buffer for one step's greedy tokens: one device→host copy and one stream synchronize.
 
-    def __init__(self, logits: torch.Tensor, rows: Sequence[int]) -> None:
+    Every torch call releases the GIL and must take it back; under the server's event loop each take-back can
+    wait up to the switch interval, so the step's host path keeps its torch calls few (and waits in
+    ``Stream.synchronize``, which releases the GIL, so the event loop streams meanwhile)."""
+
+    def __init__(self, rows: int, device: torch.device) -> None:
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self.buf = torch.zeros(rows, dtype=torch.int64, pin_memory=self.cuda)
+
+    def fetch(self, best: torch.Tensor) -> list[int]:
+        if not self.cuda:
+            return [int(v) for v in best.tolist()]
+        host = self.buf[: best.shape[0]]
+        host.copy_(best, non_blocking=True)
+        torch.cuda.current_stream(self.device).synchronize()
+        return [int(v) for v in host.tolist()]
+
+
+class TorchLogits(StepLogits):
+    """Device logits ``[bucket, vocab]`` of which ``rows`` are the step's sequences, in order; ``best`` is their
+    argmax per row when the step computed it (inside its CUDA graph), else computed here."""
+
+    def __init__(
+        self,
+        logits: torch.Tensor,
+        rows: Sequence[int],
+        best: torch.Tensor | None = None,
+        host: _HostTokens | None = None,
+    ) -> None:
         self.logits = logits
         self.row_ids = list(rows)
+        self._best = best
+        self._host = host or _HostTokens(logits.shape[0], logits.device)
 
     def argmax(self) -> list[int]:
-        best = self.logits.argmax(dim=-1)
-        if best.is_cuda:
-            # copy into pinned memory and wait on an event: Event.synchronize releases the GIL, so the
-            # server's event loop streams the previous step's tokens while the GPU finishes this one
-            # (a plain .tolist() would hold the GIL for the whole step)
-            host = torch.empty(best.shape, dtype=best.dtype, pin_memory=True)
-            host.copy_(best, non_blocking=True)
-            done = torch.cuda.Event()
-            done.record()
-            done.synchronize()
-            best = host
-        values = best.tolist()
-        return [int(values[r]) for r in self.row_ids]
+        best = self._best if self._best is not None else self.logits.argmax(dim=-1)
+        values = self._host.fetch(best)
+        return [values[r] for r in self.row_ids]
 
     def rows(self, idx: Sequence[int]) -> np.ndarray:
         sel = torch.as_tensor([self.row_ids[i] for i in idx], device=self.logits.device)
         return self.logits.index_select(0, sel).float().cpu().numpy()
 
 
-_Graph = tuple[torch.cuda.CUDAGraph, torch.Tensor]
-"""A captured CUDA graph and its static output."""
+_Graph = tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch.Tensor]]
+"""A captured CUDA graph and its static outputs (logits, argmax per row)."""
 
 
-def _replay_or_run(graph: _Graph | None, run: Callable[[], torch.Tensor]) -> torch.Tensor:
-    """The graph's output after a replay; without a graph for the shape (or on a CPU), ``run()`` eagerly."""
+def _with_best(fn: Callable[..., torch.Tensor]) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    """``fn``'s logits and their argmax per row, so a captured step does the greedy pick in its own graph."""
+
+    def run(*args: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = fn(*args)
+        return logits, logits.argmax(dim=-1)
+
+    return run
+
+
+def _replay_or_run(graph: _Graph | None, run: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The graph's outputs after a replay; without a graph for the shape (or on a CPU), ``run()`` eagerly (the
+    argmax left to :class:`TorchLogits`)."""
     if graph is not None:
         graph[0].replay()
         return graph[1]
     with torch.inference_mode():
-        return run()
+        return run(), None
 
 
 class _PrefillBuffers:
-    """Static prefill inputs: token ids [prompts, length], real lengths and cache rows [prompts]."""
+    """Static prefill inputs in one tensor (one host→device copy): per prompt row, ``length`` token ids, then its
+    real length, then its cache row (slot)."""
 
     def __init__(self, prompts: int, length: int, device: torch.device | str, pin: bool) -> None:
-        def zeros(*shape: int) -> torch.Tensor:
-            t = torch.zeros(shape, dtype=torch.int64, device=device)
-            return t.pin_memory() if pin else t
-
-        self.tokens, self.lengths, self.slots = zeros(prompts, length), zeros(prompts), zeros(prompts)
+        self.all = torch.zeros((prompts, length + 2), dtype=torch.int64, device=device)
+        if pin:
+            self.all = self.all.pin_memory()
+        self.tokens, self.lengths, self.slots = self.all[:, :length], self.all[:, length], self.all[:, length + 1]
 
 
 RECOMPILE_LIMIT = 64
@@ -140,23 +173,25 @@ class TorchSlotEngine(SlotCausalLMEngine):
         self.batch_buckets, self.length_buckets = options.buckets()
         self.precision = options.dtype
         self._decode_fn: Callable[..., torch.Tensor] = model.decode
-        self._prefill_fn: Callable[..., torch.Tensor] = model.prefill  # eager: compute-bound, graphs don't pay
+        self._prefill_fn: Callable[..., torch.Tensor] = model.prefill
         if self.compiled:
             _allow_specialisations()
             mode = "max-autotune-no-cudagraphs" if options.autotune else None
             model.use_compiled(functools.partial(torch.compile, dynamic=True, fullgraph=True, mode=mode))
         top = max(self.batch_buckets)
         pin = cuda
-        self._tok_host = torch.zeros(top, dtype=torch.int64, pin_memory=pin)
-        self._pos_host = torch.zeros(top, dtype=torch.int64, pin_memory=pin)
-        self._tok_dev = torch.zeros(top, dtype=torch.int64, device=self.device)
-        self._pos_dev = torch.zeros(top, dtype=torch.int64, device=self.device)
+        # a decode step's inputs: row 0 token ids, row 1 positions; one host→device copy per step
+        self._io_host = torch.zeros((2, top), dtype=torch.int64, pin_memory=pin)
+        self._io_dev = torch.zeros((2, top), dtype=torch.int64, device=self.device)
+        self._tok_dev, self._pos_dev = self._io_dev[0], self._io_dev[1]
+        self._decode_tokens = _HostTokens(top, self.device)
         self._graphs: dict[tuple[int, int], _Graph] = {}
         self.prefill_batches, self.prefill_lengths = options.prefill_buckets()
         if options.static_prefill:
             pb, ps = max(self.prefill_batches), max(self.prefill_lengths)
             self._pf_host = _PrefillBuffers(pb, ps, "cpu", pin)
             self._pf_dev = _PrefillBuffers(pb, ps, self.device, False)
+        self._prefill_tokens = _HostTokens(model.num_slots, self.device)  # a prefill fills at most every slot
         self._prefill_graphs: dict[tuple[int, int], _Graph] = {}
         self.warmup_seconds: float | None = None
 
@@ -187,11 +222,12 @@ class TorchSlotEngine(SlotCausalLMEngine):
         """Compile and capture every decode bucket, and compile prefill; seconds taken."""
         started = time.perf_counter()
         with torch.inference_mode():
-            self._prefill_fn(
-                torch.full((2, 16), self.pad_token_id, dtype=torch.int64, device=self.device),
-                torch.tensor([16, 9], device=self.device),
-                torch.tensor([0, 1], device=self.device),
-            )
+            for n in (1, 2):  # Dynamo specialises one prompt apart from several: compile both now
+                self._prefill_fn(
+                    torch.full((n, 16), self.pad_token_id, dtype=torch.int64, device=self.device),
+                    torch.tensor([16, 9][:n], device=self.device),
+                    torch.tensor([0, 1][:n], device=self.device),
+                )
             if self.graphs_on:
                 self._capture(log)
                 if self.options.static_prefill:
@@ -222,16 +258,17 @@ class TorchSlotEngine(SlotCausalLMEngine):
 
     def _capture_one(self, fn: Callable[..., torch.Tensor], args: tuple[Any, ...], pool: Any) -> _Graph:
         """Run ``fn(*args)`` twice on a side stream (compiles on the first bucket, warms cuBLAS for the shape),
-        then capture it into a CUDA graph from ``pool``; the graph and its static output."""
+        then capture it and its argmax per row into a CUDA graph from ``pool``; the graph and its static outputs."""
+        step = _with_best(fn)
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             for _ in range(2):
-                fn(*args)
+                step(*args)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=pool):
-            out = fn(*args)
+            out = step(*args)
         return graph, out
 
     def _capture_prefill(self, log: Callable[[str], None]) -> None:
@@ -271,22 +308,20 @@ class TorchSlotEngine(SlotCausalLMEngine):
         for r, p in enumerate(prompts):
             tok[r, : len(p)] = p
         lens[:n], rows[:n] = [len(p) for p in prompts], slots
-        dev.tokens[:nb, :sb].copy_(host.tokens[:nb, :sb], non_blocking=True)
-        dev.lengths[:nb].copy_(host.lengths[:nb], non_blocking=True)
-        dev.slots[:nb].copy_(host.slots[:nb], non_blocking=True)
-        logits = _replay_or_run(
+        dev.all[:nb].copy_(host.all[:nb], non_blocking=True)
+        logits, best = _replay_or_run(
             self._prefill_graphs.get((nb, sb)),
             lambda: self._prefill_fn(dev.tokens[:nb, :sb], dev.lengths[:nb], dev.slots[:nb]),
         )
         # the pinned staging buffers are rewritten only by the next prefill, after sampling synchronised
-        return TorchLogits(logits, range(n))
+        return TorchLogits(logits, range(n), best, self._prefill_tokens)
 
     def _prefill(self, slots: list[int], prompts: list[list[int]]) -> StepLogits:
         if self.options.static_prefill:
             out = self._static_prefill(slots, prompts)
             if out is not None:
                 return out
-        width = max(len(p) for p in prompts)
+        width = max(2, *(len(p) for p in prompts))
         ids = np.full((len(prompts), width), self.pad_token_id, dtype=np.int64)
         for r, p in enumerate(prompts):
             ids[r, : len(p)] = p
@@ -297,23 +332,23 @@ class TorchSlotEngine(SlotCausalLMEngine):
                 torch.tensor([len(p) for p in prompts], dtype=torch.int64).to(dev),
                 torch.tensor(slots, dtype=torch.int64).to(dev),
             )
-        return TorchLogits(logits, range(len(prompts)))
+        return TorchLogits(logits, range(len(prompts)), host=self._prefill_tokens)
 
     def _decode(self, slots: list[int], tokens: list[int], positions: np.ndarray) -> StepLogits:
         b = bucket_for(max(slots) + 1, self.batch_buckets)
         t = bucket_for(int(positions.max()) + 1, self.length_buckets)
-        tok, pos = self._tok_host.numpy(), self._pos_host.numpy()
+        io = self._io_host.numpy()
+        tok, pos = io[0], io[1]
         tok[:b] = self.pad_token_id
         pos[:b] = 0
         tok[slots] = tokens
         pos[slots] = positions
-        self._tok_dev[:b].copy_(self._tok_host[:b], non_blocking=True)
-        self._pos_dev[:b].copy_(self._pos_host[:b], non_blocking=True)
-        logits = _replay_or_run(
+        self._io_dev.copy_(self._io_host, non_blocking=True)  # whole (contiguous) buffer: 1 KB at 64 slots
+        logits, best = _replay_or_run(
             self._graphs.get((b, t)), lambda: self._decode_fn(self._tok_dev[:b], self._pos_dev[:b], t)
         )
         # the pinned staging buffers are rewritten only by the next step, after sampling synchronised
-        return TorchLogits(logits, slots)
+        return TorchLogits(logits, slots, best, self._decode_tokens)
 
     def close(self) -> None:
         self._graphs.clear()

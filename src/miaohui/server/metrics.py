@@ -212,7 +212,8 @@ class Metrics:
         self.serving_stage_seconds = Histogram(
             "miaohui_stage_duration_seconds",
             "Where a request's time goes around the batcher: tokenize and slots per request; the engine's "
-            "h2d, gpu and d2h per batch (CUDA events, GPU engines)",
+            "h2d, gpu and d2h per batch (CUDA events, GPU engines); per generation step: decode, prefill and "
+            "the loop's own host time (loop)",
             ["model", "version", "stage"],
             buckets=LATENCY_BUCKETS,
             registry=r,
