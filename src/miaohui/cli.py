@@ -337,7 +337,7 @@ def serve(
         typer.Option(
             min=10,
             max=100_000,
-            help="Python's GIL switch interval in µs in every server process (default: 200 where a generation loop "
+            help="Python's GIL switch interval in µs in every server process (default: 50 where a generation loop "
             "runs, else Python's 5000). Short: an engine thread done with the GPU step gets the GIL back sooner.",
         ),
     ] = None,
