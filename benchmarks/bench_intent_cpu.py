@@ -47,6 +47,7 @@ def feeds_for(b: int, s: int, n: int, vocab: int) -> list[dict[str, np.ndarray]]
 
 
 def timed(fn: Any, sets: list[dict[str, np.ndarray]], warmup: int, iters: int) -> list[float]:
+    time.sleep(IDLE_BETWEEN_S)  # let the previous runner's thread pool go idle (see IDLE_BETWEEN_S)
     for i in range(warmup):
         fn(sets[i % len(sets)])
     ms = []
@@ -55,6 +56,12 @@ def timed(fn: Any, sets: list[dict[str, np.ndarray]], warmup: int, iters: int) -
         fn(sets[i % len(sets)])
         ms.append((time.perf_counter() - t0) * 1e3)
     return ms
+
+
+IDLE_BETWEEN_S = 3.0
+"""Pause before timing each runner. On this 2-core machine a runner timed right after another ONNX Runtime
+session ran slower (int8 1x16: 4.3 ms right after the fp32 session, 2.5 ms right before it, same run): that
+session's intra-op threads spin-wait for work after their last run and take the cores."""
 
 
 def iters_for(b: int, s: int, base: int) -> int:

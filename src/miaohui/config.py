@@ -123,6 +123,11 @@ class CalibrationConfig(Frozen):
     """Dynamic int8: also keep in fp32 the N weight MatMuls whose inputs lose most to per-tensor run-time
     quantization on the calibration text (ranked in fp32 by noise-to-signal ratio, see
     ``compile.quantize.activation_sensitivity``)."""
+    smooth: int = Field(default=0, ge=0, le=1000)
+    """Dynamic int8: give the next N most sensitive weight MatMuls (after the fp32 fallbacks) a SmoothQuant input
+    scale instead of keeping them fp32: their activation outliers move into the weights (``compile.smooth``)."""
+    smooth_alpha: float = Field(default=0.5, ge=0.0, le=1.0)
+    """SmoothQuant's migration strength: 0 leaves the activations as they are, 1 moves all their range."""
     mode: Int8Mode = "static"
     """``static``: explicit QDQ with calibrated activation ranges (the graph TensorRT also takes).
     ``dynamic`` (ONNX Runtime only): int8 weights, activation ranges measured per batch at run time, with
@@ -206,7 +211,9 @@ class BuildConfig(Frozen):
             fields.pop("calibration")
         elif self.calibration.mode == "dynamic":  # no calibration happens: only what shapes the graph counts
             kept: tuple[str, ...] = ("mode", "per_channel", "keep_fp32", "fp32_fallback")
-            if self.calibration.fp32_fallback:  # layers are ranked on the calibration text
+            if self.calibration.smooth:
+                kept += ("smooth", "smooth_alpha")
+            if self.calibration.fp32_fallback or self.calibration.smooth:  # ranked / scaled on calibration text
                 kept += ("num_samples",)
             fields["calibration"] = {k: fields["calibration"][k] for k in kept}
         if self.backend != "inductor":

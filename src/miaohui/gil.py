@@ -6,7 +6,8 @@ default makes the engine wait up to 5 ms before the loop is asked to let go — 
 H200 (session 6, 1.5B decoder, 64 staggered streams, static prefill) 200 µs gave 7,760 instead of 6,878 tokens/s and
 a TTFT p99 of 26 instead of 43 ms (``benchmarks/results/generation_gpu_qwen1.5b_server_stagger10_static_prefill*``,
 one run each); in session 7, with four GIL take-backs per decode step, 50 µs gave 12,219 / 11,760 tokens/s against
-200 µs's 11,007 / 11,369 in two pairs run in opposite orders (``…_graph_argmax_stagger10_switch*``), so 50 µs. The encoder (intent) server showed no gain (shared engine, 6 workers: c=48 6,585 vs 6,412 req/s,
+200 µs's 11,007 / 11,369 in two pairs run in opposite orders (``…_graph_argmax_stagger10_switch*``), so 50 µs.
+The encoder (intent) server showed no gain (shared engine, 6 workers: c=48 6,585 vs 6,412 req/s,
 p99 11.6 vs 12.0 ms, ``gpu_server_e5shape_shared_delay0_switch*.json``), so only a process that runs a
 generation loop shortens it by default (:data:`GENERATION_SWITCH_US`, applied when the loop starts).
 

@@ -1,6 +1,7 @@
 """ORT graph rewrites of the int8 intent engine on small real graphs: SkipLayerNormalization / BiasGelu
-unfused into plain ops (same outputs, ORT kept from re-fusing them), and the run-time quantization
-sensitivity ranking that picks the MatMuls kept fp32."""
+unfused into plain ops (same outputs, ORT kept from re-fusing them), the run-time quantization
+sensitivity ranking that picks the MatMuls kept fp32, and SmoothQuant input scales (same fp32 outputs, a
+flatter input to quantize)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
+from onnxruntime.quantization import QuantType, quantize_dynamic
 
 from miaohui.compile.optimize import ORT_SLOW_FUSIONS, op_counts, unfuse_slow_ops
 from miaohui.compile.quantize import activation_sensitivity
+from miaohui.compile.smooth import input_channel_absmax, smooth_matmuls
 
 H = 16
 
@@ -91,3 +94,69 @@ def test_sensitivity_ranks_the_long_tailed_input_first(tmp_path: Path) -> None:
     scores = activation_sensitivity(src, ["proj/MatMul", "up/MatMul", "down/MatMul"], feeds)
     assert next(iter(scores)) == "proj/MatMul"  # its input is x itself
     assert all(v >= 0 for v in scores.values()) and list(scores.values()) == sorted(scores.values(), reverse=True)
+
+
+def _outlier_feeds(channel: int, n: int = 4) -> list[dict[str, np.ndarray]]:
+    """Inputs whose channel ``channel`` is ~40x the others on every token (the outlier-channel pattern
+    SmoothQuant targets, unlike one stray value)."""
+    rng = np.random.default_rng(3)
+    feeds = []
+    for _ in range(n):
+        x = rng.standard_normal((1, 8, H)).astype(np.float32)
+        x[..., channel] *= 40.0
+        feeds.append({"x": x})
+    return feeds
+
+
+def test_smoothing_keeps_fp32_outputs_and_flattens_the_outlier_channel(tmp_path: Path) -> None:
+    plain = tmp_path / "plain.onnx"
+    unfuse_slow_ops(_block(tmp_path / "fused.onnx"), plain)
+    feeds = _outlier_feeds(channel=5)
+    absmax = input_channel_absmax(plain, ["proj/MatMul"], feeds, ORT_SLOW_FUSIONS)
+    assert int(absmax["proj/MatMul"].argmax()) == 5
+    smoothed = tmp_path / "smoothed.onnx"
+    flatter = smooth_matmuls(plain, smoothed, absmax, alpha=0.5)
+    assert flatter["proj/MatMul"] > 3.0
+    assert op_counts(smoothed)["Mul"] == op_counts(plain).get("Mul", 0) + 1
+    x = feeds[0]["x"]
+    want = _session(plain, ORT_SLOW_FUSIONS).run(None, {"x": x})[0]
+    got = _session(smoothed, ORT_SLOW_FUSIONS).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3)  # the same product in fp32
+    # the MatMul in dynamic int8 in both graphs: the smoothed one's output is closer to fp32
+    errors = []
+    for graph in (plain, smoothed):
+        q = tmp_path / f"{graph.stem}.int8.onnx"
+        quantize_dynamic(
+            str(graph), str(q), weight_type=QuantType.QInt8, per_channel=True, nodes_to_quantize=["proj/MatMul"]
+        )
+        y = _session(q, ORT_SLOW_FUSIONS).run(None, {"x": x})[0]
+        errors.append(float(np.linalg.norm(y - want) / np.linalg.norm(want)))
+    assert errors[1] < errors[0] / 2, errors  # the test graph: ~3x smaller
+
+
+def test_smoothing_one_user_of_a_shared_weight_leaves_the_other_alone(tmp_path: Path) -> None:
+    rng = np.random.default_rng(4)
+    w = numpy_helper.from_array(rng.standard_normal((H, H)).astype(np.float32), "w")
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["y1"], name="m1"),
+        helper.make_node("MatMul", ["x", "w"], ["y2"], name="m2"),
+    ]
+    out = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["batch", "seq", H]) for n in ("y1", "y2")]
+    graph = helper.make_graph(
+        nodes, "shared", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", H])], out, [w]
+    )
+    src = tmp_path / "shared.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(src))
+    feeds = _outlier_feeds(channel=2)
+    dst = tmp_path / "smoothed.onnx"
+    smooth_matmuls(src, dst, input_channel_absmax(src, ["m1"], feeds), alpha=0.5)
+    model = onnx.load(str(dst))
+    by_name = {n.name: n for n in model.graph.node}
+    assert by_name["m2"].input[1] == "w" and by_name["m1"].input[1] != "w"
+    np.testing.assert_array_equal(numpy_helper.to_array(next(i for i in model.graph.initializer if i.name == "w")),
+                                  numpy_helper.to_array(w))  # fmt: skip
+    x = feeds[0]["x"]
+    want = _session(src).run(None, {"x": x})
+    got = _session(dst).run(None, {"x": x})
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-3)

@@ -78,5 +78,14 @@ def test_hash_covers_only_graph_changing_fields() -> None:
     assert d1.compute_hash() != d0.compute_hash()
     more_text = dyn.model_copy(update={"fp32_fallback": 1, "num_samples": 512})
     assert int8.model_copy(update={"calibration": more_text}).compute_hash() != d1.compute_hash()
+    # SmoothQuant scales (measured on calibration text): how many MatMuls and alpha count
+    s2 = int8.model_copy(update={"calibration": dyn.model_copy(update={"smooth": 2})})
+    assert len({d0.compute_hash(), d1.compute_hash(), s2.compute_hash()}) == 3
+    alpha = dyn.model_copy(update={"smooth": 2, "smooth_alpha": 0.75})
+    assert int8.model_copy(update={"calibration": alpha}).compute_hash() != s2.compute_hash()
+    # alpha alone (nothing smoothed) changes nothing
+    assert int8.model_copy(update={"calibration": dyn.model_copy(update={"smooth_alpha": 0.75})}).compute_hash() == (
+        d0.compute_hash()
+    )
     shaped = base.model_copy(update={"shapes": parse_shapes("input_ids:1x1,8x64,32x128")})
     assert shaped.compute_hash() != base.compute_hash()

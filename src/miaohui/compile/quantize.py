@@ -182,17 +182,17 @@ class DynamicInt8Summary(BaseModel):
     sensitivity: dict[str, float]
     """Weight MatMul → noise-to-signal ratio of its input under per-tensor uint8 run-time quantization on
     the calibration text (fp32 graph), the largest first; empty when ``fp32_fallback`` is 0."""
+    smoothed: dict[str, float] = {}
+    """MatMuls given a SmoothQuant input scale (``smooth``) → how much flatter their input became (largest over
+    median channel peak, before / after)."""
     num_samples: int
     data_digest: str | None
 
 
-def activation_sensitivity(
+def iter_matmul_inputs(
     fp32_onnx: Path, nodes: list[str], feeds: list[dict[str, np.ndarray]], disabled_optimizers: tuple[str, ...] = ()
-) -> dict[str, float]:
-    """How much each MatMul's input loses to ONNX Runtime's dynamic quantization (uint8, one scale and zero
-    point per tensor and call, range from the tensor's own min/max): mean noise-to-signal power ratio over
-    ``feeds``, run through the fp32 graph. Long-tailed inputs (a few outlier channels) score high — those are
-    the MatMuls whose int8 version moves the logits most."""
+) -> Iterator[dict[str, np.ndarray]]:
+    """Run ``feeds`` through the fp32 graph; per feed, the input activation of each MatMul in ``nodes``."""
     import onnxruntime as ort
 
     model = onnx.load(str(fp32_onnx))
@@ -210,17 +210,30 @@ def activation_sensitivity(
         providers=["CPUExecutionProvider"],
         disabled_optimizers=list(disabled_optimizers),
     )
-    del model
-    totals = dict.fromkeys(tensors, 0.0)
+    source = {n: by_name[n].input[0] for n in nodes}
+    del model, by_name
     for feed in feeds:
-        for t, x in zip(tensors, sess.run(tensors, feed), strict=True):
+        values = dict(zip(tensors, sess.run(tensors, feed), strict=True))
+        yield {n: values[t] for n, t in source.items()}
+
+
+def activation_sensitivity(
+    fp32_onnx: Path, nodes: list[str], feeds: list[dict[str, np.ndarray]], disabled_optimizers: tuple[str, ...] = ()
+) -> dict[str, float]:
+    """How much each MatMul's input loses to ONNX Runtime's dynamic quantization (uint8, one scale and zero
+    point per tensor and call, range from the tensor's own min/max): mean noise-to-signal power ratio over
+    ``feeds``, run through the fp32 graph. Long-tailed inputs (a few outlier channels) score high — those are
+    the MatMuls whose int8 version moves the logits most."""
+    totals = dict.fromkeys(nodes, 0.0)
+    for inputs in iter_matmul_inputs(fp32_onnx, nodes, feeds, disabled_optimizers):
+        for n, x in inputs.items():
             x = x.astype(np.float64)
             lo, hi = min(float(x.min()), 0.0), max(float(x.max()), 0.0)
             scale = (hi - lo) / 255.0 or 1.0
             zero = np.round(-lo / scale)
             deq = (np.clip(np.round(x / scale) + zero, 0, 255) - zero) * scale
-            totals[t] += float(((deq - x) ** 2).mean() / max(float((x**2).mean()), 1e-30))
-    scores = {n: totals[by_name[n].input[0]] / max(1, len(feeds)) for n in nodes}
+            totals[n] += float(((deq - x) ** 2).mean() / max(float((x**2).mean()), 1e-30))
+    scores = {n: totals[n] / max(1, len(feeds)) for n in nodes}
     return dict(sorted(scores.items(), key=lambda kv: -kv[1]))
 
 
@@ -235,44 +248,63 @@ def quantize_dynamic_int8(
     """ONNX Runtime dynamic int8: weights int8 now, activations quantized per call at run time, fused
     attention as ``QAttention``. Weight MatMuls matching ``cfg.keep_fp32`` stay fp32, and so do the
     ``cfg.fp32_fallback`` ones whose inputs :func:`activation_sensitivity` ranks worst on ``feeds``
-    (the calibration text, one text per feed)."""
+    (the calibration text, one text per feed); the next ``cfg.smooth`` worst get a SmoothQuant input scale
+    (:mod:`miaohui.compile.smooth`) and are quantized."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from miaohui.compile.smooth import input_channel_absmax, smooth_matmuls
 
     model = onnx.load(str(fp32_onnx), load_external_data=False)
     weights, act_matmuls = weight_matmuls(model)
     del model
     kept = [n for n in weights if any(re.search(p, n) for p in cfg.keep_fp32)]
     sensitivity: dict[str, float] = {}
-    if cfg.fp32_fallback:
+    smoothed: dict[str, float] = {}
+    if cfg.fp32_fallback or cfg.smooth:
         if not feeds:
             raise BuildError(
-                "int8 --fp32-fallback ranks layers on calibration text, and none was given",
-                "pass --calib-data FILE, or --fp32-fallback 0",
+                "int8 --fp32-fallback / --smooth rank layers on calibration text, and none was given",
+                "pass --calib-data FILE, or --fp32-fallback 0 --smooth 0",
             )
         candidates = [n for n in weights if n not in kept]
         sensitivity = activation_sensitivity(fp32_onnx, candidates, feeds, disabled_optimizers)
         kept += list(sensitivity)[: cfg.fp32_fallback]
+    with tempfile.TemporaryDirectory(prefix="miaohui-smooth-") as tmp:
+        source = fp32_onnx
+        if cfg.smooth:
+            assert feeds is not None
+            targets = [n for n in sensitivity if n not in kept][: cfg.smooth]
+            absmax = input_channel_absmax(fp32_onnx, targets, feeds, disabled_optimizers)
+            source = Path(tmp) / "smoothed.onnx"
+            smoothed = smooth_matmuls(fp32_onnx, source, absmax, cfg.smooth_alpha)
+        _quantize_dynamic(quantize_dynamic, QuantType.QInt8, source, out_path, cfg, act_matmuls + kept)
+    return DynamicInt8Summary(
+        kept_fp32=kept,
+        sensitivity={k: float(f"{v:.4g}") for k, v in sensitivity.items()},
+        smoothed={k: float(f"{v:.4g}") for k, v in smoothed.items()},
+        num_samples=len(feeds or []),
+        data_digest=texts_digest(texts) if texts and (cfg.fp32_fallback or cfg.smooth) else None,
+    )
+
+
+def _quantize_dynamic(
+    quantize_dynamic: Any, qint8: Any, source: Path, out_path: Path, cfg: CalibrationConfig, exclude: list[str]
+) -> None:
     try:
         quantize_dynamic(
-            str(fp32_onnx),
+            str(source),
             str(out_path),
-            weight_type=QuantType.QInt8,
+            weight_type=qint8,
             per_channel=cfg.per_channel,
             op_types_to_quantize=["MatMul", "Attention"],
-            nodes_to_exclude=act_matmuls + kept,
+            nodes_to_exclude=exclude,
             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
         )
     except Exception as exc:
         raise BuildError(
-            f"dynamic int8 quantization of {fp32_onnx.name} failed: {exc}",
+            f"dynamic int8 quantization of {source.name} failed: {exc}",
             "use --int8-mode static, or --precision fp32",
         ) from exc
-    return DynamicInt8Summary(
-        kept_fp32=kept,
-        sensitivity={k: float(f"{v:.4g}") for k, v in sensitivity.items()},
-        num_samples=len(feeds or []),
-        data_digest=texts_digest(texts) if texts and cfg.fp32_fallback else None,
-    )
 
 
 def _read_cache(cache: Path) -> dict[str, tuple[float, float]]:

@@ -51,8 +51,9 @@ def build(ctx: BuildContext) -> BuiltEngine:
         fuse_bert(ctx.onnx_path, fused, heads, hidden, attention=True)
         unfused = unfuse_slow_ops(fused, plain)
         cal = ctx.cfg.calibration
-        feeds = ctx.text_feeds() if cal.fp32_fallback and ctx.calib_texts else None
-        if cal.fp32_fallback:
+        ranked = cal.fp32_fallback or cal.smooth
+        feeds = ctx.text_feeds() if ranked and ctx.calib_texts else None
+        if ranked:
             ctx.log(f"ranking MatMuls by run-time quantization error on {len(feeds or [])} calibration texts")
         dynamic = quantize_dynamic_int8(plain, out, cal, feeds, ctx.calib_texts, ORT_SLOW_FUSIONS)
         extra["int8"] = {"mode": "dynamic", "per_channel": cal.per_channel, **dynamic.model_dump(), "unfused": unfused}
