@@ -38,6 +38,7 @@
 #   s7c:    (no e5 needed) the 1.5B server with compiled prefill pieces, staggered and all at once, with the step breakdown
 #   s7d:    (no e5 needed) slot-engine GPU tests; staggered 1.5B server, switch interval 200 vs 50 us
 #   s7e:    (no e5 needed) s7d's switch-interval pair again, in the other order
+#   s8a:    (no e5 needed) async output on/off A/B twice (the step's text made while the next step computes)
 #   llm2:   join the SmolLM2 GGUF (parts from llm1 + llm2), SmolLM2 decoder benchmark, tests/gpu (tiny models)
 # Carried (ignored) folders: .whl (pure-python wheels), .gpu1 / .gpu2 (e5 parts, intent delta),
 # .llm1 / .llm2 (SmolLM2 GGUF parts).
@@ -245,6 +246,15 @@ case $stage in
       tag=${cfg%%:*}; envs=${cfg#*:}; mkdir -p "$OUT/$tag"
       env $envs timeout 150 python3 -X faulthandler benchmarks/bench_generation_gpu.py --models qwen1.5b --server-only \
         --stagger-ms 10 --static-prefill --duration 12 --out "$OUT/$tag" 2>&1 | grep -E "server|step|Error|error" | tail -30
+    done
+    ;;
+  s8a)
+    # async output (a step's text made while the next step computes; built in session 7, the GPU default now):
+    # on / off / on / off, staggered 1.5B server (first run of a call has shown tail outliers: it is repeated)
+    for cfg in "async_on1:--async-output" "async_off1:--no-async-output" "async_on2:--async-output" "async_off2:--no-async-output"; do
+      tag=${cfg%%:*}; flags=${cfg#*:}; mkdir -p "$OUT/$tag"
+      timeout 140 python3 -X faulthandler benchmarks/bench_generation_gpu.py --models qwen1.5b --server-only \
+        --stagger-ms 10 --static-prefill --duration 10 $flags --out "$OUT/$tag" 2>&1 | grep -E "server|step|Error|error" | tail -22
     done
     ;;
   s7b)

@@ -17,7 +17,7 @@ from tests.integration.conftest import hf_greedy_tokens
 from tests.servers import UvicornThread
 
 from miaohui.errors import ArtifactError, ConfigError
-from miaohui.generation.engine_loop import LLMEngine
+from miaohui.generation.engine_loop import AsyncLLMEngine, LLMEngine
 from miaohui.generation.params import SamplingParams
 from miaohui.generation.scheduler import SchedulerConfig
 from miaohui.generation.slot_engine import TorchSlotEngine
@@ -68,6 +68,24 @@ def test_more_requests_than_slots_reuse_freed_slots(
     sched = SchedulerConfig(max_running_seqs=2, max_batched_tokens=512, max_model_len=256)
     got = LLMEngine(engine, None, sched).generate(prompts * 2, GREEDY)
     assert [g[0] for g in got] == hf_greedy * 2
+
+
+async def test_overlapped_async_loop_streams_hf_greedy_tokens_and_text(
+    smollm: tuple[Any, Any], prompts: list[list[int]], hf_greedy: list[list[int]]
+) -> None:
+    """The slot runner's launch/collect split under the loop that makes a step's text while the next computes
+    (the GPU default; forced here on the CPU): the same tokens as HF, the text the tokenizer decodes."""
+    tok = smollm[1].backend_tokenizer
+    sched = SchedulerConfig(max_running_seqs=2, max_batched_tokens=512, max_model_len=256)
+    llm = LLMEngine(_engine(smollm, slots=2), tok, sched)
+    assert not llm.runner.overlaps  # on a CPU the step computes inside launch
+    async with AsyncLLMEngine(llm, overlap=True) as engine:
+        streams = [engine.add(p, GREEDY) for p in prompts]
+        events = [[e async for e in st] for st in streams]
+    ids = [[e.token_id for e in ev if e.token_id is not None] for ev in events]
+    assert ids == hf_greedy
+    for ev, want in zip(events, hf_greedy, strict=True):
+        assert "".join(e.text for e in ev) == tok.decode(want, skip_special_tokens=True)
 
 
 def _recording_prefill(engine: TorchSlotEngine) -> list[tuple[int, ...]]:

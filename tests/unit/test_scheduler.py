@@ -177,6 +177,33 @@ def test_held_back_text_is_flushed_on_finish() -> None:
     assert texts == ["", "ab"] and a.finish_reason == "length"
 
 
+def test_a_stop_string_found_after_the_next_step_was_scheduled_drops_that_steps_token() -> None:
+    """advance() → schedule() → emit(): what an engine loop does when it makes a step's text while the next step
+    computes. A stop string is only seen in emit, so the sequence is already in the next step; its token there
+    is dropped and the text is cut as without the overlap."""
+    sched = make()
+    a = sched.add([1], SamplingParams(max_tokens=20, stop=("cd",)))
+    texts: list[str] = []
+    out = sched.schedule()
+    pending = sched.advance(RunnerOutput(out.step, {a.seq_id: 1}))
+    for tok in (2, 3, 4):  # b c d: "cd" completes with token 4
+        out = sched.schedule()
+        texts += [u.text for u in sched.emit(pending)]
+        pending = sched.advance(RunnerOutput(out.step, {a.seq_id: tok}))
+    out = sched.schedule()  # a is scheduled again: its stop string has not been emitted yet
+    assert [d.seq_id for d in out.decode] == [a.seq_id]
+    final = sched.emit(pending)
+    assert final[0].finish_reason == "stop" and a.is_finished
+    assert sched.advance(RunnerOutput(out.step, {a.seq_id: 5})) == []  # the extra step's token is dropped
+    assert [*texts, final[0].text] == ["", "a", "b", ""] and a.text == "ab" and a.output_ids == [1, 2, 3, 4]
+    # an abort between advance and emit: no update for the token (the stream already ended)
+    b = sched.add([1], GREEDY)
+    out = sched.schedule()
+    pending = sched.advance(RunnerOutput(out.step, {b.seq_id: 2}))
+    sched.abort(b.seq_id)
+    assert sched.emit(pending) == []
+
+
 def test_queue_full() -> None:
     sched = make(max_waiting=2)
     sched.add([1], GREEDY)
@@ -331,6 +358,34 @@ class FailingEngine(CountingEngine):
         return super()._forward(input_ids, attention_mask, position_ids, past)
 
 
+@pytest.mark.parametrize("prompts", [[[1], [3], [7], [12]]])
+async def test_overlapped_loop_streams_the_same_events(prompts: list[list[int]]) -> None:
+    """``overlap=True`` (a step's text made while the next step computes; the GPU default) streams exactly what the
+    plain loop streams: tokens, texts, stop strings, lengths, ends."""
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=6),
+        SamplingParams(temperature=0.0, max_tokens=20, stop=("ef",)),
+        SamplingParams(temperature=0.0, max_tokens=3),
+        SamplingParams(temperature=0.0, max_tokens=9, stop=("zz",)),
+    ]
+    runs = []
+    for overlap in (False, True):
+        llm = LLMEngine(CountingEngine(delay=0.001), None, SchedulerConfig(max_running_seqs=2, max_batched_tokens=8))
+        llm.scheduler = Scheduler(llm.config, [EOS], CharDetok)
+        async with AsyncLLMEngine(llm, overlap=overlap) as engine:
+            assert engine.overlap is overlap
+            streams = [engine.add(p, sp) for p, sp in zip(prompts, params, strict=True)]
+            runs.append([[(e.token_id, e.text, e.finish_reason) async for e in st] for st in streams])
+            assert (engine.num_running, engine.num_waiting) == (0, 0)
+    assert runs[0] == runs[1]
+    # the default comes from the scheduler config, else from the runner (synchronous here: off)
+    on = SchedulerConfig(max_running_seqs=2, max_batched_tokens=8, async_output=True)
+    assert AsyncLLMEngine(LLMEngine(CountingEngine(), None, on)).overlap
+    assert not AsyncLLMEngine(LLMEngine(CountingEngine(), None)).overlap
+    assert "".join(t for _, t, _ in runs[0][1]) == "d" and runs[0][1][-1][2] == "stop"  # d e f: cut before "ef"
+    assert [r[-1][2] for r in runs[0]] == ["length", "stop", "length", "length"]
+
+
 async def test_steps_run_while_the_event_loop_is_busy() -> None:
     """The engine thread schedules, runs and updates steps back to back: a busy event loop (here blocked for
     80 ms, as by streaming many SSE chunks) does not stall generation; its tokens arrive in order afterwards."""
@@ -359,7 +414,7 @@ async def test_a_failing_step_ends_its_requests_and_the_engine_keeps_serving() -
 
 
 async def test_a_broken_loop_ends_every_request_instead_of_hanging(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A bug in the loop itself (here the scheduler's update raises: a fault that cannot be caused otherwise)
+    """A bug in the loop itself (here the scheduler's advance raises: a fault that cannot be caused otherwise)
     stops the engine and ends the open requests with an error."""
     llm = LLMEngine(CountingEngine(delay=0.001), None, SchedulerConfig(max_running_seqs=2, max_batched_tokens=8))
     async with AsyncLLMEngine(llm) as engine:
@@ -367,7 +422,7 @@ async def test_a_broken_loop_ends_every_request_instead_of_hanging(monkeypatch: 
         def broken(output: RunnerOutput) -> list[SequenceUpdate]:
             raise KeyError("bookkeeping")
 
-        monkeypatch.setattr(llm.scheduler, "update", broken)
+        monkeypatch.setattr(llm.scheduler, "advance", broken)
         stream = engine.add([1], SamplingParams(temperature=0.0, max_tokens=5))
         with pytest.raises(EngineStoppedError, match="the generation loop stopped: KeyError"):
             await asyncio.wait_for(stream.__anext__(), 5)

@@ -227,6 +227,8 @@ class SlotCausalLMEngine(abc.ABC):
     """
 
     name: str = "slot-causal-lm"
+    runs_async: bool = False
+    """``decode``/``prefill`` return before the device has computed (CUDA); the logits' ``argmax`` waits."""
 
     def __init__(
         self, dims: DecoderDims, eos_token_ids: Sequence[int], pad_token_id: int, num_slots: int, max_len: int

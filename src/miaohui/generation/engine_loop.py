@@ -34,6 +34,7 @@ from miaohui.generation.observer import GenerationObserver, StepReport, safe_cal
 from miaohui.generation.params import SamplingParams
 from miaohui.generation.runner import ModelRunner
 from miaohui.generation.scheduler import (
+    Advanced,
     FinishReason,
     Scheduler,
     SchedulerConfig,
@@ -239,19 +240,26 @@ class _Track:
 class AsyncLLMEngine:
     """An :class:`LLMEngine` driven by its own thread; requests stream their tokens on the event loop.
 
-    The engine thread runs the whole step loop — schedule, execute (the model; the GPU), update (sampling results,
-    stop checks, detokenization) — and launches the next step right away; each step's updates go to the event loop
-    in one ``call_soon_threadsafe``, where they are pushed to the request streams. So the model is never idle while
-    the event loop streams the previous step's tokens (before, the loop ran schedule/update between steps, and on
-    the H200 the GPU waited for it: ITL ~5 ms for ~2.5 ms steps). The scheduler is shared under a lock: requests
-    join (``add``) and leave (``abort``) between steps; an abort frees the slot at once (the step in flight may
-    still compute the sequence's token, which is then dropped).
+    The engine thread runs the whole step loop — schedule, launch and collect (the model; the GPU), advance (append
+    tokens, end-of-sequence and length checks), emit (detokenization, stop strings) — and launches the next step
+    right away; with ``overlap`` (the GPU default) a step's emit runs while the next step computes. Each step's
+    updates go to the event loop in one ``call_soon_threadsafe``, where they are pushed to the request streams. So
+    the model is never idle while the event loop streams the previous step's tokens (before, the loop ran
+    schedule/update between steps, and on the H200 the GPU waited for it: ITL ~5 ms for ~2.5 ms steps). The
+    scheduler is shared under a lock: requests join (``add``) and leave (``abort``) between steps; an abort frees
+    the slot at once (the step in flight may still compute the sequence's token, which is then dropped).
 
     Use as ``async with AsyncLLMEngine(llm) as engine:`` or call :meth:`start` / :meth:`stop`.
     """
 
-    def __init__(self, llm: LLMEngine, observer: GenerationObserver | None = None) -> None:
+    def __init__(
+        self, llm: LLMEngine, observer: GenerationObserver | None = None, *, overlap: bool | None = None
+    ) -> None:
         self.llm = llm
+        default = llm.config.async_output if llm.config.async_output is not None else llm.runner.overlaps
+        self.overlap = default if overlap is None else overlap
+        """Emit a step's text while the next step computes (``SchedulerConfig.async_output``; default: when the
+        runner launches asynchronously, i.e. on a GPU)."""
         self.observer = observer or GenerationObserver()
         self._tracks: dict[int, _Track] = {}
         self._lock = threading.Lock()
@@ -365,24 +373,43 @@ class AsyncLLMEngine:
             self._deliver_soon(loop, self._fail_all, error)
 
     def _steps(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Schedule → execute → update, back to back while there is work."""
+        """Schedule → launch → collect → advance, back to back while there is work. With ``overlap`` a step's text
+        (detokenization, stop strings: :meth:`Scheduler.emit`) is made and delivered while the next step computes,
+        else right after its own step."""
         last_end: float | None = None  # when the previous model call ended (None: idle since)
+        pending: tuple[StepReport, list[Advanced]] | None = None  # advanced, its text not yet emitted
         while True:
+            flush: tuple[StepReport, list[Advanced]] | None = None
             with self._work:
-                while not self._stopping and not self.llm.scheduler.has_work():
-                    last_end = None
-                    self._work.wait()
-                if self._stopping:
+                if pending is not None and (self._stopping or not self.llm.scheduler.has_work()):
+                    flush, pending = pending, None
+                else:
+                    while not self._stopping and not self.llm.scheduler.has_work():
+                        last_end = None
+                        self._work.wait()
+                    if self._stopping:
+                        return
+                    out = self.llm.scheduler.schedule()
+            if flush is not None:
+                if not self._emit(loop, *flush):
                     return
-                out = self.llm.scheduler.schedule()
+                continue
             if out.is_empty:  # cannot happen with a valid config; never spin
                 time.sleep(0.001)
                 continue
             start = time.perf_counter()
             try:
-                result = self.llm.runner.execute(out)
+                collect = self.llm.runner.launch(out)
+                if pending is not None:  # the previous step's text, while this one computes
+                    flush, pending = pending, None
+                    if not self._emit(loop, *flush):
+                        return
+                result = collect()
             except Exception as exc:
                 logger.exception("generation step %d failed", out.step)
+                if pending is not None:  # tokens computed before the failure still reach their streams
+                    self._emit(loop, *pending)
+                    pending = None
                 self.llm.runner.reset()
                 if not isinstance(exc, MiaohuiError):
                     exc = EngineStoppedError(
@@ -408,9 +435,17 @@ class AsyncLLMEngine:
             )
             last_end = end
             with self._lock:
-                updates = self.llm.scheduler.update(result)
-            if not self._deliver_soon(loop, self._deliver, step, updates):
+                advanced = self.llm.scheduler.advance(result)
+            if self.overlap:
+                pending = (step, advanced)
+            elif not self._emit(loop, step, advanced):
                 return
+
+    def _emit(self, loop: asyncio.AbstractEventLoop, step: StepReport, advanced: list[Advanced]) -> bool:
+        """Make the texts of a step's tokens and hand them to the event loop; False once it is closed."""
+        with self._lock:
+            updates = self.llm.scheduler.emit(advanced)
+        return self._deliver_soon(loop, self._deliver, step, updates)
 
     @staticmethod
     def _deliver_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: object) -> bool:

@@ -12,6 +12,7 @@ the only code that touches them; it runs in the engine loop's worker thread, one
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,8 +42,15 @@ class SeededRows:
         return rng
 
 
+Collect = Callable[[], RunnerOutput]
+"""What ``launch`` returns: call it for the step's sampled tokens (waits for the device where it runs async)."""
+
+
 class ModelRunner(SeededRows):
     """Runs scheduler steps on one engine; not thread-safe (one worker thread calls it)."""
+
+    overlaps = False
+    """Whether :meth:`launch` returns before the step has computed (see :class:`SlotModelRunner`)."""
 
     def __init__(self, engine: CausalLMEngine) -> None:
         self.engine = engine
@@ -58,6 +66,11 @@ class ModelRunner(SeededRows):
     def reset(self) -> None:
         """Forget every sequence (after an engine error the cache cannot be trusted)."""
         self._kv, self._rows, self._rngs = None, [], {}
+
+    def launch(self, out: SchedulerOutput) -> Collect:
+        """Run the step (synchronously: the CPU engines compute in the call)."""
+        result = self.execute(out)
+        return lambda: result
 
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
         decode_ids = {d.seq_id for d in out.decode}

@@ -65,6 +65,10 @@ class SchedulerConfig(Frozen):
     """Most requests waiting for a slot; more are rejected with QueueFullError (HTTP 429)."""
     max_model_len: int = Field(default=2048, ge=2)
     """Longest prompt + output of a sequence (the context window the engine is run with)."""
+    async_output: bool | None = None
+    """The async engine loop makes a step's text (detokenization, stop strings) while the next step computes.
+    Default (None): where the engine computes asynchronously (the GPU engine); on a CPU it would only delay each
+    token by a step. A stop string then ends its sequence one (dropped) step later."""
 
     @model_validator(mode="after")
     def _budget(self) -> SchedulerConfig:
@@ -155,6 +159,17 @@ class RunnerOutput:
 
     step: int
     token_ids: dict[int, int]
+
+
+@dataclass(frozen=True)
+class Advanced:
+    """One token appended by :meth:`Scheduler.advance`, its text still to come from :meth:`Scheduler.emit`."""
+
+    seq: Sequence
+    token: int
+    reason: FinishReason | None
+    """Set when the token finished the sequence (end-of-sequence / stop token, or its length)."""
+    num_output_tokens: int
 
 
 @dataclass(frozen=True)
@@ -284,45 +299,74 @@ class Scheduler:
         )
 
     def update(self, output: RunnerOutput) -> list[SequenceUpdate]:
-        """Append the step's tokens; finish sequences that are done. Tokens of aborted ones are dropped."""
-        updates: list[SequenceUpdate] = []
+        """Append the step's tokens; finish sequences that are done. Tokens of aborted ones are dropped.
+        The same as :meth:`emit` of :meth:`advance`."""
+        return self.emit(self.advance(output))
+
+    def advance(self, output: RunnerOutput) -> list[Advanced]:
+        """The cheap half of :meth:`update`, all a next :meth:`schedule` needs: append each token and finish the
+        sequences that end on an end-of-sequence / stop token or their length. Their texts (detokenization, stop
+        strings) come from :meth:`emit`, which an engine loop may run while the next step computes; a stop
+        string found there finishes its sequence one step later than this would (that step's token is dropped)."""
+        advanced: list[Advanced] = []
         for seq_id, token in output.token_ids.items():
             seq = self._seqs.get(seq_id)
             if seq is None or seq.status is not SequenceStatus.RUNNING:
                 continue
-            updates.append(self._append(seq, int(token)))
+            advanced.append(self._advance(seq, int(token)))
+        return advanced
+
+    def emit(self, advanced: Iterable[Advanced]) -> list[SequenceUpdate]:
+        """Texts of :meth:`advance` d tokens (stop strings may finish a sequence here); one update per token of a
+        sequence that was not aborted meanwhile."""
+        updates: list[SequenceUpdate] = []
+        for a in advanced:
+            up = self._emit(a)
+            if up is not None:
+                updates.append(up)
         return updates
 
     # ---- internals -----------------------------------------------------------------------------------
-    def _append(self, seq: Sequence, token: int) -> SequenceUpdate:
+    def _advance(self, seq: Sequence, token: int) -> Advanced:
         p = seq.params
         seq.output_ids.append(token)
         reason: FinishReason | None = None
-        cut = False
         if (token in self.eos_token_ids and not p.ignore_eos) or token in p.stop_token_ids:
             reason = "stop"
-        elif seq.detokenizer is not None:
-            delta = seq.detokenizer.push(token)
+        elif len(seq.output_ids) >= p.max_tokens or seq.num_tokens >= self.config.max_model_len:
+            reason = "length"
+        if reason is not None:
+            self._running.remove(seq)
+            self._finish(seq, reason)
+        return Advanced(seq, token, reason, len(seq.output_ids))
+
+    def _emit(self, a: Advanced) -> SequenceUpdate | None:
+        seq, p, reason = a.seq, a.seq.params, a.reason
+        if reason is None and seq.is_finished:  # aborted between advance and emit: its stream has ended
+            return None
+        cut = False
+        if seq.detokenizer is not None and reason != "stop":  # an end/stop token adds no text
+            delta = seq.detokenizer.push(a.token)
             seq.text += delta
             if p.stop and delta:
                 start = max(0, len(seq.text) - len(delta) - p.max_stop_len + 1)
                 hits = [i for i in (seq.text.find(s, start) for s in p.stop) if i >= 0]
                 if hits:
                     seq.text = seq.text[: min(hits)]
-                    reason, cut = "stop", True
-        if reason is None and (len(seq.output_ids) >= p.max_tokens or seq.num_tokens >= self.config.max_model_len):
-            reason = "length"
+                    cut = True
+                    if reason is None:
+                        self._running.remove(seq)
+                        self._finish(seq, "stop")
+                    reason = seq.finish_reason = "stop"
         if reason is not None:
             if not cut and seq.detokenizer is not None:  # an incomplete character still held
                 seq.text += seq.detokenizer.flush()
-            self._running.remove(seq)
-            self._finish(seq, reason)
             end = len(seq.text)
         else:
             end = len(seq.text) - max(0, p.max_stop_len - 1)
         text = seq.text[seq.emitted : end] if end > seq.emitted else ""
         seq.emitted = max(seq.emitted, end)
-        return SequenceUpdate(seq.seq_id, token, text, len(seq.output_ids), reason)
+        return SequenceUpdate(seq.seq_id, a.token, text, a.num_output_tokens, reason)
 
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
         seq.status = SequenceStatus.FINISHED

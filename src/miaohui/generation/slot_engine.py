@@ -168,6 +168,7 @@ class TorchSlotEngine(SlotCausalLMEngine):
         self.options = options
         self.device = model.embed.device
         cuda = self.device.type == "cuda"
+        self.runs_async = cuda
         self.compiled = options.compile if options.compile is not None else cuda
         self.graphs_on = (options.cuda_graphs if options.cuda_graphs is not None else cuda) and cuda
         self.batch_buckets, self.length_buckets = options.buckets()

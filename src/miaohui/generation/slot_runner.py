@@ -11,13 +11,14 @@ from __future__ import annotations
 import heapq
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from miaohui.errors import QueueFullError
 from miaohui.generation.base import SlotCausalLMEngine, StepLogits
 from miaohui.generation.params import SamplingParams
-from miaohui.generation.runner import SeededRows, StepTiming
+from miaohui.generation.runner import Collect, SeededRows, StepTiming
 from miaohui.generation.sampling import make_rng, sample
 from miaohui.generation.scheduler import RunnerOutput, SchedulerOutput
 
@@ -34,10 +35,14 @@ def sample_step(logits: StepLogits, params: Sequence[SamplingParams], rngs: Sequ
 
 
 class SlotModelRunner(SeededRows):
-    """Runs scheduler steps on a slot engine; not thread-safe (one worker thread calls it)."""
+    """Runs scheduler steps on a slot engine; not thread-safe (one worker thread calls it).
+
+    ``overlaps``: on a GPU, :meth:`launch` returns while the step computes, so the engine loop streams the previous
+    step's text meanwhile (:class:`~miaohui.generation.engine_loop.AsyncLLMEngine`)."""
 
     def __init__(self, engine: SlotCausalLMEngine) -> None:
         self.engine = engine
+        self.overlaps = engine.runs_async
         self._slot: dict[int, int] = {}
         self._free = list(range(engine.num_slots))
         self._rngs: dict[int, np.random.Generator] = {}
@@ -60,6 +65,11 @@ class SlotModelRunner(SeededRows):
         self._rngs.pop(seq_id, None)
 
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
+        return self.launch(out)()
+
+    def launch(self, out: SchedulerOutput) -> Collect:
+        """Queue the step's decode and prefill on the engine and return at once (on a GPU both are in flight,
+        back to back, when this returns); the returned call samples their tokens, waiting for the device."""
         decode_ids = {d.seq_id for d in out.decode}
         for sid in [s for s in self._slot if s not in decode_ids]:
             self._release(sid)
@@ -69,15 +79,13 @@ class SlotModelRunner(SeededRows):
         if missing:
             self.reset()
             raise RuntimeError(f"decode step {out.step} names sequences {missing} that hold no slot")
-        tokens: dict[int, int] = {}
         t0 = time.perf_counter()
+        decode: _Rows | None = None
+        prefill: _Rows | None = None
         if out.decode:
             slots = [self._slot[d.seq_id] for d in out.decode]
             logits = self.engine.decode(slots, [d.token_id for d in out.decode])
-            ids = [d.seq_id for d in out.decode]
-            sampled = sample_step(logits, [d.params for d in out.decode], [self._rng(i) for i in ids])
-            tokens.update(zip(ids, sampled, strict=True))
-        t1 = time.perf_counter()
+            decode = _Rows([d.seq_id for d in out.decode], [d.params for d in out.decode], logits)
         if out.prefill:
             if len(out.prefill) > len(self._free):
                 raise QueueFullError(
@@ -89,10 +97,31 @@ class SlotModelRunner(SeededRows):
                 self._slot[p.seq_id] = slot
                 self._rngs[p.seq_id] = make_rng(p.params.seed)
             logits = self.engine.prefill(slots, [p.prompt_ids for p in out.prefill])
-            ids = [p.seq_id for p in out.prefill]
-            sampled = sample_step(logits, [p.params for p in out.prefill], [self._rng(i) for i in ids])
-            tokens.update(zip(ids, sampled, strict=True))
+            prefill = _Rows([p.seq_id for p in out.prefill], [p.params for p in out.prefill], logits)
+        return lambda: self._collect(out.step, t0, decode, prefill)
+
+    def _collect(self, step: int, t0: float, decode: _Rows | None, prefill: _Rows | None) -> RunnerOutput:
+        """Sample the launched rows (decode first). ``decode_s``: launch until the decode tokens are on the host
+        (incl. queueing the prefill); ``prefill_s``: the prefill's remaining time."""
+        tokens: dict[int, int] = {}
+        if decode is not None:
+            tokens.update(self._sample(decode))
+        t1 = time.perf_counter()
+        if prefill is not None:
+            tokens.update(self._sample(prefill))
         t2 = time.perf_counter()
         longest = int(self.engine.lengths.max()) if self._slot else 0
         self.last_timing = StepTiming(t1 - t0, t2 - t1, len(self._slot), longest)
-        return RunnerOutput(out.step, tokens)
+        return RunnerOutput(step, tokens)
+
+    def _sample(self, rows: _Rows) -> zip[tuple[int, int]]:
+        return zip(rows.ids, sample_step(rows.logits, rows.params, [self._rng(i) for i in rows.ids]), strict=True)
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """Launched rows of one kind (decode or prefill): their sequences, parameters and device logits."""
+
+    ids: list[int]
+    params: list[SamplingParams]
+    logits: StepLogits
