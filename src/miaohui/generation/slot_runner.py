@@ -101,8 +101,9 @@ class SlotModelRunner(SeededRows):
         return lambda: self._collect(out.step, t0, decode, prefill)
 
     def _collect(self, step: int, t0: float, decode: _Rows | None, prefill: _Rows | None) -> RunnerOutput:
-        """Sample the launched rows (decode first). ``decode_s``: launch until the decode tokens are on the host
-        (incl. queueing the prefill); ``prefill_s``: the prefill's remaining time."""
+        """Sample the launched rows (decode first). ``decode_s``: launch until the decode tokens are on the host;
+        on a GPU the prefill was queued behind the decode on the same stream, so in a step with both this includes
+        the prefill's GPU time and ``prefill_s`` is what is left (sampling its rows)."""
         tokens: dict[int, int] = {}
         if decode is not None:
             tokens.update(self._sample(decode))
