@@ -133,6 +133,16 @@ class CalibrationConfig(Frozen):
     ``dynamic`` (ONNX Runtime only): int8 weights, activation ranges measured per batch at run time, with
     ORT's fused int8 attention — no calibration; ORT's recommendation for transformers on CPU."""
 
+    @model_validator(mode="after")
+    def _dynamic_only(self) -> CalibrationConfig:
+        used = [f"--{k.replace('_', '-')} {getattr(self, k)}" for k in ("fp32_fallback", "smooth") if getattr(self, k)]
+        if used and self.mode != "dynamic":
+            raise ConfigError(
+                f"{' and '.join(used)} with --int8-mode {self.mode}: they rank MatMuls by run-time quantization error",
+                "add --int8-mode dynamic, or use --keep-fp32 REGEX with static int8",
+            )
+        return self
+
 
 class BuildConfig(Frozen):
     """Everything that changes the compiled graph. Its hash is part of the build key."""

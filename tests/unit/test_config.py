@@ -89,3 +89,12 @@ def test_hash_covers_only_graph_changing_fields() -> None:
     )
     shaped = base.model_copy(update={"shapes": parse_shapes("input_ids:1x1,8x64,32x128")})
     assert shaped.compute_hash() != base.compute_hash()
+
+
+def test_fp32_fallback_and_smooth_need_dynamic_int8() -> None:
+    with pytest.raises(ConfigError, match="--smooth 2 with --int8-mode static") as err:
+        CalibrationConfig(smooth=2)
+    assert "add --int8-mode dynamic" in err.value.fix
+    with pytest.raises(ConfigError, match="--fp32-fallback 1 with --int8-mode static"):
+        CalibrationConfig(fp32_fallback=1)
+    assert CalibrationConfig(mode="dynamic", smooth=2, fp32_fallback=1).smooth == 2
