@@ -250,8 +250,6 @@ def quantize_dynamic_int8(
     ``cfg.fp32_fallback`` ones whose inputs :func:`activation_sensitivity` ranks worst on ``feeds``
     (the calibration text, one text per feed); the next ``cfg.smooth`` worst get a SmoothQuant input scale
     (:mod:`miaohui.compile.smooth`) and are quantized."""
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
     from miaohui.compile.smooth import input_channel_absmax, smooth_matmuls
 
     model = onnx.load(str(fp32_onnx), load_external_data=False)
@@ -277,7 +275,7 @@ def quantize_dynamic_int8(
             absmax = input_channel_absmax(fp32_onnx, targets, feeds, disabled_optimizers)
             source = Path(tmp) / "smoothed.onnx"
             smoothed = smooth_matmuls(fp32_onnx, source, absmax, cfg.smooth_alpha)
-        _quantize_dynamic(quantize_dynamic, QuantType.QInt8, source, out_path, cfg, act_matmuls + kept)
+        _quantize_dynamic(source, out_path, cfg, act_matmuls + kept)
     return DynamicInt8Summary(
         kept_fp32=kept,
         sensitivity={k: float(f"{v:.4g}") for k, v in sensitivity.items()},
@@ -287,14 +285,15 @@ def quantize_dynamic_int8(
     )
 
 
-def _quantize_dynamic(
-    quantize_dynamic: Any, qint8: Any, source: Path, out_path: Path, cfg: CalibrationConfig, exclude: list[str]
-) -> None:
+def _quantize_dynamic(source: Path, out_path: Path, cfg: CalibrationConfig, exclude: list[str]) -> None:
+    """ORT's dynamic int8 of ``source`` (int8 per-channel weights) into ``out_path``; BuildError if it fails."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
     try:
         quantize_dynamic(
             str(source),
             str(out_path),
-            weight_type=qint8,
+            weight_type=QuantType.QInt8,
             per_channel=cfg.per_channel,
             op_types_to_quantize=["MatMul", "Attention"],
             nodes_to_exclude=exclude,
