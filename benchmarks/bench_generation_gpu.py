@@ -363,7 +363,7 @@ def server_load(
     (version / "causal_lm.json").write_text(info.model_dump_json())
     sched = SchedulerConfig(
         max_running_seqs=options.num_slots, max_batched_tokens=args.max_batched_tokens, max_waiting=1024,
-        max_model_len=options.max_len, async_output=args.async_output,
+        max_model_len=options.max_len, async_scheduling=args.async_scheduling,
     )  # fmt: skip
     import yaml
 
@@ -440,7 +440,7 @@ def server_load(
             "client_warmup_s": args.client_warmup,
             "stagger_ms": args.stagger_ms,
             "serve_workers": args.serve_workers,
-            "async_output": args.async_output,
+            "async_scheduling": args.async_scheduling,
             "gil_switch_interval_us": switch_interval_us(GENERATION_SWITCH_US),  # the server's generation loop
             "server_ready_s": ready_s,
             "requests": len(merged["tokens"]),
@@ -655,10 +655,10 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=20.0)
     ap.add_argument("--client-warmup", type=float, default=5.0, help="seconds of load before recording")
     ap.add_argument(
-        "--async-output",
+        "--async-scheduling",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="--server: make a step's text while the next step computes (default: on for the GPU engine)",
+        help="--server: launch step N+1 before reading step N's tokens (default: on for the GPU engine)",
     )
     ap.add_argument(
         "--stagger-ms",

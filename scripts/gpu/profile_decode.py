@@ -56,8 +56,8 @@ def main() -> None:
             e.record()
             e.synchronize()
             times.append(s.elapsed_time(e))
-        tok = engine._tok_dev[:b]
-        pos = engine._pos_dev[:b]
+        tok = engine._io_dev[0, :b]
+        pos = engine._io_dev[1, :b]
         for _ in range(3):
             engine._decode_fn(tok, pos, 256)
         torch.cuda.synchronize()

@@ -38,7 +38,8 @@
 #   s7c:    (no e5 needed) the 1.5B server with compiled prefill pieces, staggered and all at once, with the step breakdown
 #   s7d:    (no e5 needed) slot-engine GPU tests; staggered 1.5B server, switch interval 200 vs 50 us
 #   s7e:    (no e5 needed) s7d's switch-interval pair again, in the other order
-#   s8a:    (no e5 needed) async output on/off A/B twice (the step's text made while the next step computes)
+#   s8a:    (ran in session 8: async output on/off; that option was replaced by async scheduling, see s8b)
+#   s8b:    (no e5 needed) slot-engine GPU tests (incl. async scheduling), then async scheduling on/off A/B twice
 #   llm2:   join the SmolLM2 GGUF (parts from llm1 + llm2), SmolLM2 decoder benchmark, tests/gpu (tiny models)
 # Carried (ignored) folders: .whl (pure-python wheels), .gpu1 / .gpu2 (e5 parts, intent delta),
 # .llm1 / .llm2 (SmolLM2 GGUF parts).
@@ -245,12 +246,13 @@ case $stage in
     gen_server stagger_static_switch50 "" --stagger-ms 10 --static-prefill
     gen_server stagger_static_switch200 MIAOHUI_GIL_SWITCH_US=200 --stagger-ms 10 --static-prefill
     ;;
-  s8a)
-    # async output (a step's text made while the next step computes; built in session 7, the GPU default now):
-    # on / off / on / off (the first run of a call has shown tail outliers, so each setting runs twice)
+  s8b)
+    # async scheduling (step N+1 launched before step N's tokens are read; the graphs feed their own greedy picks)
+    timeout 150 python3 -m pytest -q tests/gpu/test_slot_engine_gpu.py -p no:cacheprovider -p no:warnings --tb=short \
+      > "$OUT/pytest_slot_engine.txt" 2>&1; tail -4 "$OUT/pytest_slot_engine.txt"
     for i in 1 2; do
-      gen_server async_on$i "" --stagger-ms 10 --static-prefill --duration 10 --async-output
-      gen_server async_off$i "" --stagger-ms 10 --static-prefill --duration 10 --no-async-output
+      gen_server sched_on$i "" --stagger-ms 10 --static-prefill --duration 10 --async-scheduling
+      gen_server sched_off$i "" --stagger-ms 10 --static-prefill --duration 10 --no-async-scheduling
     done
     ;;
   s7b)

@@ -73,3 +73,29 @@ def test_static_prefill_graphs_match_eager_tokens() -> None:
     got = LLMEngine(fast, None).generate(prompts, params)
     want = LLMEngine(slow, None).generate(prompts, params)
     assert [g[0] for g in got] == [w[0] for w in want]
+
+
+async def test_async_scheduling_on_the_gpu_matches_the_eager_synchronous_engine() -> None:
+    """The GPU default loop: step N+1 launched before step N is read, its tokens the graphs' own picks (static
+    prefill graphs too), 12 requests through 8 slots (slots reused while a step is in flight), one sampled request
+    (the loop falls back to collect-then-schedule while it runs). Greedy tokens = the eager synchronous engine's."""
+    from miaohui.generation.engine_loop import AsyncLLMEngine
+    from miaohui.generation.scheduler import SchedulerConfig
+
+    hf = tiny_qwen("cuda")
+    opts = SlotEngineOptions(num_slots=8, max_len=256, dtype="fp32", static_prefill=True)
+    fast = TorchSlotEngine(StaticKVDecoder.from_hf(hf, num_slots=8, max_len=256, dtype=torch.float32), [999], 0, opts)
+    fast.warmup()
+    slow = _engine(hf, graphs=False)
+    prompts = [[5 + i, 6, 7, 8 + i] * (1 + i % 3) for i in range(12)]
+    lengths = [10 + 7 * (i % 4) for i in range(12)]
+    greedy = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in lengths]
+    want = [LLMEngine(slow, None).generate([p], sp)[0][0] for p, sp in zip(prompts, greedy, strict=True)]
+    llm = LLMEngine(fast, None, SchedulerConfig(max_running_seqs=8, max_batched_tokens=512, max_model_len=256))
+    async with AsyncLLMEngine(llm) as loop:
+        assert loop.async_scheduling
+        sampled = loop.add([3, 4, 5], SamplingParams(max_tokens=12, temperature=0.8, seed=1, ignore_eos=True))
+        streams = [loop.add(p, sp) for p, sp in zip(prompts, greedy, strict=True)]
+        got = [[e.token_id async for e in st if e.token_id is not None] for st in streams]
+        assert len([e async for e in sampled if e.token_id is not None]) == 12
+    assert got == want

@@ -70,20 +70,31 @@ def test_more_requests_than_slots_reuse_freed_slots(
     assert [g[0] for g in got] == hf_greedy * 2
 
 
-async def test_overlapped_async_loop_streams_hf_greedy_tokens_and_text(
+async def test_async_scheduling_streams_hf_greedy_tokens_and_text(
     smollm: tuple[Any, Any], prompts: list[list[int]], hf_greedy: list[list[int]]
 ) -> None:
-    """The slot runner's launch/collect split under the loop that makes a step's text while the next computes
-    (the GPU default; forced here on the CPU): the same tokens as HF, the text the tokenizer decodes."""
+    """Async scheduling (the GPU default; forced here on the CPU): each step is launched before the previous one is
+    collected and its tokens are the engine's own greedy picks (``_picked``, fed inside the step) — the same tokens
+    as HF, the text the tokenizer decodes, with slots reused while a step is in flight (2 slots, 3 prompts)."""
     tok = smollm[1].backend_tokenizer
     sched = SchedulerConfig(max_running_seqs=2, max_batched_tokens=512, max_model_len=256)
-    llm = LLMEngine(_engine(smollm, slots=2), tok, sched)
-    assert not llm.runner.overlaps  # on a CPU the step computes inside launch
-    async with AsyncLLMEngine(llm, overlap=True) as engine:
-        streams = [engine.add(p, GREEDY) for p in prompts]
+    engine = _engine(smollm, slots=2)
+    llm = LLMEngine(engine, tok, sched)
+    assert llm.runner.chains and not llm.runner.runs_async  # on a CPU the step computes inside launch
+    fed: list[int] = []
+    real = engine._decode
+
+    def decode(slots: list[int], tokens: list[int | None], positions: Any) -> Any:
+        fed.append(sum(t is None for t in tokens))
+        return real(slots, tokens, positions)
+
+    engine._decode = decode  # type: ignore[method-assign]
+    async with AsyncLLMEngine(llm, async_scheduling=True) as loop:
+        streams = [loop.add(p, GREEDY) for p in prompts]
         events = [[e async for e in st] for st in streams]
     ids = [[e.token_id for e in ev if e.token_id is not None] for ev in events]
     assert ids == hf_greedy
+    assert sum(fed) > len(fed)  # most decode rows took the device's pick
     for ev, want in zip(events, hf_greedy, strict=True):
         assert "".join(e.text for e in ev) == tok.decode(want, skip_special_tokens=True)
 

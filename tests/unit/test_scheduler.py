@@ -358,32 +358,35 @@ class FailingEngine(CountingEngine):
         return super()._forward(input_ids, attention_mask, position_ids, past)
 
 
-@pytest.mark.parametrize("prompts", [[[1], [3], [7], [12]]])
-async def test_overlapped_loop_streams_the_same_events(prompts: list[list[int]]) -> None:
-    """``overlap=True`` (a step's text made while the next step computes; the GPU default) streams exactly what the
-    plain loop streams: tokens, texts, stop strings, lengths, ends."""
-    params = [
-        SamplingParams(temperature=0.0, max_tokens=6),
-        SamplingParams(temperature=0.0, max_tokens=20, stop=("ef",)),
-        SamplingParams(temperature=0.0, max_tokens=3),
-        SamplingParams(temperature=0.0, max_tokens=9, stop=("zz",)),
-    ]
-    runs = []
-    for overlap in (False, True):
-        llm = LLMEngine(CountingEngine(delay=0.001), None, SchedulerConfig(max_running_seqs=2, max_batched_tokens=8))
-        llm.scheduler = Scheduler(llm.config, [EOS], CharDetok)
-        async with AsyncLLMEngine(llm, overlap=overlap) as engine:
-            assert engine.overlap is overlap
-            streams = [engine.add(p, sp) for p, sp in zip(prompts, params, strict=True)]
-            runs.append([[(e.token_id, e.text, e.finish_reason) async for e in st] for st in streams])
-            assert (engine.num_running, engine.num_waiting) == (0, 0)
-    assert runs[0] == runs[1]
-    # the default comes from the scheduler config, else from the runner (synchronous here: off)
-    on = SchedulerConfig(max_running_seqs=2, max_batched_tokens=8, async_output=True)
-    assert AsyncLLMEngine(LLMEngine(CountingEngine(), None, on)).overlap
-    assert not AsyncLLMEngine(LLMEngine(CountingEngine(), None)).overlap
-    assert "".join(t for _, t, _ in runs[0][1]) == "d" and runs[0][1][-1][2] == "stop"  # d e f: cut before "ef"
-    assert [r[-1][2] for r in runs[0]] == ["length", "stop", "length", "length"]
+def test_async_scheduling_needs_a_runner_that_chains_steps() -> None:
+    """The CPU runner needs every token on the host: async scheduling is off by default there and a clear
+    ConfigError when asked for (the chaining loop itself: tests/unit/test_slot_runner.py)."""
+    assert not AsyncLLMEngine(LLMEngine(CountingEngine(), None)).async_scheduling
+    on = SchedulerConfig(max_running_seqs=2, max_batched_tokens=8, async_scheduling=True)
+    with pytest.raises(ConfigError, match="async scheduling needs an engine that feeds its own greedy picks"):
+        AsyncLLMEngine(LLMEngine(CountingEngine(), None, on))
+    with pytest.raises(ConfigError, match="async_scheduling: false"):
+        AsyncLLMEngine(LLMEngine(CountingEngine(), None), async_scheduling=True)
+
+
+def test_a_step_scheduled_before_the_previous_was_advanced_feeds_no_token_and_stops_at_the_length() -> None:
+    """Async scheduling: schedule() again while a step is in flight. The in-flight sequence's decode item carries
+    no token (the engine feeds its own pick); once its in-flight tokens reach max_tokens it is left out."""
+    sched = make(max_running_seqs=4, max_batched_tokens=64)
+    a = sched.add([1], SamplingParams(temperature=0.0, max_tokens=3))
+    first = sched.schedule()  # prefill: 1 token in flight
+    second = sched.schedule()
+    assert [(d.seq_id, d.token_id) for d in second.decode] == [(a.seq_id, None)]
+    assert sched.schedule().decode != ()  # 2 in flight, a third token still fits max_tokens=3
+    assert sched.schedule().decode == ()  # 3 in flight reach max_tokens: left out
+    ups = [sched.update(RunnerOutput(o.step, {a.seq_id: t})) for o, t in ((first, 2), (second, 3))]
+    assert [u[0].text for u in ups] == ["b", "c"] and a.in_flight == 1
+    assert sched.update(RunnerOutput(second.step + 1, {a.seq_id: 4}))[0].finish_reason == "length"
+    assert a.output_ids == [2, 3, 4]
+    # a synchronous schedule (nothing in flight) feeds the host's last token
+    b = sched.add([7], GREEDY)
+    run(sched, sched.schedule(), 9)
+    assert [(d.seq_id, d.token_id) for d in sched.schedule().decode] == [(b.seq_id, 9)]
 
 
 async def test_steps_run_while_the_event_loop_is_busy() -> None:

@@ -81,3 +81,77 @@ def test_bad_slot_calls_are_input_errors() -> None:
         engine.prefill([0], [list(range(1, 40)) * 2])
     with pytest.raises(InputError, match="token ids"):
         engine.prefill([0], [[VOCAB + 3]])
+    with pytest.raises(InputError, match="needs every token"):
+        engine.prefill([0], [[1]])
+        engine.decode([0], [None])
+
+
+class ChainingEngine(CountingEngine):
+    """A :class:`CountingEngine` that feeds its own greedy picks, as the GPU engine does on the device: a ``None``
+    token is the slot's previous pick. Counts the decode calls that were fed that way."""
+
+    feeds_tokens = True
+
+    def __init__(self, num_slots: int) -> None:
+        super().__init__(num_slots)
+        self.picked = np.zeros(num_slots, dtype=np.int64)
+        self.fed = 0
+
+    def _logits(self, slots: list[int]) -> StepLogits:
+        for s in slots:
+            self.picked[s] = (self.last[s] + 1) % VOCAB
+        return super()._logits(slots)
+
+    def _decode(self, slots: list[int], tokens: list[int | None], positions: np.ndarray) -> StepLogits:
+        self.fed += any(t is None for t in tokens)
+        known = [int(self.picked[s]) if t is None else t for s, t in zip(slots, tokens, strict=True)]
+        return super()._decode(slots, known, positions)
+
+
+class CharDetok:
+    """Token id t ↦ one character; the end-of-sequence token 0 has no text."""
+
+    def __init__(self, prompt: object) -> None:
+        pass
+
+    def push(self, token_id: int) -> str:
+        return "" if token_id == 0 else chr(ord("A") + token_id)
+
+    def flush(self) -> str:
+        return ""
+
+
+async def test_async_scheduling_streams_exactly_what_the_synchronous_loop_streams() -> None:
+    """Async scheduling (step N+1 launched before step N is collected, its tokens fed by the engine) against the
+    synchronous loop on the same requests: end-of-sequence one step before the next was scheduled (its extra token
+    dropped), max_tokens, a stop string, more requests than slots (slots reused while a step is in flight) and a
+    sampled request (the loop falls back to collect-then-schedule while it runs). Same events, token for token."""
+    prompts = [[45], [3], [10], [20], [30], [1], [5]]
+    params = [
+        SamplingParams(max_tokens=9, temperature=0.0),  # 46..49, then 0 = end-of-sequence
+        SamplingParams(max_tokens=6, temperature=0.0),
+        SamplingParams(max_tokens=12, temperature=0.0, stop=("OP",)),  # 11 12 13 14 15 = L M N O P: cut
+        SamplingParams(max_tokens=1, temperature=0.0),
+        SamplingParams(max_tokens=7, temperature=0.0),
+        SamplingParams(max_tokens=5, temperature=1.0, seed=3),
+        SamplingParams(max_tokens=8, temperature=0.0),
+    ]
+    from miaohui.generation.engine_loop import AsyncLLMEngine
+    from miaohui.generation.scheduler import Scheduler
+
+    runs, fed = [], []
+    for chained in (False, True):
+        engine = ChainingEngine(num_slots=3)
+        llm = LLMEngine(engine, None, SchedulerConfig(max_running_seqs=3, max_batched_tokens=64, max_model_len=64))
+        llm.scheduler = Scheduler(llm.config, engine.eos_token_ids, CharDetok)
+        async with AsyncLLMEngine(llm, async_scheduling=chained) as loop:
+            assert loop.async_scheduling is chained
+            streams = [loop.add(p, sp) for p, sp in zip(prompts, params, strict=True)]
+            runs.append([[(e.token_id, e.text, e.finish_reason) async for e in st] for st in streams])
+            assert (loop.num_running, loop.num_waiting) == (0, 0)
+        fed.append(engine.fed)
+    assert runs[0] == runs[1]
+    assert fed[0] == 0 and fed[1] >= 5  # the synchronous loop always passes tokens; the chained one mostly not
+    assert [r[-1][2] for r in runs[0]] == ["stop", "length", "stop", "length", "length", "length", "length"]
+    assert [t for t, _, _ in runs[0][0]] == [46, 47, 48, 49, 0]
+    assert "".join(x for _, x, _ in runs[0][2]) == "LMN"

@@ -229,6 +229,9 @@ class SlotCausalLMEngine(abc.ABC):
     name: str = "slot-causal-lm"
     runs_async: bool = False
     """``decode``/``prefill`` return before the device has computed (CUDA); the logits' ``argmax`` waits."""
+    feeds_tokens: bool = False
+    """:meth:`decode` takes ``None`` for a slot's token: the greedy token the device picked for that slot in its
+    previous step (decode or prefill), so a step can be launched before the previous one's tokens reach the host."""
 
     def __init__(
         self, dims: DecoderDims, eos_token_ids: Sequence[int], pad_token_id: int, num_slots: int, max_len: int
@@ -264,12 +267,16 @@ class SlotCausalLMEngine(abc.ABC):
         self.lengths[list(slots)] = [len(p) for p in prompts]
         return out
 
-    def decode(self, slots: Sequence[int], tokens: Sequence[int]) -> StepLogits:
-        """One new token per slot; logits for the following token. Grows each slot's length by one."""
+    def decode(self, slots: Sequence[int], tokens: Sequence[int | None]) -> StepLogits:
+        """One new token per slot; logits for the following token. Grows each slot's length by one. A ``None``
+        token (engines that :attr:`feeds_tokens`) is the slot's previous greedy pick, still on the device."""
         if len(slots) != len(tokens) or not slots:
             raise ShapeError(f"decode got {len(tokens)} tokens for {len(slots)} slots", "pass one token per slot")
         self._check_slots(slots)
-        self._check_ids(tokens)
+        known = [t for t in tokens if t is not None]
+        if len(known) != len(tokens) and not self.feeds_tokens:
+            raise InputError(f"decode got no token for a slot; {self.name} needs every token", "pass each token")
+        self._check_ids(known)
         pos = self.lengths[list(slots)]
         if int(pos.min()) == 0:
             raise InputError("decode of a slot that holds no sequence", "prefill the slot first")
@@ -299,7 +306,7 @@ class SlotCausalLMEngine(abc.ABC):
     def _prefill(self, slots: list[int], prompts: list[list[int]]) -> StepLogits: ...
 
     @abc.abstractmethod
-    def _decode(self, slots: list[int], tokens: list[int], positions: np.ndarray) -> StepLogits: ...
+    def _decode(self, slots: list[int], tokens: list[int | None], positions: np.ndarray) -> StepLogits: ...
 
     def close(self) -> None:  # noqa: B027 — optional hook
         """Release device memory. Idempotent."""

@@ -29,15 +29,17 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Protocol
 
-from miaohui.errors import InputError, MiaohuiError
+from miaohui.errors import ConfigError, InputError, MiaohuiError
 from miaohui.generation.observer import GenerationObserver, StepReport, safe_call
 from miaohui.generation.params import SamplingParams
-from miaohui.generation.runner import ModelRunner
+from miaohui.generation.runner import Collect, ModelRunner
 from miaohui.generation.scheduler import (
     Advanced,
     FinishReason,
+    RunnerOutput,
     Scheduler,
     SchedulerConfig,
+    SchedulerOutput,
     SequenceUpdate,
 )
 from miaohui.gil import GENERATION_SWITCH_US, apply_switch_interval
@@ -237,29 +239,47 @@ class _Track:
     tokens: int = 0
 
 
+@dataclass(frozen=True)
+class _InFlight:
+    """A launched step: what was scheduled, when it was launched, and the call that collects its tokens."""
+
+    out: SchedulerOutput
+    start: float
+    collect: Collect
+
+
 class AsyncLLMEngine:
     """An :class:`LLMEngine` driven by its own thread; requests stream their tokens on the event loop.
 
     The engine thread runs the whole step loop — schedule, launch and collect (the model; the GPU), advance (append
     tokens, end-of-sequence and length checks), emit (detokenization, stop strings) — and launches the next step
-    right away; with ``overlap`` (the GPU default) a step's emit runs while the next step computes. Each step's
-    updates go to the event loop in one ``call_soon_threadsafe``, where they are pushed to the request streams. So
-    the model is never idle while the event loop streams the previous step's tokens (before, the loop ran
-    schedule/update between steps, and on the H200 the GPU waited for it: ITL ~5 ms for ~2.5 ms steps). The
-    scheduler is shared under a lock: requests join (``add``) and leave (``abort``) between steps; an abort frees
-    the slot at once (the step in flight may still compute the sequence's token, which is then dropped).
+    right away. With ``async_scheduling`` (the GPU default) it launches step N+1 *before* it collects step N (the
+    engine feeds step N's greedy picks to N+1 on the device), so the device always has the next step queued and
+    step N's advance and emit run while N+1 computes; it falls back to collect-then-schedule while any running
+    sequence samples (its token is drawn on the host). Each step's updates go to the event loop in one
+    ``call_soon_threadsafe``, where they are pushed to the request streams. So the model is never idle while the
+    event loop streams the previous step's tokens (before, the loop ran schedule/update between steps, and on the
+    H200 the GPU waited for it: ITL ~5 ms for ~2.5 ms steps). The scheduler is shared under a lock: requests join
+    (``add``) and leave (``abort``) between steps; an abort frees the slot at once (the step in flight may still
+    compute the sequence's token, which is then dropped).
 
     Use as ``async with AsyncLLMEngine(llm) as engine:`` or call :meth:`start` / :meth:`stop`.
     """
 
     def __init__(
-        self, llm: LLMEngine, observer: GenerationObserver | None = None, *, overlap: bool | None = None
+        self, llm: LLMEngine, observer: GenerationObserver | None = None, *, async_scheduling: bool | None = None
     ) -> None:
         self.llm = llm
-        default = llm.config.async_output if llm.config.async_output is not None else llm.runner.overlaps
-        self.overlap = default if overlap is None else overlap
-        """Emit a step's text while the next step computes (``SchedulerConfig.async_output``; default: when the
-        runner launches asynchronously, i.e. on a GPU)."""
+        runner = llm.runner
+        wanted = async_scheduling if async_scheduling is not None else llm.config.async_scheduling
+        if wanted and not runner.chains:
+            raise ConfigError(
+                f"async scheduling needs an engine that feeds its own greedy picks; {llm.engine.name} does not",
+                "set scheduler: async_scheduling: false (or leave it unset) for this engine",
+            )
+        self.async_scheduling = runner.chains and (wanted if wanted is not None else runner.runs_async)
+        """Launch step N+1 before collecting step N (``SchedulerConfig.async_scheduling``; default: where the
+        runner chains steps and launches asynchronously, i.e. the GPU engine)."""
         self.observer = observer or GenerationObserver()
         self._tracks: dict[int, _Track] = {}
         self._lock = threading.Lock()
@@ -373,73 +393,79 @@ class AsyncLLMEngine:
             self._deliver_soon(loop, self._fail_all, error)
 
     def _steps(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Schedule → launch → collect → advance, back to back while there is work. With ``overlap`` a step's text
-        (detokenization, stop strings: :meth:`Scheduler.emit`) is made and delivered while the next step computes,
-        else right after its own step."""
-        last_end: float | None = None  # when the previous model call ended (None: idle since)
-        pending: tuple[StepReport, list[Advanced]] | None = None  # advanced, its text not yet emitted
+        """Schedule → launch → collect → advance → emit, back to back while there is work. With
+        ``async_scheduling`` the next step is scheduled and launched before the one in flight is collected (while
+        every running sequence is greedy), so its advance and emit run while the device computes the next."""
+        last_end: float | None = None  # when the previous collect returned (None: idle since)
+        inflight: _InFlight | None = None  # launched, not yet collected
         while True:
-            flush: tuple[StepReport, list[Advanced]] | None = None
+            out: SchedulerOutput | None = None
             with self._work:
-                if pending is not None and (self._stopping or not self.llm.scheduler.has_work()):
-                    flush, pending = pending, None
-                else:
-                    while not self._stopping and not self.llm.scheduler.has_work():
+                if self._stopping:
+                    return
+                sched = self.llm.scheduler
+                if inflight is None:
+                    while not self._stopping and not sched.has_work():
                         last_end = None
                         self._work.wait()
                     if self._stopping:
                         return
-                    out = self.llm.scheduler.schedule()
-            if flush is not None:
-                if not self._emit(loop, *flush):
-                    return
-                continue
-            if out.is_empty:  # cannot happen with a valid config; never spin
-                time.sleep(0.001)
-                continue
-            start = time.perf_counter()
-            try:
-                collect = self.llm.runner.launch(out)
-                if pending is not None:  # the previous step's text, while this one computes
-                    flush, pending = pending, None
-                    if not self._emit(loop, *flush):
-                        return
-                result = collect()
+                    out = sched.schedule()
+                elif self.async_scheduling and sched.all_greedy():
+                    out = sched.schedule()  # empty when every sequence ends with the step in flight
+                chain = self.async_scheduling and sched.all_greedy()
+            launched: _InFlight | None = None
+            collected: tuple[_InFlight, RunnerOutput, float, float] | None = None
+            try:  # the model: a failure here ends this engine's requests, and the loop goes on
+                if out is not None and not out.is_empty:
+                    launched = _InFlight(out, time.perf_counter(), self.llm.runner.launch(out))
+                if inflight is None and not chain:  # a synchronous step: collected right away
+                    inflight, launched = launched, None
+                if inflight is not None:
+                    waited = time.perf_counter()
+                    collected = (inflight, inflight.collect(), waited, time.perf_counter())
             except Exception as exc:
-                logger.exception("generation step %d failed", out.step)
-                if pending is not None:  # tokens computed before the failure still reach their streams
-                    self._emit(loop, *pending)
-                    pending = None
-                self.llm.runner.reset()
-                if not isinstance(exc, MiaohuiError):
-                    exc = EngineStoppedError(
-                        f"generation step failed: {exc!r}", "retry; if it persists, check the engine logs"
-                    )
-                with self._lock:  # every sequence of the engine ends now, before the next step
-                    sched = self.llm.scheduler
-                    failed = [sid for sid in sched.seq_ids() if sched.abort(sid, "error") is not None]
-                if not self._deliver_soon(loop, self._fail, failed, exc):
+                failed_step = inflight.out.step if inflight is not None else out.step if out is not None else -1
+                logger.exception("generation step %d failed", failed_step)
+                launched = None  # its tokens (if any were computed) belong to sequences that fail now
+                if not self._fail_step(loop, exc):
                     return
-                continue
-            end = time.perf_counter()
-            timing = self.llm.runner.last_timing
-            step = StepReport(
-                len(out.prefill),
-                len(out.decode),
-                out.num_batched_tokens,
-                end - start,
-                timing.kv_length,
-                timing.decode_s,
-                timing.prefill_s,
-                None if last_end is None else start - last_end,
-            )
-            last_end = end
-            with self._lock:
-                advanced = self.llm.scheduler.advance(result)
-            if self.overlap:
-                pending = (step, advanced)
-            elif not self._emit(loop, step, advanced):
-                return
+            inflight = launched
+            if collected is not None:  # bookkeeping: a failure here is a loop bug and stops the engine (_run)
+                done, result, waited, end = collected
+                step = self._report(done, end, None if last_end is None else waited - last_end)
+                last_end = end
+                with self._lock:
+                    advanced = self.llm.scheduler.advance(result)
+                if not self._emit(loop, step, advanced):
+                    return
+            elif out is not None and out.is_empty and inflight is None:  # cannot happen with a valid config
+                time.sleep(0.001)  # never spin
+
+    def _report(self, step: _InFlight, end: float, loop_s: float | None) -> StepReport:
+        """The collected step's :class:`StepReport`; ``loop_s``: the loop's host time since the previous collect."""
+        out, timing = step.out, self.llm.runner.last_timing
+        return StepReport(
+            len(out.prefill),
+            len(out.decode),
+            out.num_batched_tokens,
+            end - step.start,
+            timing.kv_length,
+            timing.decode_s,
+            timing.prefill_s,
+            loop_s,
+        )
+
+    def _fail_step(self, loop: asyncio.AbstractEventLoop, exc: Exception) -> bool:
+        """A step failed: the runner forgets its cache and every sequence of the engine ends with the error now,
+        before the next step. False once the event loop is closed."""
+        self.llm.runner.reset()
+        if not isinstance(exc, MiaohuiError):
+            exc = EngineStoppedError(f"generation step failed: {exc!r}", "retry; if it persists, check the engine logs")
+        with self._lock:
+            sched = self.llm.scheduler
+            failed = [sid for sid in sched.seq_ids() if sched.abort(sid, "error") is not None]
+        return self._deliver_soon(loop, self._fail, failed, exc)
 
     def _emit(self, loop: asyncio.AbstractEventLoop, step: StepReport, advanced: list[Advanced]) -> bool:
         """Make the texts of a step's tokens and hand them to the event loop; False once it is closed."""

@@ -49,8 +49,11 @@ Collect = Callable[[], RunnerOutput]
 class ModelRunner(SeededRows):
     """Runs scheduler steps on one engine; not thread-safe (one worker thread calls it)."""
 
-    overlaps = False
-    """Whether :meth:`launch` returns before the step has computed (see :class:`SlotModelRunner`)."""
+    chains = False
+    """Whether a step can be launched before the previous one's tokens are on the host (see
+    :class:`~miaohui.generation.slot_runner.SlotModelRunner`); this runner needs every token."""
+    runs_async = False
+    """Whether :meth:`launch` returns before the step has computed."""
 
     def __init__(self, engine: CausalLMEngine) -> None:
         self.engine = engine
@@ -91,7 +94,11 @@ class ModelRunner(SeededRows):
             items = [by_id[sid] for sid in self._rows]
             if self._kv is None:
                 raise RuntimeError(f"decode step {out.step} has sequences but no KV cache")
-            logits, self._kv = self.engine.decode([d.token_id for d in items], self._kv)
+            fed = [d.token_id for d in items]
+            if None in fed:
+                self.reset()
+                raise RuntimeError(f"decode step {out.step} lacks a sequence's token; this runner cannot chain steps")
+            logits, self._kv = self.engine.decode([t for t in fed if t is not None], self._kv)
             sampled = sample_batch(logits, [d.params for d in items], [self._rng(d.seq_id) for d in items])
             tokens.update(zip(self._rows, sampled, strict=True))
         t1 = time.perf_counter()

@@ -16,6 +16,11 @@ Each engine step is ``schedule() → runner.execute(output) → update(runner_ou
   for the next :meth:`schedule`.
 * :meth:`Scheduler.abort` (client went away) frees the slot immediately, even while a step that includes
   the sequence is computing; that step's token for it is dropped.
+* Async scheduling: :meth:`schedule` may be called again before the previous step's tokens were advanced (the
+  engine loop launches step N+1 while step N computes). A sequence then has a token *in flight*: its decode item
+  carries no token (``token_id=None``: the engine feeds its own greedy pick), and it is left out of the next step
+  when the in-flight token reaches its length. One that ends on an end-of-sequence token decodes one step too
+  many; that token is dropped.
 
 One frozen dataclass crosses each boundary: :class:`SchedulerOutput` to the runner (which may run in
 another thread while the scheduler keeps changing, hence snapshots), :class:`RunnerOutput` back, and a
@@ -65,10 +70,11 @@ class SchedulerConfig(Frozen):
     """Most requests waiting for a slot; more are rejected with QueueFullError (HTTP 429)."""
     max_model_len: int = Field(default=2048, ge=2)
     """Longest prompt + output of a sequence (the context window the engine is run with)."""
-    async_output: bool | None = None
-    """The async engine loop makes a step's text (detokenization, stop strings) while the next step computes.
-    Default (None): where the engine computes asynchronously (the GPU engine); on a CPU it would only delay each
-    token by a step. A stop string then ends its sequence one (dropped) step later."""
+    async_scheduling: bool | None = None
+    """The async engine loop schedules and launches step N+1 before it reads step N's tokens, and makes step N's
+    text while N+1 computes, so the device never waits for the host between steps (vLLM's async scheduling). Needs
+    an engine that feeds greedy picks on the device (the GPU engine) and only runs while every running sequence is
+    greedy. Default (None): where the engine computes asynchronously (a GPU)."""
 
     @model_validator(mode="after")
     def _budget(self) -> SchedulerConfig:
@@ -103,6 +109,9 @@ class Sequence:
     emitted: int = 0
     """How many characters of ``text`` were handed out in updates."""
     detokenizer: Detokenizer | None = None
+    in_flight: int = 0
+    """Tokens scheduled whose results :meth:`Scheduler.advance` has not seen yet (async scheduling: at most one
+    when :meth:`Scheduler.schedule` runs)."""
 
     @property
     def prompt_len(self) -> int:
@@ -131,8 +140,9 @@ class PrefillItem:
 @dataclass(frozen=True)
 class DecodeItem:
     seq_id: int
-    token_id: int
-    """The sequence's last token, fed to this decode step."""
+    token_id: int | None
+    """The sequence's last token, fed to this decode step; None: still in flight (the engine feeds its own greedy
+    pick of the previous step)."""
     params: SamplingParams
 
 
@@ -216,6 +226,10 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self._waiting or self._running)
 
+    def all_greedy(self) -> bool:
+        """Whether every running sequence decodes greedily (async scheduling needs that)."""
+        return all(s.params.greedy for s in self._running)
+
     def seq_ids(self) -> list[int]:
         """Ids of the unfinished (waiting and running) sequences."""
         return list(self._seqs)
@@ -274,7 +288,13 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         """Pick this step's decode and prefill sequences (see the module docstring)."""
         cfg = self.config
-        decode = tuple(DecodeItem(s.seq_id, s.last_token_id, s.params) for s in self._running)
+        decode = tuple(
+            DecodeItem(s.seq_id, None if s.in_flight else s.last_token_id, s.params)
+            for s in self._running
+            if not s.in_flight or self._continues(s)
+        )
+        for d in decode:
+            self._seqs[d.seq_id].in_flight += 1
         budget = cfg.max_batched_tokens - len(decode)
         admitted: list[Sequence] = []
         longest = 0
@@ -287,6 +307,7 @@ class Scheduler:
             admitted.append(self._waiting.popleft())
         for seq in admitted:
             seq.status = SequenceStatus.RUNNING
+            seq.in_flight = 1
             self._running.append(seq)
         self._step += 1
         finished, self._finished_since_step = tuple(self._finished_since_step), []
@@ -327,8 +348,14 @@ class Scheduler:
         return updates
 
     # ---- internals -----------------------------------------------------------------------------------
+    def _continues(self, seq: Sequence) -> bool:
+        """Whether a sequence with tokens in flight still decodes after them (else they reach its length)."""
+        made = len(seq.output_ids) + seq.in_flight
+        return made < seq.params.max_tokens and seq.num_tokens + seq.in_flight < self.config.max_model_len
+
     def _advance(self, seq: Sequence, token: int) -> Advanced:
         p = seq.params
+        seq.in_flight -= 1
         seq.output_ids.append(token)
         reason: FinishReason | None = None
         if (token in self.eos_token_ids and not p.ignore_eos) or token in p.stop_token_ids:

@@ -54,74 +54,84 @@ def resolve_device(options: SlotEngineOptions) -> torch.device:
 
 
 class _HostTokens:
-    """A pinned host buffer for one step's greedy tokens: one device→host copy and one stream synchronize.
+    """Pinned host buffers for steps' greedy tokens. The device→host copy is queued right behind its step and an
+    event marks it done, so reading a step's tokens never waits for a later step queued behind it (the chained
+    loop launches step N+1 before it reads step N). Two buffers alternate: step N+1's copy does not overwrite step
+    N's tokens before they are read (step N-1's were read before step N+1 was launched).
 
     Every torch call releases the GIL and must take it back; under the server's event loop each take-back can
     wait up to the switch interval, so the step's host path keeps its torch calls few (and waits in
-    ``Stream.synchronize``, which releases the GIL, so the event loop streams meanwhile)."""
+    ``Event.synchronize``, which releases the GIL, so the event loop streams meanwhile)."""
 
     def __init__(self, rows: int, device: torch.device) -> None:
-        self.device = device
         self.cuda = device.type == "cuda"
-        self.buf = torch.zeros(rows, dtype=torch.int64, pin_memory=self.cuda)
+        self._bufs = [torch.zeros(rows, dtype=torch.int64, pin_memory=self.cuda) for _ in range(2)]
+        self._events = [torch.cuda.Event() for _ in range(2)] if self.cuda else []
+        self._turn = 0
 
-    def fetch(self, best: torch.Tensor) -> list[int]:
+    def start(self, best: torch.Tensor) -> Callable[[], list[int]]:
+        """Queue the copy of ``best`` (int64 [rows] on the device); the returned call waits for it and reads it."""
         if not self.cuda:
-            return [int(v) for v in best.tolist()]
-        host = self.buf[: best.shape[0]]
+            values = [int(v) for v in best.tolist()]
+            return lambda: values
+        turn, self._turn = self._turn, self._turn ^ 1
+        host, done = self._bufs[turn][: best.shape[0]], self._events[turn]
         host.copy_(best, non_blocking=True)
-        torch.cuda.current_stream(self.device).synchronize()
-        return [int(v) for v in host.tolist()]
+        done.record()
+
+        def fetch() -> list[int]:
+            done.synchronize()
+            return [int(v) for v in host.tolist()]
+
+        return fetch
 
 
 class TorchLogits(StepLogits):
-    """Device logits ``[bucket, vocab]`` of which ``rows`` are the step's sequences, in order; ``best`` is their
-    argmax per row when the step computed it (inside its CUDA graph), else computed here."""
+    """Device logits ``[bucket, vocab]`` of which ``rows`` are the step's sequences, in order; ``tokens`` waits for
+    the step's greedy picks (argmax per row, computed on the device inside the step) and returns them.
+
+    The logits live in static graph buffers that the next step of the same kind (decode or prefill) overwrites:
+    ``valid`` says whether that has happened (:meth:`rows` refuses then)."""
 
     def __init__(
         self,
         logits: torch.Tensor,
         rows: Sequence[int],
-        best: torch.Tensor | None = None,
-        host: _HostTokens | None = None,
+        tokens: Callable[[], list[int]],
+        valid: Callable[[], bool] = lambda: True,
     ) -> None:
         self.logits = logits
         self.row_ids = list(rows)
-        self._best = best
-        self._host = host or _HostTokens(logits.shape[0], logits.device)
+        self._tokens = tokens
+        self._valid = valid
 
     def argmax(self) -> list[int]:
-        best = self._best if self._best is not None else self.logits.argmax(dim=-1)
-        values = self._host.fetch(best)
+        values = self._tokens()
         return [values[r] for r in self.row_ids]
 
     def rows(self, idx: Sequence[int]) -> np.ndarray:
+        if not self._valid():
+            raise RuntimeError(
+                "a later step overwrote these logits before their sampled rows were read",
+                # a loop that chains steps must not do so while a sequence samples (report this: a loop bug)
+            )
         sel = torch.as_tensor([self.row_ids[i] for i in idx], device=self.logits.device)
         return self.logits.index_select(0, sel).float().cpu().numpy()
 
 
-_Graph = tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch.Tensor]]
-"""A captured CUDA graph and its static outputs (logits, argmax per row)."""
+_Outputs = tuple[torch.Tensor, torch.Tensor]
+"""A step's logits and its greedy pick per row."""
+_Graph = tuple[torch.cuda.CUDAGraph, _Outputs]
+"""A captured CUDA graph and its static outputs."""
 
 
-def _with_best(fn: Callable[..., torch.Tensor]) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
-    """``fn``'s logits and their argmax per row, so a captured step does the greedy pick in its own graph."""
-
-    def run(*args: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = fn(*args)
-        return logits, logits.argmax(dim=-1)
-
-    return run
-
-
-def _replay_or_run(graph: _Graph | None, run: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The graph's outputs after a replay; without a graph for the shape (or on a CPU), ``run()`` eagerly (the
-    argmax left to :class:`TorchLogits`)."""
+def _replay_or_run(graph: _Graph | None, run: Callable[[], _Outputs]) -> _Outputs:
+    """The graph's outputs after a replay; without a graph for the shape (or on a CPU), ``run()`` eagerly."""
     if graph is not None:
         graph[0].replay()
         return graph[1]
     with torch.inference_mode():
-        return run(), None
+        return run()
 
 
 class _PrefillBuffers:
@@ -169,6 +179,7 @@ class TorchSlotEngine(SlotCausalLMEngine):
         self.device = model.embed.device
         cuda = self.device.type == "cuda"
         self.runs_async = cuda
+        self.feeds_tokens = True
         self.compiled = options.compile if options.compile is not None else cuda
         self.graphs_on = (options.cuda_graphs if options.cuda_graphs is not None else cuda) and cuda
         self.batch_buckets, self.length_buckets = options.buckets()
@@ -181,19 +192,25 @@ class TorchSlotEngine(SlotCausalLMEngine):
             model.use_compiled(functools.partial(torch.compile, dynamic=True, fullgraph=True, mode=mode))
         top = max(self.batch_buckets)
         pin = cuda
-        # a decode step's inputs: row 0 token ids, row 1 positions; one host→device copy per step
-        self._io_host = torch.zeros((2, top), dtype=torch.int64, pin_memory=pin)
-        self._io_dev = torch.zeros((2, top), dtype=torch.int64, device=self.device)
-        self._tok_dev, self._pos_dev = self._io_dev[0], self._io_dev[1]
+        # a decode step's inputs, one host→device copy per step: row 0 the host's token ids, row 1 positions,
+        # row 2 1 where row 0 holds the token, 0 where the slot's previous greedy pick (``_picked``) is fed.
+        # Host staging alternates between two pinned buffers (a step may be launched while the previous step's
+        # copy is still queued).
+        self._io_host = [torch.zeros((3, top), dtype=torch.int64, pin_memory=pin) for _ in range(2)]
+        self._io_dev = torch.zeros((3, top), dtype=torch.int64, device=self.device)
+        self._picked = torch.zeros(top, dtype=torch.int64, device=self.device)
+        """Per slot, the greedy token its last decode or prefill picked (written inside the step's graph)."""
         self._decode_tokens = _HostTokens(top, self.device)
         self._graphs: dict[tuple[int, int], _Graph] = {}
+        self._launched = {"decode": 0, "prefill": 0}
         self.prefill_batches, self.prefill_lengths = options.prefill_buckets()
         if options.static_prefill:
             pb, ps = max(self.prefill_batches), max(self.prefill_lengths)
-            self._pf_host = _PrefillBuffers(pb, ps, "cpu", pin)
+            self._pf_host = [_PrefillBuffers(pb, ps, "cpu", pin) for _ in range(2)]
             self._pf_dev = _PrefillBuffers(pb, ps, self.device, False)
         self._prefill_tokens = _HostTokens(model.num_slots, self.device)  # a prefill fills at most every slot
         self._prefill_graphs: dict[tuple[int, int], _Graph] = {}
+        self._turn = {"decode": 0, "prefill": 0}
         self.warmup_seconds: float | None = None
 
     @classmethod
@@ -234,7 +251,7 @@ class TorchSlotEngine(SlotCausalLMEngine):
                 if self.options.static_prefill:
                     self._capture_prefill(log)
             else:
-                self._decode_fn(self._tok_dev[:2], self._pos_dev[:2], self.length_buckets[0])
+                self._decode_step(2, self.length_buckets[0])
         self.lengths[:] = 0
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -248,28 +265,44 @@ class TorchSlotEngine(SlotCausalLMEngine):
 
     def _capture(self, log: Callable[[str], None]) -> None:
         pool = torch.cuda.graph_pool_handle()
-        self._tok_dev.fill_(self.pad_token_id)
-        self._pos_dev.zero_()
+        self._io_dev.zero_()
+        self._io_dev[0].fill_(self.pad_token_id)
+        self._io_dev[2].fill_(1)
         # largest first, so the smaller graphs reuse the pool's memory
         for b in sorted(self.batch_buckets, reverse=True):
             for t in sorted(self.length_buckets, reverse=True):
-                args = (self._tok_dev[:b], self._pos_dev[:b], t)
-                self._graphs[(b, t)] = self._capture_one(self._decode_fn, args, pool)
+                self._graphs[(b, t)] = self._capture_one(functools.partial(self._decode_step, b, t), pool)
             log(f"captured decode graphs for batch {b}")
 
-    def _capture_one(self, fn: Callable[..., torch.Tensor], args: tuple[Any, ...], pool: Any) -> _Graph:
-        """Run ``fn(*args)`` twice on a side stream (compiles on the first bucket, warms cuBLAS for the shape),
-        then capture it and its argmax per row into a CUDA graph from ``pool``; the graph and its static outputs."""
-        step = _with_best(fn)
+    def _decode_step(self, b: int, t: int) -> _Outputs:
+        """Decode rows ``0..b-1`` over ``t`` cached positions from the static inputs: each row's token is the host's
+        (``io[2]`` = 1) or the slot's previous greedy pick; the step's own picks are stored for the next step."""
+        io = self._io_dev
+        tokens = torch.where(io[2, :b] != 0, io[0, :b], self._picked[:b])
+        logits = self._decode_fn(tokens, io[1, :b], t)
+        best = logits.argmax(dim=-1)
+        self._picked[:b].copy_(best)
+        return logits, best
+
+    def _prefill_step(self, tokens: torch.Tensor, lengths: torch.Tensor, slots: torch.Tensor) -> _Outputs:
+        """Prefill, and store each prompt's greedy pick as its slot's next decode token."""
+        logits = self._prefill_fn(tokens, lengths, slots)
+        best = logits.argmax(dim=-1)
+        self._picked.index_copy_(0, slots, best)
+        return logits, best
+
+    def _capture_one(self, step: Callable[[], _Outputs], pool: Any) -> _Graph:
+        """Run ``step()`` twice on a side stream (compiles on the first bucket, warms cuBLAS for the shape), then
+        capture it into a CUDA graph from ``pool``; the graph and its static outputs."""
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             for _ in range(2):
-                step(*args)
+                step()
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=pool):
-            out = step(*args)
+            out = step()
         return graph, out
 
     def _capture_prefill(self, log: Callable[[str], None]) -> None:
@@ -282,9 +315,17 @@ class TorchSlotEngine(SlotCausalLMEngine):
         buf.slots.zero_()
         for n in sorted(self.prefill_batches, reverse=True):
             for s in sorted(self.prefill_lengths, reverse=True):
-                args = (buf.tokens[:n, :s], buf.lengths[:n], buf.slots[:n])
-                self._prefill_graphs[(n, s)] = self._capture_one(self._prefill_fn, args, pool)
+                step = functools.partial(self._prefill_step, buf.tokens[:n, :s], buf.lengths[:n], buf.slots[:n])
+                self._prefill_graphs[(n, s)] = self._capture_one(step, pool)
         log(f"captured {len(self._prefill_graphs)} prefill graphs")
+
+    def _next_turn(self, kind: str) -> tuple[int, Callable[[], bool]]:
+        """Which staging buffer this step of ``kind`` uses, and a check that its outputs were not overwritten yet."""
+        turn = self._turn[kind]
+        self._turn[kind] ^= 1
+        self._launched[kind] += 1
+        n = self._launched[kind]
+        return turn, lambda: self._launched[kind] == n
 
     # ---- steps -------------------------------------------------------------------------------------------
 
@@ -302,7 +343,8 @@ class TorchSlotEngine(SlotCausalLMEngine):
             if free.size == 0:
                 return None
             scratch = int(free[0])
-        host, dev = self._pf_host, self._pf_dev
+        turn, valid = self._next_turn("prefill")
+        host, dev = self._pf_host[turn], self._pf_dev
         tok, lens, rows = host.tokens.numpy(), host.lengths.numpy(), host.slots.numpy()
         tok[:nb, :sb] = self.pad_token_id
         lens[:nb], rows[:nb] = 1, scratch
@@ -312,10 +354,9 @@ class TorchSlotEngine(SlotCausalLMEngine):
         dev.all[:nb].copy_(host.all[:nb], non_blocking=True)
         logits, best = _replay_or_run(
             self._prefill_graphs.get((nb, sb)),
-            lambda: self._prefill_fn(dev.tokens[:nb, :sb], dev.lengths[:nb], dev.slots[:nb]),
+            lambda: self._prefill_step(dev.tokens[:nb, :sb], dev.lengths[:nb], dev.slots[:nb]),
         )
-        # the pinned staging buffers are rewritten only by the next prefill, after sampling synchronised
-        return TorchLogits(logits, range(n), best, self._prefill_tokens)
+        return TorchLogits(logits, range(n), self._prefill_tokens.start(best), valid)
 
     def _prefill(self, slots: list[int], prompts: list[list[int]]) -> StepLogits:
         if self.options.static_prefill:
@@ -327,29 +368,35 @@ class TorchSlotEngine(SlotCausalLMEngine):
         for r, p in enumerate(prompts):
             ids[r, : len(p)] = p
         dev = self.device
-        with torch.inference_mode():
-            logits = self._prefill_fn(
+        _, valid = self._next_turn("prefill")
+        with torch.inference_mode():  # pageable host arrays: each copy has taken its data when it returns
+            logits, best = self._prefill_step(
                 torch.from_numpy(ids).to(dev, non_blocking=True),
                 torch.tensor([len(p) for p in prompts], dtype=torch.int64).to(dev),
                 torch.tensor(slots, dtype=torch.int64).to(dev),
             )
-        return TorchLogits(logits, range(len(prompts)), host=self._prefill_tokens)
+        return TorchLogits(logits, range(len(prompts)), self._prefill_tokens.start(best), valid)
 
-    def _decode(self, slots: list[int], tokens: list[int], positions: np.ndarray) -> StepLogits:
+    def _decode(self, slots: list[int], tokens: list[int | None], positions: np.ndarray) -> StepLogits:
         b = bucket_for(max(slots) + 1, self.batch_buckets)
         t = bucket_for(int(positions.max()) + 1, self.length_buckets)
-        io = self._io_host.numpy()
-        tok, pos = io[0], io[1]
+        turn, valid = self._next_turn("decode")
+        io = self._io_host[turn].numpy()
+        tok, pos, given = io[0], io[1], io[2]
         tok[:b] = self.pad_token_id
         pos[:b] = 0
-        tok[slots] = tokens
+        given[:b] = 1
+        if None in tokens:
+            known = [i for i, v in enumerate(tokens) if v is not None]
+            fed = [slots[i] for i, v in enumerate(tokens) if v is None]
+            tok[[slots[i] for i in known]] = [tokens[i] for i in known]
+            given[fed] = 0
+        else:
+            tok[slots] = tokens
         pos[slots] = positions
-        self._io_dev.copy_(self._io_host, non_blocking=True)  # whole (contiguous) buffer: 1 KB at 64 slots
-        logits, best = _replay_or_run(
-            self._graphs.get((b, t)), lambda: self._decode_fn(self._tok_dev[:b], self._pos_dev[:b], t)
-        )
-        # the pinned staging buffers are rewritten only by the next step, after sampling synchronised
-        return TorchLogits(logits, slots, best, self._decode_tokens)
+        self._io_dev.copy_(self._io_host[turn], non_blocking=True)  # whole (contiguous) buffer: 1.5 KB at 64 slots
+        logits, best = _replay_or_run(self._graphs.get((b, t)), lambda: self._decode_step(b, t))
+        return TorchLogits(logits, slots, self._decode_tokens.start(best), valid)
 
     def close(self) -> None:
         self._graphs.clear()

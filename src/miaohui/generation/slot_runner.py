@@ -37,12 +37,15 @@ def sample_step(logits: StepLogits, params: Sequence[SamplingParams], rngs: Sequ
 class SlotModelRunner(SeededRows):
     """Runs scheduler steps on a slot engine; not thread-safe (one worker thread calls it).
 
-    ``overlaps``: on a GPU, :meth:`launch` returns while the step computes, so the engine loop streams the previous
-    step's text meanwhile (:class:`~miaohui.generation.engine_loop.AsyncLLMEngine`)."""
+    ``chains``: the engine feeds a slot's previous greedy pick to its next decode on the device, so a step whose
+    decode items carry no token (``token_id=None``) can be launched before the previous step was collected
+    (:class:`~miaohui.generation.engine_loop.AsyncLLMEngine`'s async scheduling). ``runs_async``: :meth:`launch`
+    returns while the step computes (a GPU)."""
 
     def __init__(self, engine: SlotCausalLMEngine) -> None:
         self.engine = engine
-        self.overlaps = engine.runs_async
+        self.chains = engine.feeds_tokens
+        self.runs_async = engine.runs_async
         self._slot: dict[int, int] = {}
         self._free = list(range(engine.num_slots))
         self._rngs: dict[int, np.random.Generator] = {}
