@@ -40,6 +40,8 @@
 #   s7e:    (no e5 needed) s7d's switch-interval pair again, in the other order
 #   s8a:    (ran in session 8: async output on/off; that option was replaced by async scheduling, see s8b)
 #   s8b:    (no e5 needed) slot-engine GPU tests (incl. async scheduling), then async scheduling on/off A/B twice
+#   s8c:    (no e5 needed) async scheduling on/off with 4 HTTP workers + the engine process; e5-shaped intent server
+#           (shared engine, delay 0) at c=32/40/48 (where does p99 cross 10 ms?)
 #   llm2:   join the SmolLM2 GGUF (parts from llm1 + llm2), SmolLM2 decoder benchmark, tests/gpu (tiny models)
 # Carried (ignored) folders: .whl (pure-python wheels), .gpu1 / .gpu2 (e5 parts, intent delta),
 # .llm1 / .llm2 (SmolLM2 GGUF parts).
@@ -254,6 +256,14 @@ case $stage in
       gen_server sched_on$i "" --stagger-ms 10 --static-prefill --duration 10 --async-scheduling
       gen_server sched_off$i "" --stagger-ms 10 --static-prefill --duration 10 --no-async-scheduling
     done
+    ;;
+  s8c)
+    gen_server sched_w4_on "" --stagger-ms 10 --static-prefill --duration 10 --serve-workers 4 --async-scheduling
+    gen_server sched_w4_off "" --stagger-ms 10 --static-prefill --duration 10 --serve-workers 4 --no-async-scheduling
+    python3 scripts/gpu/e5_shape_model.py var/models/intent-e5-shape | tail -1
+    MODEL=var/models/intent-e5-shape INDUCTOR_FORMAT=exported-program python3 scripts/gpu/build_intent_gpu.py /tmp/gpurepo 0 2>&1 | tail -1
+    SHARED=1 DELAY_MS=0 INSTANCES=1 TAG="_e5shape_shared_delay0_low" WORKERS=6 LEVELS=32,40,48 \
+      timeout 170 bash scripts/gpu/serve_workers.sh "$OUT" 2>&1 | grep -E "ready after|c=|exit" | tail -8
     ;;
   s7b)
     python3 scripts/gpu/e5_shape_model.py var/models/intent-e5-shape | tail -1
