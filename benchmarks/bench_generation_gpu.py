@@ -363,7 +363,7 @@ def server_load(
     (version / "causal_lm.json").write_text(info.model_dump_json())
     sched = SchedulerConfig(
         max_running_seqs=options.num_slots, max_batched_tokens=args.max_batched_tokens, max_waiting=1024,
-        max_model_len=options.max_len, async_scheduling=args.async_scheduling,
+        max_model_len=options.max_len, async_scheduling=bool(args.async_scheduling),
     )  # fmt: skip
     import yaml
 
@@ -657,8 +657,8 @@ def main() -> None:
     ap.add_argument(
         "--async-scheduling",
         action=argparse.BooleanOptionalAction,
-        default=None,
-        help="--server: launch step N+1 before reading step N's tokens (default: on for the GPU engine)",
+        default=False,
+        help="--server: launch step N+1 before reading step N's tokens (scheduler: async_scheduling; default off)",
     )
     ap.add_argument(
         "--stagger-ms",

@@ -29,11 +29,14 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp())
     tok = word_tokenizer()
     enc = random_bert(hidden=64, layers=2, heads=4, vocab=tok.get_vocab_size(), max_positions=128)
-    meta = ModelMeta(kind="intent", base="tiny", bert_config=enc.config.to_diff_dict(), labels=list("abcd"),
-                     max_length=64)
+    meta = ModelMeta(
+        kind="intent", base="tiny", bert_config=enc.config.to_diff_dict(), labels=list("abcd"), max_length=64
+    )
     ckpt = save_checkpoint(tmp / "m", IntentClassifier(enc, 4).eval(), meta, tok)
     step("build fp16 (no autotune)")
-    cfg = BuildConfig(backend="inductor", precision="fp16", autotune=False, shapes=parse_shapes("input_ids:1x1,4x16,8x64"))
+    cfg = BuildConfig(
+        backend="inductor", precision="fp16", autotune=False, shapes=parse_shapes("input_ids:1x1,4x16,8x64")
+    )
     out = build_artifact(ckpt, "t", cfg, tmp / "repo", log=lambda m: step(m))
     manifest = read_manifest(out.path)
     ids = np.random.default_rng(0).integers(5, 1000, (3, 9)).astype(np.int64)

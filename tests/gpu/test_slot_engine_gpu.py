@@ -76,7 +76,7 @@ def test_static_prefill_graphs_match_eager_tokens() -> None:
 
 
 async def test_async_scheduling_on_the_gpu_matches_the_eager_synchronous_engine() -> None:
-    """The GPU default loop: step N+1 launched before step N is read, its tokens the graphs' own picks (static
+    """Async scheduling on the GPU: step N+1 launched before step N is read, its tokens the graphs' own picks (static
     prefill graphs too), 12 requests through 8 slots (slots reused while a step is in flight), one sampled request
     (the loop falls back to collect-then-schedule while it runs). Greedy tokens = the eager synchronous engine's."""
     from miaohui.generation.engine_loop import AsyncLLMEngine
@@ -92,8 +92,7 @@ async def test_async_scheduling_on_the_gpu_matches_the_eager_synchronous_engine(
     greedy = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in lengths]
     want = [LLMEngine(slow, None).generate([p], sp)[0][0] for p, sp in zip(prompts, greedy, strict=True)]
     llm = LLMEngine(fast, None, SchedulerConfig(max_running_seqs=8, max_batched_tokens=512, max_model_len=256))
-    async with AsyncLLMEngine(llm) as loop:
-        assert loop.async_scheduling
+    async with AsyncLLMEngine(llm, async_scheduling=True) as loop:
         sampled = loop.add([3, 4, 5], SamplingParams(max_tokens=12, temperature=0.8, seed=1, ignore_eos=True))
         streams = [loop.add(p, sp) for p, sp in zip(prompts, greedy, strict=True)]
         got = [[e.token_id async for e in st if e.token_id is not None] for st in streams]

@@ -73,14 +73,14 @@ def test_more_requests_than_slots_reuse_freed_slots(
 async def test_async_scheduling_streams_hf_greedy_tokens_and_text(
     smollm: tuple[Any, Any], prompts: list[list[int]], hf_greedy: list[list[int]]
 ) -> None:
-    """Async scheduling (the GPU default; forced here on the CPU): each step is launched before the previous one is
+    """Async scheduling (opt-in for the GPU engine; here on the CPU): each step is launched before the previous one is
     collected and its tokens are the engine's own greedy picks (``_picked``, fed inside the step) — the same tokens
     as HF, the text the tokenizer decodes, with slots reused while a step is in flight (2 slots, 3 prompts)."""
     tok = smollm[1].backend_tokenizer
     sched = SchedulerConfig(max_running_seqs=2, max_batched_tokens=512, max_model_len=256)
     engine = _engine(smollm, slots=2)
     llm = LLMEngine(engine, tok, sched)
-    assert llm.runner.chains and not llm.runner.runs_async  # on a CPU the step computes inside launch
+    assert llm.runner.chains and not engine.runs_async  # on a CPU the step computes inside launch
     fed: list[int] = []
     real = engine._decode
 

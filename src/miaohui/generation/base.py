@@ -232,6 +232,9 @@ class SlotCausalLMEngine(abc.ABC):
     feeds_tokens: bool = False
     """:meth:`decode` takes ``None`` for a slot's token: the greedy token the device picked for that slot in its
     previous step (decode or prefill), so a step can be launched before the previous one's tokens reach the host."""
+    chaining: bool = False
+    """Set (by :meth:`SlotModelRunner.enable_chaining`) when steps are launched before the previous one was read:
+    each step's tokens must then be copied to the host right behind it, before a later step overwrites them."""
 
     def __init__(
         self, dims: DecoderDims, eos_token_ids: Sequence[int], pad_token_id: int, num_slots: int, max_len: int

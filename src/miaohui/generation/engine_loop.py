@@ -42,6 +42,7 @@ from miaohui.generation.scheduler import (
     SchedulerOutput,
     SequenceUpdate,
 )
+from miaohui.generation.slot_runner import SlotModelRunner
 from miaohui.gil import GENERATION_SWITCH_US, apply_switch_interval
 
 if TYPE_CHECKING:
@@ -112,7 +113,6 @@ class LLMEngine:
     ) -> None:
         from miaohui.generation.base import SlotCausalLMEngine
         from miaohui.generation.detok import detokenizer_factory
-        from miaohui.generation.slot_runner import SlotModelRunner
 
         self.engine = engine
         self.tokenizer = tokenizer
@@ -253,7 +253,7 @@ class AsyncLLMEngine:
 
     The engine thread runs the whole step loop — schedule, launch and collect (the model; the GPU), advance (append
     tokens, end-of-sequence and length checks), emit (detokenization, stop strings) — and launches the next step
-    right away. With ``async_scheduling`` (the GPU default) it launches step N+1 *before* it collects step N (the
+    right away. With ``async_scheduling`` (opt-in; the GPU engine) it launches step N+1 *before* it collects step N (the
     engine feeds step N's greedy picks to N+1 on the device), so the device always has the next step queued and
     step N's advance and emit run while N+1 computes; it falls back to collect-then-schedule while any running
     sequence samples (its token is drawn on the host). Each step's updates go to the event loop in one
@@ -270,16 +270,16 @@ class AsyncLLMEngine:
         self, llm: LLMEngine, observer: GenerationObserver | None = None, *, async_scheduling: bool | None = None
     ) -> None:
         self.llm = llm
-        runner = llm.runner
         wanted = async_scheduling if async_scheduling is not None else llm.config.async_scheduling
-        if wanted and not runner.chains:
+        if wanted and not llm.runner.chains:
             raise ConfigError(
                 f"async scheduling needs an engine that feeds its own greedy picks; {llm.engine.name} does not",
                 "set scheduler: async_scheduling: false (or leave it unset) for this engine",
             )
-        self.async_scheduling = runner.chains and (wanted if wanted is not None else runner.runs_async)
-        """Launch step N+1 before collecting step N (``SchedulerConfig.async_scheduling``; default: where the
-        runner chains steps and launches asynchronously, i.e. the GPU engine)."""
+        self.async_scheduling = wanted
+        if wanted and isinstance(llm.runner, SlotModelRunner):
+            llm.runner.enable_chaining()
+        """Launch step N+1 before collecting step N (``SchedulerConfig.async_scheduling``, off by default)."""
         self.observer = observer or GenerationObserver()
         self._tracks: dict[int, _Track] = {}
         self._lock = threading.Lock()

@@ -52,8 +52,6 @@ class ModelRunner(SeededRows):
     chains = False
     """Whether a step can be launched before the previous one's tokens are on the host (see
     :class:`~miaohui.generation.slot_runner.SlotModelRunner`); this runner needs every token."""
-    runs_async = False
-    """Whether :meth:`launch` returns before the step has computed."""
 
     def __init__(self, engine: CausalLMEngine) -> None:
         self.engine = engine

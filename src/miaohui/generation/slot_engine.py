@@ -69,13 +69,23 @@ class _HostTokens:
         self._events = [torch.cuda.Event() for _ in range(2)] if self.cuda else []
         self._turn = 0
 
-    def start(self, best: torch.Tensor) -> Callable[[], list[int]]:
-        """Queue the copy of ``best`` (int64 [rows] on the device); the returned call waits for it and reads it."""
+    def start(self, best: torch.Tensor, early: bool) -> Callable[[], list[int]]:
+        """The call that returns ``best`` (int64 [rows] on the device) on the host. ``early``: queue its copy now,
+        behind this step (the chained loop), and wait on an event; else copy when called and wait for the stream:
+        one wait then covers a step's decode and prefill, queued back to back (one GIL take-back, not two)."""
         if not self.cuda:
             values = [int(v) for v in best.tolist()]
             return lambda: values
         turn, self._turn = self._turn, self._turn ^ 1
         host, done = self._bufs[turn][: best.shape[0]], self._events[turn]
+        if not early:
+
+            def copy_and_fetch() -> list[int]:
+                host.copy_(best, non_blocking=True)
+                torch.cuda.current_stream(best.device).synchronize()
+                return [int(v) for v in host.tolist()]
+
+            return copy_and_fetch
         host.copy_(best, non_blocking=True)
         done.record()
 
@@ -356,7 +366,7 @@ class TorchSlotEngine(SlotCausalLMEngine):
             self._prefill_graphs.get((nb, sb)),
             lambda: self._prefill_step(dev.tokens[:nb, :sb], dev.lengths[:nb], dev.slots[:nb]),
         )
-        return TorchLogits(logits, range(n), self._prefill_tokens.start(best), valid)
+        return TorchLogits(logits, range(n), self._prefill_tokens.start(best, self.chaining), valid)
 
     def _prefill(self, slots: list[int], prompts: list[list[int]]) -> StepLogits:
         if self.options.static_prefill:
@@ -375,7 +385,7 @@ class TorchSlotEngine(SlotCausalLMEngine):
                 torch.tensor([len(p) for p in prompts], dtype=torch.int64).to(dev),
                 torch.tensor(slots, dtype=torch.int64).to(dev),
             )
-        return TorchLogits(logits, range(len(prompts)), self._prefill_tokens.start(best), valid)
+        return TorchLogits(logits, range(len(prompts)), self._prefill_tokens.start(best, self.chaining), valid)
 
     def _decode(self, slots: list[int], tokens: list[int | None], positions: np.ndarray) -> StepLogits:
         b = bucket_for(max(slots) + 1, self.batch_buckets)
@@ -396,7 +406,7 @@ class TorchSlotEngine(SlotCausalLMEngine):
         pos[slots] = positions
         self._io_dev.copy_(self._io_host[turn], non_blocking=True)  # whole (contiguous) buffer: 1.5 KB at 64 slots
         logits, best = _replay_or_run(self._graphs.get((b, t)), lambda: self._decode_step(b, t))
-        return TorchLogits(logits, slots, self._decode_tokens.start(best), valid)
+        return TorchLogits(logits, slots, self._decode_tokens.start(best, self.chaining), valid)
 
     def close(self) -> None:
         self._graphs.clear()

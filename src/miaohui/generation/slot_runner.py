@@ -39,17 +39,20 @@ class SlotModelRunner(SeededRows):
 
     ``chains``: the engine feeds a slot's previous greedy pick to its next decode on the device, so a step whose
     decode items carry no token (``token_id=None``) can be launched before the previous step was collected
-    (:class:`~miaohui.generation.engine_loop.AsyncLLMEngine`'s async scheduling). ``runs_async``: :meth:`launch`
-    returns while the step computes (a GPU)."""
+    (:class:`~miaohui.generation.engine_loop.AsyncLLMEngine`'s async scheduling). On a GPU :meth:`launch` returns
+    while the step computes."""
 
     def __init__(self, engine: SlotCausalLMEngine) -> None:
         self.engine = engine
         self.chains = engine.feeds_tokens
-        self.runs_async = engine.runs_async
         self._slot: dict[int, int] = {}
         self._free = list(range(engine.num_slots))
         self._rngs: dict[int, np.random.Generator] = {}
         self.last_timing = StepTiming(0.0, 0.0, 0, 0)
+
+    def enable_chaining(self) -> None:
+        """The loop launches steps before it reads the previous ones (async scheduling)."""
+        self.engine.chaining = True
 
     @property
     def rows(self) -> list[int]:
