@@ -210,15 +210,18 @@ def test_bad_precision_and_corrupt_weights_are_clear_errors(static_repo: Path, t
         load_slot_engine(broken)
 
 
-@pytest.fixture(scope="module")
-def server(static_repo: Path) -> Iterator[str]:
+@pytest.fixture(scope="module", params=[False, True], ids=["sync", "async-scheduling"])
+def server(static_repo: Path, request: pytest.FixtureRequest) -> Iterator[str]:
+    """The real server on the slot engine, with the synchronous loop and with async scheduling."""
     from miaohui.server.metrics import Metrics
     from miaohui.server.openai_api import GenerationService, create_openai_app
 
     metrics = Metrics()
-    service = GenerationService(static_repo, metrics, scheduler=SchedulerConfig(max_running_seqs=4, max_model_len=256))
+    sched = SchedulerConfig(max_running_seqs=4, max_model_len=256, async_scheduling=request.param)
+    service = GenerationService(static_repo, metrics, scheduler=sched)
     with UvicornThread(create_openai_app(service, metrics)) as srv:
         assert service.failures == {}
+        assert service._models["smol"].engine.async_scheduling is request.param  # type: ignore[union-attr]
         yield f"http://127.0.0.1:{srv.port}"
 
 

@@ -416,14 +416,17 @@ class AsyncLLMEngine:
                 chain = self.async_scheduling and sched.all_greedy()
             launched: _InFlight | None = None
             collected: tuple[_InFlight, RunnerOutput, float, float] | None = None
+            launch_s = 0.0  # the model call's own time in this turn (not the loop's)
             try:  # the model: a failure here ends this engine's requests, and the loop goes on
                 if out is not None and not out.is_empty:
-                    launched = _InFlight(out, time.perf_counter(), self.llm.runner.launch(out))
+                    start = time.perf_counter()
+                    launched = _InFlight(out, start, self.llm.runner.launch(out))
+                    launch_s = time.perf_counter() - start
                 if inflight is None and not chain:  # a synchronous step: collected right away
                     inflight, launched = launched, None
                 if inflight is not None:
                     waited = time.perf_counter()
-                    collected = (inflight, inflight.collect(), waited, time.perf_counter())
+                    collected = (inflight, inflight.collect(), waited - launch_s, time.perf_counter())
             except Exception as exc:
                 failed_step = inflight.out.step if inflight is not None else out.step if out is not None else -1
                 logger.exception("generation step %d failed", failed_step)
@@ -443,7 +446,10 @@ class AsyncLLMEngine:
                 time.sleep(0.001)  # never spin
 
     def _report(self, step: _InFlight, end: float, loop_s: float | None) -> StepReport:
-        """The collected step's :class:`StepReport`; ``loop_s``: the loop's host time since the previous collect."""
+        """The collected step's :class:`StepReport`; ``loop_s``: the loop's host time since the previous collect
+        returned, the model calls left out (with async scheduling: the previous step's advance and emit, and this
+        turn's schedule). With async scheduling a step's ``decode_s`` counts from its launch, so it includes the
+        previous step still computing."""
         out, timing = step.out, self.llm.runner.last_timing
         return StepReport(
             len(out.prefill),

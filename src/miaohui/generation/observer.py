@@ -30,8 +30,8 @@ class StepReport:
     decode_s: float
     prefill_s: float
     loop_s: float | None
-    """The loop's own time before this step's model call (scheduling, the previous step's update and
-    detokenization, waiting for the scheduler lock or the GIL); None after the loop sat idle."""
+    """The loop's own time since the previous step was collected, model calls left out (scheduling, the previous
+    step's update and detokenization, waiting for the scheduler lock or the GIL); None after the loop sat idle."""
 
 
 class GenerationObserver:
