@@ -238,3 +238,16 @@ def test_served_by_the_real_server_to_the_openai_client(
             client.completions.create(model="smol", prompt=prompts[0], max_tokens=1000)
         models = [m.id for m in client.models.list().data]
         assert "smol" in models
+
+
+def test_logits_overwritten_by_a_later_step_are_refused(smollm: tuple[Any, Any]) -> None:
+    """A step's logits live in static buffers the next step of its kind overwrites: reading sampled rows after that
+    is an error, not silently another step's numbers (greedy picks were copied at launch and stay readable)."""
+    engine = _engine(smollm, slots=2)
+    first = engine.prefill([0], [[1, 2, 3]])
+    assert first.rows([0]).shape == (1, engine.dims.vocab)  # fine while it is the latest prefill
+    picked = first.argmax()
+    later = engine.prefill([1], [[4, 5]])
+    with pytest.raises(RuntimeError, match="a later step overwrote these logits"):
+        first.rows([0])
+    assert first.argmax() == picked and later.rows([0]).shape == (1, engine.dims.vocab)

@@ -277,9 +277,9 @@ class AsyncLLMEngine:
                 "set scheduler: async_scheduling: false (or leave it unset) for this engine",
             )
         self.async_scheduling = wanted
+        """Launch step N+1 before collecting step N (``SchedulerConfig.async_scheduling``, off by default)."""
         if wanted and isinstance(llm.runner, SlotModelRunner):
             llm.runner.enable_chaining()
-        """Launch step N+1 before collecting step N (``SchedulerConfig.async_scheduling``, off by default)."""
         self.observer = observer or GenerationObserver()
         self._tracks: dict[int, _Track] = {}
         self._lock = threading.Lock()
@@ -400,6 +400,7 @@ class AsyncLLMEngine:
         inflight: _InFlight | None = None  # launched, not yet collected
         while True:
             out: SchedulerOutput | None = None
+            chain = False  # leave this turn's step in flight (collect it next turn)
             with self._work:
                 if self._stopping:
                     return
@@ -411,12 +412,13 @@ class AsyncLLMEngine:
                     if self._stopping:
                         return
                     out = sched.schedule()
+                    chain = self.async_scheduling and sched.all_greedy()
                 elif self.async_scheduling and sched.all_greedy():
                     out = sched.schedule()  # empty when every sequence ends with the step in flight
-                chain = self.async_scheduling and sched.all_greedy()
             launched: _InFlight | None = None
             collected: tuple[_InFlight, RunnerOutput, float, float] | None = None
             launch_s = 0.0  # the model call's own time in this turn (not the loop's)
+            failing = out
             try:  # the model: a failure here ends this engine's requests, and the loop goes on
                 if out is not None and not out.is_empty:
                     start = time.perf_counter()
@@ -425,11 +427,11 @@ class AsyncLLMEngine:
                 if inflight is None and not chain:  # a synchronous step: collected right away
                     inflight, launched = launched, None
                 if inflight is not None:
+                    failing = inflight.out
                     waited = time.perf_counter()
                     collected = (inflight, inflight.collect(), waited - launch_s, time.perf_counter())
             except Exception as exc:
-                failed_step = inflight.out.step if inflight is not None else out.step if out is not None else -1
-                logger.exception("generation step %d failed", failed_step)
+                logger.exception("generation step %d failed", failing.step if failing is not None else -1)
                 launched = None  # its tokens (if any were computed) belong to sequences that fail now
                 if not self._fail_step(loop, exc):
                     return

@@ -220,7 +220,6 @@ class TorchSlotEngine(SlotCausalLMEngine):
             self._pf_dev = _PrefillBuffers(pb, ps, self.device, False)
         self._prefill_tokens = _HostTokens(model.num_slots, self.device)  # a prefill fills at most every slot
         self._prefill_graphs: dict[tuple[int, int], _Graph] = {}
-        self._turn = {"decode": 0, "prefill": 0}
         self.warmup_seconds: float | None = None
 
     @classmethod
@@ -330,12 +329,11 @@ class TorchSlotEngine(SlotCausalLMEngine):
         log(f"captured {len(self._prefill_graphs)} prefill graphs")
 
     def _next_turn(self, kind: str) -> tuple[int, Callable[[], bool]]:
-        """Which staging buffer this step of ``kind`` uses, and a check that its outputs were not overwritten yet."""
-        turn = self._turn[kind]
-        self._turn[kind] ^= 1
+        """Which of the two staging buffers this step of ``kind`` uses, and a check that its outputs were not
+        overwritten yet (by a later step of the same kind)."""
         self._launched[kind] += 1
         n = self._launched[kind]
-        return turn, lambda: self._launched[kind] == n
+        return n % 2, lambda: self._launched[kind] == n
 
     # ---- steps -------------------------------------------------------------------------------------------
 
