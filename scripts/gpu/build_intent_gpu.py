@@ -30,12 +30,14 @@ if not (repo / "intent" / "1").is_dir():  # a rerun (another delay) only rewrite
     build_artifact(model, "intent", cfg, repo, log=print)
 delay_ms = float(sys.argv[2]) if len(sys.argv) > 2 else 1.0  # max_queue_delay_ms (a sweep passes others)
 instances = int(sys.argv[3]) if len(sys.argv) > 3 else 1  # engine instances (each its own CUDA stream)
+tokens_cap = int(sys.argv[4]) if len(sys.argv) > 4 else 0  # max_batch_tokens (0: no cap, the default so far)
 batching = BatcherConfig(
     max_batch_size=256,
     max_queue_delay_ms=delay_ms,
     max_queue_size=8192,
     length_buckets=[16, 32, 64],
     instances=instances,
+    max_batch_tokens=tokens_cap or None,
 )
 warmup = [WarmupShape(batch=b, sequence=s) for b in (1, 2, 4, 8, 16, 32, 64, 128, 256) for s in (16, 32, 64)]
 write_model_config(repo / "intent" / "config.yaml", ModelConfig(backend="inductor", batching=batching, warmup=warmup))

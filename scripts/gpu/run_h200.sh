@@ -42,6 +42,8 @@
 #   s8b:    (no e5 needed) slot-engine GPU tests (incl. async scheduling), then async scheduling on/off A/B twice
 #   s8c:    (no e5 needed) async scheduling on/off with 4 HTTP workers + the engine process; e5-shaped intent server
 #           (shared engine, delay 0) at c=32/40/48 (where does p99 cross 10 ms?)
+#   s9a:    (no e5 needed) e5-shaped intent server at c=40/48 with max_batch_tokens none / 1024 / 512 (does bounding
+#           a batch's padded tokens cut the queue's p99, ~9.4 ms in s8c?); then s8b's sync/async pair again
 #   llm2:   join the SmolLM2 GGUF (parts from llm1 + llm2), SmolLM2 decoder benchmark, tests/gpu (tiny models)
 # Carried (ignored) folders: .whl (pure-python wheels), .gpu1 / .gpu2 (e5 parts, intent delta),
 # .llm1 / .llm2 (SmolLM2 GGUF parts).
@@ -264,6 +266,16 @@ case $stage in
     MODEL=var/models/intent-e5-shape INDUCTOR_FORMAT=exported-program python3 scripts/gpu/build_intent_gpu.py /tmp/gpurepo 0 2>&1 | tail -1
     SHARED=1 DELAY_MS=0 INSTANCES=1 TAG="_e5shape_shared_delay0_low" WORKERS=6 LEVELS=32,40,48 \
       timeout 170 bash scripts/gpu/serve_workers.sh "$OUT" 2>&1 | grep -E "ready after|c=|exit" | tail -8
+    ;;
+  s9a)
+    python3 scripts/gpu/e5_shape_model.py var/models/intent-e5-shape | tail -1
+    for cap in 0 1024 512; do
+      MODEL=var/models/intent-e5-shape INDUCTOR_FORMAT=exported-program python3 scripts/gpu/build_intent_gpu.py /tmp/gpurepo 0 1 $cap 2>&1 | tail -1
+      SHARED=1 TAG="_e5shape_shared_delay0_cap$cap" WORKERS=6 LEVELS=40,48 \
+        timeout 130 bash scripts/gpu/serve_workers.sh "$OUT" 2>&1 | grep -E "ready after|c=|exit" | tail -6
+    done
+    gen_server sched_off "" --stagger-ms 10 --static-prefill --duration 10 --no-async-scheduling
+    gen_server sched_on "" --stagger-ms 10 --static-prefill --duration 10 --async-scheduling
     ;;
   s7b)
     python3 scripts/gpu/e5_shape_model.py var/models/intent-e5-shape | tail -1
