@@ -155,3 +155,27 @@ async def test_async_scheduling_streams_exactly_what_the_synchronous_loop_stream
     assert [r[-1][2] for r in runs[0]] == ["stop", "length", "stop", "length", "length", "length", "length"]
     assert [t for t, _, _ in runs[0][0]] == [46, 47, 48, 49, 0]
     assert "".join(x for _, x, _ in runs[0][2]) == "LMN"
+
+
+async def test_async_scheduling_cancel_frees_the_slot_while_a_step_is_in_flight() -> None:
+    """An abort under async scheduling (the next step is usually already launched with the sequence in it): its
+    token from that step is dropped, its slot goes back to the pool at the next launch, and the request waiting for
+    the only slot then runs with the right tokens — the slot's stale device pick is not fed to it."""
+    from miaohui.generation.engine_loop import AsyncLLMEngine
+
+    engine = ChainingEngine(num_slots=1)
+    llm = LLMEngine(engine, None, SchedulerConfig(max_running_seqs=1, max_batched_tokens=64, max_model_len=64))
+    async with AsyncLLMEngine(llm, async_scheduling=True) as loop:
+        long = loop.add([1], SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True))
+        queued = loop.add([20], SamplingParams(max_tokens=4, temperature=0.0))
+        got = []
+        async for ev in long:
+            got.append(ev.token_id)
+            if len(got) == 3:
+                break
+        await long.aclose()
+        assert got == [2, 3, 4]
+        events = [ev async for ev in queued]
+        assert [e.token_id for e in events] == [21, 22, 23, 24] and events[-1].finish_reason == "length"
+        assert (loop.num_running, loop.num_waiting) == (0, 0)
+    assert engine.fed > 0 and [slots for kind, slots in engine.calls if kind == "prefill"][-2:] == [[0], [0]]
