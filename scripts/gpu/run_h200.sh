@@ -43,10 +43,12 @@
 #   s8c:    (no e5 needed) async scheduling on/off with 4 HTTP workers + the engine process; e5-shaped intent server
 #           (shared engine, delay 0) at c=32/40/48 (where does p99 cross 10 ms?)
 #   s9a:    (no e5 needed) e5-shaped intent server at c=40/48 with max_batch_tokens none / 1024 / 512 (does bounding
-#           a batch's padded tokens cut the queue's p99, ~9.4 ms in s8c?); then s8b's sync/async pair again
+#           a batch's padded tokens cut the queue's p99, ~9.4 ms in s8c?)
+#   s9c:    kernel tables of the whole-step vs per-layer batch-1 decode (why is the whole step slower?); then s8b's
+#           sync/async generation server pair again
 #   s9b:    (no e5 needed) batch-1 decode of the 1.5B shape: the whole step compiled (all layers, static shapes) vs
 #           the engine's per-layer pieces, both CUDA graphs (scripts/gpu/decode_whole_step.py), without / with
-#           Inductor's coordinate-descent tuning
+#           Inductor's coordinate-descent tuning; batch 1 and 64, and the pieces with SDPA decode attention
 #   llm2:   join the SmolLM2 GGUF (parts from llm1 + llm2), SmolLM2 decoder benchmark, tests/gpu (tiny models)
 # Carried (ignored) folders: .whl (pure-python wheels), .gpu1 / .gpu2 (e5 parts, intent delta),
 # .llm1 / .llm2 (SmolLM2 GGUF parts).
@@ -277,12 +279,15 @@ case $stage in
       SHARED=1 TAG="_e5shape_shared_delay0_cap$cap" WORKERS=6 LEVELS=40,48 \
         timeout 130 bash scripts/gpu/serve_workers.sh "$OUT" 2>&1 | grep -E "ready after|c=|exit" | tail -6
     done
+    ;;
+  s9c)
+    timeout 200 python3 scripts/gpu/decode_whole_step.py --batches 1 --profile --out "$OUT" 2>&1 | grep -E "^batch|^kernels|Error|error" | tail -40
     gen_server sched_off "" --stagger-ms 10 --static-prefill --duration 10 --no-async-scheduling
     gen_server sched_on "" --stagger-ms 10 --static-prefill --duration 10 --async-scheduling
     ;;
   s9b)
-    timeout 290 python3 scripts/gpu/decode_whole_step.py --out "$OUT" 2>&1 | grep -v -E "Warning|warn\(" | tail -16
-    timeout 290 python3 scripts/gpu/decode_whole_step.py --coordinate-descent --out "$OUT" 2>&1 | grep -v -E "Warning|warn\(" | tail -16
+    timeout 340 python3 scripts/gpu/decode_whole_step.py --batches 1,64 --out "$OUT" 2>&1 | grep -E "^batch|Error|error" | tail -8
+    timeout 220 python3 scripts/gpu/decode_whole_step.py --batches 1 --coordinate-descent --out "$OUT" 2>&1 | grep -E "^batch|Error|error" | tail -8
     ;;
   s7b)
     python3 scripts/gpu/e5_shape_model.py var/models/intent-e5-shape | tail -1
