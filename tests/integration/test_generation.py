@@ -16,7 +16,7 @@ import pytest
 from tests.integration.conftest import hf_greedy_tokens
 
 from miaohui.errors import InputError
-from miaohui.generation.detok import IncrementalDetokenizer
+from miaohui.generation.detok import IncrementalDetokenizer, is_byte_level
 from miaohui.generation.engine_loop import AsyncLLMEngine, GenerationObserver, LLMEngine, TokenEvent
 from miaohui.generation.export import DecoderMeta, export_decoder, load_meta, quantize_decoder
 from miaohui.generation.observer import StepReport
@@ -86,6 +86,57 @@ def test_incremental_detokenizer_handles_multibyte_and_bpe() -> None:
     assert "".join(deltas) == tok.decode(ids) == text
     assert "" in deltas  # some token held an incomplete character back
     assert all("\ufffd" not in d for d in deltas)
+
+
+def _plain_deltas(tok: Any, prompt: list[int], ids: list[int], skip: bool) -> list[str]:
+    """The textbook incremental detokenizer (TGI/vLLM: decode ``[prefix, read)`` and ``[prefix, end)`` for every
+    token), the oracle for :class:`IncrementalDetokenizer`'s cached and byte-level fast paths."""
+    window, prefix, deltas = list(prompt[-4:]), 0, []
+    read = len(window)
+    for t in ids:
+        window.append(t)
+        old = tok.decode(window[prefix:read], skip_special_tokens=skip)
+        new = tok.decode(window[prefix:], skip_special_tokens=skip)
+        if len(new) > len(old) and not new.endswith("\ufffd"):
+            deltas.append(new[len(old) :])
+            prefix, read = read, len(window)
+        else:
+            deltas.append("")
+    old = tok.decode(window[prefix:read], skip_special_tokens=skip)
+    new = tok.decode(window[prefix:], skip_special_tokens=skip)
+    deltas.append(new[len(old) :] if len(new) > len(old) else "")
+    return deltas
+
+
+def test_incremental_detokenizer_fast_paths_equal_the_plain_algorithm(smollm: tuple[Any, Any]) -> None:
+    """Every delta equal to the plain algorithm's on 600 streams of SmolLM2's byte-level tokenizer: real text,
+    random ids, byte tokens that split characters, special tokens; both ``skip_special_tokens`` settings; one
+    shared token-text cache per setting, as the engine's factory shares it."""
+    import random
+
+    tok = smollm[1].backend_tokenizer
+    assert is_byte_level(tok)
+    rng = random.Random(7)
+    vocab = tok.get_vocab_size()
+    text = "Café 秒回 — naïve 🚀 résumé 今天天气很好，投资有风险，入市需谨慎。 def f(x):\n    return x**2 👨‍👩‍👧"
+    corpus = tok.encode(text * 3, add_special_tokens=False).ids
+    specials = list(tok.get_added_tokens_decoder())
+    partial = [i for i in range(vocab) if "\ufffd" in tok.decode([i])][:2000]  # pieces of multi-byte characters
+    assert partial and specials
+    for skip in (True, False):
+        cache: dict[int, str] = {}
+        for trial in range(300):
+            start = rng.randrange(len(corpus))
+            ids = {
+                0: corpus[start : start + rng.randrange(1, 80)],
+                1: [rng.randrange(vocab) for _ in range(rng.randrange(1, 40))],
+                2: [rng.choice(partial + corpus) for _ in range(rng.randrange(1, 40))],
+            }[trial % 3]
+            ids = [rng.choice(specials) if rng.random() < 0.05 else t for t in ids]
+            prompt = [rng.randrange(vocab) for _ in range(rng.randrange(0, 6))]
+            detok = IncrementalDetokenizer(tok, prompt, skip_special_tokens=skip, token_texts=cache)
+            got = [detok.push(t) for t in ids] + [detok.flush()]
+            assert got == _plain_deltas(tok, prompt, ids, skip), (skip, prompt, ids)
 
 
 @pytest.mark.slow

@@ -70,6 +70,27 @@ class TokenEvent:
     prompt_tokens: int
     completion_tokens: int
 
+    def __init__(
+        self,
+        request_id: int,
+        token_id: int | None,
+        text: str,
+        index: int,
+        finish_reason: FinishReason | None,
+        prompt_tokens: int,
+        completion_tokens: int,
+    ) -> None:
+        # written out: one event per streamed token, and a frozen dataclass's generated __init__ (object.__setattr__
+        # per field) takes twice as long. Still frozen: no assignment after __init__.
+        d = self.__dict__
+        d["request_id"] = request_id
+        d["token_id"] = token_id
+        d["text"] = text
+        d["index"] = index
+        d["finish_reason"] = finish_reason
+        d["prompt_tokens"] = prompt_tokens
+        d["completion_tokens"] = completion_tokens
+
 
 def check_token_ids(prompt_ids: Sequence[int], vocab: int) -> None:
     """InputError unless every prompt token id is an int in [0, vocab)."""

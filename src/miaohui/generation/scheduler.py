@@ -112,6 +112,11 @@ class Sequence:
     in_flight: int = 0
     """Tokens scheduled whose results :meth:`Scheduler.advance` has not seen yet (async scheduling: at most one
     when :meth:`Scheduler.schedule` runs)."""
+    max_stop_len: int = field(init=False, repr=False)
+    """``params.max_stop_len``, kept (every emitted token of a request with stop strings needs it)."""
+
+    def __post_init__(self) -> None:
+        self.max_stop_len = self.params.max_stop_len
 
     @property
     def prompt_len(self) -> int:
@@ -137,6 +142,11 @@ class PrefillItem:
     params: SamplingParams
 
 
+# The per-token records below (DecodeItem, Advanced, SequenceUpdate) are made for every sequence of every step, in the
+# engine thread's host time between device steps: their __init__ is written out because the one a frozen dataclass
+# generates sets each field through object.__setattr__, twice as slow. They stay frozen (no assignment after __init__).
+
+
 @dataclass(frozen=True)
 class DecodeItem:
     seq_id: int
@@ -144,6 +154,12 @@ class DecodeItem:
     """The sequence's last token, fed to this decode step; None: still in flight (the engine feeds its own greedy
     pick of the previous step)."""
     params: SamplingParams
+
+    def __init__(self, seq_id: int, token_id: int | None, params: SamplingParams) -> None:
+        d = self.__dict__
+        d["seq_id"] = seq_id
+        d["token_id"] = token_id
+        d["params"] = params
 
 
 @dataclass(frozen=True)
@@ -181,6 +197,13 @@ class Advanced:
     """Set when the token finished the sequence (end-of-sequence / stop token, or its length)."""
     num_output_tokens: int
 
+    def __init__(self, seq: Sequence, token: int, reason: FinishReason | None, num_output_tokens: int) -> None:
+        d = self.__dict__
+        d["seq"] = seq
+        d["token"] = token
+        d["reason"] = reason
+        d["num_output_tokens"] = num_output_tokens
+
 
 @dataclass(frozen=True)
 class SequenceUpdate:
@@ -193,6 +216,21 @@ class SequenceUpdate:
     """New text to show: held back while it could still become a stop string; may be empty."""
     num_output_tokens: int
     finish_reason: FinishReason | None = None
+
+    def __init__(
+        self,
+        seq_id: int,
+        token_id: int | None,
+        text: str,
+        num_output_tokens: int,
+        finish_reason: FinishReason | None = None,
+    ) -> None:
+        d = self.__dict__
+        d["seq_id"] = seq_id
+        d["token_id"] = token_id
+        d["text"] = text
+        d["num_output_tokens"] = num_output_tokens
+        d["finish_reason"] = finish_reason
 
 
 class Scheduler:
@@ -288,13 +326,19 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         """Pick this step's decode and prefill sequences (see the module docstring)."""
         cfg = self.config
-        decode = tuple(
-            DecodeItem(s.seq_id, None if s.in_flight else s.last_token_id, s.params)
-            for s in self._running
-            if not s.in_flight or self._continues(s)
-        )
-        for d in decode:
-            self._seqs[d.seq_id].in_flight += 1
+        max_len = cfg.max_model_len
+        items: list[DecodeItem] = []
+        for s in self._running:
+            in_flight = s.in_flight
+            if in_flight:  # its last token is in flight: it decodes after it unless that token reaches its length
+                made = len(s.output_ids) + in_flight
+                if made >= s.params.max_tokens or len(s.prompt_ids) + made >= max_len:
+                    continue
+                items.append(DecodeItem(s.seq_id, None, s.params))
+            else:
+                items.append(DecodeItem(s.seq_id, s.output_ids[-1] if s.output_ids else s.prompt_ids[-1], s.params))
+            s.in_flight = in_flight + 1
+        decode = tuple(items)
         budget = cfg.max_batched_tokens - len(decode)
         admitted: list[Sequence] = []
         longest = 0
@@ -330,9 +374,10 @@ class Scheduler:
         strings) come from :meth:`emit`, which an engine loop may run while the next step computes; a stop
         string found there finishes its sequence one step later than this would (that step's token is dropped)."""
         advanced: list[Advanced] = []
+        seqs, running = self._seqs, SequenceStatus.RUNNING
         for seq_id, token in output.token_ids.items():
-            seq = self._seqs.get(seq_id)
-            if seq is None or seq.status is not SequenceStatus.RUNNING:
+            seq = seqs.get(seq_id)
+            if seq is None or seq.status is not running:
                 continue
             advanced.append(self._advance(seq, int(token)))
         return advanced
@@ -348,52 +393,56 @@ class Scheduler:
         return updates
 
     # ---- internals -----------------------------------------------------------------------------------
-    def _continues(self, seq: Sequence) -> bool:
-        """Whether a sequence with tokens in flight still decodes after them (else they reach its length)."""
-        made = len(seq.output_ids) + seq.in_flight
-        return made < seq.params.max_tokens and seq.num_tokens + seq.in_flight < self.config.max_model_len
-
     def _advance(self, seq: Sequence, token: int) -> Advanced:
         p = seq.params
         seq.in_flight -= 1
-        seq.output_ids.append(token)
+        output_ids = seq.output_ids
+        output_ids.append(token)
+        made = len(output_ids)
         reason: FinishReason | None = None
         if (token in self.eos_token_ids and not p.ignore_eos) or token in p.stop_token_ids:
             reason = "stop"
-        elif len(seq.output_ids) >= p.max_tokens or seq.num_tokens >= self.config.max_model_len:
+        elif made >= p.max_tokens or len(seq.prompt_ids) + made >= self.config.max_model_len:
             reason = "length"
         if reason is not None:
             self._running.remove(seq)
             self._finish(seq, reason)
-        return Advanced(seq, token, reason, len(seq.output_ids))
+        return Advanced(seq, token, reason, made)
 
     def _emit(self, a: Advanced) -> SequenceUpdate | None:
-        seq, p, reason = a.seq, a.seq.params, a.reason
-        if reason is None and seq.is_finished:  # aborted between advance and emit: its stream has ended
-            return None
+        seq, reason = a.seq, a.reason
+        if reason is None and seq.status is SequenceStatus.FINISHED:  # aborted between advance and emit: its
+            return None  # stream has ended
+        stop = seq.params.stop
+        detok = seq.detokenizer
         cut = False
-        if seq.detokenizer is not None and reason != "stop":  # an end/stop token adds no text
-            delta = seq.detokenizer.push(a.token)
-            seq.text += delta
-            if p.stop and delta:
-                start = max(0, len(seq.text) - len(delta) - p.max_stop_len + 1)
-                hits = [i for i in (seq.text.find(s, start) for s in p.stop) if i >= 0]
-                if hits:
-                    seq.text = seq.text[: min(hits)]
-                    cut = True
-                    if reason is None:
-                        self._running.remove(seq)
-                        self._finish(seq, "stop")
-                    reason = seq.finish_reason = "stop"
+        if detok is not None and reason != "stop":  # an end/stop token adds no text
+            delta = detok.push(a.token)
+            if delta:
+                text = seq.text = seq.text + delta
+                if stop:  # only where the delta could complete one
+                    start = max(0, len(text) - len(delta) - seq.max_stop_len + 1)
+                    hits = [i for i in [text.find(s, start) for s in stop] if i >= 0]
+                    if hits:
+                        seq.text = text[: min(hits)]
+                        cut = True
+                        if reason is None:
+                            self._running.remove(seq)
+                            self._finish(seq, "stop")
+                        reason = seq.finish_reason = "stop"
         if reason is not None:
-            if not cut and seq.detokenizer is not None:  # an incomplete character still held
-                seq.text += seq.detokenizer.flush()
+            if not cut and detok is not None:  # an incomplete character still held
+                seq.text += detok.flush()
             end = len(seq.text)
+        elif stop:  # the tail that could still become a stop string is held back
+            end = len(seq.text) - max(0, seq.max_stop_len - 1)
         else:
-            end = len(seq.text) - max(0, p.max_stop_len - 1)
-        text = seq.text[seq.emitted : end] if end > seq.emitted else ""
-        seq.emitted = max(seq.emitted, end)
-        return SequenceUpdate(seq.seq_id, a.token, text, a.num_output_tokens, reason)
+            end = len(seq.text)
+        emitted = seq.emitted
+        if end > emitted:
+            seq.emitted = end
+            return SequenceUpdate(seq.seq_id, a.token, seq.text[emitted:end], a.num_output_tokens, reason)
+        return SequenceUpdate(seq.seq_id, a.token, "", a.num_output_tokens, reason)
 
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
         seq.status = SequenceStatus.FINISHED
