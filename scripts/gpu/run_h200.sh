@@ -46,6 +46,9 @@
 #           a batch's padded tokens cut the queue's p99, ~9.4 ms in s8c?)
 #   s9c:    kernel tables of the whole-step vs per-layer batch-1 decode (why is the whole step slower?); then s8b's
 #           sync/async generation server pair again
+#   s9d:    tests/gpu inductor fp16 (tiny model), then the s9a server (cap 1024, then none) with the engine's single
+#           input copy and sampled stage timing, c=32/40/48
+#   s9e:    the 1.5B generation server, sync then async scheduling, with the faster host path (detokenizer, scheduler)
 #   s9b:    (no e5 needed) batch-1 decode of the 1.5B shape: the whole step compiled (all layers, static shapes) vs
 #           the engine's per-layer pieces, both CUDA graphs (scripts/gpu/decode_whole_step.py), without / with
 #           Inductor's coordinate-descent tuning; batch 1 and 64, and the pieces with SDPA decode attention
@@ -282,6 +285,21 @@ case $stage in
     ;;
   s9c)
     timeout 200 python3 scripts/gpu/decode_whole_step.py --batches 1 --profile --out "$OUT" 2>&1 | grep -E "^batch|^kernels|Error|error" | tail -40
+    gen_server sched_off "" --stagger-ms 10 --static-prefill --duration 10 --no-async-scheduling
+    gen_server sched_on "" --stagger-ms 10 --static-prefill --duration 10 --async-scheduling
+    ;;
+  s9d)
+    MIAOHUI_GPU_TEST_FORMAT=exported-program timeout 150 python3 -X faulthandler -m pytest -q tests/gpu/test_inductor_gpu.py \
+      -k "fp16" -p no:cacheprovider -p no:warnings -s --tb=short > "$OUT/pytest_inductor_fp16.txt" 2>&1
+    grep -E "passed|failed|error|Error|assert|FAIL" "$OUT/pytest_inductor_fp16.txt" | tail -20
+    python3 scripts/gpu/e5_shape_model.py var/models/intent-e5-shape | tail -1
+    for cap in 1024 0; do
+      MODEL=var/models/intent-e5-shape INDUCTOR_FORMAT=exported-program python3 scripts/gpu/build_intent_gpu.py /tmp/gpurepo 0 1 $cap 2>&1 | tail -1
+      SHARED=1 TAG="_e5shape_shared_delay0_cap${cap}_onecopy" WORKERS=6 LEVELS=${LEVELS:-32,40,48} \
+        timeout 140 bash scripts/gpu/serve_workers.sh "$OUT" 2>&1 | grep -E "ready after|c=|exit" | tail -6
+    done
+    ;;
+  s9e)
     gen_server sched_off "" --stagger-ms 10 --static-prefill --duration 10 --no-async-scheduling
     gen_server sched_on "" --stagger-ms 10 --static-prefill --duration 10 --async-scheduling
     ;;

@@ -120,6 +120,11 @@ class Engine(abc.ABC):
         """Seconds per stage of the last ``infer``, where the engine measures them (GPU engines: ``h2d``, ``gpu``,
         ``d2h`` from CUDA events); empty otherwise."""
 
+    def warmed_up(self) -> None:
+        """Called once its server's warm-up has run (GPU engines restart their stage sampling: the first served
+        batch is timed); nothing by default."""
+        return None
+
     def warmup_buckets(self) -> list[tuple[int, int]]:
         """(batch, sequence) shapes this engine specialises on (CUDA-graph buckets), to be run before it serves:
         a bucket first met while serving would be captured then (a latency spike). Empty for shape-generic

@@ -162,6 +162,7 @@ class ServedVersion:
             started = time.perf_counter()
             engine.infer({"input_ids": ids, "attention_mask": np.ones_like(ids)})
             took.append((time.perf_counter() - started, batch, seq))
+        engine.warmed_up()
         if took:  # where a slow start goes (first call, new CUDA-graph buckets, a compile)
             slowest = ", ".join(f"{b}x{s} {t:.2f}s" for t, b, s in sorted(took, reverse=True)[:3])
             log.info(
