@@ -49,6 +49,7 @@
 #   s9d:    tests/gpu inductor fp16 (tiny model), then the s9a server (cap 1024, then none) with the engine's single
 #           input copy and sampled stage timing, c=32/40/48
 #   s9e:    the 1.5B generation server, sync then async scheduling, with the faster host path (detokenizer, scheduler)
+#   s9f:    s9d's server again (no cap, c=40/48), then s9e's async generation server with 4 streaming workers
 #   s9b:    (no e5 needed) batch-1 decode of the 1.5B shape: the whole step compiled (all layers, static shapes) vs
 #           the engine's per-layer pieces, both CUDA graphs (scripts/gpu/decode_whole_step.py), without / with
 #           Inductor's coordinate-descent tuning; batch 1 and 64, and the pieces with SDPA decode attention
@@ -302,6 +303,13 @@ case $stage in
   s9e)
     gen_server sched_off "" --stagger-ms 10 --static-prefill --duration 10 --no-async-scheduling
     gen_server sched_on "" --stagger-ms 10 --static-prefill --duration 10 --async-scheduling
+    ;;
+  s9f)
+    python3 scripts/gpu/e5_shape_model.py var/models/intent-e5-shape | tail -1
+    MODEL=var/models/intent-e5-shape INDUCTOR_FORMAT=exported-program python3 scripts/gpu/build_intent_gpu.py /tmp/gpurepo 0 1 0 2>&1 | tail -1
+    SHARED=1 TAG="_e5shape_shared_delay0_cap0_onecopy_run2" WORKERS=6 LEVELS=40,48 \
+      timeout 120 bash scripts/gpu/serve_workers.sh "$OUT" 2>&1 | grep -E "ready after|c=|exit" | tail -6
+    gen_server sched_w4_on "" --stagger-ms 10 --static-prefill --duration 10 --async-scheduling --serve-workers 4
     ;;
   s9b)
     timeout 340 python3 scripts/gpu/decode_whole_step.py --batches 1,64 --out "$OUT" 2>&1 | grep -E "^batch|Error|error" | tail -8
