@@ -157,7 +157,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     finishes = 0
     wall = time.perf_counter()
     for step_no in range(args.warmup + args.steps):
-        if step_no == args.warmup and prof is not None:
+        if prof is not None and step_no >= args.warmup:
             prof.enable()
         t0 = clock()
         missing = args.seqs - len(engine._tracks)  # replace finished requests (the event loop's add)
@@ -202,6 +202,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             engine._deliver(step, updates)
             n_adv = len(advanced)
         t4 = clock()
+        if prof is not None:
+            prof.disable()
         # not timed: the behaviour digest, and the clients draining their queues (the SSE handlers' work)
         for up in updates:
             if up.finish_reason is not None:
@@ -228,7 +230,6 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     if prof is not None:
         import pstats
 
-        prof.disable()
         pstats.Stats(prof).sort_stats("tottime").print_stats(30)
     phases = {}
     for p, v in samples.items():
@@ -318,7 +319,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--english", type=Path, default=ROOT / "README.md", help="the English text replayed")
     ap.add_argument("--tokenizer", type=Path, default=SMOLLM_CACHE / "tokenizer.json")
-    ap.add_argument("--profile", action="store_true", help="one run of --src under cProfile (timed steps)")
+    ap.add_argument("--profile", action="store_true", help="one run of --src, its timed steps under cProfile")
     ap.add_argument("--digest", action="store_true", help="behaviour check only: one run per tree, digests compared")
     ap.add_argument("--result", type=Path, default=ROOT / "benchmarks" / "results" / "generation_hostpath_cpu.json")
     ap.add_argument("--append", action="store_true", help="keep the result file's other settings")
@@ -328,7 +329,11 @@ def main() -> None:
 
     if args.child:
         result = measure(args)
-        print(RESULT_TAG + json.dumps(result))
+        if args.profile:
+            for p, v in result["phases"].items():
+                print(f"  {p:15s} median {v['median_us']:8.1f} us   p90 {v['p90_us']:8.1f} us  (under cProfile)")
+        else:
+            print(RESULT_TAG + json.dumps(result))
         return
     tokenizer = ensure_tokenizer(args.tokenizer.resolve())
     trees: list[tuple[str, Path]] = [("this tree", args.src.resolve())]
