@@ -555,6 +555,7 @@ def bench_model(name: str, args: argparse.Namespace, server: bool) -> dict[str, 
         dtype=dtype,
         autotune=args.autotune,
         static_prefill=args.static_prefill,
+        decode_attention=args.decode_attention,
     )
     res["engine_options"] = options.model_dump(mode="json")
     if args.server_only:
@@ -647,6 +648,9 @@ def main() -> None:
     ap.add_argument("--autotune", action="store_true")
     ap.add_argument(
         "--static-prefill", action="store_true", help="prefill through padded buckets, CUDA graphs on a GPU (A/B)"
+    )
+    ap.add_argument(
+        "--decode-attention", choices=["matmul", "sdpa", "flex"], default="matmul", help="decode's attention kernel"
     )
     ap.add_argument("--server", action="store_true", help="also load the first model through `miaohui serve`")
     ap.add_argument("--server-only", action="store_true", help="only the server phase (writes *_server.json)")

@@ -1,12 +1,16 @@
-"""On the GPU: does compiling the *whole* batch-1 decode step (all layers unrolled, static shapes, one CUDA graph)
-beat the engine's per-layer compiled pieces (2.00 ms per step for the 1.5B shape, README)? The question behind the
-batch-1 TPOT goal (≤ 1.1 ms; HBM floor 0.72 ms): cross-layer fusion (residual + RMSNorm + RoPE into neighbours) and,
-with ``--coordinate-descent``, Inductor's own tuning of the reductions, as gpt-fast does.
+"""On the GPU: where the decode step of the 1.5B shape can get faster, batch 1 (the TPOT goal, ≤ 1.1 ms; HBM floor
+0.72 ms) and batch 64 (the 64-stream server, whose async loop is now GPU-bound):
 
-Both steps are CUDA graphs timed with CUDA events (median of ``--iters`` replays) on the same random weights (two
-decoder instances built from one seed); the max |logit difference| of one step says they compute the same thing.
+* the engine's per-layer compiled pieces with each decode attention of ``SlotEngineOptions.decode_attention``:
+  ``matmul`` (two batched matmuls + softmax, the default), ``sdpa``, ``flex`` (FlexAttention's decoding kernel);
+* the *whole* step compiled (all layers unrolled, static shapes): cross-layer fusion and, with
+  ``--coordinate-descent``, Inductor's own tuning of the reductions, as gpt-fast does (session 9: slower, 3.8 vs
+  2.0 ms at batch 1; ``--profile`` prints the kernel tables that should say why).
 
-    python3 scripts/gpu/decode_whole_step.py [--mode max-autotune-no-cudagraphs] [--coordinate-descent]
+Each variant is a CUDA graph timed with CUDA events (median of ``--iters`` replays) on the same random weights; the
+max |logit difference| against the matmul pieces says they compute the same thing.
+
+    python3 scripts/gpu/decode_whole_step.py [--batches 1,64] [--profile] [--no-whole] [--coordinate-descent]
     python3 scripts/gpu/decode_whole_step.py --tiny --device cpu     # smoke test on a CPU (no graphs, no timing)
 """
 
@@ -18,14 +22,14 @@ import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from miaohui.generation.dims import DecoderDims
 from miaohui.generation.slot_engine import TorchSlotEngine
 from miaohui.generation.slot_options import SlotEngineOptions
-from miaohui.generation.static_kv import StaticKVDecoder, mlp_block
+from miaohui.generation.static_kv import DECODE_ATTENTION, StaticKVDecoder
 
 QWEN_15B = DecoderDims(
     num_layers=28, hidden=1536, num_heads=12, num_kv_heads=2, head_dim=128, intermediate=8960, vocab=151936,
@@ -50,26 +54,6 @@ def _prompt(dec: StaticKVDecoder, device: str) -> None:
     with torch.inference_mode():
         dec.prefill(torch.arange(5, 5 + PROMPT, device=device)[None, :], torch.tensor([PROMPT], device=device),
                     torch.tensor([0], device=device))  # fmt: skip
-
-
-def attn_out_mlp_sdpa(
-    x: torch.Tensor,
-    q: torch.Tensor,
-    keys: torch.Tensor,
-    values: torch.Tensor,
-    bias: torch.Tensor,
-    o: torch.Tensor,
-    post_norm: torch.Tensor,
-    gate_up: torch.Tensor,
-    down: torch.Tensor,
-    eps: float,
-) -> torch.Tensor:
-    """``attn_out_mlp`` with the attention as one SDPA call (a fused kernel) instead of two bmm's and a softmax."""
-    b, heads, d = q.shape
-    attn = F.scaled_dot_product_attention(
-        q[:, :, None, :], keys, values, attn_mask=bias.to(q.dtype), enable_gqa=True
-    ).reshape(b, heads * d)
-    return mlp_block(x + F.linear(attn, o), post_norm, gate_up, down, eps)
 
 
 def _graph_ms(step: Callable[[], torch.Tensor], iters: int) -> tuple[float, torch.Tensor]:
@@ -114,42 +98,51 @@ def _kernel_table(step: Callable[[], torch.Tensor], top: int = 14) -> list[dict[
 
 
 def _one_batch(
-    b: int, pieces: StaticKVDecoder, whole: StaticKVDecoder, sdpa_attn: Callable[..., torch.Tensor], mode: str | None,
+    b: int, pieces: StaticKVDecoder, whole: StaticKVDecoder | None, attentions: dict[str, Any], mode: str | None,
     args: argparse.Namespace,
 ) -> tuple[dict[str, float], dict[str, list[dict[str, object]]]]:  # fmt: skip
-    """Time (and optionally profile) batch ``b``: pieces, whole step (compiled now, static shapes), pieces + SDPA."""
+    """Time (and optionally profile) batch ``b``: the pieces with each decode attention, and the whole step
+    (compiled now, static shapes) when ``whole`` is given. Logit differences are against the matmul pieces."""
     tokens = torch.full((b,), 7, device=args.device)
     positions = torch.full((b,), PROMPT, device=args.device)
     row: dict[str, float] = {}
     tables: dict[str, list[dict[str, object]]] = {}
-    torch._dynamo.reset()
-    compiled = torch.compile(whole.decode, fullgraph=True, dynamic=False, mode=mode)
-    default_attn = pieces._attn_out_mlp
+    cuda = args.device == "cuda"
 
     def run_pieces() -> torch.Tensor:
         return pieces.decode(tokens, positions, KV_LEN)
 
-    def run_whole() -> torch.Tensor:
-        return compiled(tokens, positions, KV_LEN)
-
-    t = time.perf_counter()
     with torch.inference_mode():
-        want = run_whole()
-        got = run_pieces()  # the pieces eagerly-launched (same kernels as the graph)
-        row["whole_compile_s"] = time.perf_counter() - t
-        row["max_abs_logit_diff_row0"] = float((want[0].float() - got[0].float()).abs().max())
-        pieces._attn_out_mlp = sdpa_attn
-        row["sdpa_max_abs_logit_diff_row0"] = float((run_pieces()[0].float() - got[0].float()).abs().max())
-        pieces._attn_out_mlp = default_attn
-        if args.device != "cuda":
+        for name, fn in attentions.items():
+            pieces.decode_attention, pieces._attn_out_mlp = name, fn
+            t = time.perf_counter()
+            got = run_pieces()
+            row[f"{name}_first_call_s"] = time.perf_counter() - t
+            if name == "matmul":
+                ref = got[0].float()
+            else:
+                row[f"{name}_max_abs_logit_diff_row0"] = float((got[0].float() - ref).abs().max())
+            if cuda:
+                row[f"pieces_{name}_graph_ms"], _ = _graph_ms(run_pieces, args.iters)
+                if args.profile:
+                    tables[f"pieces_{name}"] = _kernel_table(run_pieces)
+        pieces.decode_attention, pieces._attn_out_mlp = "matmul", attentions["matmul"]
+        if whole is None:
             return row, tables
-        row["pieces_graph_ms"], _ = _graph_ms(run_pieces, args.iters)
-        row["whole_graph_ms"], _ = _graph_ms(run_whole, args.iters)
-        pieces._attn_out_mlp = sdpa_attn
-        row["pieces_sdpa_graph_ms"], _ = _graph_ms(run_pieces, args.iters)
-        pieces._attn_out_mlp = default_attn
-        if args.profile:
-            tables = {"whole": _kernel_table(run_whole), "pieces": _kernel_table(run_pieces)}
+        torch._dynamo.reset()
+        compiled = torch.compile(whole.decode, fullgraph=True, dynamic=False, mode=mode)
+
+        def run_whole() -> torch.Tensor:
+            return compiled(tokens, positions, KV_LEN)
+
+        t = time.perf_counter()
+        want = run_whole()
+        row["whole_compile_s"] = time.perf_counter() - t
+        row["whole_max_abs_logit_diff_row0"] = float((want[0].float() - ref).abs().max())
+        if cuda:
+            row["whole_graph_ms"], _ = _graph_ms(run_whole, args.iters)
+            if args.profile:
+                tables["whole"] = _kernel_table(run_whole)
     return row, tables
 
 
@@ -161,7 +154,9 @@ def main() -> None:
     ap.add_argument("--tiny", action="store_true", help="a 2-layer model (smoke test)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--batches", default="1,64", help="decode batch sizes to time (comma-separated)")
-    ap.add_argument("--profile", action="store_true", help="also print the kernel tables of both steps")
+    ap.add_argument("--profile", action="store_true", help="also print the kernel table of every variant")
+    ap.add_argument("--attention", default="matmul,sdpa,flex", help="decode attentions of the pieces (matmul first)")
+    ap.add_argument("--no-whole", action="store_true", help="skip the whole-step compile")
     ap.add_argument("--out", type=Path, default=Path("/tmp"))
     args = ap.parse_args()
     dims = TINY if args.tiny else QWEN_15B
@@ -181,12 +176,18 @@ def main() -> None:
     engine.warmup(log=lambda m: None)
     report["pieces_warmup_s"] = time.perf_counter() - t
     _prompt(pieces, args.device)
-    whole = _decoder(dims, args.device)
-    _prompt(whole, args.device)
+    whole = None if args.no_whole else _decoder(dims, args.device)
+    if whole is not None:
+        _prompt(whole, args.device)
     mode = None if args.mode == "default" else args.mode
-    sdpa_attn = torch.compile(attn_out_mlp_sdpa, dynamic=True, fullgraph=True)
+    names = args.attention.split(",")
+    assert names[0] == "matmul", "matmul first: the reference of the logit differences"
+    # the engine's compiled pieces use matmul; the others compiled the way the engine compiles them
+    attentions = {n: torch.compile(DECODE_ATTENTION[n], dynamic=True, fullgraph=True) if cuda else DECODE_ATTENTION[n]
+                  for n in names[1:]}  # fmt: skip
+    attentions = {"matmul": pieces._attn_out_mlp, **attentions}
     for b in batches:
-        row, tables = _one_batch(b, pieces, whole, sdpa_attn, mode, args)
+        row, tables = _one_batch(b, pieces, whole, attentions, mode, args)
         report[f"batch{b}"] = row
         for name, table in tables.items():
             report[f"batch{b}_{name}_kernels"] = table

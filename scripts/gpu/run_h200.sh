@@ -44,8 +44,10 @@
 #           (shared engine, delay 0) at c=32/40/48 (where does p99 cross 10 ms?)
 #   s9a:    (no e5 needed) e5-shaped intent server at c=40/48 with max_batch_tokens none / 1024 / 512 (does bounding
 #           a batch's padded tokens cut the queue's p99, ~9.4 ms in s8c?)
-#   s9c:    kernel tables of the whole-step vs per-layer batch-1 decode (why is the whole step slower?); then s8b's
-#           sync/async generation server pair again
+#   s10a:   tests/gpu/test_slot_engine_gpu.py (incl. sdpa / flex decode attention in graphs), then batch 1 and 64
+#           decode steps: per-layer pieces with matmul / sdpa / flex decode attention and the whole step, with kernel
+#           tables (why is the whole step slower?)
+#   s10b:   s9e's async generation server with flex, then matmul decode attention
 #   s9d:    tests/gpu inductor fp16 (tiny model), then the s9a server (cap 1024, then none) with the engine's single
 #           input copy and sampled stage timing, c=32/40/48
 #   s9e:    the 1.5B generation server, sync then async scheduling, with the faster host path (detokenizer, scheduler)
@@ -284,10 +286,15 @@ case $stage in
         timeout 130 bash scripts/gpu/serve_workers.sh "$OUT" 2>&1 | grep -E "ready after|c=|exit" | tail -6
     done
     ;;
-  s9c)
-    timeout 200 python3 scripts/gpu/decode_whole_step.py --batches 1 --profile --out "$OUT" 2>&1 | grep -E "^batch|^kernels|Error|error" | tail -40
-    gen_server sched_off "" --stagger-ms 10 --static-prefill --duration 10 --no-async-scheduling
-    gen_server sched_on "" --stagger-ms 10 --static-prefill --duration 10 --async-scheduling
+  s10a)
+    timeout 200 python3 -X faulthandler -m pytest -q tests/gpu/test_slot_engine_gpu.py -p no:cacheprovider -p no:warnings \
+      --tb=short > "$OUT/pytest_slot_engine.txt" 2>&1
+    grep -E "passed|failed|error|Error|assert|FAIL" "$OUT/pytest_slot_engine.txt" | tail -12
+    timeout 330 python3 scripts/gpu/decode_whole_step.py --batches 1,64 --profile --out "$OUT" 2>&1 | grep -E "^batch|^kernels|Error|error" | tail -90
+    ;;
+  s10b)
+    gen_server sched_on_flex "" --stagger-ms 10 --static-prefill --duration 10 --async-scheduling --decode-attention flex
+    gen_server sched_on_matmul "" --stagger-ms 10 --static-prefill --duration 10 --async-scheduling --decode-attention matmul
     ;;
   s9d)
     MIAOHUI_GPU_TEST_FORMAT=exported-program timeout 150 python3 -X faulthandler -m pytest -q tests/gpu/test_inductor_gpu.py \

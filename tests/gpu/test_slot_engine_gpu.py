@@ -16,8 +16,10 @@ from miaohui.generation.static_kv import StaticKVDecoder
 pytestmark = pytest.mark.gpu
 
 
-def _engine(hf: torch.nn.Module, *, graphs: bool) -> TorchSlotEngine:
-    opts = SlotEngineOptions(num_slots=8, max_len=256, dtype="fp32", compile=graphs, cuda_graphs=graphs)
+def _engine(hf: torch.nn.Module, *, graphs: bool, attention: str = "matmul") -> TorchSlotEngine:
+    opts = SlotEngineOptions(
+        num_slots=8, max_len=256, dtype="fp32", compile=graphs, cuda_graphs=graphs, decode_attention=attention
+    )
     dec = StaticKVDecoder.from_hf(hf, num_slots=8, max_len=256, dtype=torch.float32)
     engine = TorchSlotEngine(dec, [999], 0, opts)
     engine.warmup()
@@ -34,6 +36,19 @@ def test_graphs_match_eager_tokens() -> None:
     want = LLMEngine(slow, None).generate(prompts, params)
     assert [g[0] for g in got] == [w[0] for w in want]
     assert all(len(g[0]) == 40 for g in got)
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "flex"])
+def test_decode_attention_kernels_in_graphs_match_eager_matmul_tokens(attention: str) -> None:
+    """``decode_attention`` sdpa / flex compiled into the CUDA graphs: the eager default engine's tokens."""
+    hf = tiny_qwen("cuda")
+    fast, slow = _engine(hf, graphs=True, attention=attention), _engine(hf, graphs=False)
+    assert fast.graphs_on and fast.model.decode_attention == attention
+    prompts = [[5, 6, 7, 8, 9], [11, 12, 13], list(range(20, 160))]  # the last one crosses a length bucket
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    got = LLMEngine(fast, None).generate(prompts, params)
+    want = LLMEngine(slow, None).generate(prompts, params)
+    assert [g[0] for g in got] == [w[0] for w in want]
 
 
 def test_static_kv_matches_hf_logits_bf16() -> None:

@@ -71,3 +71,31 @@ def test_compiled_prefill_matches_eager_prefill() -> None:
             err = float((got - want).norm() / want.norm())
             assert err < 1e-4, f"prefill {n}x{s}: relative logit error {err:.2e}"
             assert torch.allclose(got_k, model.k_cache[0][:n, :, :s], atol=1e-5)
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "flex"])
+def test_decode_attention_kernels_give_the_matmul_logits(attention: str) -> None:
+    """``decode_attention`` sdpa / flex, compiled and eager, against the default matmul attention, eager: the
+    same logits at every bucket, rows at different positions (the mask), a grouped-query model."""
+    hf = tiny_qwen()
+    opts = SlotEngineOptions(
+        num_slots=8, max_len=256, dtype="fp32", compile=True, cuda_graphs=False, decode_attention=attention
+    )
+    engine = TorchSlotEngine(StaticKVDecoder.from_hf(hf, num_slots=8, max_len=256, dtype=torch.float32), [999], 0, opts)
+    model = engine.model
+    assert model.decode_attention == attention and model.groups > 1
+    gen = torch.Generator().manual_seed(3)
+    with torch.inference_mode():
+        model.prefill(torch.randint(5, 1000, (8, 200), generator=gen), torch.full((8,), 200), torch.arange(8))
+        for b in engine.batch_buckets:
+            for length in engine.length_buckets:
+                tokens = torch.randint(5, 1000, (b,), generator=gen)
+                positions = torch.randint(0, min(length, 201), (b,), generator=gen)
+                compiled = engine._decode_fn(tokens, positions, length)
+                eager = _eager("decode", model, tokens, positions, length)
+                model.decode_attention = "matmul"
+                want = _eager("decode", model, tokens, positions, length)
+                model.decode_attention = attention
+                for got, how in ((compiled, "compiled"), (eager, "eager")):
+                    err = float((got - want).norm() / want.norm())
+                    assert err < 1e-4, f"{attention} {how} batch {b} length {length}: relative logit error {err:.2e}"

@@ -111,6 +111,55 @@ def attn_out_mlp(
     return mlp_block(x + F.linear(attn, o), post_norm, gate_up, down, eps)
 
 
+def attn_out_mlp_sdpa(
+    x: torch.Tensor,
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    bias: torch.Tensor,
+    o: torch.Tensor,
+    post_norm: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    eps: float,
+) -> torch.Tensor:
+    """:func:`attn_out_mlp` with the attention as one ``scaled_dot_product_attention`` call (a fused kernel where
+    the backend has one for a float mask) instead of two batched matmuls and a softmax."""
+    b, heads, d = q.shape
+    attn = F.scaled_dot_product_attention(
+        q[:, :, None, :], keys, values, attn_mask=bias.to(q.dtype), enable_gqa=True
+    ).reshape(b, heads * d)
+    return mlp_block(x + F.linear(attn, o), post_norm, gate_up, down, eps)
+
+
+def attn_out_mlp_flex(
+    x: torch.Tensor,
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    positions: torch.Tensor,
+    o: torch.Tensor,
+    post_norm: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    eps: float,
+) -> torch.Tensor:
+    """:func:`attn_out_mlp` with the attention as FlexAttention (compiled: one Triton kernel, Inductor's
+    flash-decoding template for a one-token query), masked by ``kv <= positions[row]`` in a score modifier.
+    ``q`` is [b, H, 1, D] here: made 4-d before the call (as a view inside the compiled graph, Inductor's CPU
+    FlexAttention template reads the 3-d buffer's sizes and fails; torch 2.13)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    b, heads, _, d = q.shape
+
+    def causal(score: torch.Tensor, row: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv: torch.Tensor) -> Any:
+        return torch.where(kv <= positions[row], score, float("-inf"))
+
+    attn = flex_attention(q, keys, values, score_mod=causal, enable_gqa=True)
+    assert isinstance(attn, torch.Tensor)
+    return mlp_block(x + F.linear(attn.reshape(b, heads * d), o), post_norm, gate_up, down, eps)
+
+
 def mlp_block(
     x: torch.Tensor, post_norm: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, eps: float
 ) -> torch.Tensor:
@@ -133,6 +182,12 @@ def attn_proj_mlp(
     layout), residual, RMSNorm, SwiGLU MLP, residual; ``x`` [n, S, hidden]."""
     n, heads, s, d = attn.shape
     return mlp_block(x + F.linear(attn.transpose(1, 2).reshape(n, s, heads * d), o), post_norm, gate_up, down, eps)
+
+
+DECODE_ATTENTION: dict[str, Any] = {"matmul": attn_out_mlp, "sdpa": attn_out_mlp_sdpa, "flex": attn_out_mlp_flex}
+"""Decode's second layer half by attention kernel (``SlotEngineOptions.decode_attention``); the last-but-one
+argument is the additive mask [b, 1, 1, T] for ``matmul``/``sdpa`` and the positions [b] for ``flex`` (whose
+query is [b, H, 1, D], not [b, H, D])."""
 
 
 def final_logits(x: torch.Tensor, norm: torch.Tensor, head: torch.Tensor, eps: float) -> torch.Tensor:
@@ -316,12 +371,14 @@ class StaticKVDecoder(nn.Module):
         graph mutates the cache. Eager, prefill's RMSNorm, RoPE and SwiGLU were ~50 small kernels per layer
         (~1,400 per 128-token prompt of the 1.5B model): compiled, a few fused ones."""
         self._attn_in = compile_fn(attn_in)
-        self._attn_out_mlp = compile_fn(attn_out_mlp)
+        self._attn_out_mlp = compile_fn(DECODE_ATTENTION[self.decode_attention])
         self._attn_proj_mlp = compile_fn(attn_proj_mlp)
         self._final = compile_fn(final_logits)
 
+    decode_attention: str = "matmul"
+    """How decode attends (``DECODE_ATTENTION``): set before :meth:`use_compiled` / the first decode."""
     _attn_in: Any = staticmethod(attn_in)
-    _attn_out_mlp: Any = staticmethod(attn_out_mlp)
+    _attn_out_mlp: Any = None  # DECODE_ATTENTION[decode_attention] unless compiled
     _attn_proj_mlp: Any = staticmethod(attn_proj_mlp)
     _final: Any = staticmethod(final_logits)
 
@@ -333,8 +390,13 @@ class StaticKVDecoder(nn.Module):
         x = F.embedding(tokens, self.embed)  # [b, hidden]
         cos = self.cos_table[positions][:, None, :]  # [b, 1, D]
         sin = self.sin_table[positions][:, None, :]
-        allowed = torch.arange(kv_len, device=tokens.device)[None, :] <= positions[:, None]  # [b, T]
-        bias = torch.where(allowed, 0.0, float("-inf"))[:, None, None, :]  # [b, 1, 1, T]
+        attend = self._attn_out_mlp or DECODE_ATTENTION[self.decode_attention]
+        flex = self.decode_attention == "flex"
+        if flex:
+            mask = positions  # the score modifier masks kv > position itself
+        else:
+            allowed = torch.arange(kv_len, device=tokens.device)[None, :] <= positions[:, None]  # [b, T]
+            mask = torch.where(allowed, 0.0, float("-inf"))[:, None, None, :]  # [b, 1, 1, T]
         # where each row's new key/value goes in a cache seen as [slots * KVH * max_len, D]: one
         # index_copy_ kernel per tensor and layer (row r = slot r, at position positions[r])
         heads = torch.arange(d.num_kv_heads, device=tokens.device)
@@ -347,8 +409,8 @@ class StaticKVDecoder(nn.Module):
             kc, vc = self.k_cache[i], self.v_cache[i]
             kc.view(-1, d.head_dim).index_copy_(0, dest, k.reshape(-1, d.head_dim))
             vc.view(-1, d.head_dim).index_copy_(0, dest, v.reshape(-1, d.head_dim))
-            x = self._attn_out_mlp(
-                x, q, kc[:b, :, :kv_len], vc[:b, :, :kv_len], bias,
+            x = attend(
+                x, q[:, :, None, :] if flex else q, kc[:b, :, :kv_len], vc[:b, :, :kv_len], mask,
                 layer.o, layer.post_norm, layer.gate_up, layer.down, d.rms_eps,
             )  # fmt: skip
         return self._final(x, self.norm, self.head, d.rms_eps)
