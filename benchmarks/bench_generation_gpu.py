@@ -18,8 +18,10 @@ Per model, in one process, bf16 everywhere except the fp32 reference:
    ``--prompt-len`` prompt and ``--new-tokens`` output tokens (continuous batching, greedy, ignore_eos);
 5. ``--server`` (first model only): the artifact saved, ``miaohui serve`` started, and ``--streams`` streaming
    ``/v1/completions`` clients (``--client-procs`` processes) in a closed loop for ``--duration`` s:
-   output tokens/s, TTFT and inter-token latency p50/p99, and the server process's CPU (all threads, and its
-   main thread — the event loop that runs HTTP, SSE and detokenization) per streamed token;
+   output tokens/s (counted from each stream's usage chunk), TTFT and inter-chunk latency ("ITL") p50/p99 — a
+   chunk carries every token that queued up while its stream waited for the event loop (session 9 on: under
+   load, ``tokens_per_chunk`` > 1; before, one chunk per token and tokens were counted as chunks) — and the server
+   process's CPU (all threads, and its main thread — the event loop that runs HTTP and SSE) per streamed token;
 6. ``--cpu-hostpath`` (no GPU): phase 5 with the tiny random model on the CPU, whose steps cost little, so
    the figures are the server's host path: how much CPU one streamed token costs it
    (→ ``generation_cpu_hostpath.json``).
@@ -307,12 +309,12 @@ def _client_proc(
         session: aiohttp.ClientSession, prompt: list[int], res: dict[str, list[float]], delay: float
     ) -> None:
         body = {"model": model, "prompt": prompt, "max_tokens": new_tokens, "temperature": 0, "stream": True,
-                "ignore_eos": True}  # fmt: skip
+                "ignore_eos": True, "stream_options": {"include_usage": True}}  # fmt: skip
         await asyncio.sleep(delay)
         while time.time() < until:
             record = time.time() >= measure_from
             start = time.perf_counter()
-            last, n = None, 0
+            last, n, chunks = None, 0, 0
             ttft: list[float] = []
             itl: list[float] = []
             async with session.post(url, json=body) as resp:
@@ -323,20 +325,26 @@ def _client_proc(
                 async for line in resp.content:
                     if not line.startswith(b"data: {"):
                         continue
+                    if b'"choices":[]' in line:  # the usage chunk: the token count (a chunk may carry several)
+                        n = json.loads(line[6:])["usage"]["completion_tokens"]
+                        continue
                     now = time.perf_counter()
                     if last is None:
                         ttft.append(now - start)
                     else:
                         itl.append(now - last)
-                    last, n = now, n + 1
+                    last, chunks = now, chunks + 1
             if record:
                 res["ttft"] += ttft
                 res["itl"] += itl
                 res["tokens"].append(float(n))
+                res["chunks"].append(float(chunks))
                 res["done_at"].append(time.time())
 
     async def main() -> dict[str, list[float]]:
-        res: dict[str, list[float]] = {"ttft": [], "itl": [], "tokens": [], "errors": [], "done_at": [], "start": []}
+        res: dict[str, list[float]] = {
+            "ttft": [], "itl": [], "tokens": [], "chunks": [], "errors": [], "done_at": [], "start": []
+        }  # fmt: skip
         res["start"].append(measure_from)
         conn = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=600)) as session:
@@ -446,6 +454,7 @@ def server_load(
             "requests": len(merged["tokens"]),
             "errors": len(merged["errors"]),
             "output_tokens": tokens,
+            "tokens_per_chunk": tokens / max(1.0, sum(merged["chunks"])),  # > 1: tokens coalesced under load
             "wall_s": wall,
             "tokens_per_s": tokens / wall,
             "ttft_ms_median": statistics.median(merged["ttft"]) * 1e3,

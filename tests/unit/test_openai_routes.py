@@ -308,3 +308,38 @@ def test_text_event_template_is_the_chunk_byte_for_byte(chat: bool, include_usag
         assert call.text_event(text) == _sse(call.chunk(text, None))
         choice = json.loads(call.text_event(text)[len(b"data: ") :])["choices"][0]
         assert (choice["delta"]["content"] if chat else choice["text"]) == text
+
+
+async def _chunks_of(events: list[Any], chat: bool = False) -> list[Any]:
+    """What ``_stream_chunks`` sends for a stream whose events all queued up before it was read (a reader that
+    fell behind the engine), JSON-decoded like :func:`sse`."""
+    from types import SimpleNamespace
+
+    from miaohui.generation.engine_loop import RequestStream
+    from miaohui.server.openai_api import _Call, _stream_chunks
+
+    stream = RequestStream(SimpleNamespace(abort=lambda rid: True), 7, 2)
+    for e in events:
+        stream._push(e)
+    llm = SimpleNamespace(name="m", version=1, info=SimpleNamespace(precision="fp32"))
+    call = _Call(chat, llm, stream, 2, True)  # type: ignore[arg-type]
+    body = b"".join([chunk async for chunk in _stream_chunks(call, lambda status, why: None)])
+    return sse(body.decode())
+
+
+async def test_tokens_queued_behind_a_slow_reader_go_out_in_one_chunk() -> None:
+    from miaohui.generation.engine_loop import EngineStoppedError, TokenEvent
+
+    def tok(i: int, text: str, finish: str | None = None) -> TokenEvent:
+        return TokenEvent(7, 10 + i, text, i, finish, 2, i)  # type: ignore[arg-type]
+
+    events = await _chunks_of([tok(1, "投资"), tok(2, ""), tok(3, "有风险"), tok(4, "。", "length")])
+    assert [e["choices"][0]["text"] for e in events[:-2]] == ["投资有风险。", ""]  # the text, then the finish
+    assert events[1]["choices"][0]["finish_reason"] == "length" and events[2]["usage"]["completion_tokens"] == 4
+    assert events[-1] == "[DONE]"
+    # an error after queued tokens: their text first, then the error in-band
+    failed = await _chunks_of([tok(1, "ab"), tok(2, "c"), EngineStoppedError("engine stopped", "retry")])
+    assert failed[0]["choices"][0]["text"] == "abc" and failed[1]["error"]["message"].startswith("engine stopped")
+    # an abort finish: the text before it, then its error
+    aborted = await _chunks_of([tok(1, "x"), TokenEvent(7, None, "", 1, "abort", 2, 1)], chat=True)
+    assert aborted[1]["choices"][0]["delta"] == {"content": "x"} and "error" in aborted[2]

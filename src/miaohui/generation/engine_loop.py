@@ -200,6 +200,8 @@ class RequestStream:
         self._admission: asyncio.Future[BaseException | None] | None = None
         """Set by a remote engine: resolves to None once admitted, else to the rejection."""
         self.finished = False
+        self._held: BaseException | None = None
+        """An error :meth:`ready` took off the queue: raised by the next read, after the events before it."""
 
     def _push(self, item: TokenEvent | BaseException) -> None:
         if self._sink is not None:  # forwarded as it comes (the engine process's streams to its workers)
@@ -220,19 +222,38 @@ class RequestStream:
         return self
 
     async def __anext__(self) -> TokenEvent:
-        if self.finished and self._queue.empty():
-            raise StopAsyncIteration
-        try:
-            item = await self._queue.get()
-        except asyncio.CancelledError:
-            self.abort()
-            raise
+        item: TokenEvent | BaseException
+        if self._held is not None:
+            item, self._held = self._held, None
+        else:
+            if self.finished and self._queue.empty():
+                raise StopAsyncIteration
+            try:
+                item = await self._queue.get()
+            except asyncio.CancelledError:
+                self.abort()
+                raise
         if isinstance(item, BaseException):
             self.finished = True
             raise item
         if item.finish_reason is not None:
             self.finished = True
         return item
+
+    def ready(self) -> list[TokenEvent]:
+        """The events already queued behind the one just read (the reader fell behind the engine), up to the
+        final one, without waiting; an error among them is held back and raised by the next read."""
+        out: list[TokenEvent] = []
+        queue = self._queue
+        while self._held is None and not self.finished and not queue.empty():
+            item = queue.get_nowait()
+            if isinstance(item, BaseException):
+                self._held = item
+                break
+            out.append(item)
+            if item.finish_reason is not None:
+                self.finished = True
+        return out
 
     def abort(self) -> None:
         """Stop generating now (idempotent); the slot is free for the next step."""
