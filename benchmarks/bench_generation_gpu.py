@@ -381,6 +381,8 @@ def server_load(
     # a tokenizer is needed by the server: SmolLM2's when cached, else a tiny word-level one
     _write_tokenizer(version, vocab)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if args.server_src:  # another tree's miaohui for the server only (A/B of the serving path)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(args.server_src), env.get("PYTHONPATH")]))
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
     log_file = (repo / "serve.log").open("w")
@@ -449,6 +451,7 @@ def server_load(
             "stagger_ms": args.stagger_ms,
             "serve_workers": args.serve_workers,
             "async_scheduling": args.async_scheduling,
+            "server_src": str(args.server_src) if args.server_src else None,
             "gil_switch_interval_us": switch_interval_us(GENERATION_SWITCH_US),  # the server's generation loop
             "server_ready_s": ready_s,
             "requests": len(merged["tokens"]),
@@ -663,6 +666,7 @@ def main() -> None:
     )
     ap.add_argument("--server", action="store_true", help="also load the first model through `miaohui serve`")
     ap.add_argument("--server-only", action="store_true", help="only the server phase (writes *_server.json)")
+    ap.add_argument("--server-src", type=Path, help="serve from this tree's src/ (e.g. `git archive REV src`), A/B")
     ap.add_argument("--max-batched-tokens", type=int, default=4096)
     ap.add_argument("--client-procs", type=int, default=4)
     ap.add_argument("--duration", type=float, default=20.0)
