@@ -281,9 +281,9 @@ class _Bucket:
 
 STAGE_SAMPLE_EVERY = 16
 """Batches per timed batch: the first batch after warm-up and every 16th after it record their stages (h2d, gpu,
-d2h) with CUDA events. Timing every
-batch cost 4 event records + 3 elapsed-time reads (each a GIL release and take-back) on the host path of every
-batch; a sample keeps the stage histograms (``miaohui_stage_seconds``) without that."""
+d2h) with CUDA events. Timing every batch cost 4 event records + 3 elapsed-time reads (each a GIL release and
+take-back) on the host path of every batch; a sample keeps the stage histograms
+(``miaohui_stage_duration_seconds``) without that."""
 
 
 class InductorEngine(Engine):
