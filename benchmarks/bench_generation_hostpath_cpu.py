@@ -111,7 +111,13 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     llm = SimpleNamespace(
         config=config, runner=SimpleNamespace(chains=True, last_timing=timing), scheduler=sched, engine=None
     )
-    engine = AsyncLLMEngine(llm, async_scheduling=False)  # type: ignore[arg-type]
+    observer = None
+    if args.metrics:  # the server's Prometheus hooks (TTFT / ITL / e2e histograms, counters) instead of no-ops
+        from miaohui.generation.observer_metrics import MetricsObserver
+        from miaohui.server.metrics import Metrics
+
+        observer = MetricsObserver(Metrics(), "llm", 1)
+    engine = AsyncLLMEngine(llm, observer, async_scheduling=False)  # type: ignore[arg-type]
     lock = engine._lock
     scripts: dict[int, list[int]] = {}
     made: dict[int, int] = {}
@@ -268,7 +274,8 @@ def child_argv(args: argparse.Namespace, src: Path, tokenizer: Path, *extra: str
     argv = [sys.executable, str(Path(__file__).resolve()), "--child", "--src", str(src), "--tokenizer", str(tokenizer)]
     argv += ["--english", str(args.english), "--seqs", str(args.seqs), "--prompt", str(args.prompt)]
     argv += ["--out", str(args.out), "--steps", str(args.steps), "--warmup", str(args.warmup), "--zh", str(args.zh)]
-    argv += ["--stop", args.stop, "--seed", str(args.seed), *(["--sync"] if args.sync else []), *extra]
+    argv += ["--stop", args.stop, "--seed", str(args.seed), *(["--sync"] if args.sync else [])]
+    argv += [*(["--metrics"] if args.metrics else []), *extra]
     return argv
 
 
@@ -317,6 +324,7 @@ def main() -> None:
     ap.add_argument("--sync", action="store_true", help="synchronous steps (collect before the next schedule)")
     ap.add_argument("--stop", choices=sorted(STOPS), default="none", help="stop strings: none, never or often hit")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--metrics", action="store_true", help="the server's Prometheus observer in deliver (not no-ops)")
     ap.add_argument("--english", type=Path, default=ROOT / "README.md", help="the English text replayed")
     ap.add_argument("--tokenizer", type=Path, default=SMOLLM_CACHE / "tokenizer.json")
     ap.add_argument("--profile", action="store_true", help="one run of --src, its timed steps under cProfile")
@@ -342,7 +350,7 @@ def main() -> None:
     mode = "sync" if args.sync else "async"
     setting = (
         f"{mode} seqs={args.seqs} prompt={args.prompt} out={args.out} stop={args.stop} zh={args.zh} "
-        f"steps={args.steps}+{args.warmup}"
+        f"steps={args.steps}+{args.warmup}{' metrics' if args.metrics else ''}"
     )
     if args.profile:
         proc = subprocess.run(child_argv(args, args.src.resolve(), tokenizer, "--profile"), cwd=ROOT)
@@ -409,6 +417,7 @@ def main() -> None:
             "zh": args.zh,
             "stop": args.stop,
             "seed": args.seed,
+            "metrics": args.metrics,
             "rounds": args.rounds,
             "english": str(args.english),
             "tokenizer": str(tokenizer),

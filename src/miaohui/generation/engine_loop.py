@@ -534,8 +534,12 @@ class AsyncLLMEngine:
     def _deliver(self, step: StepReport, updates: list[SequenceUpdate]) -> None:
         """On the event loop: one step's updates to their streams, and the step's metrics."""
         safe_call(self.observer.on_step, step)
+        now = time.monotonic()  # the step's tokens are all streamed now
+        itls: list[float] = []
         for update in updates:
-            self._publish(update)
+            self._publish(update, now, itls)
+        if itls:
+            safe_call(self.observer.on_tokens, itls)
         self._counts()
 
     def _fail(self, request_ids: list[int], exc: BaseException) -> None:
@@ -548,15 +552,15 @@ class AsyncLLMEngine:
                 safe_call(self.observer.on_finish, e2e, track.stream.prompt_tokens, track.tokens, "error")
         self._counts()
 
-    def _publish(self, up: SequenceUpdate) -> None:
+    def _publish(self, up: SequenceUpdate, now: float, itls: list[float]) -> None:
+        """One update to its stream at ``now``; a later token's inter-token latency goes to ``itls``."""
         track = self._tracks.get(up.seq_id)
         if track is None:
             return
-        now = time.monotonic()
         if track.last is None:
             safe_call(self.observer.on_first_token, now - track.arrival)
         else:
-            safe_call(self.observer.on_token, now - track.last)
+            itls.append(now - track.last)
         track.last = now
         track.tokens = up.num_output_tokens
         prompt = track.stream.prompt_tokens

@@ -43,6 +43,12 @@ class GenerationObserver:
     def on_token(self, itl_s: float) -> None:
         """A later token was streamed ``itl_s`` after the request's previous one (inter-token latency)."""
 
+    def on_tokens(self, itls_s: list[float]) -> None:
+        """The inter-token latencies of one step's later tokens, all at once (the loop calls this, once per step;
+        the default hands each to :meth:`on_token`)."""
+        for itl_s in itls_s:
+            self.on_token(itl_s)
+
     def on_finish(self, e2e_s: float, prompt_tokens: int, completion_tokens: int, reason: str) -> None:
         """A request ended (``stop``, ``length``, ``abort`` or ``error``) ``e2e_s`` after it was added."""
 

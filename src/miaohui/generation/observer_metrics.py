@@ -10,12 +10,8 @@ Label children are bound once here, so a hook costs one ``observe``/``inc``/``se
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from miaohui.generation.observer import GenerationObserver, StepReport
-
-if TYPE_CHECKING:
-    from miaohui.server.metrics import Metrics
+from miaohui.server.metrics import Metrics, observe_many
 
 
 class MetricsObserver(GenerationObserver):
@@ -41,6 +37,9 @@ class MetricsObserver(GenerationObserver):
 
     def on_token(self, itl_s: float) -> None:
         self._itl.observe(itl_s)
+
+    def on_tokens(self, itls_s: list[float]) -> None:
+        observe_many(self._itl, itls_s)
 
     def on_finish(self, e2e_s: float, prompt_tokens: int, completion_tokens: int, reason: str) -> None:
         self._e2e.observe(e2e_s)
