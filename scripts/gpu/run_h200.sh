@@ -48,6 +48,8 @@
 #           decode steps: per-layer pieces with matmul / sdpa / flex decode attention and the whole step, with kernel
 #           tables (why is the whole step slower?)
 #   s10b:   s9e's async generation server with flex, then matmul decode attention
+#   s10c:   intent cold start through torch.compile().aot_compile (scripts/gpu/diag_aot_compile.py, fresh processes,
+#           warm and empty caches): a way to < 1 s that avoids AOTInductor's C++ loader?
 #   s9d:    tests/gpu inductor fp16 (tiny model), then the s9a server (cap 1024, then none) with the engine's single
 #           input copy and sampled stage timing, c=32/40/48
 #   s9e:    the 1.5B generation server, sync then async scheduling, with the faster host path (detokenizer, scheduler)
@@ -291,6 +293,11 @@ case $stage in
       --tb=short > "$OUT/pytest_slot_engine.txt" 2>&1
     grep -E "passed|failed|error|Error|assert|FAIL" "$OUT/pytest_slot_engine.txt" | tail -12
     timeout 330 python3 scripts/gpu/decode_whole_step.py --batches 1,64 --profile --out "$OUT" 2>&1 | grep -E "^batch|^kernels|Error|error" | tail -90
+    ;;
+  s10c)
+    python3 scripts/gpu/e5_shape_model.py var/models/intent-e5-shape | tail -1
+    timeout 400 python3 scripts/gpu/diag_aot_compile.py var/models/intent-e5-shape --device cuda --precision fp16 \
+      --runs 3 --out "$OUT" 2>&1 | grep -v -E "Warning|warn\(" | tail -60
     ;;
   s10b)
     gen_server sched_on_flex "" --stagger-ms 10 --static-prefill --duration 10 --async-scheduling --decode-attention flex
