@@ -50,6 +50,8 @@
 #   s10b:   s9e's async generation server with flex, then matmul decode attention
 #   s10c:   intent cold start through torch.compile().aot_compile (scripts/gpu/diag_aot_compile.py, fresh processes,
 #           warm and empty caches): a way to < 1 s that avoids AOTInductor's C++ loader?
+#   s10d:   scripts/gpu/decode_kernel_probe.py (decode GEMMs cuBLAS vs Inductor vs coordinate-descent GEMV, attn_in's
+#           generated code, which op copies on the device); then s9f's intent server again at c=24/32/40
 #   s9d:    tests/gpu inductor fp16 (tiny model), then the s9a server (cap 1024, then none) with the engine's single
 #           input copy and sampled stage timing, c=32/40/48
 #   s9e:    the 1.5B generation server, sync then async scheduling, with the faster host path (detokenizer, scheduler)
@@ -298,6 +300,13 @@ case $stage in
     python3 scripts/gpu/e5_shape_model.py var/models/intent-e5-shape | tail -1
     timeout 400 python3 scripts/gpu/diag_aot_compile.py var/models/intent-e5-shape --device cuda --precision fp16 \
       --runs 3 --out "$OUT" 2>&1 | grep -v -E "Warning|warn\(" | tail -60
+    ;;
+  s10d)
+    timeout 300 python3 scripts/gpu/decode_kernel_probe.py --out "$OUT/probe" 2>&1 | grep -E "^gemm|^attn_in|^op|Error|error" | cut -c1-400 | tail -70
+    python3 scripts/gpu/e5_shape_model.py var/models/intent-e5-shape | tail -1
+    MODEL=var/models/intent-e5-shape INDUCTOR_FORMAT=exported-program python3 scripts/gpu/build_intent_gpu.py /tmp/gpurepo 0 1 0 2>&1 | tail -1
+    SHARED=1 TAG="_e5shape_shared_delay0_cap0_onecopy_s10d" WORKERS=6 LEVELS=24,32,40 \
+      timeout 150 bash scripts/gpu/serve_workers.sh "$OUT" 2>&1 | grep -E "ready after|c=|exit" | tail -6
     ;;
   s10b)
     gen_server sched_on_flex "" --stagger-ms 10 --static-prefill --duration 10 --async-scheduling --decode-attention flex
