@@ -59,6 +59,17 @@ def _time_graph(fn: Callable[[], Any], reps: int, cuda: bool) -> float:
     return statistics.median(times)
 
 
+def _rotating(lin: Any, x: torch.Tensor, weights: list[torch.Tensor]) -> Callable[[], Any]:
+    """``lin(x, w)`` over the next of ``weights`` at each call (a captured graph holds every pointer in turn)."""
+    turn = [0]
+
+    def call() -> Any:
+        turn[0] = (turn[0] + 1) % len(weights)
+        return lin(x, weights[turn[0]])
+
+    return call
+
+
 def probe_gemms(device: str, dtype: torch.dtype, scale: int) -> list[dict[str, Any]]:
     cuda = device == "cuda"
     shapes = {"qkv": (HIDDEN + 2 * KV_HEADS * D, HIDDEN), "o": (HIDDEN, HEADS * D), "gate_up": (2 * INTER, HIDDEN),
@@ -79,13 +90,7 @@ def probe_gemms(device: str, dtype: torch.dtype, scale: int) -> list[dict[str, A
                 outs = [lin(x, w) for w in weights[:1]]  # compile once
                 ref = x.float() @ weights[0].float().T
                 row[f"{variant}_max_abs_err"] = float((outs[0].float() - ref).abs().max())
-                i = [0]
-
-                def call(lin: Any = lin) -> Any:
-                    i[0] = (i[0] + 1) % copies
-                    return lin(x, weights[i[0]])
-
-                us = _time_graph(call, 40 if cuda else 1, cuda)
+                us = _time_graph(_rotating(lin, x, weights), 40 if cuda else 1, cuda)
                 row[f"{variant}_us"] = us
                 row[f"{variant}_tb_s"] = nbytes / (us * 1e-6) / 1e12 if cuda else float("nan")
             torch._inductor.config.coordinate_descent_tuning = False
