@@ -568,6 +568,7 @@ def bench_model(name: str, args: argparse.Namespace, server: bool) -> dict[str, 
         autotune=args.autotune,
         static_prefill=args.static_prefill,
         decode_attention=args.decode_attention,
+        decode_layer=args.decode_layer,
     )
     res["engine_options"] = options.model_dump(mode="json")
     if args.server_only:
@@ -663,6 +664,12 @@ def main() -> None:
     )
     ap.add_argument(
         "--decode-attention", choices=["matmul", "sdpa", "flex"], default="matmul", help="decode's attention kernel"
+    )
+    ap.add_argument(
+        "--decode-layer",
+        choices=["split", "fused"],
+        default="split",
+        help="a decode layer in two compiled halves or one",
     )
     ap.add_argument("--server", action="store_true", help="also load the first model through `miaohui serve`")
     ap.add_argument("--server-only", action="store_true", help="only the server phase (writes *_server.json)")

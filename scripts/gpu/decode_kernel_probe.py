@@ -118,7 +118,7 @@ def probe_attn_in(device: str, dtype: torch.dtype, out: Path, tiny: bool) -> dic
         cos, sin = table[pos][:, None, :], table[pos][:, None, :]
         args = (x, norm, qkv, bias, cos, sin, 1e-6, heads, kv_heads)
         _, codes = run_and_get_code(compiled, *args)
-        (out / f"attn_in_b{b}_code.py").write_text("\n\n# ----\n\n".join(codes))
+        (out / f"attn_in_b{b}_code.txt").write_text("\n\n# ----\n\n".join(codes))
         report[f"b{b}_us"] = _time_graph(lambda args=args: compiled(*args), 40 if cuda else 1, cuda)
         if cuda:
             from torch.profiler import ProfilerActivity, profile

@@ -3,6 +3,7 @@
 
 * the engine's per-layer compiled pieces with each decode attention of ``SlotEngineOptions.decode_attention``:
   ``matmul`` (two batched matmuls + softmax, the default), ``sdpa``, ``flex`` (FlexAttention's decoding kernel);
+* ``SlotEngineOptions.decode_layer = "fused"``: each layer one compiled graph, the cache write inside it;
 * the *whole* step compiled (all layers unrolled, static shapes): cross-layer fusion and, with
   ``--coordinate-descent``, Inductor's own tuning of the reductions, as gpt-fast does (session 9: slower, 3.8 vs
   2.0 ms at batch 1; ``--profile`` prints the kernel tables that should say why).
@@ -29,7 +30,7 @@ import torch
 from miaohui.generation.dims import DecoderDims
 from miaohui.generation.slot_engine import TorchSlotEngine
 from miaohui.generation.slot_options import SlotEngineOptions
-from miaohui.generation.static_kv import DECODE_ATTENTION, StaticKVDecoder
+from miaohui.generation.static_kv import DECODE_ATTENTION, StaticKVDecoder, make_decode_layer
 
 QWEN_15B = DecoderDims(
     num_layers=28, hidden=1536, num_heads=12, num_kv_heads=2, head_dim=128, intermediate=8960, vocab=151936,
@@ -98,8 +99,8 @@ def _kernel_table(step: Callable[[], torch.Tensor], top: int = 14) -> list[dict[
 
 
 def _one_batch(
-    b: int, pieces: StaticKVDecoder, whole: StaticKVDecoder | None, attentions: dict[str, Any], mode: str | None,
-    args: argparse.Namespace,
+    b: int, pieces: StaticKVDecoder, whole: StaticKVDecoder | None, attentions: dict[str, Any],
+    fused: dict[str, Any], mode: str | None, args: argparse.Namespace,
 ) -> tuple[dict[str, float], dict[str, list[dict[str, object]]]]:  # fmt: skip
     """Time (and optionally profile) batch ``b``: the pieces with each decode attention, and the whole step
     (compiled now, static shapes) when ``whole`` is given. Logit differences are against the matmul pieces."""
@@ -127,6 +128,17 @@ def _one_batch(
                 if args.profile:
                     tables[f"pieces_{name}"] = _kernel_table(run_pieces)
         pieces.decode_attention, pieces._attn_out_mlp = "matmul", attentions["matmul"]
+        for name, fn in fused.items():  # decode_layer "fused": the whole layer, cache write included, one graph
+            pieces.decode_layer, pieces.decode_attention, pieces._decode_layer = "fused", name, fn
+            t = time.perf_counter()
+            got = run_pieces()
+            row[f"fused_{name}_first_call_s"] = time.perf_counter() - t
+            row[f"fused_{name}_max_abs_logit_diff_row0"] = float((got[0].float() - ref).abs().max())
+            if cuda:
+                row[f"fused_{name}_graph_ms"], _ = _graph_ms(run_pieces, args.iters)
+                if args.profile:
+                    tables[f"fused_{name}"] = _kernel_table(run_pieces)
+        pieces.decode_layer, pieces.decode_attention = "split", "matmul"
         if whole is None:
             return row, tables
         torch._dynamo.reset()
@@ -157,6 +169,7 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="also print the kernel table of every variant")
     ap.add_argument("--attention", default="matmul,sdpa,flex", help="decode attentions of the pieces (matmul first)")
     ap.add_argument("--no-whole", action="store_true", help="skip the whole-step compile")
+    ap.add_argument("--fused", default="matmul,sdpa", help="decode attentions of the fused layer ('' for none)")
     ap.add_argument("--out", type=Path, default=Path("/tmp"))
     args = ap.parse_args()
     dims = TINY if args.tiny else QWEN_15B
@@ -186,8 +199,13 @@ def main() -> None:
     attentions = {n: torch.compile(DECODE_ATTENTION[n], dynamic=True, fullgraph=True) if cuda else DECODE_ATTENTION[n]
                   for n in names[1:]}  # fmt: skip
     attentions = {"matmul": pieces._attn_out_mlp, **attentions}
+    fused = {
+        n: (torch.compile(make_decode_layer(DECODE_ATTENTION[n]), dynamic=True, fullgraph=True) if cuda
+            else make_decode_layer(DECODE_ATTENTION[n]))
+        for n in filter(None, args.fused.split(","))
+    }  # fmt: skip
     for b in batches:
-        row, tables = _one_batch(b, pieces, whole, attentions, mode, args)
+        row, tables = _one_batch(b, pieces, whole, attentions, fused, mode, args)
         report[f"batch{b}"] = row
         for name, table in tables.items():
             report[f"batch{b}_{name}_kernels"] = table

@@ -52,6 +52,8 @@
 #           warm and empty caches): a way to < 1 s that avoids AOTInductor's C++ loader?
 #   s10d:   scripts/gpu/decode_kernel_probe.py (decode GEMMs cuBLAS vs Inductor vs coordinate-descent GEMV, attn_in's
 #           generated code, which op copies on the device); then s9f's intent server again at c=24/32/40
+#   s10e:   decode_layer "fused" (the whole layer incl. the cache write in one compiled graph): batch 1 and 64 steps
+#           against the split pieces (kernel tables), its GPU tests, then the async 1.5B server fused, then split
 #   s9d:    tests/gpu inductor fp16 (tiny model), then the s9a server (cap 1024, then none) with the engine's single
 #           input copy and sampled stage timing, c=32/40/48
 #   s9e:    the 1.5B generation server, sync then async scheduling, with the faster host path (detokenizer, scheduler)
@@ -307,6 +309,15 @@ case $stage in
     MODEL=var/models/intent-e5-shape INDUCTOR_FORMAT=exported-program python3 scripts/gpu/build_intent_gpu.py /tmp/gpurepo 0 1 0 2>&1 | tail -1
     SHARED=1 TAG="_e5shape_shared_delay0_cap0_onecopy_s10d" WORKERS=6 LEVELS=24,32,40 \
       timeout 150 bash scripts/gpu/serve_workers.sh "$OUT" 2>&1 | grep -E "ready after|c=|exit" | tail -6
+    ;;
+  s10e)
+    timeout 170 python3 scripts/gpu/decode_whole_step.py --batches 1,64 --no-whole --attention matmul --fused matmul \
+      --profile --out "$OUT" 2>&1 | grep -E "^batch|^kernels|Error|error" | tail -64
+    timeout 100 python3 -X faulthandler -m pytest -q tests/gpu/test_slot_engine_gpu.py -k fused -p no:cacheprovider \
+      -p no:warnings --tb=short > "$OUT/pytest_fused.txt" 2>&1
+    grep -E "passed|failed|error|Error|assert|FAIL" "$OUT/pytest_fused.txt" | tail -12
+    gen_server sched_on_fused "" --stagger-ms 10 --static-prefill --duration 8 --async-scheduling --decode-layer fused
+    gen_server sched_on_split "" --stagger-ms 10 --static-prefill --duration 8 --async-scheduling --decode-layer split
     ;;
   s10b)
     gen_server sched_on_flex "" --stagger-ms 10 --static-prefill --duration 10 --async-scheduling --decode-attention flex

@@ -16,10 +16,11 @@ from miaohui.generation.static_kv import StaticKVDecoder
 pytestmark = pytest.mark.gpu
 
 
-def _engine(hf: torch.nn.Module, *, graphs: bool, attention: str = "matmul") -> TorchSlotEngine:
+def _engine(hf: torch.nn.Module, *, graphs: bool, attention: str = "matmul", layer: str = "split") -> TorchSlotEngine:
     opts = SlotEngineOptions(
-        num_slots=8, max_len=256, dtype="fp32", compile=graphs, cuda_graphs=graphs, decode_attention=attention
-    )
+        num_slots=8, max_len=256, dtype="fp32", compile=graphs, cuda_graphs=graphs, decode_attention=attention,
+        decode_layer=layer,
+    )  # fmt: skip
     dec = StaticKVDecoder.from_hf(hf, num_slots=8, max_len=256, dtype=torch.float32)
     engine = TorchSlotEngine(dec, [999], 0, opts)
     engine.warmup()
@@ -45,6 +46,20 @@ def test_decode_attention_kernels_in_graphs_match_eager_matmul_tokens(attention:
     fast, slow = _engine(hf, graphs=True, attention=attention), _engine(hf, graphs=False)
     assert fast.graphs_on and fast.model.decode_attention == attention
     prompts = [[5, 6, 7, 8, 9], [11, 12, 13], list(range(20, 160))]  # the last one crosses a length bucket
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    got = LLMEngine(fast, None).generate(prompts, params)
+    want = LLMEngine(slow, None).generate(prompts, params)
+    assert [g[0] for g in got] == [w[0] for w in want]
+
+
+@pytest.mark.parametrize("attention", ["matmul", "sdpa"])
+def test_fused_decode_layer_in_graphs_matches_eager_split_tokens(attention: str) -> None:
+    """``decode_layer: fused`` (cache write inside the compiled layer, in place) in the CUDA graphs: the eager
+    default engine's tokens, across a length bucket."""
+    hf = tiny_qwen("cuda")
+    fast, slow = _engine(hf, graphs=True, attention=attention, layer="fused"), _engine(hf, graphs=False)
+    assert fast.graphs_on and fast.model.decode_layer == "fused"
+    prompts = [[5, 6, 7, 8, 9], [11, 12, 13], list(range(20, 160))]
     params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
     got = LLMEngine(fast, None).generate(prompts, params)
     want = LLMEngine(slow, None).generate(prompts, params)

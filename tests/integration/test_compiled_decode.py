@@ -12,6 +12,7 @@ import pytest
 import torch
 from tests.tiny_llm import tiny_qwen
 
+from miaohui.errors import ConfigError
 from miaohui.generation.slot_engine import TorchSlotEngine
 from miaohui.generation.slot_options import SlotEngineOptions
 from miaohui.generation.static_kv import StaticKVDecoder
@@ -19,12 +20,12 @@ from miaohui.generation.static_kv import StaticKVDecoder
 pytestmark = pytest.mark.slow
 
 
-_COMPILED = ("_attn_in", "_attn_out_mlp", "_attn_proj_mlp", "_final")
+_COMPILED = ("_attn_in", "_attn_out_mlp", "_attn_proj_mlp", "_final", "_decode_layer")
 
 
 def _eager(fn_name: str, model: StaticKVDecoder, *args: object) -> torch.Tensor:
     """``model.<fn_name>(*args)`` with the compiled pieces taken off (the class's eager functions show through)."""
-    compiled = {k: model.__dict__.pop(k) for k in _COMPILED}
+    compiled = {k: model.__dict__.pop(k) for k in _COMPILED if k in model.__dict__}
     try:
         return getattr(model, fn_name)(*args)  # type: ignore[no-any-return]
     finally:
@@ -58,7 +59,7 @@ def test_compiled_prefill_matches_eager_prefill() -> None:
     engine = TorchSlotEngine(StaticKVDecoder.from_hf(hf, num_slots=8, max_len=256, dtype=torch.float32), [999], 0, opts)
     engine.warmup()
     model = engine.model
-    assert all(k in model.__dict__ for k in _COMPILED)  # prefill runs the compiled pieces too
+    assert all(k in model.__dict__ for k in _COMPILED[:4])  # prefill runs the compiled pieces too
     gen = torch.Generator().manual_seed(2)
     with torch.inference_mode():
         for n, s in ((1, 16), (3, 40), (2, 7)):
@@ -99,3 +100,41 @@ def test_decode_attention_kernels_give_the_matmul_logits(attention: str) -> None
                 for got, how in ((compiled, "compiled"), (eager, "eager")):
                     err = float((got - want).norm() / want.norm())
                     assert err < 1e-4, f"{attention} {how} batch {b} length {length}: relative logit error {err:.2e}"
+
+
+@pytest.mark.parametrize("attention", ["matmul", "sdpa"])
+def test_fused_decode_layer_gives_the_split_layers_logits_and_cache(attention: str) -> None:
+    """``decode_layer: fused`` (the cache write inside the compiled layer), compiled and eager, against the split
+    layers, eager: the same logits at every bucket and, after the steps, the same keys/values in every slot."""
+    hf = tiny_qwen()
+    opts = SlotEngineOptions(
+        num_slots=8, max_len=256, dtype="fp32", compile=True, cuda_graphs=False, decode_attention=attention,
+        decode_layer="fused",
+    )  # fmt: skip
+    engine = TorchSlotEngine(StaticKVDecoder.from_hf(hf, num_slots=8, max_len=256, dtype=torch.float32), [999], 0, opts)
+    fused = engine.model
+    split = StaticKVDecoder.from_hf(hf, num_slots=8, max_len=256, dtype=torch.float32)
+    assert fused.decode_layer == "fused" and "_decode_layer" in fused.__dict__ and split.decode_layer == "split"
+    gen = torch.Generator().manual_seed(4)
+    with torch.inference_mode():
+        prompts = torch.randint(5, 1000, (8, 150), generator=gen)
+        for m in (fused, split):
+            m.prefill(prompts, torch.full((8,), 150), torch.arange(8))
+        for b in engine.batch_buckets:
+            for length in engine.length_buckets:
+                tokens = torch.randint(5, 1000, (b,), generator=gen)
+                positions = torch.randint(0, min(length, 151), (b,), generator=gen)
+                eager = _eager("decode", fused, tokens, positions, length)  # also rewrites the same cache entries
+                compiled = engine._decode_fn(tokens, positions, length)
+                want = split.decode(tokens, positions, length)
+                for got, how in ((compiled, "compiled"), (eager, "eager")):
+                    err = float((got - want).norm() / want.norm())
+                    assert err < 1e-4, f"fused {how} batch {b} length {length}: relative logit error {err:.2e}"
+    for i in range(len(split.k_cache)):
+        assert torch.allclose(fused.k_cache[i], split.k_cache[i], atol=1e-5), f"layer {i} keys"
+        assert torch.allclose(fused.v_cache[i], split.v_cache[i], atol=1e-5), f"layer {i} values"
+
+
+def test_fused_decode_layer_refuses_flex_attention() -> None:
+    with pytest.raises(ConfigError, match="flex"):
+        SlotEngineOptions(decode_attention="flex", decode_layer="fused")

@@ -197,6 +197,7 @@ class TorchSlotEngine(SlotCausalLMEngine):
         self._decode_fn: Callable[..., torch.Tensor] = model.decode
         self._prefill_fn: Callable[..., torch.Tensor] = model.prefill
         model.decode_attention = options.decode_attention
+        model.decode_layer = options.decode_layer
         if self.compiled:
             _allow_specialisations()
             mode = "max-autotune-no-cudagraphs" if options.autotune else None

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from miaohui.config import Frozen
 from miaohui.errors import ConfigError
@@ -32,6 +32,11 @@ class SlotEngineOptions(Frozen):
     ``scaled_dot_product_attention`` call (``sdpa``) or FlexAttention (``flex``: compiled, Inductor's
     flash-decoding kernel). H200, 1.5B shape, batch 64: sdpa 2.43 vs matmul 2.51 ms per step (session 9); flex not
     measured yet, so ``matmul`` stays the default."""
+    decode_layer: Literal["split", "fused"] = "split"
+    """``split``: each layer's two compiled halves (RMSNorm→QKV→RoPE; attention→MLP) around eager ``index_copy_``
+    cache writes, 4 launches per layer outside compiled code; ``fused``: the whole layer, cache write included (an
+    in-place ``index_put_``), in one compiled graph. Not measured on a GPU yet, so ``split`` stays the default; not
+    with ``decode_attention: flex``."""
     batch_buckets: tuple[int, ...] = ()
     """Decode batch sizes (default: powers of two up to num_slots, and num_slots)."""
     length_buckets: tuple[int, ...] = ()
@@ -46,6 +51,15 @@ class SlotEngineOptions(Frozen):
     """Prompts per static prefill; more new prompts in one step are prefilled eagerly."""
     prefill_length_buckets: tuple[int, ...] = ()
     """Padded prompt lengths (default: 16, 32, ... up to max_len); longer prompts are prefilled eagerly."""
+
+    @model_validator(mode="after")
+    def _fused_layer_attention(self) -> SlotEngineOptions:
+        if self.decode_layer == "fused" and self.decode_attention == "flex":
+            raise ConfigError(
+                "decode_layer 'fused' does not take decode_attention 'flex'",
+                "use decode_attention matmul or sdpa with the fused layer, or decode_layer split",
+            )
+        return self
 
     def prefill_buckets(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
         lengths = self.prefill_length_buckets or _powers(16, self.max_len)

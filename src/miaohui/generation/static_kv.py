@@ -190,6 +190,45 @@ argument is the additive mask [b, 1, 1, T] for ``matmul``/``sdpa`` and the posit
 query is [b, H, 1, D], not [b, H, D])."""
 
 
+def make_decode_layer(attend: Any) -> Any:
+    """A whole decode layer as one function (``SlotEngineOptions.decode_layer = "fused"``), compiled into one graph:
+    :func:`attn_in`, the new keys/values written into the cache, then ``attend`` (``DECODE_ATTENTION``'s matmul or
+    sdpa half). The write is ``cache[rows, :, positions] = k`` (``index_put_`` on the cache passed in, gpt-fast's KV
+    update): Inductor turns the functional scatter back into an in-place store inside its own kernel, so the split
+    layout's two ``index_copy_`` launches and two device copies per layer go away. (A write through a *view* of the
+    cache, ``index_copy_`` on ``cache.view(-1, D)``, is what made session 9's whole-step graph copy every layer's
+    cache twice per step: 2.5 of its 4.3 ms at batch 1, ``decode_whole_step_h200_s10a.json``.)"""
+
+    def decode_layer(
+        x: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        rows: torch.Tensor,
+        positions: torch.Tensor,
+        mask: torch.Tensor,
+        in_norm: torch.Tensor,
+        qkv: torch.Tensor,
+        qkv_bias: torch.Tensor | None,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        o: torch.Tensor,
+        post_norm: torch.Tensor,
+        gate_up: torch.Tensor,
+        down: torch.Tensor,
+        eps: float,
+        heads: int,
+        kv_len: int,
+    ) -> torch.Tensor:
+        b, kv_heads = x.shape[0], k_cache.shape[1]
+        q, k, v = attn_in(x, in_norm, qkv, qkv_bias, cos, sin, eps, heads, kv_heads)
+        k_cache[rows, :, positions] = k  # [b, KVH, D] at (row, every head, position)
+        v_cache[rows, :, positions] = v
+        keys, values = k_cache[:b, :, :kv_len], v_cache[:b, :, :kv_len]
+        return attend(x, q, keys, values, mask, o, post_norm, gate_up, down, eps)
+
+    return decode_layer
+
+
 def final_logits(x: torch.Tensor, norm: torch.Tensor, head: torch.Tensor, eps: float) -> torch.Tensor:
     return F.linear(_rms_norm(x, norm, eps), head).float()
 
@@ -372,11 +411,17 @@ class StaticKVDecoder(nn.Module):
         (~1,400 per 128-token prompt of the 1.5B model): compiled, a few fused ones."""
         self._attn_in = compile_fn(attn_in)
         self._attn_out_mlp = compile_fn(DECODE_ATTENTION[self.decode_attention])
+        if self.decode_layer == "fused":
+            self._decode_layer = compile_fn(make_decode_layer(DECODE_ATTENTION[self.decode_attention]))
         self._attn_proj_mlp = compile_fn(attn_proj_mlp)
         self._final = compile_fn(final_logits)
 
     decode_attention: str = "matmul"
     """How decode attends (``DECODE_ATTENTION``): set before :meth:`use_compiled` / the first decode."""
+    decode_layer: str = "split"
+    """``split``: a layer's two compiled halves around eager cache writes; ``fused``: :func:`make_decode_layer`'s one
+    function per layer (matmul or sdpa attention). Set before :meth:`use_compiled` / the first decode."""
+    _decode_layer: Any = None  # make_decode_layer(...) for decode_layer "fused", compiled by use_compiled
     _attn_in: Any = staticmethod(attn_in)
     _attn_out_mlp: Any = None  # DECODE_ATTENTION[decode_attention] unless compiled
     _attn_proj_mlp: Any = staticmethod(attn_proj_mlp)
@@ -401,6 +446,18 @@ class StaticKVDecoder(nn.Module):
         # index_copy_ kernel per tensor and layer (row r = slot r, at position positions[r])
         heads = torch.arange(d.num_kv_heads, device=tokens.device)
         dest = ((rows[:, None] * d.num_kv_heads + heads[None, :]) * self.max_len + positions[:, None]).reshape(-1)
+        if self.decode_layer == "fused":
+            if flex:
+                raise ValueError("decode_layer 'fused' takes the matmul or sdpa decode attention, not flex")
+            run = self._decode_layer or make_decode_layer(attend)
+            for i, layer in enumerate(self.layers):
+                assert isinstance(layer, _Layer)
+                x = run(
+                    x, self.k_cache[i], self.v_cache[i], rows, positions, mask, layer.in_norm, layer.qkv,
+                    layer.qkv_bias, cos, sin, layer.o, layer.post_norm, layer.gate_up, layer.down, d.rms_eps,
+                    d.num_heads, kv_len,
+                )  # fmt: skip
+            return self._final(x, self.norm, self.head, d.rms_eps)
         for i, layer in enumerate(self.layers):
             assert isinstance(layer, _Layer)
             q, k, v = self._attn_in(
