@@ -54,6 +54,8 @@
 #           generated code, which op copies on the device); then s9f's intent server again at c=24/32/40
 #   s10e:   decode_layer "fused" (the whole layer incl. the cache write in one compiled graph): batch 1 and 64 steps
 #           against the split pieces (kernel tables), its GPU tests, then the async 1.5B server fused, then split
+#   s10f:   every captured decode graph of the server's 1.5B engine timed per (batch, length) bucket, split vs fused
+#           layers, with Dynamo's recompile log (scripts/gpu/decode_buckets.py)
 #   s9d:    tests/gpu inductor fp16 (tiny model), then the s9a server (cap 1024, then none) with the engine's single
 #           input copy and sampled stage timing, c=32/40/48
 #   s9e:    the 1.5B generation server, sync then async scheduling, with the faster host path (detokenizer, scheduler)
@@ -318,6 +320,11 @@ case $stage in
     grep -E "passed|failed|error|Error|assert|FAIL" "$OUT/pytest_fused.txt" | tail -12
     gen_server sched_on_fused "" --stagger-ms 10 --static-prefill --duration 8 --async-scheduling --decode-layer fused
     gen_server sched_on_split "" --stagger-ms 10 --static-prefill --duration 8 --async-scheduling --decode-layer split
+    ;;
+  s10f)
+    TORCH_LOGS=recompiles timeout 400 python3 scripts/gpu/decode_buckets.py --out "$OUT" > "$OUT/decode_buckets.log" 2>&1
+    grep -c -i "recompil" "$OUT/decode_buckets.log"; grep -i "recompil" -A3 "$OUT/decode_buckets.log" | cut -c1-300 | head -30
+    grep -E "^split|^fused|Error|error" "$OUT/decode_buckets.log" | cut -c1-2000
     ;;
   s10b)
     gen_server sched_on_flex "" --stagger-ms 10 --static-prefill --duration 10 --async-scheduling --decode-attention flex
