@@ -56,6 +56,7 @@
 #           against the split pieces (kernel tables), its GPU tests, then the async 1.5B server fused, then split
 #   s10f:   every captured decode graph of the server's 1.5B engine timed per (batch, length) bucket, split vs fused
 #           layers, with Dynamo's recompile log (scripts/gpu/decode_buckets.py)
+#   s10g:   s10e's async 1.5B server again, split first, then fused (order effects?)
 #   s9d:    tests/gpu inductor fp16 (tiny model), then the s9a server (cap 1024, then none) with the engine's single
 #           input copy and sampled stage timing, c=32/40/48
 #   s9e:    the 1.5B generation server, sync then async scheduling, with the faster host path (detokenizer, scheduler)
@@ -325,6 +326,10 @@ case $stage in
     TORCH_LOGS=recompiles timeout 400 python3 scripts/gpu/decode_buckets.py --out "$OUT" > "$OUT/decode_buckets.log" 2>&1
     grep -c -i "recompil" "$OUT/decode_buckets.log"; grep -i "recompil" -A3 "$OUT/decode_buckets.log" | cut -c1-300 | head -30
     grep -E "^split|^fused|Error|error" "$OUT/decode_buckets.log" | cut -c1-2000
+    ;;
+  s10g)
+    gen_server sched_on_split2 "" --stagger-ms 10 --static-prefill --duration 8 --async-scheduling --decode-layer split
+    gen_server sched_on_fused2 "" --stagger-ms 10 --static-prefill --duration 8 --async-scheduling --decode-layer fused
     ;;
   s10b)
     gen_server sched_on_flex "" --stagger-ms 10 --static-prefill --duration 10 --async-scheduling --decode-attention flex
