@@ -169,7 +169,7 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="also print the kernel table of every variant")
     ap.add_argument("--attention", default="matmul,sdpa,flex", help="decode attentions of the pieces (matmul first)")
     ap.add_argument("--no-whole", action="store_true", help="skip the whole-step compile")
-    ap.add_argument("--fused", default="matmul,sdpa", help="decode attentions of the fused layer ('' for none)")
+    ap.add_argument("--fused", default="matmul", help="decode attentions of the fused layer ('' for none)")
     ap.add_argument("--out", type=Path, default=Path("/tmp"))
     args = ap.parse_args()
     dims = TINY if args.tiny else QWEN_15B

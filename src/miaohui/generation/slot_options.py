@@ -30,13 +30,18 @@ class SlotEngineOptions(Frozen):
     decode_attention: Literal["matmul", "sdpa", "flex"] = "matmul"
     """Decode's attention over the cache: two batched matmuls and a softmax (``matmul``), one
     ``scaled_dot_product_attention`` call (``sdpa``) or FlexAttention (``flex``: compiled, Inductor's
-    flash-decoding kernel). H200, 1.5B shape, batch 64: sdpa 2.43 vs matmul 2.51 ms per step (session 9); flex not
-    measured yet, so ``matmul`` stays the default."""
+    flash-decoding kernel). H200, 1.5B shape, CUDA graphs at (batch 64, 256 positions), session 10
+    (``decode_whole_step_h200_s10a.json``): matmul 2.68 ms, sdpa 2.71 (cuDNN's kernel is faster than the two matmuls
+    and the softmax, 268 vs 393 µs, but the step is not), flex 4.83 (its kernel alone 2.5 ms); ``matmul`` stays."""
     decode_layer: Literal["split", "fused"] = "split"
     """``split``: each layer's two compiled halves (RMSNorm→QKV→RoPE; attention→MLP) around eager ``index_copy_``
-    cache writes, 4 launches per layer outside compiled code; ``fused``: the whole layer, cache write included (an
-    in-place ``index_put_``), in one compiled graph. Not measured on a GPU yet, so ``split`` stays the default; not
-    with ``decode_attention: flex``."""
+    cache writes; ``fused``: the whole layer, cache write included (an in-place ``index_put_`` fused into the RoPE
+    kernel), one compiled graph. H200, 1.5B shape, every captured decode graph (``decode_buckets_h200_s10f.json``):
+    fused is 4–9 % faster in each of the 28 (batch, length) buckets (batch 64 × 256: 2.34 vs 2.55 ms; batch 1:
+    1.92 vs 2.02). Through the async server the two calls disagreed (fused 13.5k / 16.7k tok/s, split 17.9k / 15.3k,
+    the first server of a call always the slower) and one fused run had a 411 ms TTFT p99, so ``split`` stays the
+    default until a longer A/B settles it. Only with ``decode_attention: matmul``: with sdpa the fused graph failed
+    Inductor's stride check on the H200 (torch 2.11, ``gpu_tests_slot_engine_fused_h200_s10e.txt``)."""
     batch_buckets: tuple[int, ...] = ()
     """Decode batch sizes (default: powers of two up to num_slots, and num_slots)."""
     length_buckets: tuple[int, ...] = ()
@@ -54,10 +59,10 @@ class SlotEngineOptions(Frozen):
 
     @model_validator(mode="after")
     def _fused_layer_attention(self) -> SlotEngineOptions:
-        if self.decode_layer == "fused" and self.decode_attention == "flex":
+        if self.decode_layer == "fused" and self.decode_attention != "matmul":
             raise ConfigError(
-                "decode_layer 'fused' does not take decode_attention 'flex'",
-                "use decode_attention matmul or sdpa with the fused layer, or decode_layer split",
+                f"decode_layer 'fused' does not take decode_attention {self.decode_attention!r}",
+                "use decode_attention matmul with the fused layer, or decode_layer split",
             )
         return self
 

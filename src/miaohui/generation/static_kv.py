@@ -420,7 +420,8 @@ class StaticKVDecoder(nn.Module):
     """How decode attends (``DECODE_ATTENTION``): set before :meth:`use_compiled` / the first decode."""
     decode_layer: str = "split"
     """``split``: a layer's two compiled halves around eager cache writes; ``fused``: :func:`make_decode_layer`'s one
-    function per layer (matmul or sdpa attention). Set before :meth:`use_compiled` / the first decode."""
+    function per layer (``SlotEngineOptions`` allows it with the matmul attention only). Set before
+    :meth:`use_compiled` / the first decode."""
     _decode_layer: Any = None  # make_decode_layer(...) for decode_layer "fused", compiled by use_compiled
     _attn_in: Any = staticmethod(attn_in)
     _attn_out_mlp: Any = None  # DECODE_ATTENTION[decode_attention] unless compiled
@@ -447,8 +448,8 @@ class StaticKVDecoder(nn.Module):
         heads = torch.arange(d.num_kv_heads, device=tokens.device)
         dest = ((rows[:, None] * d.num_kv_heads + heads[None, :]) * self.max_len + positions[:, None]).reshape(-1)
         if self.decode_layer == "fused":
-            if flex:
-                raise ValueError("decode_layer 'fused' takes the matmul or sdpa decode attention, not flex")
+            if flex:  # SlotEngineOptions refuses it; sdpa runs here (CPU tests) but failed compiled on the H200
+                raise ValueError("decode_layer 'fused' takes the matmul decode attention, not flex")
             run = self._decode_layer or make_decode_layer(attend)
             for i, layer in enumerate(self.layers):
                 assert isinstance(layer, _Layer)
