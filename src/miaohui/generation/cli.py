@@ -1,4 +1,4 @@
-"""``miaohui build-llm``: export the offline SmolLM2 into the model repository as a causal-LM version.
+"""``miaohui build-llm``: export an offline LLM (SmolLM2 or Gemma-3-270M) into the repository as a causal-LM version.
 
 A plain typer-compatible function; the main CLI registers it with ``app.command("build-llm")(build_llm)``.
 It imports nothing from :mod:`miaohui.cli` (which imports this module), so there is no import cycle.
@@ -32,9 +32,16 @@ def build_llm(
     force: Annotated[
         bool, typer.Option(help="Export again even if the newest version has the same build key.")
     ] = False,
+    source: Annotated[
+        str,
+        typer.Option(
+            help="smollm2 (SmolLM2-135M-Instruct, English chat) | gemma3-270m (Gemma-3-270M base, Chinese-capable; "
+            "onnxruntime only)"
+        ),
+    ] = "smollm2",
 ) -> None:
-    """Export SmolLM2-135M-Instruct (explicit KV cache, checked against PyTorch) into REPOSITORY/NAME/<next version>."""
-    from miaohui.generation.artifact import PRECISIONS, build_causal_lm, read_info
+    """Export an offline LLM (explicit KV cache, checked against PyTorch and HF) into REPOSITORY/NAME/<next version>."""
+    from miaohui.generation.artifact import PRECISIONS, SOURCES, build_causal_lm, read_info
     from miaohui.paths import repository_dir
 
     console, err = Console(), Console(stderr=True)
@@ -43,6 +50,10 @@ def build_llm(
         err.print(f"[bold red]error:[/] --backend {backend!r} --precision {precision!r} is not supported")
         err.print(f"[yellow]fix:[/] backends and precisions: {PRECISIONS}")
         raise typer.Exit(2)
+    if source not in SOURCES:
+        err.print(f"[bold red]error:[/] --source {source!r} is not an offline LLM")
+        err.print(f"[yellow]fix:[/] use one of {list(SOURCES)}")
+        raise typer.Exit(2)
     try:
         path = build_causal_lm(
             repository or repository_dir(),
@@ -50,6 +61,7 @@ def build_llm(
             precision,  # type: ignore[arg-type]  # checked against PRECISIONS above
             backend=backend,  # type: ignore[arg-type]
             force=force,
+            source=source,  # type: ignore[arg-type]  # checked against SOURCES above
             log=lambda m: console.print(f"[dim]·[/] {m}"),
         )
     except MiaohuiError as exc:

@@ -223,6 +223,17 @@ def eos_ids(hf_model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBase) -> l
     return sorted(int(i) for i in ids)
 
 
+def kv_decoder(hf_model: Any) -> KVLlama:
+    """The explicit-KV module for ``hf_model``: :class:`~miaohui.generation.gemma.KVGemma3` for Gemma 3 text
+    models, :class:`~miaohui.generation.llama.KVLlama` for Llama-style ones (Llama, SmolLM2, Qwen2)."""
+    from miaohui.generation.gemma import KVGemma3
+    from miaohui.generation.llama import KVLlama
+
+    if str(getattr(hf_model.config, "model_type", "")).startswith("gemma3"):
+        return KVGemma3(hf_model)  # type: ignore[return-value]  # same forward contract
+    return KVLlama(hf_model)
+
+
 def export_decoder(
     hf_model: LlamaForCausalLM,
     tokenizer: PreTrainedTokenizerBase,
@@ -235,10 +246,8 @@ def export_decoder(
     import torch
     from rich.console import Console
 
-    from miaohui.generation.llama import KVLlama
-
     spec = spec or DecoderExportSpec()
-    kv_model = KVLlama(hf_model).eval()
+    kv_model = kv_decoder(hf_model).eval()
     d = kv_model.dims
     names_in, names_out = input_names(d.num_layers), output_names(d.num_layers)
     # trace with batch 2, seq 3, past 4 so that no dynamic dimension is specialised to 0 or 1

@@ -1,0 +1,78 @@
+"""Real Gemma-3-270M (base, Chinese-capable) on the CPU: built into a repository through ``build_causal_lm``, its
+ONNX decoder (sliding-window and global layers, Q/K norms, GeGLU) against HF ``generate``.
+
+The converted fp32 model is cached between runs under var/test-cache (keyed by the GGUF's digest); the build
+(~40 s: export + the check against torch and HF) is made once per test session.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.integration.conftest import hf_greedy_tokens
+
+from miaohui.errors import ConfigError
+from miaohui.generation.artifact import build_causal_lm, read_info
+from miaohui.generation.engine_loop import LLMEngine
+from miaohui.generation.export import load_meta
+from miaohui.generation.ort_engine import OrtCausalLMEngine
+from miaohui.generation.params import SamplingParams
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL_CACHE = ROOT / "var" / "test-cache" / "gemma3-270m"
+NEW_TOKENS = 16
+
+
+@pytest.fixture(scope="session")
+def gemma() -> tuple[Any, Any]:
+    from miaohui.zoo.gemma import load_gemma3
+
+    model, tokenizer, _ = load_gemma3(MODEL_CACHE)
+    return model, tokenizer
+
+
+@pytest.fixture(scope="session")
+def gemma_version(gemma: tuple[Any, Any], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    repo = tmp_path_factory.mktemp("gemma-repo")
+    return build_causal_lm(repo, "gemma3", "fp32", source="gemma3-270m", source_cache=MODEL_CACHE)
+
+
+def test_build_writes_a_checked_gemma_version(gemma_version: Path, gemma: tuple[Any, Any]) -> None:
+    info, meta = read_info(gemma_version), load_meta(gemma_version)
+    assert info.source.startswith("gemma-3-270m-q4_k_m.gguf@sha256:") and info.backend == "onnxruntime"
+    assert info.chat_template is not None and "<start_of_turn>" in info.chat_template
+    dims = meta.decoder_dims
+    assert (dims.num_layers, dims.num_heads, dims.num_kv_heads, dims.head_dim) == (18, 4, 1, 256)
+    assert max(meta.check.values()) < 2e-3, meta.check
+    end_of_turn = gemma[1].convert_tokens_to_ids("<end_of_turn>")
+    assert end_of_turn in meta.eos_token_ids and gemma[1].eos_token_id in meta.eos_token_ids
+
+
+def test_ort_greedy_equals_hf_generate_in_chinese_and_past_the_sliding_window(
+    gemma_version: Path, gemma: tuple[Any, Any]
+) -> None:
+    """A Chinese chat prompt, and a 600-token prompt (the local layers' window is 512: their mask is exercised)."""
+    model, tokenizer = gemma
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "请用一句话介绍一下北京。"}], add_generation_prompt=True, tokenize=False
+    )
+    chat = tokenizer(text, add_special_tokens=False)["input_ids"]  # the template starts with <bos>
+    long = tokenizer("银行理财产品的风险等级从低到高分为五级。" * 60, add_special_tokens=True)["input_ids"][:600]
+    assert len(long) == 600 > model.config.sliding_window
+    want = hf_greedy_tokens(model, [chat, long], NEW_TOKENS)
+    engine = OrtCausalLMEngine(gemma_version)
+    llm = LLMEngine(engine, tokenizer.backend_tokenizer)
+    params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+    got = [out[0] for out in llm.generate([chat, long], params)]
+    assert got == want
+
+
+def test_gemma_is_refused_where_it_cannot_run(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="onnxruntime only"):
+        build_causal_lm(tmp_path, "gemma3", "bf16", source="gemma3-270m", backend="inductor")
+    with pytest.raises(ConfigError, match="not an offline causal LM"):
+        build_causal_lm(tmp_path, "x", "fp32", source="llama-70b")  # type: ignore[arg-type]
