@@ -372,6 +372,7 @@ def server_load(
     sched = SchedulerConfig(
         max_running_seqs=options.num_slots, max_batched_tokens=args.max_batched_tokens, max_waiting=1024,
         max_model_len=options.max_len, async_scheduling=bool(args.async_scheduling),
+        prefill_min_prompts=args.prefill_min_prompts, prefill_max_wait_ms=args.prefill_max_wait_ms,
     )  # fmt: skip
     import yaml
 
@@ -684,6 +685,10 @@ def main() -> None:
         default=False,
         help="--server: launch step N+1 before reading step N's tokens (scheduler: async_scheduling; default off)",
     )
+    ap.add_argument(
+        "--prefill-min-prompts", type=int, default=1, help="--server: hold prompts for a joint prefill (scheduler)"
+    )
+    ap.add_argument("--prefill-max-wait-ms", type=float, default=0.0, help="--server: the longest such a hold")
     ap.add_argument(
         "--stagger-ms",
         type=float,

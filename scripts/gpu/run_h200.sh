@@ -57,6 +57,8 @@
 #   s10f:   every captured decode graph of the server's 1.5B engine timed per (batch, length) bucket, split vs fused
 #           layers, with Dynamo's recompile log (scripts/gpu/decode_buckets.py)
 #   s10g:   s10e's async 1.5B server again, split first, then fused (order effects?)
+#   s11a:   (next session) the async 1.5B server, 20 s per run, split / fused / split / fused (one call, both orders),
+#           then prefill grouping (scheduler prefill_min_prompts 2, max wait 8 ms) with the split layer
 #   s9d:    tests/gpu inductor fp16 (tiny model), then the s9a server (cap 1024, then none) with the engine's single
 #           input copy and sampled stage timing, c=32/40/48
 #   s9e:    the 1.5B generation server, sync then async scheduling, with the faster host path (detokenizer, scheduler)
@@ -330,6 +332,14 @@ case $stage in
   s10g)
     gen_server sched_on_split2 "" --stagger-ms 10 --static-prefill --duration 8 --async-scheduling --decode-layer split
     gen_server sched_on_fused2 "" --stagger-ms 10 --static-prefill --duration 8 --async-scheduling --decode-layer fused
+    ;;
+  s11a)
+    for layer in split fused split fused; do
+      gen_server "sched_${layer}_$RANDOM" "" --stagger-ms 10 --static-prefill --duration 20 --async-scheduling \
+        --decode-layer $layer 2>&1 | grep -E "tokens_per_s|ttft_ms_p99|itl_ms_p99"
+    done
+    gen_server sched_split_group2 "" --stagger-ms 10 --static-prefill --duration 20 --async-scheduling \
+      --prefill-min-prompts 2 --prefill-max-wait-ms 8
     ;;
   s10b)
     gen_server sched_on_flex "" --stagger-ms 10 --static-prefill --duration 10 --async-scheduling --decode-attention flex

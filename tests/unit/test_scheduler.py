@@ -86,6 +86,59 @@ def test_prefill_respects_token_budget_with_padding_and_fifo() -> None:
     assert [p.seq_id for p in out2.prefill] == [s3.seq_id] and out2.num_batched_tokens == 4
 
 
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_prompts_are_held_for_a_joint_prefill_while_others_decode() -> None:
+    """``prefill_min_prompts``: while a sequence decodes, one waiting prompt is held until a second arrives (then both
+    are prefilled together) or until it has waited ``prefill_max_wait_ms``; with nothing decoding it goes at once."""
+    clock = FakeClock()
+    cfg = SchedulerConfig(max_running_seqs=8, max_batched_tokens=64, prefill_min_prompts=2, prefill_max_wait_ms=10)
+    sched = Scheduler(cfg, eos_token_ids=[EOS], clock=clock)
+    a = sched.add([1, 2, 3], GREEDY)
+    out = sched.schedule()  # nothing decodes: no reason to wait
+    assert [p.seq_id for p in out.prefill] == [a.seq_id]
+    run(sched, out)
+    b = sched.add([4, 5], GREEDY)
+    clock.now += 0.004
+    out = sched.schedule()
+    assert out.prefill == () and [d.seq_id for d in out.decode] == [a.seq_id]  # b is held: 4 ms < 10 ms
+    run(sched, out)
+    c = sched.add([6, 7, 8], GREEDY)
+    out = sched.schedule()  # two wait now: both go in one prefill
+    assert [p.seq_id for p in out.prefill] == [b.seq_id, c.seq_id]
+    run(sched, out)
+    d = sched.add([9], GREEDY)
+    clock.now += 0.009
+    out = sched.schedule()
+    assert out.prefill == ()
+    run(sched, out)
+    clock.now += 0.001  # d has waited 10 ms: it goes alone
+    out = sched.schedule()
+    assert [p.seq_id for p in out.prefill] == [d.seq_id]
+
+
+def test_a_held_prompt_goes_when_no_more_could_fit() -> None:
+    clock = FakeClock()
+    cfg = SchedulerConfig(max_running_seqs=2, max_batched_tokens=64, prefill_min_prompts=4, prefill_max_wait_ms=50)
+    sched = Scheduler(cfg, eos_token_ids=[EOS], clock=clock)
+    sched.add([1, 2], GREEDY)
+    run(sched, sched.schedule())  # one sequence decodes now
+    b = sched.add([3, 4], GREEDY)  # one slot left: waiting for more prompts cannot make a bigger prefill
+    out = sched.schedule()
+    assert [p.seq_id for p in out.prefill] == [b.seq_id]
+
+
+def test_holding_prompts_needs_a_wait_bound() -> None:
+    with pytest.raises(ConfigError, match="prefill_max_wait_ms"):
+        SchedulerConfig(prefill_min_prompts=2)
+
+
 def test_max_running_seqs() -> None:
     sched = make(max_running_seqs=2, max_batched_tokens=100)
     seqs = [sched.add([1, 2], GREEDY) for _ in range(3)]
