@@ -107,6 +107,27 @@ def engine_replay(engine: InductorEngine) -> Any:
     return call
 
 
+def kernel_table(fn: Any, args: tuple[torch.Tensor, torch.Tensor], calls: int = 20, top: int = 15) -> dict[str, Any]:
+    """The CUDA kernels of ``calls`` calls of ``fn`` (an engine replay: the graph's kernels), per call, by time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn(*args)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn(*args)
+        torch.cuda.synchronize()
+    events = sorted(prof.key_averages(), key=lambda e: -e.device_time_total)
+    return {
+        "kernels_per_call": sum(e.count for e in events) / calls,
+        "device_us_per_call": sum(e.device_time_total for e in events) / calls,
+        "top": [
+            {"kernel": e.key[:100], "per_call": e.count / calls, "us_per_call": e.device_time_total / calls}
+            for e in events[:top]
+        ],
+    }
+
+
 def run_model(name: str, ckpt: Path, args: argparse.Namespace, repo: Path, results: dict[str, Any]) -> None:
     loaded = load_checkpoint(ckpt)
     cfg, labels = loaded.module.encoder.config, len(loaded.meta.labels)
@@ -185,6 +206,12 @@ def run_model(name: str, ckpt: Path, args: argparse.Namespace, repo: Path, resul
                         "tflops": flops(cfg, b, s, labels) / (st["median_ms"] * 1e-3) / 1e12,
                     }
                     row["peak_fraction"] = row["tflops"] / PEAK_TFLOPS
+                    if args.profile and vname.startswith("engine") and not vname.endswith("_e2e"):
+                        row["kernels"] = kernel_table(fn, sets[0])
+                        for k in row["kernels"]["top"]:
+                            print(f"  kernel {b}x{s} {k['us_per_call']:8.1f} us {k['per_call']:5.1f}x {k['kernel']}")
+                        print(f"  kernels {b}x{s}: {row['kernels']['kernels_per_call']:.0f} per call, "
+                              f"{row['kernels']['device_us_per_call']:.1f} us of device time", flush=True)  # fmt: skip
                     rows.append(row)
                     print(
                         f"{name:10s} {vname:18s} {b:4d}x{s:<4d} median {st['median_ms']:8.3f} ms  p99 "
@@ -245,6 +272,7 @@ def main() -> None:
     p.add_argument("--iters", type=int, default=200)
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--autotune", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--profile", action="store_true", help="also the engine's kernel table at every shape")
     p.add_argument("--out", default="benchmarks/results/gpu_encoder.json")
     args = p.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False

@@ -59,6 +59,7 @@
 #   s10g:   s10e's async 1.5B server again, split first, then fused (order effects?)
 #   s11a:   (next session) the async 1.5B server, 20 s per run, split / fused / split / fused (one call, both orders),
 #           then prefill grouping (scheduler prefill_min_prompts 2, max wait 8 ms) with the split layer
+#   s11b:   (next session) BERT-base engine fp16 at 1x128 and 32x128 with its kernel table (where do 0.485 ms go?)
 #   s9d:    tests/gpu inductor fp16 (tiny model), then the s9a server (cap 1024, then none) with the engine's single
 #           input copy and sampled stage timing, c=32/40/48
 #   s9e:    the 1.5B generation server, sync then async scheduling, with the faster host path (detokenizer, scheduler)
@@ -340,6 +341,10 @@ case $stage in
     done
     gen_server sched_split_group2 "" --stagger-ms 10 --static-prefill --duration 20 --async-scheduling \
       --prefill-min-prompts 2 --prefill-max-wait-ms 8
+    ;;
+  s11b)
+    timeout 500 python3 benchmarks/bench_gpu_encoder.py --models bert-base --no-autotune --shapes 1x128,32x128 \
+      --variants engine_fp16 --profile --out "$OUT/gpu_encoder_bert_kernels.json" 2>&1 | grep -E "median|kernel|FAIL" | tail -40
     ;;
   s10b)
     gen_server sched_on_flex "" --stagger-ms 10 --static-prefill --duration 10 --async-scheduling --decode-attention flex
