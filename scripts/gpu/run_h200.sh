@@ -60,6 +60,7 @@
 #   s11a:   (next session) the async 1.5B server, 20 s per run, split / fused / split / fused (one call, both orders),
 #           then prefill grouping (scheduler prefill_min_prompts 2, max wait 8 ms) with the split layer
 #   s11b:   (next session) BERT-base engine fp16 at 1x128 and 32x128 with its kernel table (where do 0.485 ms go?)
+#   s11c:   (next session) s10d's intent server with server and clients pinned to separate cores (PIN=1), then unpinned
 #   s9d:    tests/gpu inductor fp16 (tiny model), then the s9a server (cap 1024, then none) with the engine's single
 #           input copy and sampled stage timing, c=32/40/48
 #   s9e:    the 1.5B generation server, sync then async scheduling, with the faster host path (detokenizer, scheduler)
@@ -345,6 +346,14 @@ case $stage in
   s11b)
     timeout 500 python3 benchmarks/bench_gpu_encoder.py --models bert-base --no-autotune --shapes 1x128,32x128 \
       --variants engine_fp16 --profile --out "$OUT/gpu_encoder_bert_kernels.json" 2>&1 | grep -E "median|kernel|FAIL" | tail -40
+    ;;
+  s11c)
+    python3 scripts/gpu/e5_shape_model.py var/models/intent-e5-shape | tail -1
+    MODEL=var/models/intent-e5-shape INDUCTOR_FORMAT=exported-program python3 scripts/gpu/build_intent_gpu.py /tmp/gpurepo 0 1 0 2>&1 | tail -1
+    for pin in 1 0; do
+      PIN=$pin SHARED=1 TAG="_e5shape_shared_delay0_pin${pin}_s11c" WORKERS=6 LEVELS=32,40 \
+        timeout 140 bash scripts/gpu/serve_workers.sh "$OUT" 2>&1 | grep -E "ready after|c=|exit" | tail -6
+    done
     ;;
   s10b)
     gen_server sched_on_flex "" --stagger-ms 10 --static-prefill --duration 10 --async-scheduling --decode-attention flex
