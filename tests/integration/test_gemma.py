@@ -27,7 +27,7 @@ MODEL_CACHE = ROOT / "var" / "test-cache" / "gemma3-270m"
 NEW_TOKENS = 16
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")  # ~1 GB of fp32 weights: freed after this module
 def gemma() -> tuple[Any, Any]:
     from miaohui.zoo.gemma import load_gemma3
 
@@ -35,7 +35,7 @@ def gemma() -> tuple[Any, Any]:
     return model, tokenizer
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def gemma_version(gemma: tuple[Any, Any], tmp_path_factory: pytest.TempPathFactory) -> Path:
     repo = tmp_path_factory.mktemp("gemma-repo")
     return build_causal_lm(repo, "gemma3", "fp32", source="gemma3-270m", source_cache=MODEL_CACHE)
@@ -69,6 +69,46 @@ def test_ort_greedy_equals_hf_generate_in_chinese_and_past_the_sliding_window(
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
     got = [out[0] for out in llm.generate([chat, long], params)]
     assert got == want
+
+
+def test_served_through_the_openai_client_in_chinese(gemma_version: Path, gemma: tuple[Any, Any]) -> None:
+    """The real server on localhost and the ``openai`` client: a streamed Chinese chat completion is the engine's
+    greedy text for the prompt HF's tokenizer renders with Gemma's turn format; the completions endpoint too."""
+    import openai
+    from tests.servers import UvicornThread
+
+    from miaohui.generation.scheduler import SchedulerConfig
+    from miaohui.server.metrics import Metrics
+    from miaohui.server.openai_api import GenerationService, create_openai_app
+
+    tokenizer = gemma[1]
+    question = [{"role": "user", "content": "我想查一下信用卡账单。"}]
+    prompt = tokenizer(tokenizer.apply_chat_template(question, add_generation_prompt=True, tokenize=False),
+                       add_special_tokens=False)["input_ids"]  # fmt: skip
+    metrics = Metrics()
+    sched = SchedulerConfig(max_running_seqs=2, max_batched_tokens=256, max_model_len=256)
+    service = GenerationService(gemma_version.parent.parent, metrics, scheduler=sched)
+    with UvicornThread(create_openai_app(service, metrics)) as srv:
+        assert service.failures == {}
+        llm = service.get("gemma3")  # the same decoder, run offline in this thread: the reference
+        offline = LLMEngine(llm.engine.llm.engine, llm.tokenizer.tokenizer)
+        greedy = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+        want_ids, want_text, _ = offline.generate([prompt], greedy)[0]
+        with openai.OpenAI(base_url=f"http://127.0.0.1:{srv.port}/v1", api_key="x", max_retries=0, timeout=60) as c:
+            stream = c.chat.completions.create(
+                model="gemma3", messages=question, temperature=0, max_tokens=NEW_TOKENS,  # type: ignore[arg-type]
+                stream=True, stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
+            )  # fmt: skip
+            chunks = list(stream)
+            text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+            assert text == want_text and any("\u4e00" <= ch <= "\u9fff" for ch in text)  # Chinese characters
+            usage = chunks[-1].usage
+            assert usage is not None and (usage.prompt_tokens, usage.completion_tokens) == (len(prompt), NEW_TOKENS)
+            done = c.completions.create(
+                model="gemma3", prompt="中国的首都是北京。日本的首都是", temperature=0, max_tokens=4
+            )
+            assert done.choices[0].text.startswith("东京")
+    assert len(want_ids) == NEW_TOKENS
 
 
 def test_gemma_is_refused_where_it_cannot_run(tmp_path: Path) -> None:
