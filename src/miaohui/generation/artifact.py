@@ -246,7 +246,8 @@ and Gemma-3-270M (base, Chinese-capable; its GGUF part packages come with ``scri
 
 def _model_source(source: LLMSource, cache: Path | None) -> tuple[Path, str]:
     """The converted model's folder and its source digest (``file@sha256:…``)."""
-    from miaohui.zoo.smollm import SOURCE_FILE, ensure_smollm_cache
+    from miaohui.zoo.gguf import SOURCE_FILE
+    from miaohui.zoo.smollm import ensure_smollm_cache
 
     if source == "gemma3-270m":
         from miaohui.zoo.gemma import ensure_gemma_cache

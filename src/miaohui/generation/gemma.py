@@ -23,7 +23,7 @@ from torch import nn
 
 from miaohui.errors import ArtifactError
 from miaohui.generation.dims import DecoderDims
-from miaohui.generation.llama import _frozen, _rotate_half
+from miaohui.generation.llama import _frozen, _rotate_half, gqa_attention
 
 
 def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -85,7 +85,6 @@ class _Layer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         d = self.dims
         b, s = x.shape[0], x.shape[1]
-        groups = d.num_heads // d.num_kv_heads
         h = _norm(x, self.in_norm, d.rms_eps)
         q, k, v = torch.split(
             h @ self.qkv,
@@ -99,11 +98,7 @@ class _Layer(nn.Module):
         k = k * cos + _rotate_half(k) * sin
         k_all = torch.cat([past_k, k], dim=2)  # [B, KVH, T, D]
         v_all = torch.cat([past_v, v], dim=2)
-        q5 = q.reshape(b, d.num_kv_heads, groups, s, d.head_dim)
-        scores = q5 @ k_all.unsqueeze(2).transpose(-1, -2) * self.scaling  # [B, KVH, G, S, T]
-        probs = torch.softmax(scores + bias, dim=-1)
-        out = (probs @ v_all.unsqueeze(2)).reshape(b, d.num_heads, s, d.head_dim)
-        attn = out.transpose(1, 2).reshape(b, s, d.num_heads * d.head_dim) @ self.o
+        attn = gqa_attention(q, k_all, v_all, bias, self.scaling) @ self.o
         x = x + _norm(attn, self.post_attn_norm, d.rms_eps)
         gate, up = torch.split(_norm(x, self.pre_mlp_norm, d.rms_eps) @ self.gate_up, [d.intermediate] * 2, -1)
         mlp = (nn.functional.gelu(gate, approximate="tanh") * up) @ self.down

