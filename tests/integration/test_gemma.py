@@ -7,6 +7,8 @@ The converted fp32 model is cached between runs under var/test-cache (keyed by t
 
 from __future__ import annotations
 
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,9 +38,10 @@ def gemma() -> tuple[Any, Any]:
 
 
 @pytest.fixture(scope="module")
-def gemma_version(gemma: tuple[Any, Any], tmp_path_factory: pytest.TempPathFactory) -> Path:
+def gemma_version(gemma: tuple[Any, Any], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     repo = tmp_path_factory.mktemp("gemma-repo")
-    return build_causal_lm(repo, "gemma3", "fp32", source="gemma3-270m", source_cache=MODEL_CACHE)
+    yield build_causal_lm(repo, "gemma3", "fp32", source="gemma3-270m", source_cache=MODEL_CACHE)
+    shutil.rmtree(repo, ignore_errors=True)  # 2.7 GB of ONNX (fp32 + int8): pytest would keep it for 3 runs
 
 
 def test_build_writes_a_checked_gemma_version(gemma_version: Path, gemma: tuple[Any, Any]) -> None:
