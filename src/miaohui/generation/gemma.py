@@ -23,7 +23,7 @@ from torch import nn
 
 from miaohui.errors import ArtifactError
 from miaohui.generation.dims import DecoderDims
-from miaohui.generation.llama import _frozen, _rotate_half, gqa_attention
+from miaohui.generation.llama import _frozen, gqa_attention, qkv_heads, rope
 
 
 def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -84,18 +84,9 @@ class _Layer(nn.Module):
         past_v: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         d = self.dims
-        b, s = x.shape[0], x.shape[1]
-        h = _norm(x, self.in_norm, d.rms_eps)
-        q, k, v = torch.split(
-            h @ self.qkv,
-            [d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim, d.num_kv_heads * d.head_dim],
-            -1,
-        )
-        q = _norm(q.view(b, s, d.num_heads, d.head_dim), self.q_norm, d.rms_eps).transpose(1, 2)
-        k = _norm(k.view(b, s, d.num_kv_heads, d.head_dim), self.k_norm, d.rms_eps).transpose(1, 2)
-        v = v.view(b, s, d.num_kv_heads, d.head_dim).transpose(1, 2)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+        q, k, v = qkv_heads(_norm(x, self.in_norm, d.rms_eps), self.qkv, d)
+        # per-head norms (over head_dim), then RoPE
+        q, k = rope(_norm(q, self.q_norm, d.rms_eps), cos, sin), rope(_norm(k, self.k_norm, d.rms_eps), cos, sin)
         k_all = torch.cat([past_k, k], dim=2)  # [B, KVH, T, D]
         v_all = torch.cat([past_v, v], dim=2)
         attn = gqa_attention(q, k_all, v_all, bias, self.scaling) @ self.o

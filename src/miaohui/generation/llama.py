@@ -45,6 +45,23 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+def qkv_heads(h: torch.Tensor, qkv: torch.Tensor, d: DecoderDims) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The fused Q/K/V projection of ``h`` [B, S, hidden], split into heads: q [B, H, S, D], k and v [B, KVH, S, D]."""
+    b, s = h.shape[0], h.shape[1]
+    q, k, v = torch.split(
+        h @ qkv, [d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim, d.num_kv_heads * d.head_dim], -1
+    )
+    return (
+        q.view(b, s, d.num_heads, d.head_dim).transpose(1, 2),
+        k.view(b, s, d.num_kv_heads, d.head_dim).transpose(1, 2),
+        v.view(b, s, d.num_kv_heads, d.head_dim).transpose(1, 2),
+    )
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    return x * cos + _rotate_half(x) * sin
+
+
 def gqa_attention(
     q: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tensor, bias: torch.Tensor, scaling: float
 ) -> torch.Tensor:
@@ -81,18 +98,8 @@ class _Layer(nn.Module):
         past_v: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         d = self.dims
-        b, s = x.shape[0], x.shape[1]
-        h = _rms_norm(x, self.in_norm, d.rms_eps)
-        q, k, v = torch.split(
-            h @ self.qkv,
-            [d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim, d.num_kv_heads * d.head_dim],
-            -1,
-        )
-        q = q.view(b, s, d.num_heads, d.head_dim).transpose(1, 2)  # [B, H, S, D]
-        k = k.view(b, s, d.num_kv_heads, d.head_dim).transpose(1, 2)  # [B, KVH, S, D]
-        v = v.view(b, s, d.num_kv_heads, d.head_dim).transpose(1, 2)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+        q, k, v = qkv_heads(_rms_norm(x, self.in_norm, d.rms_eps), self.qkv, d)
+        q, k = rope(q, cos, sin), rope(k, cos, sin)
         k_all = torch.cat([past_k, k], dim=2)  # [B, KVH, T, D]
         v_all = torch.cat([past_v, v], dim=2)
         x = x + gqa_attention(q, k_all, v_all, bias, d.head_dim**-0.5) @ self.o

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from miaohui.errors import ArtifactError
 from miaohui.paths import models_dir
-from miaohui.zoo.gguf import cache_is_fresh, file_digest, load_gguf_model, save_converted
+from miaohui.zoo.gguf import ensure_converted, load_gguf_model, save_converted
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -86,15 +86,7 @@ def _convert(gguf: Path, out_dir: Path, source: dict[str, object]) -> None:
 
 def ensure_gemma_cache(cache: Path | None = None) -> Path:
     """Convert the GGUF into ``cache`` (default :func:`gemma_cache_dir`) unless a fresh copy is there."""
-    gguf = gemma_gguf_path()
-    cache = cache or gemma_cache_dir()
-    source = file_digest(gguf)
-    if not cache_is_fresh(cache, source):
-        from rich.console import Console
-
-        with Console(stderr=True).status(f"converting {gguf.name} → fp32 safetensors in {cache} (once)"):
-            _convert(gguf, cache, source)
-    return cache
+    return ensure_converted(gemma_gguf_path(), cache or gemma_cache_dir(), _convert)
 
 
 def load_gemma3(cache: Path | None = None) -> tuple[Any, PreTrainedTokenizerBase, str]:

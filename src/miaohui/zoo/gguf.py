@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -77,3 +78,14 @@ def save_converted(out_dir: Path, model: Any, tokenizer: Any, source: dict[str, 
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         (tmp / SOURCE_FILE).write_text(json.dumps(source, indent=2))
+
+
+def ensure_converted(gguf: Path, cache: Path, convert: Callable[[Path, Path, dict[str, object]], None]) -> Path:
+    """``convert(gguf, cache, source)`` unless ``cache`` already holds a conversion of this very GGUF; ``cache``."""
+    source = file_digest(gguf)
+    if not cache_is_fresh(cache, source):
+        from rich.console import Console
+
+        with Console(stderr=True).status(f"converting {gguf.name} → fp32 safetensors in {cache} (once)"):
+            convert(gguf, cache, source)
+    return cache

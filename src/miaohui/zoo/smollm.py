@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from miaohui.errors import ArtifactError, InputError
 from miaohui.paths import models_dir
-from miaohui.zoo.gguf import cache_is_fresh, file_digest, load_gguf_model, save_converted
+from miaohui.zoo.gguf import ensure_converted, load_gguf_model, save_converted
 
 if TYPE_CHECKING:
     from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
@@ -65,15 +65,7 @@ def _convert_gguf(gguf: Path, out_dir: Path, source: dict[str, object]) -> None:
 
 def ensure_smollm_cache(cache: Path | None = None) -> Path:
     """Convert the GGUF into ``cache`` (default :func:`smollm_cache_dir`) unless a fresh copy is there."""
-    gguf = smollm_gguf_path()
-    cache = cache or smollm_cache_dir()
-    source = file_digest(gguf)
-    if not cache_is_fresh(cache, source):
-        from rich.console import Console
-
-        with Console(stderr=True).status(f"converting {gguf.name} → fp32 safetensors in {cache} (once)"):
-            _convert_gguf(gguf, cache, source)
-    return cache
+    return ensure_converted(smollm_gguf_path(), cache or smollm_cache_dir(), _convert_gguf)
 
 
 @functools.lru_cache(maxsize=2)
