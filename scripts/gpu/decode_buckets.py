@@ -1,9 +1,11 @@
 """On the GPU: every captured decode graph of the 1.5B-shaped engine (random weights), as the server builds it
 (64 slots, 1024 positions, the default batch and length buckets), timed per (batch, length) bucket for each
-``--layers`` value of ``SlotEngineOptions.decode_layer``. Session 10: the fused layer was 5 % faster than the split
-one at (64, 256) (``decode_whole_step.py``) yet the server with it was 25 % slower; is some bucket slow?
+``--layers`` value: ``SlotEngineOptions.decode_layer`` (``split`` / ``fused``), ``+int8`` for ``int8_batch1`` (session
+11). Session 10: the fused layer was 5 % faster than the split one at (64, 256) (``decode_whole_step.py``) yet the
+server with it was 25 % slower; is some bucket slow?
 
     TORCH_LOGS=recompiles python3 scripts/gpu/decode_buckets.py --out /tmp/buckets
+    python3 scripts/gpu/decode_buckets.py --layers split,split+int8,fused+int8 --batches 1,64 --out /tmp/buckets
 """
 
 from __future__ import annotations
@@ -40,17 +42,20 @@ def _replay_ms(graph: torch.cuda.CUDAGraph, iters: int) -> float:
     return statistics.median(times)
 
 
-def one_engine(layer: str, iters: int) -> dict[str, Any]:
+def one_engine(variant: str, iters: int, batches: tuple[int, ...]) -> dict[str, Any]:
     dec = StaticKVDecoder(QWEN_15B, num_slots=64, max_len=1024, qkv_bias=True, dtype=torch.bfloat16, device="cuda")
     dec.init_random(seed=0)
-    opts = SlotEngineOptions(num_slots=64, max_len=1024, dtype="bf16", decode_layer=layer)  # type: ignore[arg-type]
+    layer, _, int8 = variant.partition("+")
+    opts = SlotEngineOptions(
+        num_slots=64, max_len=1024, dtype="bf16", decode_layer=layer, int8_batch1=int8 == "int8", batch_buckets=batches
+    )  # type: ignore[arg-type]
     engine = TorchSlotEngine(dec, [0], 0, opts)
     t = time.perf_counter()
     engine.warmup(log=lambda m: None)
     out: dict[str, Any] = {"warmup_s": time.perf_counter() - t, "graphs": len(engine._graphs)}
     for (b, length), (graph, _) in sorted(engine._graphs.items()):
         out[f"b{b}_t{length}_ms"] = _replay_ms(graph, iters)
-    print(f"{layer}: {json.dumps(out)}", flush=True)
+    print(f"{variant}: {json.dumps(out)}", flush=True)
     del engine, dec
     torch.cuda.empty_cache()
     return out
@@ -60,12 +65,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--layers", default="split,fused")
     ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--batches", default="", help="decode batch buckets, e.g. 1,64 (default: the engine's)")
     ap.add_argument("--out", type=Path, default=Path("/tmp"))
     args = ap.parse_args()
     report: dict[str, Any] = {"model": "qwen1.5b shape (random weights)", "torch": torch.__version__}
     with torch.inference_mode():
         for layer in args.layers.split(","):
-            report[layer] = one_engine(layer, args.iters)
+            report[layer] = one_engine(layer, args.iters, tuple(int(b) for b in args.batches.split(",") if b))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "decode_buckets.json").write_text(json.dumps(report, indent=1))
 

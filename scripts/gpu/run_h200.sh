@@ -61,6 +61,18 @@
 #           then prefill grouping (scheduler prefill_min_prompts 2, max wait 8 ms) with the split layer
 #   s11b:   (next session) BERT-base engine fp16 at 1x128 and 32x128 with its kernel table (where do 0.485 ms go?)
 #   s11c:   (next session) s10d's intent server with server and clients pinned to separate cores (PIN=1), then unpinned
+#   s11d:   (session 11) weight-only quantized GEMMs of the 1.5B decode step (scripts/gpu/decode_quant_probe.py: cuBLAS
+#           bf16 vs int8 aten / Inductor / coordinate descent vs int4 tinygemm at M = 1, 8, 64), then BERT-base encoder
+#           variants (scripts/gpu/encoder_variants.py: dynamic vs static sizes, cuDNN attention, GELU epilogue) with
+#           kernel tables and the per-GEMM floor
+#   s11e:   (session 11) every decode graph at batch 1 and 64: split / fused, without and with int8_batch1
+#           (decode_buckets.py); BERT-base engine fp16 with the fused GEMM+GELU epilogue, kernel tables; the 1.5B bench
+#           (no server) with the fused layer and int8_batch1 (TPOT at one stream through the scheduler)
+#   s11f:   (session 11) BERT-base engine fp16 (exported-program format) at all shapes with kernel tables (the fused
+#           GELU epilogue); then the async 1.5B server, 20 s per run: split, fused+int8_batch1, split, fused+int8_batch1
+#   s11g:   (session 11, run by hand with CUDA_LAUNCH_BLOCKING=1) scripts/gpu/diag_fused_gelu.py with FUSED=1 and 0 (does
+#           the engine answer every bucket? s11f's benchmark hit a device-side assert at 32x128), then
+#           bench_gpu_encoder.py --shapes 32x128,128x128 --variants engine_fp16 --profile --inductor-format exported-program
 #   s9d:    tests/gpu inductor fp16 (tiny model), then the s9a server (cap 1024, then none) with the engine's single
 #           input copy and sampled stage timing, c=32/40/48
 #   s9e:    the 1.5B generation server, sync then async scheduling, with the faster host path (detokenizer, scheduler)
@@ -342,6 +354,35 @@ case $stage in
     done
     gen_server sched_split_group2 "" --stagger-ms 10 --static-prefill --duration 20 --async-scheduling \
       --prefill-min-prompts 2 --prefill-max-wait-ms 8
+    ;;
+  s11d)
+    timeout 240 python3 scripts/gpu/decode_quant_probe.py --out "$OUT" 2>&1 | grep -v -E "Warning|warn\(" | tail -80
+    timeout 330 python3 scripts/gpu/encoder_variants.py --shapes 1x16,1x128,32x128 \
+      --variants dynamic,static,static_cudnn,static_gelu_epi --out "$OUT" 2>&1 | grep -v -E "Warning|warn\(" | tail -90
+    ;;
+  s11e)
+    timeout 170 python3 scripts/gpu/decode_buckets.py --layers split,split+int8,fused,fused+int8 --batches 1,64 \
+      --out "$OUT" 2>&1 | grep -E "^(split|fused)|Error" | tail -8
+    timeout 170 python3 benchmarks/bench_gpu_encoder.py --models bert-base --no-autotune --shapes 1x16,1x128,8x64,32x128,128x128 \
+      --variants eager_fp16,engine_fp16 --profile --out "$OUT/gpu_encoder_bert_fusedgelu.json" 2>&1 | grep -v -E "Warning|warn\(" | tail -40
+    timeout 230 python3 benchmarks/bench_generation_gpu.py --models qwen1.5b --int8-batch1 --decode-layer fused \
+      --out "$OUT" 2>&1 | grep -v -E "Warning|warn\(|softmax|split the reduction|important use|^$" | tail -30
+    ;;
+  s11f)
+    timeout 200 python3 benchmarks/bench_gpu_encoder.py --models bert-base --no-autotune --inductor-format exported-program \
+      --shapes 1x16,1x128,8x64,32x128,128x128 --variants engine_fp16 --profile \
+      --out "$OUT/gpu_encoder_bert_fusedgelu.json" 2>&1 | grep -E "median|FAIL|kernels|Error" | tail -20
+    for v in split fused_int8 split fused_int8; do
+      flags="--decode-layer split"; [ $v = fused_int8 ] && flags="--decode-layer fused --int8-batch1"
+      gen_server "srv_${v}_$RANDOM" "" --stagger-ms 10 --static-prefill --duration 20 --async-scheduling $flags \
+        2>&1 | grep -E "server:|Error" | head -4
+    done
+    rm -f "$OUT"/srv_*/*.png "$OUT/nvidia-smi.txt"  # at most 8 files come back
+    ;;
+  s11g)
+    for f in 1 0; do FUSED=$f CUDA_LAUNCH_BLOCKING=1 timeout 140 python3 scripts/gpu/diag_fused_gelu.py 2>&1 | grep -E "fused|engine|ref|Error|assert" | head -14; done
+    CUDA_LAUNCH_BLOCKING=1 timeout 190 python3 benchmarks/bench_gpu_encoder.py --models bert-base --no-autotune --inductor-format exported-program \
+      --shapes 32x128,128x128 --variants engine_fp16 --profile --out "$OUT/gpu_encoder_bert_fusedgelu_32.json" 2>&1 | grep -E "median|FAIL|kernels|Error" | head -30
     ;;
   s11b)
     timeout 500 python3 benchmarks/bench_gpu_encoder.py --models bert-base --no-autotune --shapes 1x128,32x128 \

@@ -132,3 +132,50 @@ def test_fused_decode_layer_gives_the_split_layers_logits_and_cache(attention: s
     for i in range(len(split.k_cache)):
         assert torch.allclose(fused.k_cache[i], split.k_cache[i], atol=1e-5), f"layer {i} keys"
         assert torch.allclose(fused.v_cache[i], split.v_cache[i], atol=1e-5), f"layer {i} values"
+
+
+@pytest.mark.parametrize("layer", ["split", "fused"])
+def test_int8_batch1_decodes_one_row_with_the_int8_weights_and_more_rows_without(layer: str) -> None:
+    """``int8_batch1``: a step of one row, compiled, gives the logits of the same model whose GEMM weights and LM head
+    are replaced by their int8 values × scales (so it really reads the int8 copy); a step of more rows gives the
+    unquantized model's logits."""
+    from miaohui.generation.static_kv import _Layer
+
+    hf = tiny_qwen()
+    opts = SlotEngineOptions(
+        num_slots=8, max_len=256, dtype="fp32", compile=True, cuda_graphs=False, decode_layer=layer, int8_batch1=True
+    )
+    engine = TorchSlotEngine(StaticKVDecoder.from_hf(hf, num_slots=8, max_len=256, dtype=torch.float32), [999], 0, opts)
+    plain = StaticKVDecoder.from_hf(hf, num_slots=8, max_len=256, dtype=torch.float32)
+    dequant = StaticKVDecoder.from_hf(hf, num_slots=8, max_len=256, dtype=torch.float32)
+    q8 = engine.model._q8
+    assert q8 is not None and engine.model._q8_head is not None
+    assert all(q.dtype == torch.int8 for per_layer in q8 for q, _ in per_layer.values())
+    assert engine.model.int8_bytes < engine.model.head.numel() * 4 * 0.3 + sum(
+        sum(t.numel() for t in (lay.qkv, lay.o, lay.gate_up, lay.down))
+        for lay in engine.model.layers  # type: ignore[union-attr]
+    )
+    with torch.no_grad():
+        for lay, per_layer in zip(dequant.layers, q8, strict=True):
+            assert isinstance(lay, _Layer)
+            for name, (q, s) in per_layer.items():
+                getattr(lay, name).copy_(q.float() * s[:, None])
+        q, s = engine.model._q8_head
+        dequant.head.copy_(q.float() * s[:, None])
+    gen = torch.Generator().manual_seed(5)
+    with torch.inference_mode():
+        prompts = torch.randint(5, 1000, (8, 120), generator=gen)
+        for m in (engine.model, plain):
+            m.prefill(prompts, torch.full((8,), 120), torch.arange(8))
+        for mine, theirs in zip((*dequant.k_cache, *dequant.v_cache), (*plain.k_cache, *plain.v_cache), strict=True):
+            mine.copy_(theirs)  # prefill runs the unquantized weights in the engine too
+        for b in (1, 1, 4):
+            tokens = torch.randint(5, 1000, (b,), generator=gen)
+            positions = torch.full((b,), 120)
+            got = engine._decode_fn(tokens, positions, 128)
+            want_plain = plain.decode(tokens, positions, 128)
+            want = dequant.decode(tokens, positions, 128) if b == 1 else want_plain
+            err = float((got - want).norm() / want.norm())
+            assert err < 1e-4, f"{layer} batch {b}: relative logit error {err:.2e}"
+            if b == 1:  # the int8 weights change the logits (else the test could not tell the paths apart)
+                assert float((got - want_plain).norm() / want_plain.norm()) > 1e-4

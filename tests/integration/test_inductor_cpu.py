@@ -179,3 +179,25 @@ def test_validate_gate_runs_within_the_profile(packaged: Path, repo: Path) -> No
     report, _ = run_validation(str(packaged), repo, "dev", "torch", 1.0, 0.98, None)
     assert report.passed, report.failures
     assert report.agreement == 1.0 and report.max_logit_error < 1e-3
+
+
+def test_fused_gelu_layer_exports_as_one_gemm_epilogue(tiny_model: Path) -> None:
+    """The GPU engine's FFN (``use_fused_gelu``): one ``_addmm_activation`` per layer in the exported graph instead of
+    addmm + gelu, same values (on the CPU the op computes erf GELU; on CUDA cuBLASLt's tanh form, checked by the GPU
+    tests' validate gate)."""
+    from miaohui.models.fast_bert import from_module, use_fused_gelu
+
+    plain = inductor._Logits(from_module(load_checkpoint(tiny_model, attn_implementation="sdpa").module)).eval()
+    fused = use_fused_gelu(
+        inductor._Logits(from_module(load_checkpoint(tiny_model, attn_implementation="sdpa").module))
+    )
+    ids = torch.randint(5, 1000, (3, 9))
+    mask = torch.ones_like(ids)
+    mask[1, 5:] = 0
+    with torch.no_grad():
+        torch.testing.assert_close(fused(ids, mask), plain(ids, mask), rtol=1e-5, atol=1e-5)
+        ep = torch.export.export(fused.eval(), (ids, mask))
+    targets = [str(n.target) for n in ep.graph.nodes if n.op == "call_function"]
+    layers = sum(1 for _ in fused.module.encoder.layers)
+    assert sum("_addmm_activation" in t for t in targets) == layers
+    assert not any("gelu" in t for t in targets)

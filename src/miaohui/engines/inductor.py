@@ -47,7 +47,7 @@ from miaohui.engines.onnxruntime import io_specs
 from miaohui.engines.target import cpu_target, cuda_target
 from miaohui.errors import ArtifactError, BuildError
 from miaohui.models.checkpoint import load_checkpoint
-from miaohui.models.fast_bert import from_module
+from miaohui.models.fast_bert import from_module, use_fused_gelu
 
 AOTI_FILE = "model.pt2"
 """The AOTInductor package (preferred format)."""
@@ -80,6 +80,7 @@ def build(ctx: BuildContext) -> BuiltEngine:
     if device == "cpu" and ctx.cfg.precision == "fp16":
         raise BuildError("fp16 inductor engines need a CUDA GPU", "build on the GPU, or use fp32/bf16 on CPU")
     module = from_module(load_checkpoint(ctx.model.path, attn_implementation="sdpa").module)
+    use_fused_gelu(module, device == "cuda")  # cuBLASLt's GEMM+bias+GELU epilogue (tanh GELU); CPU keeps erf GELU
     model = _Logits(module).to(device=device, dtype=DTYPES[ctx.cfg.precision]).eval()
     rng = ctx.shapes["input_ids"]
     batch = torch.export.Dim("batch", min=rng.min[0], max=rng.max[0])
@@ -125,6 +126,7 @@ def build(ctx: BuildContext) -> BuiltEngine:
             "torch": torch.__version__,
             "cuda": torch.version.cuda,
             "autotune": ctx.cfg.autotune,
+            "ffn_gelu": "cublaslt-epilogue-tanh" if device == "cuda" else "erf",
             "format": "aoti-package" if aoti["ok"] else "exported-program",
             "aoti": aoti,
         },

@@ -198,6 +198,8 @@ class TorchSlotEngine(SlotCausalLMEngine):
         self._prefill_fn: Callable[..., torch.Tensor] = model.prefill
         model.decode_attention = options.decode_attention
         model.decode_layer = options.decode_layer
+        if options.int8_batch1:
+            model.add_int8_batch1()
         if self.compiled:
             _allow_specialisations()
             mode = "max-autotune-no-cudagraphs" if options.autotune else None
@@ -281,8 +283,11 @@ class TorchSlotEngine(SlotCausalLMEngine):
         self._io_dev[2].fill_(1)
         # largest first, so the smaller graphs reuse the pool's memory
         for b in sorted(self.batch_buckets, reverse=True):
-            for t in sorted(self.length_buckets, reverse=True):
-                self._graphs[(b, t)] = self._capture_one(functools.partial(self._decode_step, b, t), pool)
+            # int8 batch-1 weights: Inductor's one-row GEMM → Triton reduction rewrite needs coordinate-descent tuning
+            tune = (b == 1 and self.options.int8_batch1) or torch._inductor.config.coordinate_descent_tuning
+            with torch._inductor.config.patch(coordinate_descent_tuning=tune):
+                for t in sorted(self.length_buckets, reverse=True):
+                    self._graphs[(b, t)] = self._capture_one(functools.partial(self._decode_step, b, t), pool)
             log(f"captured decode graphs for batch {b}")
 
     def _decode_step(self, b: int, t: int) -> _Outputs:

@@ -42,6 +42,13 @@ class SlotEngineOptions(Frozen):
     the first server of a call always the slower) and one fused run had a 411 ms TTFT p99, so ``split`` stays the
     default until a longer A/B settles it. Only with ``decode_attention: matmul``: with sdpa the fused graph failed
     Inductor's stride check on the H200 (torch 2.11, ``gpu_tests_slot_engine_fused_h200_s10e.txt``)."""
+    int8_batch1: bool = False
+    """Weight-only int8 for decode steps of one row: an int8 copy of the layers' GEMM weights and the LM head
+    (per-output-row scales, +50 % weight memory) that batch-1 graphs read instead of the model-dtype weights, compiled
+    with Inductor's coordinate-descent tuning (one Triton reduction per GEMM reading the int8 bytes, gpt-fast's int8
+    recipe). H200, 1.5B shape, GEMMs of one step at one row (``decode_quant_probe_h200_s11d.json``): 1.27 ms cuBLAS
+    bf16 → 0.87 ms. Steps of 2+ rows keep the model-dtype weights (int8 there was 2× slower), so a sequence's tokens
+    may differ with whether it decoded alone. Off by default."""
     batch_buckets: tuple[int, ...] = ()
     """Decode batch sizes (default: powers of two up to num_slots, and num_slots)."""
     length_buckets: tuple[int, ...] = ()

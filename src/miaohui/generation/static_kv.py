@@ -49,6 +49,28 @@ _LAYER_KEYS = (
 )
 
 
+Weight = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
+"""A weight ``[out, in]`` in the model dtype, or int8 values with one scale per output row (weight-only int8)."""
+
+
+def linear(x: torch.Tensor, w: Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear`` for either kind of :data:`Weight`. The int8 form is gpt-fast's: ``F.linear(x, q.to(x.dtype)) *
+    scale``; compiled with coordinate-descent tuning at one row, Inductor turns it into one Triton reduction that reads
+    the int8 bytes (H200, 1.5B shape: the step's GEMMs 1.27 → 0.87 ms at batch 1; at 8 or 64 rows 2× slower than
+    cuBLAS on bf16, ``decode_quant_probe_h200_s11d.json``)."""
+    if isinstance(w, tuple):
+        out = F.linear(x, w[0].to(x.dtype)) * w[1]
+        return out if bias is None else out + bias
+    return F.linear(x, w, bias)
+
+
+def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-output-row int8 of a ``[out, in]`` weight: (int8 values, scales in the weight's dtype)."""
+    scale = w.float().abs().amax(dim=1).clamp(min=1e-8) / 127.0
+    q = torch.round(w.float() / scale[:, None]).clamp(-127, 127).to(torch.int8)
+    return q, scale.to(w.dtype)
+
+
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
@@ -66,7 +88,7 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
 def attn_in(
     x: torch.Tensor,
     norm: torch.Tensor,
-    qkv: torch.Tensor,
+    qkv: Weight,
     qkv_bias: torch.Tensor | None,
     cos: torch.Tensor,
     sin: torch.Tensor,
@@ -79,8 +101,8 @@ def attn_in(
     function of its tensors, so one compiled graph serves every layer."""
     lead = x.shape[:-1]
     h = _rms_norm(x, norm, eps)
-    out = F.linear(h, qkv, qkv_bias)
-    d = qkv.shape[0] // (heads + 2 * kv_heads)
+    out = linear(h, qkv, qkv_bias)
+    d = out.shape[-1] // (heads + 2 * kv_heads)
     q = _rope(out[..., : heads * d].reshape(*lead, heads, d), cos, sin)
     k = _rope(out[..., heads * d : (heads + kv_heads) * d].reshape(*lead, kv_heads, d), cos, sin)
     v = out[..., (heads + kv_heads) * d :].reshape(*lead, kv_heads, d).contiguous()
@@ -93,10 +115,10 @@ def attn_out_mlp(
     keys: torch.Tensor,
     values: torch.Tensor,
     bias: torch.Tensor,
-    o: torch.Tensor,
+    o: Weight,
     post_norm: torch.Tensor,
-    gate_up: torch.Tensor,
-    down: torch.Tensor,
+    gate_up: Weight,
+    down: Weight,
     eps: float,
 ) -> torch.Tensor:
     """Decode, second half of a layer: grouped-query attention of q [b, H, D] over the cache view
@@ -108,7 +130,7 @@ def attn_out_mlp(
     scores = torch.matmul(q4, keys.transpose(-1, -2)).float() * (d**-0.5) + bias  # [b, KVH, G, T]
     probs = torch.softmax(scores, dim=-1).to(values.dtype)
     attn = torch.matmul(probs, values).reshape(b, heads * d)
-    return mlp_block(x + F.linear(attn, o), post_norm, gate_up, down, eps)
+    return mlp_block(x + linear(attn, o), post_norm, gate_up, down, eps)
 
 
 def attn_out_mlp_sdpa(
@@ -117,10 +139,10 @@ def attn_out_mlp_sdpa(
     keys: torch.Tensor,
     values: torch.Tensor,
     bias: torch.Tensor,
-    o: torch.Tensor,
+    o: Weight,
     post_norm: torch.Tensor,
-    gate_up: torch.Tensor,
-    down: torch.Tensor,
+    gate_up: Weight,
+    down: Weight,
     eps: float,
 ) -> torch.Tensor:
     """:func:`attn_out_mlp` with the attention as one ``scaled_dot_product_attention`` call (a fused kernel where
@@ -129,7 +151,7 @@ def attn_out_mlp_sdpa(
     attn = F.scaled_dot_product_attention(
         q[:, :, None, :], keys, values, attn_mask=bias.to(q.dtype), enable_gqa=True
     ).reshape(b, heads * d)
-    return mlp_block(x + F.linear(attn, o), post_norm, gate_up, down, eps)
+    return mlp_block(x + linear(attn, o), post_norm, gate_up, down, eps)
 
 
 def attn_out_mlp_flex(
@@ -138,10 +160,10 @@ def attn_out_mlp_flex(
     keys: torch.Tensor,
     values: torch.Tensor,
     positions: torch.Tensor,
-    o: torch.Tensor,
+    o: Weight,
     post_norm: torch.Tensor,
-    gate_up: torch.Tensor,
-    down: torch.Tensor,
+    gate_up: Weight,
+    down: Weight,
     eps: float,
 ) -> torch.Tensor:
     """:func:`attn_out_mlp` with the attention as FlexAttention (compiled: one Triton kernel, Inductor's
@@ -157,31 +179,29 @@ def attn_out_mlp_flex(
 
     attn = flex_attention(q, keys, values, score_mod=causal, enable_gqa=True)
     assert isinstance(attn, torch.Tensor)
-    return mlp_block(x + F.linear(attn.reshape(b, heads * d), o), post_norm, gate_up, down, eps)
+    return mlp_block(x + linear(attn.reshape(b, heads * d), o), post_norm, gate_up, down, eps)
 
 
-def mlp_block(
-    x: torch.Tensor, post_norm: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, eps: float
-) -> torch.Tensor:
+def mlp_block(x: torch.Tensor, post_norm: torch.Tensor, gate_up: Weight, down: Weight, eps: float) -> torch.Tensor:
     """Residual SwiGLU MLP: ``x + down(silu(gate) * up)`` of the RMS-normed ``x``."""
     h = _rms_norm(x, post_norm, eps)
-    gate, up = F.linear(h, gate_up).chunk(2, dim=-1)
-    return x + F.linear(F.silu(gate) * up, down)
+    gate, up = linear(h, gate_up).chunk(2, dim=-1)
+    return x + linear(F.silu(gate) * up, down)
 
 
 def attn_proj_mlp(
     x: torch.Tensor,
     attn: torch.Tensor,
-    o: torch.Tensor,
+    o: Weight,
     post_norm: torch.Tensor,
-    gate_up: torch.Tensor,
-    down: torch.Tensor,
+    gate_up: Weight,
+    down: Weight,
     eps: float,
 ) -> torch.Tensor:
     """Prefill, second half of a layer after attention: output projection of ``attn`` [n, H, S, D] (SDPA's
     layout), residual, RMSNorm, SwiGLU MLP, residual; ``x`` [n, S, hidden]."""
     n, heads, s, d = attn.shape
-    return mlp_block(x + F.linear(attn.transpose(1, 2).reshape(n, s, heads * d), o), post_norm, gate_up, down, eps)
+    return mlp_block(x + linear(attn.transpose(1, 2).reshape(n, s, heads * d), o), post_norm, gate_up, down, eps)
 
 
 DECODE_ATTENTION: dict[str, Any] = {"matmul": attn_out_mlp, "sdpa": attn_out_mlp_sdpa, "flex": attn_out_mlp_flex}
@@ -208,14 +228,14 @@ def make_decode_layer(attend: Any) -> Any:
         positions: torch.Tensor,
         mask: torch.Tensor,
         in_norm: torch.Tensor,
-        qkv: torch.Tensor,
+        qkv: Weight,
         qkv_bias: torch.Tensor | None,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        o: torch.Tensor,
+        o: Weight,
         post_norm: torch.Tensor,
-        gate_up: torch.Tensor,
-        down: torch.Tensor,
+        gate_up: Weight,
+        down: Weight,
         eps: float,
         heads: int,
         kv_len: int,
@@ -230,8 +250,8 @@ def make_decode_layer(attend: Any) -> Any:
     return decode_layer
 
 
-def final_logits(x: torch.Tensor, norm: torch.Tensor, head: torch.Tensor, eps: float) -> torch.Tensor:
-    return F.linear(_rms_norm(x, norm, eps), head).float()
+def final_logits(x: torch.Tensor, norm: torch.Tensor, head: Weight, eps: float) -> torch.Tensor:
+    return linear(_rms_norm(x, norm, eps), head).float()
 
 
 class _Layer(nn.Module):
@@ -400,6 +420,35 @@ class StaticKVDecoder(nn.Module):
                 else:
                     p.copy_(torch.randn(p.shape, generator=gen, device=p.device, dtype=torch.float32) * std)
 
+    _q8: list[dict[str, tuple[torch.Tensor, torch.Tensor]]] | None = None
+    _q8_head: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def add_int8_batch1(self) -> None:
+        """Keep an int8 copy (per-output-row scales) of every layer's four GEMM weights and of the LM head, used by
+        decode steps of **one** row (``SlotEngineOptions.int8_batch1``): a lone stream reads half the weight bytes per
+        token. Steps of more rows keep the model-dtype weights (int8 there was 2× slower than cuBLAS), so a
+        sequence's tokens can differ depending on whether it decoded alone."""
+        with torch.no_grad():
+            self._q8 = [
+                {name: quantize_int8(getattr(layer, name)) for name in ("qkv", "o", "gate_up", "down")}
+                for layer in self.layers
+            ]
+            self._q8_head = quantize_int8(self.head)
+
+    @property
+    def int8_bytes(self) -> int:
+        parts = [t for q in self._q8 or [] for pair in q.values() for t in pair] + list(self._q8_head or ())
+        return sum(t.numel() * t.element_size() for t in parts)
+
+    def _decode_weights(self, b: int) -> tuple[list[tuple[Weight, Weight, Weight, Weight]], Weight]:
+        """Per layer (qkv, o, gate_up, down), and the LM head, for a decode step of ``b`` rows."""
+        if b == 1 and self._q8 is not None and self._q8_head is not None:
+            return [(q["qkv"], q["o"], q["gate_up"], q["down"]) for q in self._q8], self._q8_head
+        layers: list[tuple[Weight, Weight, Weight, Weight]] = [
+            (lay.qkv, lay.o, lay.gate_up, lay.down) for lay in self.layers if isinstance(lay, _Layer)
+        ]
+        return layers, self.head
+
     # ---- compute ---------------------------------------------------------------------------------------
 
     def use_compiled(self, compile_fn: Any) -> None:
@@ -444,35 +493,35 @@ class StaticKVDecoder(nn.Module):
         else:
             allowed = torch.arange(kv_len, device=tokens.device)[None, :] <= positions[:, None]  # [b, T]
             mask = torch.where(allowed, 0.0, float("-inf"))[:, None, None, :]  # [b, 1, 1, T]
+        weights, head = self._decode_weights(b)
         if self.decode_layer == "fused":
             if flex:  # SlotEngineOptions refuses it; sdpa runs here (CPU tests) but failed compiled on the H200
                 raise ValueError("decode_layer 'fused' takes the matmul decode attention, not flex")
             run = self._decode_layer or make_decode_layer(attend)
-            for i, layer in enumerate(self.layers):
+            for i, (layer, (qkv, o, gate_up, down)) in enumerate(zip(self.layers, weights, strict=True)):
                 assert isinstance(layer, _Layer)
                 x = run(
-                    x, self.k_cache[i], self.v_cache[i], rows, positions, mask, layer.in_norm, layer.qkv,
-                    layer.qkv_bias, cos, sin, layer.o, layer.post_norm, layer.gate_up, layer.down, d.rms_eps,
-                    d.num_heads, kv_len,
+                    x, self.k_cache[i], self.v_cache[i], rows, positions, mask, layer.in_norm, qkv,
+                    layer.qkv_bias, cos, sin, o, layer.post_norm, gate_up, down, d.rms_eps, d.num_heads, kv_len,
                 )  # fmt: skip
-            return self._final(x, self.norm, self.head, d.rms_eps)
+            return self._final(x, self.norm, head, d.rms_eps)
         # where each row's new key/value goes in a cache seen as [slots * KVH * max_len, D]: one
         # index_copy_ kernel per tensor and layer (row r = slot r, at position positions[r])
         heads = torch.arange(d.num_kv_heads, device=tokens.device)
         dest = ((rows[:, None] * d.num_kv_heads + heads[None, :]) * self.max_len + positions[:, None]).reshape(-1)
-        for i, layer in enumerate(self.layers):
+        for i, (layer, (qkv, o, gate_up, down)) in enumerate(zip(self.layers, weights, strict=True)):
             assert isinstance(layer, _Layer)
             q, k, v = self._attn_in(
-                x, layer.in_norm, layer.qkv, layer.qkv_bias, cos, sin, d.rms_eps, d.num_heads, d.num_kv_heads
+                x, layer.in_norm, qkv, layer.qkv_bias, cos, sin, d.rms_eps, d.num_heads, d.num_kv_heads
             )
             kc, vc = self.k_cache[i], self.v_cache[i]
             kc.view(-1, d.head_dim).index_copy_(0, dest, k.reshape(-1, d.head_dim))
             vc.view(-1, d.head_dim).index_copy_(0, dest, v.reshape(-1, d.head_dim))
             x = attend(
                 x, q[:, :, None, :] if flex else q, kc[:b, :, :kv_len], vc[:b, :, :kv_len], mask,
-                layer.o, layer.post_norm, layer.gate_up, layer.down, d.rms_eps,
+                o, layer.post_norm, gate_up, down, d.rms_eps,
             )  # fmt: skip
-        return self._final(x, self.norm, self.head, d.rms_eps)
+        return self._final(x, self.norm, head, d.rms_eps)
 
     def prefill(self, tokens: torch.Tensor, lengths: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         """Right-padded prompts ``tokens`` [n, S] with real ``lengths`` [n] into cache rows ``slots`` [n];

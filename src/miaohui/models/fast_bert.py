@@ -21,6 +21,12 @@ MASK_BIAS = -1e4
 
 
 class FastBertLayer(nn.Module):
+    fused_gelu: bool = False
+    """The FFN's first GEMM, bias and GELU as one cuBLASLt call (``torch._addmm_activation``, the GEMM's GELU-bias
+    epilogue; what TensorRT's GEMM+GELU fusion does). On CUDA that GELU is the tanh form (|Δ| ≤ 5e-4 against erf);
+    on the CPU the op computes erf GELU. Set by :func:`use_fused_gelu`: the GPU engine turns it on (BERT-base fp16 on
+    the H200, static sizes: 32×128 1.78 → 1.63 ms, 1×128 0.486 → 0.467; ``scripts/gpu/encoder_variants.py``)."""
+
     def __init__(self, hidden: int, heads: int, intermediate: int, eps: float) -> None:
         super().__init__()
         self.heads, self.head_dim = heads, hidden // heads
@@ -36,7 +42,12 @@ class FastBertLayer(nn.Module):
         q, k, v = self.qkv(x).view(b, s, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
         a = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
         x = self.ln1(x + self.attn_out(a.transpose(1, 2).reshape(b, s, h)))
-        return self.ln2(x + self.ffn_out(F.gelu(self.ffn_in(x))))
+        if self.fused_gelu:
+            w, bias_in = self.ffn_in.weight, self.ffn_in.bias
+            inner = torch._addmm_activation(bias_in, x.reshape(b * s, h), w.t(), use_gelu=True).view(b, s, -1)
+        else:
+            inner = F.gelu(self.ffn_in(x))
+        return self.ln2(x + self.ffn_out(inner))
 
 
 class FastBert(nn.Module):
@@ -68,6 +79,14 @@ class FastBert(nn.Module):
         for layer in self.layers:
             x = layer(x, bias)
         return x
+
+
+def use_fused_gelu(module: nn.Module, on: bool = True) -> nn.Module:
+    """Switch every :class:`FastBertLayer` of ``module`` to the fused GEMM+bias+GELU (see ``fused_gelu``)."""
+    for layer in module.modules():
+        if isinstance(layer, FastBertLayer):
+            layer.fused_gelu = on
+    return module
 
 
 def _pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
