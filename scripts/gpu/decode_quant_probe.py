@@ -26,16 +26,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from decode_kernel_probe import HIDDEN, HEADS, INTER, KV_HEADS, VOCAB, D, _rotating, _time_graph
+from decode_kernel_probe import HEADS, HIDDEN, INTER, KV_HEADS, VOCAB, D, _rotating, _time_graph
 from torch.nn import functional as F
 
+from miaohui.generation.static_kv import quantize_int8
+
 GROUP = 128
-
-
-def quant_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    scale = w.float().abs().amax(dim=1).clamp(min=1e-8) / 127.0
-    q = torch.round(w.float() / scale[:, None]).clamp(-127, 127).to(torch.int8)
-    return q, scale.to(w.dtype)
 
 
 def quant_int4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -62,9 +58,9 @@ def variants(cuda: bool) -> dict[str, tuple[Callable[..., Any], Callable[[torch.
 
     out: dict[str, tuple[Callable[..., Any], Callable[[torch.Tensor], Any]]] = {
         "cublas": (F.linear, lambda w: w),
-        "int8_aten": (lambda x, w: torch.ops.aten._weight_int8pack_mm(x, w[0], w[1]), quant_int8),
-        "int8_inductor": (int8_linear, quant_int8),
-        "int8_inductor_cd": (int8_linear, quant_int8),
+        "int8_aten": (lambda x, w: torch.ops.aten._weight_int8pack_mm(x, w[0], w[1]), quantize_int8),
+        "int8_inductor": (int8_linear, quantize_int8),
+        "int8_inductor_cd": (int8_linear, quantize_int8),
     }
     if cuda:  # tinygemm's packing is CUDA-only
         out["int4_tinygemm"] = (
@@ -97,7 +93,9 @@ def probe(device: str, dtype: torch.dtype, scale: int) -> list[dict[str, Any]]:
                 deq = q.float() * s.float()[:, None]
             else:
                 deq = weights[0].float()
-            nbytes = sum(t.numel() * t.element_size() for t in (packed[0] if isinstance(packed[0], tuple) else (packed[0],)))
+            nbytes = sum(
+                t.numel() * t.element_size() for t in (packed[0] if isinstance(packed[0], tuple) else (packed[0],))
+            )
             for m in (1, 8, 64):
                 torch._dynamo.reset()
                 torch._inductor.config.coordinate_descent_tuning = vname.endswith("_cd")
