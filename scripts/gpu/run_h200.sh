@@ -73,6 +73,8 @@
 #   s11g:   (session 11, run by hand with CUDA_LAUNCH_BLOCKING=1) scripts/gpu/diag_fused_gelu.py with FUSED=1 and 0 (does
 #           the engine answer every bucket? s11f's benchmark hit a device-side assert at 32x128), then
 #           bench_gpu_encoder.py --shapes 32x128,128x128 --variants engine_fp16 --profile --inductor-format exported-program
+#   s12a:   (next session) tests/gpu/test_slot_engine_gpu.py (incl. the int8_batch1 graphs, not yet run), then the async
+#           1.5B server split / fused / split / fused WITHOUT int8 (does fused become the default?), 20 s per run
 #   s9d:    tests/gpu inductor fp16 (tiny model), then the s9a server (cap 1024, then none) with the engine's single
 #           input copy and sampled stage timing, c=32/40/48
 #   s9e:    the 1.5B generation server, sync then async scheduling, with the faster host path (detokenizer, scheduler)
@@ -383,6 +385,14 @@ case $stage in
     for f in 1 0; do FUSED=$f CUDA_LAUNCH_BLOCKING=1 timeout 140 python3 scripts/gpu/diag_fused_gelu.py 2>&1 | grep -E "fused|engine|ref|Error|assert" | head -14; done
     CUDA_LAUNCH_BLOCKING=1 timeout 190 python3 benchmarks/bench_gpu_encoder.py --models bert-base --no-autotune --inductor-format exported-program \
       --shapes 32x128,128x128 --variants engine_fp16 --profile --out "$OUT/gpu_encoder_bert_fusedgelu_32.json" 2>&1 | grep -E "median|FAIL|kernels|Error" | head -30
+    ;;
+  s12a)
+    timeout 200 python3 -X faulthandler -m pytest -q tests/gpu/test_slot_engine_gpu.py -p no:cacheprovider 2>&1 | tail -6
+    for v in split fused split fused; do
+      gen_server "srv12_${v}_$RANDOM" "" --stagger-ms 10 --static-prefill --duration 20 --async-scheduling \
+        --decode-layer $v 2>&1 | grep -E "server:|Error" | head -4
+    done
+    rm -f "$OUT"/srv12_*/*.png "$OUT/nvidia-smi.txt"
     ;;
   s11b)
     timeout 500 python3 benchmarks/bench_gpu_encoder.py --models bert-base --no-autotune --shapes 1x128,32x128 \
