@@ -9,7 +9,9 @@ Session 10 found the batch-1 step's GEMMs take 1.26 ms in cuBLAS (0.7–3.2 TB/s
 * ``int8_inductor`` / ``int8_inductor_cd``: ``F.linear(x, w.to(bf16)) * s`` compiled by Inductor, without / with
   coordinate-descent tuning (gpt-fast's int8 recipe: at M = 1 the matmul becomes a Triton reduction with the
   dequantization fused in);
-* ``int4_tinygemm``: ``aten._weight_int4pack_mm`` (4-bit, groups of 128, bf16 scale and zero; gpt-fast's int4).
+* ``int4_tinygemm``: ``aten._weight_int4pack_mm`` (4-bit, groups of 128, bf16 scale and zero; gpt-fast's int4);
+* ``int8_triton``: :func:`miaohui.generation.w8a16.w8a16_linear`, miaohui's own int8 Triton GEMM for 1–64 rows
+  (autotuned per rows bucket; added after the session-11 run, so not in ``decode_quant_probe_h200_s11d.json``).
 
 Per row: µs per call, the bytes' TB/s, and max |error| against the dequantized weights in fp32.
 
@@ -30,6 +32,7 @@ from decode_kernel_probe import HEADS, HIDDEN, INTER, KV_HEADS, VOCAB, D, _rotat
 from torch.nn import functional as F
 
 from miaohui.generation.static_kv import quantize_int8
+from miaohui.generation.w8a16 import w8a16_linear
 
 GROUP = 128
 
@@ -62,7 +65,8 @@ def variants(cuda: bool) -> dict[str, tuple[Callable[..., Any], Callable[[torch.
         "int8_inductor": (int8_linear, quantize_int8),
         "int8_inductor_cd": (int8_linear, quantize_int8),
     }
-    if cuda:  # tinygemm's packing is CUDA-only
+    if cuda:  # tinygemm's packing is CUDA-only; the Triton kernel needs a GPU (or the interpreter)
+        out["int8_triton"] = (lambda x, w: w8a16_linear(x, w[0], w[1]), quantize_int8)
         out["int4_tinygemm"] = (
             lambda x, w: torch.ops.aten._weight_int4pack_mm(x, w[0], GROUP, w[1]),
             lambda w: quant_int4(w)[:2],
