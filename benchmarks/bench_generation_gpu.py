@@ -571,6 +571,7 @@ def bench_model(name: str, args: argparse.Namespace, server: bool) -> dict[str, 
         decode_attention=args.decode_attention,
         decode_layer=args.decode_layer,
         int8_batch1=args.int8_batch1,
+        int8_batched=args.int8_batched,
     )
     res["engine_options"] = options.model_dump(mode="json")
     if args.server_only:
@@ -675,6 +676,9 @@ def main() -> None:
     )
     ap.add_argument(
         "--int8-batch1", action="store_true", help="int8 weight-only copy for decode steps of one row (engine option)"
+    )
+    ap.add_argument(
+        "--int8-batched", action="store_true", help="int8 weights through the Triton GEMM for steps of 2+ rows"
     )
     ap.add_argument("--server", action="store_true", help="also load the first model through `miaohui serve`")
     ap.add_argument("--server-only", action="store_true", help="only the server phase (writes *_server.json)")

@@ -1,7 +1,7 @@
 """On the GPU: every captured decode graph of the 1.5B-shaped engine (random weights), as the server builds it
 (64 slots, 1024 positions, the default batch and length buckets), timed per (batch, length) bucket for each
-``--layers`` value: ``SlotEngineOptions.decode_layer`` (``split`` / ``fused``), ``+int8`` for ``int8_batch1`` (session
-11). Session 10: the fused layer was 5 % faster than the split one at (64, 256) (``decode_whole_step.py``) yet the
+``--layers`` value: ``SlotEngineOptions.decode_layer`` (``split`` / ``fused``), ``+int8`` for ``int8_batch1``, ``+int8b``
+for ``int8_batched``, ``+int8all`` for both (session 11). Session 10: the fused layer was 5 % faster than the split one at (64, 256) (``decode_whole_step.py``) yet the
 server with it was 25 % slower; is some bucket slow?
 
     TORCH_LOGS=recompiles python3 scripts/gpu/decode_buckets.py --out /tmp/buckets
@@ -45,9 +45,10 @@ def _replay_ms(graph: torch.cuda.CUDAGraph, iters: int) -> float:
 def one_engine(variant: str, iters: int, batches: tuple[int, ...]) -> dict[str, Any]:
     dec = StaticKVDecoder(QWEN_15B, num_slots=64, max_len=1024, qkv_bias=True, dtype=torch.bfloat16, device="cuda")
     dec.init_random(seed=0)
-    layer, _, int8 = variant.partition("+")
+    layer, _, int8 = variant.partition("+")  # +int8: int8_batch1; +int8b: int8_batched; +int8all: both
     opts = SlotEngineOptions(
-        num_slots=64, max_len=1024, dtype="bf16", decode_layer=layer, int8_batch1=int8 == "int8", batch_buckets=batches
+        num_slots=64, max_len=1024, dtype="bf16", decode_layer=layer, int8_batch1=int8 in ("int8", "int8all"),
+        int8_batched=int8 in ("int8b", "int8all"), batch_buckets=batches,
     )  # type: ignore[arg-type]
     engine = TorchSlotEngine(dec, [0], 0, opts)
     t = time.perf_counter()

@@ -76,7 +76,8 @@
 #   s12a:   (next session) tests/gpu/test_slot_engine_gpu.py (incl. the int8_batch1 graphs, not yet run), then the async
 #           1.5B server split / fused / split / fused WITHOUT int8 (does fused become the default?), 20 s per run
 #   s12b:   (next session) decode_quant_probe.py again, now with miaohui's int8 Triton GEMM (int8_triton: does it beat
-#           cuBLAS bf16 at 8 and 64 rows? then int8 weights pay for every decode batch, not only batch 1)
+#           cuBLAS bf16 at 8 and 64 rows?), then the decode graphs at batch 1/8/64 fused vs fused + int8_batch1 +
+#           int8_batched (every step on int8 weights)
 #   s9d:    tests/gpu inductor fp16 (tiny model), then the s9a server (cap 1024, then none) with the engine's single
 #           input copy and sampled stage timing, c=32/40/48
 #   s9e:    the 1.5B generation server, sync then async scheduling, with the faster host path (detokenizer, scheduler)
@@ -398,6 +399,8 @@ case $stage in
     ;;
   s12b)
     timeout 300 python3 scripts/gpu/decode_quant_probe.py --out "$OUT" 2>&1 | grep -E "int8_triton|cublas|GEMM|Error" | tail -40
+    timeout 200 python3 scripts/gpu/decode_buckets.py --layers fused,fused+int8all --batches 1,8,64 \
+      --out "$OUT" 2>&1 | grep -E "^fused|Error" | tail -4
     ;;
   s11b)
     timeout 500 python3 benchmarks/bench_gpu_encoder.py --models bert-base --no-autotune --shapes 1x128,32x128 \

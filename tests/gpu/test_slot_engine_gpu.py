@@ -17,11 +17,17 @@ pytestmark = pytest.mark.gpu
 
 
 def _engine(
-    hf: torch.nn.Module, *, graphs: bool, attention: str = "matmul", layer: str = "split", int8_batch1: bool = False
+    hf: torch.nn.Module,
+    *,
+    graphs: bool,
+    attention: str = "matmul",
+    layer: str = "split",
+    int8_batch1: bool = False,
+    int8_batched: bool = False,
 ) -> TorchSlotEngine:
     opts = SlotEngineOptions(
         num_slots=8, max_len=256, dtype="fp32", compile=graphs, cuda_graphs=graphs, decode_attention=attention,
-        decode_layer=layer, int8_batch1=int8_batch1,
+        decode_layer=layer, int8_batch1=int8_batch1, int8_batched=int8_batched,
     )  # fmt: skip
     dec = StaticKVDecoder.from_hf(hf, num_slots=8, max_len=256, dtype=torch.float32)
     engine = TorchSlotEngine(dec, [999], 0, opts)
@@ -68,14 +74,14 @@ def test_fused_decode_layer_in_graphs_matches_eager_split_tokens(attention: str)
     assert [g[0] for g in got] == [w[0] for w in want]
 
 
-@pytest.mark.parametrize("layer", ["split", "fused"])
-def test_int8_batch1_graphs_match_the_eager_int8_engine(layer: str) -> None:
-    """``int8_batch1`` in the CUDA graphs (the batch-1 graphs compiled with coordinate-descent tuning: Triton
-    reductions over the int8 weights) against the same option run eagerly: one stream (int8 steps), then three
-    (model-dtype steps). (Added in session 11 after its device time was spent: not yet run on the H200.)"""
+@pytest.mark.parametrize(("layer", "batched"), [("split", False), ("fused", False), ("fused", True)])
+def test_int8_graphs_match_the_eager_int8_engine(layer: str, batched: bool) -> None:
+    """``int8_batch1`` (the batch-1 graphs compiled with coordinate-descent tuning: Triton reductions over the int8
+    weights), and with ``int8_batched`` the Triton GEMM in the graphs of 2+ rows, against the same options run
+    eagerly: one stream, then three. (Added in session 11 after its device time was spent: not yet run on the H200.)"""
     hf = tiny_qwen("cuda")
-    fast = _engine(hf, graphs=True, layer=layer, int8_batch1=True)
-    slow = _engine(hf, graphs=False, int8_batch1=True)
+    fast = _engine(hf, graphs=True, layer=layer, int8_batch1=True, int8_batched=batched)
+    slow = _engine(hf, graphs=False, int8_batch1=True, int8_batched=batched)
     assert fast.graphs_on and fast.model._q8 is not None
     params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
     for prompts in ([list(range(20, 60))], [[5, 6, 7, 8, 9], [11, 12, 13], list(range(20, 160))]):

@@ -134,27 +134,30 @@ def test_fused_decode_layer_gives_the_split_layers_logits_and_cache(attention: s
         assert torch.allclose(fused.v_cache[i], split.v_cache[i], atol=1e-5), f"layer {i} values"
 
 
-@pytest.mark.parametrize("layer", ["split", "fused"])
-def test_int8_batch1_decodes_one_row_with_the_int8_weights_and_more_rows_without(layer: str) -> None:
-    """``int8_batch1``: a step of one row, compiled, gives the logits of the same model whose GEMM weights and LM head
-    are replaced by their int8 values × scales (so it really reads the int8 copy); a step of more rows gives the
+@pytest.mark.parametrize(
+    ("layer", "batch1", "batched"),
+    [("split", True, False), ("fused", True, False), ("split", False, True), ("fused", True, True)],
+)
+def test_int8_steps_decode_with_the_int8_weights_and_the_others_without(
+    layer: str, batch1: bool, batched: bool
+) -> None:
+    """``int8_batch1`` / ``int8_batched``: a compiled step that reads the int8 copy gives the logits of the same model
+    whose GEMM weights and LM head are replaced by their int8 values × scale (so it really reads the int8 copy; steps of
+    2+ rows go through the ``miaohui::w8a16_linear`` op, its CPU fallback here); a step that does not gives the
     unquantized model's logits."""
     from miaohui.generation.static_kv import _Layer
 
     hf = tiny_qwen()
     opts = SlotEngineOptions(
-        num_slots=8, max_len=256, dtype="fp32", compile=True, cuda_graphs=False, decode_layer=layer, int8_batch1=True
-    )
+        num_slots=8, max_len=256, dtype="fp32", compile=True, cuda_graphs=False, decode_layer=layer,
+        int8_batch1=batch1, int8_batched=batched,
+    )  # fmt: skip
     engine = TorchSlotEngine(StaticKVDecoder.from_hf(hf, num_slots=8, max_len=256, dtype=torch.float32), [999], 0, opts)
     plain = StaticKVDecoder.from_hf(hf, num_slots=8, max_len=256, dtype=torch.float32)
     dequant = StaticKVDecoder.from_hf(hf, num_slots=8, max_len=256, dtype=torch.float32)
     q8 = engine.model._q8
-    assert q8 is not None and engine.model._q8_head is not None
+    assert q8 is not None and engine.model._q8_head is not None and engine.model.int8_steps == (batch1, batched)
     assert all(q.dtype == torch.int8 for per_layer in q8 for q, _ in per_layer.values())
-    assert engine.model.int8_bytes < engine.model.head.numel() * 4 * 0.3 + sum(
-        sum(t.numel() for t in (lay.qkv, lay.o, lay.gate_up, lay.down))
-        for lay in engine.model.layers  # type: ignore[union-attr]
-    )
     with torch.no_grad():
         for lay, per_layer in zip(dequant.layers, q8, strict=True):
             assert isinstance(lay, _Layer)
@@ -165,17 +168,20 @@ def test_int8_batch1_decodes_one_row_with_the_int8_weights_and_more_rows_without
     gen = torch.Generator().manual_seed(5)
     with torch.inference_mode():
         prompts = torch.randint(5, 1000, (8, 120), generator=gen)
-        for m in (engine.model, plain):
-            m.prefill(prompts, torch.full((8,), 120), torch.arange(8))
-        for mine, theirs in zip((*dequant.k_cache, *dequant.v_cache), (*plain.k_cache, *plain.v_cache), strict=True):
-            mine.copy_(theirs)  # prefill runs the unquantized weights in the engine too
-        for b in (1, 1, 4):
+        engine.model.prefill(prompts, torch.full((8,), 120), torch.arange(8))
+        for b in (1, 4, 1):
+            ours = (*engine.model.k_cache, *engine.model.v_cache)
+            for m in (plain, dequant):  # every step starts from the engine's cache (prefill and earlier steps)
+                for mine, theirs in zip((*m.k_cache, *m.v_cache), ours, strict=True):
+                    mine.copy_(theirs)
             tokens = torch.randint(5, 1000, (b,), generator=gen)
-            positions = torch.full((b,), 120)
+            positions = torch.full((b,), 121 if b == 4 else 120)
             got = engine._decode_fn(tokens, positions, 128)
+            int8 = batch1 if b == 1 else batched
             want_plain = plain.decode(tokens, positions, 128)
-            want = dequant.decode(tokens, positions, 128) if b == 1 else want_plain
+            want_int8 = dequant.decode(tokens, positions, 128)
+            want = want_int8 if int8 else want_plain
             err = float((got - want).norm() / want.norm())
-            assert err < 1e-4, f"{layer} batch {b}: relative logit error {err:.2e}"
-            if b == 1:  # the int8 weights change the logits (else the test could not tell the paths apart)
-                assert float((got - want_plain).norm() / want_plain.norm()) > 1e-4
+            assert err < 1e-4, f"{layer} batch {b} int8={int8}: relative logit error {err:.2e}"
+            # the int8 weights change the logits (else the test could not tell the paths apart)
+            assert float((want_int8 - want_plain).norm() / want_plain.norm()) > 1e-4

@@ -198,8 +198,8 @@ class TorchSlotEngine(SlotCausalLMEngine):
         self._prefill_fn: Callable[..., torch.Tensor] = model.prefill
         model.decode_attention = options.decode_attention
         model.decode_layer = options.decode_layer
-        if options.int8_batch1:
-            model.add_int8_batch1()
+        if options.int8_batch1 or options.int8_batched:
+            model.add_int8(batch1=options.int8_batch1, batched=options.int8_batched)
         if self.compiled:
             _allow_specialisations()
             mode = "max-autotune-no-cudagraphs" if options.autotune else None

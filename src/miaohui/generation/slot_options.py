@@ -49,6 +49,11 @@ class SlotEngineOptions(Frozen):
     recipe). H200, 1.5B shape, GEMMs of one step at one row (``decode_quant_probe_h200_s11d.json``): 1.27 ms cuBLAS
     bf16 → 0.87 ms. Steps of 2+ rows keep the model-dtype weights (int8 there was 2× slower), so a sequence's tokens
     may differ with whether it decoded alone. Off by default."""
+    int8_batched: bool = False
+    """Weight-only int8 for decode steps of 2+ rows: the same int8 copy, read through miaohui's Triton GEMM
+    (``miaohui.generation.w8a16``; Inductor's int8 form was 2× slower than cuBLAS bf16 there). Built in session 11
+    without GPU time: checked on the CPU (its fallback, and the kernel under Triton's interpreter), **speed not yet
+    measured**; with ``int8_batch1`` too every decode step reads int8. Off by default."""
     batch_buckets: tuple[int, ...] = ()
     """Decode batch sizes (default: powers of two up to num_slots, and num_slots)."""
     length_buckets: tuple[int, ...] = ()

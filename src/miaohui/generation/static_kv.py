@@ -32,6 +32,7 @@ from torch.nn import functional as F
 
 from miaohui.errors import ArtifactError
 from miaohui.generation.dims import DecoderDims
+from miaohui.generation.w8a16 import w8a16_op
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -54,11 +55,14 @@ Weight = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
 
 
 def linear(x: torch.Tensor, w: Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear`` for either kind of :data:`Weight`. The int8 form is gpt-fast's: ``F.linear(x, q.to(x.dtype)) *
-    scale``; compiled with coordinate-descent tuning at one row, Inductor turns it into one Triton reduction that reads
-    the int8 bytes (H200, 1.5B shape: the step's GEMMs 1.27 → 0.87 ms at batch 1; at 8 or 64 rows 2× slower than
-    cuBLAS on bf16, ``decode_quant_probe_h200_s11d.json``)."""
+    """``F.linear`` for either kind of :data:`Weight`. The int8 form at one row is gpt-fast's: ``F.linear(x,
+    q.to(x.dtype)) * scale``; compiled with coordinate-descent tuning, Inductor turns it into one Triton reduction that
+    reads the int8 bytes (H200, 1.5B shape: the step's GEMMs 1.27 → 0.87 ms at batch 1; at 8 or 64 rows that form was
+    2× slower than cuBLAS on bf16, ``decode_quant_probe_h200_s11d.json``). At 2+ rows (decode ``[b, in]``) int8 weights
+    go to :func:`miaohui.generation.w8a16.w8a16_op` (a Triton GEMM for up to 64 rows; not yet measured)."""
     if isinstance(w, tuple):
+        if x.dim() == 2 and x.shape[0] > 1:  # a decode step of 2+ rows (int8_batched): miaohui's Triton GEMM
+            return w8a16_op(x, w[0], w[1], bias)
         out = F.linear(x, w[0].to(x.dtype)) * w[1]
         return out if bias is None else out + bias
     return F.linear(x, w, bias)
@@ -423,11 +427,16 @@ class StaticKVDecoder(nn.Module):
     _q8: list[dict[str, tuple[torch.Tensor, torch.Tensor]]] | None = None
     _q8_head: tuple[torch.Tensor, torch.Tensor] | None = None
 
-    def add_int8_batch1(self) -> None:
-        """Keep an int8 copy (per-output-row scales) of every layer's four GEMM weights and of the LM head, used by
-        decode steps of **one** row (``SlotEngineOptions.int8_batch1``): a lone stream reads half the weight bytes per
-        token. Steps of more rows keep the model-dtype weights (int8 there was 2× slower than cuBLAS), so a
-        sequence's tokens can differ depending on whether it decoded alone."""
+    int8_steps: tuple[bool, bool] = (False, False)
+    """Which decode steps read the int8 copy: (steps of one row, steps of 2+ rows); set by :meth:`add_int8`."""
+
+    def add_int8(self, batch1: bool = True, batched: bool = False) -> None:
+        """Keep an int8 copy (per-output-row scales) of every layer's four GEMM weights and of the LM head, read by
+        decode steps of one row (``SlotEngineOptions.int8_batch1``: a lone stream reads half the weight bytes per
+        token) and/or of 2+ rows (``int8_batched``, through :func:`~miaohui.generation.w8a16.w8a16_op`). Steps that
+        do not read it keep the model-dtype weights, so with one flag alone a sequence's tokens can differ depending
+        on how many sequences shared its steps. Prefill always reads the model-dtype weights."""
+        self.int8_steps = (batch1, batched)
         with torch.no_grad():
             self._q8 = [
                 {name: quantize_int8(getattr(layer, name)) for name in ("qkv", "o", "gate_up", "down")}
@@ -442,7 +451,7 @@ class StaticKVDecoder(nn.Module):
 
     def _decode_weights(self, b: int) -> tuple[list[tuple[Weight, Weight, Weight, Weight]], Weight]:
         """Per layer (qkv, o, gate_up, down), and the LM head, for a decode step of ``b`` rows."""
-        if b == 1 and self._q8 is not None and self._q8_head is not None:
+        if self._q8 is not None and self._q8_head is not None and self.int8_steps[0 if b == 1 else 1]:
             return [(q["qkv"], q["o"], q["gate_up"], q["down"]) for q in self._q8], self._q8_head
         layers: list[tuple[Weight, Weight, Weight, Weight]] = [
             (lay.qkv, lay.o, lay.gate_up, lay.down) for lay in self.layers if isinstance(lay, _Layer)

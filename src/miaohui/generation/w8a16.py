@@ -8,9 +8,15 @@ written for that case: a tile of up to 64 rows × ``BLOCK_N`` output columns per
 program (no split-K, so no extra reduction kernel or zeroed buffer inside a CUDA graph), configurations autotuned per
 (rows bucket, N, K).
 
+It is registered as the custom op ``torch.ops.miaohui.w8a16_linear`` (opaque to ``torch.compile``, so the engine's
+compiled decode pieces call it and CUDA graphs capture it; on the CPU, or without Triton, the op computes
+``F.linear(x, q.to(x.dtype)) * scale``). The engine routes decode steps of 2+ rows to it with
+``SlotEngineOptions.int8_batched``.
+
 Status (session 11): its arithmetic is checked on the CPU with Triton's interpreter
-(``tests/unit/test_w8a16.py``); its speed has not been measured (``scripts/gpu/decode_quant_probe.py`` has it as the
-``int8_triton`` variant for the next GPU session). Nothing in the engine calls it yet.
+(``tests/unit/test_w8a16.py``) and the op inside the compiled engine on the CPU (its fallback,
+``tests/integration/test_compiled_decode.py``); its speed has not been measured (``scripts/gpu/decode_quant_probe.py``
+has it as the ``int8_triton`` variant, ``run_h200.sh s12b``).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.nn import functional as F
 
 try:  # Triton comes with CUDA builds of torch; CPU installs may lack it
     import triton
@@ -143,3 +150,17 @@ def w8a16_linear(
         **extra,
     )
     return out.reshape(*lead, n)
+
+
+@torch.library.custom_op("miaohui::w8a16_linear", mutates_args=())
+def w8a16_op(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """The engine's entry: the Triton kernel on CUDA, the dequantizing ``F.linear`` elsewhere."""
+    if x.is_cuda and triton is not None:
+        return w8a16_linear(x, q, scale, bias)
+    out = F.linear(x, q.to(x.dtype)) * scale
+    return out if bias is None else out + bias
+
+
+@w8a16_op.register_fake
+def _w8a16_fake(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], q.shape[0]))
