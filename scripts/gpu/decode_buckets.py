@@ -1,7 +1,8 @@
 """On the GPU: every captured decode graph of the 1.5B-shaped engine (random weights), as the server builds it
 (64 slots, 1024 positions, the default batch and length buckets), timed per (batch, length) bucket for each
-``--layers`` value: ``SlotEngineOptions.decode_layer`` (``split`` / ``fused``), ``+int8`` for ``int8_batch1``, ``+int8b``
-for ``int8_batched``, ``+int8all`` for both (session 11). Session 10: the fused layer was 5 % faster than the split one at (64, 256) (``decode_whole_step.py``) yet the
+``--layers`` value: ``SlotEngineOptions.decode_layer`` (``split`` / ``fused``), ``+int8`` for ``int8_batch1``,
+``+int8b`` for ``int8_batched``, ``+int8all`` for both (session 11). Session 10: the fused layer was 5 % faster than
+the split one at (64, 256) (``decode_whole_step.py``) yet the
 server with it was 25 % slower; is some bucket slow?
 
     TORCH_LOGS=recompiles python3 scripts/gpu/decode_buckets.py --out /tmp/buckets

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -35,6 +36,9 @@ import torch.nn.functional as F
 
 from miaohui.models import fast_bert
 from miaohui.models.intent import IntentClassifier, random_bert
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from bench_gpu_encoder import kernel_table
 
 PEAK_TFLOPS = 790.0
 
@@ -74,24 +78,6 @@ def time_replay(replay: Callable[[], Any], iters: int, cuda: bool) -> dict[str, 
     torch.cuda.synchronize()
     ms = sorted(s.elapsed_time(e) for s, e in pairs)
     return {"median_ms": statistics.median(ms), "p99_ms": ms[int(0.99 * (len(ms) - 1))]}
-
-
-def kernel_table(replay: Callable[[], Any], calls: int = 20, top: int = 12) -> dict[str, Any]:
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            replay()
-        torch.cuda.synchronize()
-    events = sorted(prof.key_averages(), key=lambda e: -e.device_time_total)
-    return {
-        "kernels_per_call": sum(e.count for e in events) / calls,
-        "device_us_per_call": sum(e.device_time_total for e in events) / calls,
-        "top": [
-            {"kernel": e.key[:90], "per_call": e.count / calls, "us": round(e.device_time_total / calls, 2)}
-            for e in events[:top]
-        ],
-    }
 
 
 def floor(
@@ -172,7 +158,7 @@ def main() -> None:
                     row["tflops"] = flops(h, inter, layers, b, s) / (row["median_ms"] * 1e-3) / 1e12
                     row["pct_peak"] = 100 * row["tflops"] / PEAK_TFLOPS
                     if cuda and s == 128:
-                        row["kernels"] = kernel_table(replay)
+                        row["kernels"] = kernel_table(replay, (), top=12)  # bench_gpu_encoder's table
             except Exception as exc:  # a variant that fails is a finding, not the end of the probe
                 row["error"] = repr(exc)[:400]
             report["results"].append(row)
@@ -184,7 +170,7 @@ def main() -> None:
                     f"  kernels/call {kt['kernels_per_call']:.0f}, device {kt['device_us_per_call']:.0f} us", flush=True
                 )
                 for k in kt["top"]:
-                    print(f"    {k['per_call']:5.1f}x {k['us']:8.2f} us  {k['kernel']}", flush=True)
+                    print(f"    {k['per_call']:5.1f}x {k['us_per_call']:8.2f} us  {k['kernel']}", flush=True)
     fast_bert.use_fused_gelu(model, False)
     with torch.inference_mode():
         report["floor"] = {f"{b}x{s}": floor(h, inter, heads, layers, b, s, dtype, cuda) for b, s in shapes}

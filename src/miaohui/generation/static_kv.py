@@ -444,11 +444,6 @@ class StaticKVDecoder(nn.Module):
             ]
             self._q8_head = quantize_int8(self.head)
 
-    @property
-    def int8_bytes(self) -> int:
-        parts = [t for q in self._q8 or [] for pair in q.values() for t in pair] + list(self._q8_head or ())
-        return sum(t.numel() * t.element_size() for t in parts)
-
     def _decode_weights(self, b: int) -> tuple[list[tuple[Weight, Weight, Weight, Weight]], Weight]:
         """Per layer (qkv, o, gate_up, down), and the LM head, for a decode step of ``b`` rows."""
         if self._q8 is not None and self._q8_head is not None and self.int8_steps[0 if b == 1 else 1]:

@@ -61,7 +61,6 @@ if triton is not None:
         stride_xm,
         stride_wn,
         stride_om,
-        M_BUCKET: tl.constexpr,
         K_TILES: tl.constexpr,
         HAS_BIAS: tl.constexpr,
         BLOCK_M: tl.constexpr,
@@ -93,7 +92,7 @@ if triton is not None:
         )
 
     _w8a16_heur = triton.heuristics({"K_TILES": lambda a: triton.cdiv(a["K"], a["BLOCK_K"])})(_w8a16_kernel)
-    _w8a16_tuned = triton.autotune(configs=_configs(), key=["M_BUCKET", "N", "K"])(_w8a16_heur)
+    _w8a16_tuned = triton.autotune(configs=_configs(), key=["BLOCK_M", "N", "K"])(_w8a16_heur)
 
 
 def w8a16_linear(
@@ -122,8 +121,7 @@ def w8a16_linear(
     m, k = x2.shape
     n = q.shape[0]
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    block_m = 16 if m <= 16 else 32 if m <= 32 else 64
-    bucket = block_m  # autotune once per rows bucket, not per row count
+    block_m = 16 if m <= 16 else 32 if m <= 32 else 64  # also the autotune key: once per rows bucket
 
     def grid(meta: dict[str, Any]) -> tuple[int, int]:
         return (triton.cdiv(n, meta["BLOCK_N"]), triton.cdiv(m, block_m))
@@ -144,7 +142,6 @@ def w8a16_linear(
         x2.stride(0),
         q.stride(0),
         out.stride(0),
-        M_BUCKET=bucket,
         HAS_BIAS=bias is not None,
         BLOCK_M=block_m,
         **extra,
