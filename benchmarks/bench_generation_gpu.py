@@ -671,8 +671,8 @@ def main() -> None:
     ap.add_argument(
         "--decode-layer",
         choices=["split", "fused"],
-        default="split",
-        help="a decode layer in two compiled halves or one",
+        default=None,
+        help="a decode layer in two compiled halves or one (default: the engine's, fused with matmul attention)",
     )
     ap.add_argument(
         "--int8-batch1", action="store_true", help="int8 weight-only copy for decode steps of one row (engine option)"

@@ -78,6 +78,8 @@
 #   s12b:   (next session) decode_quant_probe.py again, now with miaohui's int8 Triton GEMM (int8_triton: does it beat
 #           cuBLAS bf16 at 8 and 64 rows?), then the decode graphs at batch 1/8/64 fused vs fused + int8_batch1 +
 #           int8_batched (every step on int8 weights)
+#           (session 12 ran s12b, s12a and s11c: s12a's tests hit the 200 s limit and s12b's decode_buckets its 200 s one
+#           before fused+int8all finished; both limits raised since. The int8 GPU tests ran alone: -k int8, 136 s.)
 #   s9d:    tests/gpu inductor fp16 (tiny model), then the s9a server (cap 1024, then none) with the engine's single
 #           input copy and sampled stage timing, c=32/40/48
 #   s9e:    the 1.5B generation server, sync then async scheduling, with the faster host path (detokenizer, scheduler)
@@ -390,7 +392,7 @@ case $stage in
       --shapes 32x128,128x128 --variants engine_fp16 --profile --out "$OUT/gpu_encoder_bert_fusedgelu_32.json" 2>&1 | grep -E "median|FAIL|kernels|Error" | head -30
     ;;
   s12a)
-    timeout 200 python3 -X faulthandler -m pytest -q tests/gpu/test_slot_engine_gpu.py -p no:cacheprovider 2>&1 | tail -6
+    timeout 450 python3 -X faulthandler -m pytest -q tests/gpu/test_slot_engine_gpu.py -p no:cacheprovider 2>&1 | tail -6
     for v in split fused split fused; do
       gen_server "srv12_${v}_$RANDOM" "" --stagger-ms 10 --static-prefill --duration 20 --async-scheduling \
         --decode-layer $v 2>&1 | grep -E "server:|Error" | head -4
@@ -399,7 +401,7 @@ case $stage in
     ;;
   s12b)
     timeout 300 python3 scripts/gpu/decode_quant_probe.py --out "$OUT" 2>&1 | grep -E "int8_triton|cublas|GEMM|Error" | tail -40
-    timeout 200 python3 scripts/gpu/decode_buckets.py --layers fused,fused+int8all --batches 1,8,64 \
+    timeout 400 python3 scripts/gpu/decode_buckets.py --layers fused,fused+int8all --batches 1,8,64 \
       --out "$OUT" 2>&1 | grep -E "^fused|Error" | tail -4
     ;;
   s11b)

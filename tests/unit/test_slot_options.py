@@ -18,4 +18,13 @@ def test_fused_decode_layer_refuses_other_attentions(attention: str) -> None:
 
 def test_fused_decode_layer_with_matmul_and_split_with_any_attention() -> None:
     assert SlotEngineOptions(decode_layer="fused").decode_attention == "matmul"
+    assert SlotEngineOptions(decode_attention="flex", decode_layer="split").decode_layer == "split"
+
+
+def test_the_default_layer_is_fused_unless_the_attention_needs_split() -> None:
+    """fused was ahead in every decode graph and in both server orders on the H200 (s10f, s12a); sdpa/flex get split."""
+    assert SlotEngineOptions().decode_layer == "fused"
+    assert SlotEngineOptions(decode_layer=None).decode_layer == "fused"  # type: ignore[arg-type]
+    assert SlotEngineOptions(decode_attention="sdpa").decode_layer == "split"
     assert SlotEngineOptions(decode_attention="flex").decode_layer == "split"
+    assert SlotEngineOptions.model_validate({"decode_attention": "matmul"}).decode_layer == "fused"

@@ -33,15 +33,16 @@ class SlotEngineOptions(Frozen):
     flash-decoding kernel). H200, 1.5B shape, CUDA graphs at (batch 64, 256 positions), session 10
     (``decode_whole_step_h200_s10a.json``): matmul 2.68 ms, sdpa 2.71 (cuDNN's kernel is faster than the two matmuls
     and the softmax, 268 vs 393 µs, but the step is not), flex 4.83 (its kernel alone 2.5 ms); ``matmul`` stays."""
-    decode_layer: Literal["split", "fused"] = "split"
-    """``split``: each layer's two compiled halves (RMSNorm→QKV→RoPE; attention→MLP) around eager ``index_copy_``
-    cache writes; ``fused``: the whole layer, cache write included (an in-place ``index_put_`` fused into the RoPE
-    kernel), one compiled graph. H200, 1.5B shape, every captured decode graph (``decode_buckets_h200_s10f.json``):
-    fused is 4–9 % faster in each of the 28 (batch, length) buckets (batch 64 × 256: 2.34 vs 2.55 ms; batch 1:
-    1.92 vs 2.02). Through the async server the two calls disagreed (fused 13.5k / 16.7k tok/s, split 17.9k / 15.3k,
-    the first server of a call always the slower) and one fused run had a 411 ms TTFT p99, so ``split`` stays the
-    default until a longer A/B settles it. Only with ``decode_attention: matmul``: with sdpa the fused graph failed
-    Inductor's stride check on the H200 (torch 2.11, ``gpu_tests_slot_engine_fused_h200_s10e.txt``)."""
+    decode_layer: Literal["split", "fused"] = "fused"
+    """``fused``: a whole decode layer, cache write included (an in-place ``index_put_`` fused into the RoPE kernel),
+    one compiled graph; ``split``: each layer's two compiled halves (RMSNorm→QKV→RoPE; attention→MLP) around eager
+    ``index_copy_`` cache writes. Default: ``fused`` with the matmul attention, ``split`` when ``decode_attention`` is
+    sdpa or flex (with sdpa the fused graph failed Inductor's stride check on the H200, torch 2.11,
+    ``gpu_tests_slot_engine_fused_h200_s10e.txt``). H200, 1.5B shape: fused is 4–9 % faster in every one of the 28
+    captured decode graphs (``decode_buckets_h200_s10f.json``; batch 64 × 256: 2.34 vs 2.55 ms; batch 1: 1.92 vs
+    2.02), and through the async server, split / fused / split / fused in one call, 20 s each
+    (``generation_gpu_qwen1.5b_server_s12a_*.json``): 16,434 / **16,777** / 15,968 / **16,192** tok/s (with
+    ``int8_batch1`` on the fused side, ``…_s11f_*``: +4.5–5 %)."""
     int8_batch1: bool = False
     """Weight-only int8 for decode steps of one row: an int8 copy of the layers' GEMM weights and the LM head
     (per-output-row scales, +50 % weight memory) that batch-1 graphs read instead of the model-dtype weights, compiled
@@ -51,9 +52,11 @@ class SlotEngineOptions(Frozen):
     may differ with whether it decoded alone. Off by default."""
     int8_batched: bool = False
     """Weight-only int8 for decode steps of 2+ rows: the same int8 copy, read through miaohui's Triton GEMM
-    (``miaohui.generation.w8a16``; Inductor's int8 form was 2× slower than cuBLAS bf16 there). Built in session 11
-    without GPU time: checked on the CPU (its fallback, and the kernel under Triton's interpreter), **speed not yet
-    measured**; with ``int8_batch1`` too every decode step reads int8. Off by default."""
+    (``miaohui.generation.w8a16``; Inductor's int8 form was 2× slower than cuBLAS bf16 there). **Measured slower than
+    bf16**: the step's GEMMs on the H200 (``decode_quant_probe_h200_s12b.json``, 28 layers + LM head, L2-cold) at 8
+    rows 1,219 µs vs cuBLAS bf16 1,203, at 64 rows 1,884 vs 1,276 (its gate/up and LM head win at ≤ 8 rows, the
+    down projection's long K loses: one program per output tile walks all 8,960). Kept, off, for kernel work; the
+    GPU test passes (``gpu_tests_slot_engine_int8_h200_s12.txt``)."""
     batch_buckets: tuple[int, ...] = ()
     """Decode batch sizes (default: powers of two up to num_slots, and num_slots)."""
     length_buckets: tuple[int, ...] = ()
@@ -68,6 +71,14 @@ class SlotEngineOptions(Frozen):
     """Prompts per static prefill; more new prompts in one step are prefilled eagerly."""
     prefill_length_buckets: tuple[int, ...] = ()
     """Padded prompt lengths (default: 16, 32, ... up to max_len); longer prompts are prefilled eagerly."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_layer(cls, data: object) -> object:
+        if isinstance(data, dict) and data.get("decode_layer") is None:
+            matmul = data.get("decode_attention", "matmul") == "matmul"
+            return {**data, "decode_layer": "fused" if matmul else "split"}
+        return data
 
     @model_validator(mode="after")
     def _fused_layer_attention(self) -> SlotEngineOptions:
