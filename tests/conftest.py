@@ -58,3 +58,23 @@ def calib_texts() -> list[str]:
     from miaohui.zoo.intents import load_split
 
     return [x.text for x in load_split("train")]
+
+
+@pytest.fixture(scope="session")
+def intent_engines(
+    intent_model: Path, calib_texts: list[str], tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Path]:
+    """The intent model's fp32 and default int8 (ONNX Runtime) versions, built once per session into a private
+    repository; modules take copies (:func:`tests.artifacts.install_version`), so what one module writes (validation stamps, configs)
+    stays out of the others. Saves ~100 s of builds per CI run."""
+    from miaohui.config import BuildConfig
+    from miaohui.engines.store import build_artifact
+    from miaohui.prepare import default_config
+
+    repo = tmp_path_factory.mktemp("session-engines")
+    quiet = {"log": lambda m: None}
+    fp32 = build_artifact(intent_model, "fp32", BuildConfig(), repo, **quiet)  # type: ignore[arg-type]
+    int8 = build_artifact(
+        intent_model, "int8", default_config("onnxruntime", "int8"), repo, calib_texts=calib_texts, **quiet
+    )  # type: ignore[arg-type]
+    return {"fp32": fp32.path, "int8": int8.path}

@@ -28,12 +28,11 @@ from typing import Any
 import httpx
 import pytest
 from fastapi import FastAPI
+from tests.artifacts import install_version
 from tests.servers import UvicornThread
 
 from miaohui.dialogue.compliance import DISCLAIMER, count_disclaimers
-from miaohui.engines.store import build_artifact
 from miaohui.nlp.numbers import extract_numbers, numbers_grounded
-from miaohui.prepare import default_config
 from miaohui.server.app import build_app
 from miaohui.server.metrics import Metrics
 
@@ -65,10 +64,9 @@ def dialogue_app(repo: Path) -> FastAPI:
 
 
 @pytest.fixture(scope="module")
-def repo(intent_model: Path, calib_texts: list[str], tmp_path_factory: pytest.TempPathFactory) -> Path:
+def repo(intent_engines: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
     repo = tmp_path_factory.mktemp("dialogue-repo")
-    cfg = default_config("onnxruntime", "int8")
-    build_artifact(intent_model, "intent", cfg, repo, calib_texts=calib_texts, log=lambda m: None)
+    install_version(intent_engines["int8"], repo, "intent")
     return repo
 
 

@@ -17,13 +17,13 @@ from typing import Any
 import httpx
 import pytest
 import typer
+from tests.artifacts import install_version
 from typer.testing import CliRunner
 
 from miaohui.config import BuildConfig
 from miaohui.dialogue.cli import compare_command, validate_pipeline_command
 from miaohui.dialogue.consistency import DriftThresholds
 from miaohui.engines.store import build_artifact
-from miaohui.prepare import default_config
 from miaohui.server.dialogue_api import DialogueService, dialogue_router, shadow_router
 from miaohui.server.http import ServerState, create_app
 from miaohui.server.metrics import Metrics
@@ -37,17 +37,12 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def repo(
-    intent_model: Path, tiny_model: Path, calib_texts: list[str], tmp_path_factory: pytest.TempPathFactory
-) -> Path:
+def repo(intent_engines: dict[str, Path], tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """``intent`` v1 = fp32, v2 = int8 (the candidate); ``tiny`` = a random-weight model."""
     repo = tmp_path_factory.mktemp("compare-repo")
-    quiet = {"log": lambda m: None}
-    build_artifact(intent_model, "intent", BuildConfig(), repo, **quiet)  # type: ignore[arg-type]
-    build_artifact(
-        intent_model, "intent", default_config("onnxruntime", "int8"), repo, calib_texts=calib_texts, **quiet
-    )  # type: ignore[arg-type]
-    build_artifact(tiny_model, "tiny", BuildConfig(), repo, **quiet)  # type: ignore[arg-type]
+    install_version(intent_engines["fp32"], repo, "intent")
+    install_version(intent_engines["int8"], repo, "intent")
+    build_artifact(tiny_model, "tiny", BuildConfig(), repo, log=lambda m: None)
     return repo
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tests.artifacts import install_version
 from typer.testing import CliRunner
 
 from miaohui.cli import app
@@ -15,7 +16,7 @@ from miaohui.config import BuildConfig, CalibrationConfig
 from miaohui.engines.loader import load_engine
 from miaohui.engines.store import build_artifact, read_manifest
 from miaohui.nlp.tokenizer import TextTokenizer
-from miaohui.prepare import BERT_FFN_DOWN, default_config
+from miaohui.prepare import BERT_FFN_DOWN
 from miaohui.validate.run import run_validation
 
 pytestmark = pytest.mark.slow
@@ -27,16 +28,10 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def engines(intent_model: Path, repo: Path, calib_texts: list[str]) -> dict[str, Path]:
-    fp32 = build_artifact(intent_model, "intent-fp32", BuildConfig(), repo, log=lambda m: None)
-    int8 = build_artifact(
-        intent_model,
-        "intent",
-        default_config("onnxruntime", "int8"),
-        repo,
-        calib_texts=calib_texts,
-        log=lambda m: None,
-    )
+def engines(intent_model: Path, intent_engines: dict[str, Path], repo: Path, calib_texts: list[str]) -> dict[str, Path]:
+    """fp32 and the default int8 as built once per session (``intent_engines``), and static int8 built here."""
+    fp32 = install_version(intent_engines["fp32"], repo, "intent-fp32")
+    int8 = install_version(intent_engines["int8"], repo, "intent")
     static = build_artifact(
         intent_model,
         "intent-static",
@@ -45,7 +40,7 @@ def engines(intent_model: Path, repo: Path, calib_texts: list[str]) -> dict[str,
         calib_texts=calib_texts,
         log=lambda m: None,
     )
-    return {"fp32": fp32.path, "int8": int8.path, "static": static.path}
+    return {"fp32": fp32, "int8": int8, "static": static.path}
 
 
 def test_trained_model_meets_accuracy(intent_model: Path) -> None:
