@@ -41,6 +41,7 @@ import json
 import multiprocessing as mp
 import os
 import platform
+import re
 import shlex
 import statistics
 import subprocess
@@ -55,7 +56,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from miaohui.bench.scrape import Snapshot, fetch_metrics, parse_metrics
+from miaohui.bench.scrape import Snapshot, fetch_metrics, gc_pauses, parse_metrics
+from miaohui.gcpolicy import FREEZE_ENV
 from miaohui.generation.engine_loop import LLMEngine
 from miaohui.generation.params import SamplingParams
 from miaohui.generation.scheduler import SchedulerConfig
@@ -381,7 +383,7 @@ def server_load(
     log(f"artifact saved in {time.perf_counter() - t:.1f}s; starting the server")
     # a tokenizer is needed by the server: SmolLM2's when cached, else a tiny word-level one
     _write_tokenizer(version, vocab)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", FREEZE_ENV: "1" if args.gc_freeze == "on" else "0"}
     if args.server_src:  # another tree's miaohui for the server only (A/B of the serving path)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(args.server_src), env.get("PYTHONPATH")]))
     port = _free_port()
@@ -407,6 +409,7 @@ def server_load(
                 raise RuntimeError("server exited: " + (repo / "serve.log").read_text()[-3000:])
             time.sleep(1)
         ready_s = time.perf_counter() - started
+        frozen = re.search(r"froze (\d+) objects", (repo / "serve.log").read_text())  # miaohui.gcpolicy's log line
         log(f"server ready after {ready_s:.0f}s; load: {args.streams} streams, {args.client_procs} client processes")
         ctx = mp.get_context("spawn")
         q = ctx.Queue()
@@ -444,7 +447,8 @@ def server_load(
             raise RuntimeError(f"no tokens came back ({len(merged['errors'])} errors); see {repo / 'serve.log'}")
         grab.join()
         metrics = urllib.request.urlopen(f"{base}/metrics", timeout=5).read().decode()
-        steps = step_breakdown(before[0] if before else None, parse_metrics(metrics))
+        after = parse_metrics(metrics)
+        steps = step_breakdown(before[0] if before else None, after)
         return {
             "streams": args.streams,
             "client_processes": args.client_procs,
@@ -472,6 +476,10 @@ def server_load(
             # the engine loop's steps over the measured window (server metrics; empty for --serve-workers, whose
             # engine process does not export them)
             "steps": steps,
+            # the server's garbage-collector pauses over the measured window, per generation (miaohui.gcpolicy)
+            "gc_freeze": args.gc_freeze,
+            "gc_frozen_objects": int(frozen.group(1)) if frozen else 0,
+            "gc_pauses": gc_pauses(before[0] if before else None, after),
             # the server's own view (from engine.add): TTFT / inter-token / whole-request sums and counts
             "metrics_excerpt": [
                 ln
@@ -667,6 +675,12 @@ def main() -> None:
     )
     ap.add_argument(
         "--decode-attention", choices=["matmul", "sdpa", "flex"], default="matmul", help="decode's attention kernel"
+    )
+    ap.add_argument(
+        "--gc-freeze",
+        choices=["on", "off"],
+        default="on",
+        help="the server freezes its warm heap (gc.freeze(), the default) or not (MIAOHUI_GC_FREEZE): A/B",
     )
     ap.add_argument(
         "--decode-layer",

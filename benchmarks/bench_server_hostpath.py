@@ -15,6 +15,7 @@ interleaved round by round, because this machine is shared and its load drifts. 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import shlex
@@ -30,6 +31,8 @@ from typing import Any
 import httpx
 
 from miaohui.bench.report import environment
+from miaohui.bench.scrape import fetch_metrics, gc_pauses
+from miaohui.gcpolicy import FREEZE_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -70,9 +73,10 @@ def run_point(
     args: argparse.Namespace,
     work: Path,
     shared_engine: bool = False,
+    gc_freeze: bool = True,
 ) -> dict[str, Any]:
     port, grpc_port = free_port(), free_port()
-    env = os.environ.copy()
+    env = os.environ | {FREEZE_ENV: "1" if gc_freeze else "0"}
     if src is not None:
         env["PYTHONPATH"] = str(src)
     cmd = [sys.executable, "-m", "miaohui.cli", "serve", "-r", str(repo), "--port", str(port)]
@@ -101,8 +105,11 @@ def run_point(
         bench += ["--url", f"http://127.0.0.1:{port}", "--grpc-url", f"127.0.0.1:{grpc_port}"]
         bench += ["--concurrency", str(level), "--duration", f"{args.duration}s", "--warmup", "1s"]
         bench += ["--out", str(out_json)]
+        before = fetch_metrics(f"http://127.0.0.1:{port}")
         subprocess.run(bench, check=True, capture_output=True, cwd=ROOT)
         point = json.loads(out_json.read_text())["points"][0]
+        after = fetch_metrics(f"http://127.0.0.1:{port}")
+        point["gc_pauses"] = gc_pauses(before, after) if after is not None else {}
     finally:
         proc.terminate()
         proc.wait(60)
@@ -118,6 +125,7 @@ def main() -> None:
     ap.add_argument("--concurrency", default="1,32")
     ap.add_argument("--duration", type=float, default=6.0)
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--gc-freeze", default="on", help="'on', 'off' or 'on,off': the servers' gc.freeze() (A/B)")
     ap.add_argument("--build-only", type=Path, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "server_hostpath_cpu.json")
     args = ap.parse_args()
@@ -140,22 +148,26 @@ def main() -> None:
         for target in args.targets.split(","):
             for level in (int(c) for c in args.concurrency.split(",")):
                 for name, src in trees:
-                    for spec in args.workers.split(","):
+                    for spec, freeze in itertools.product(args.workers.split(","), args.gc_freeze.split(",")):
                         workers, shared = int(spec.rstrip("s")), spec.endswith("s")
                         if src is not None and workers > 1:
                             continue  # the baseline may predate --workers
                         repo = repos[name] / ("batching" if level > 1 else "no-batching")
-                        p = run_point(repo, src, workers, target, level, args, work, shared)
+                        p = run_point(repo, src, workers, target, level, args, work, shared, freeze == "on")
                         lat, srv = p["latency_ms"], p.get("server") or {}
                         other = srv.get("other_ms")
                         row = {"round": rnd, "tree": name, "workers": workers, "target": target, "concurrency": level}
                         row["shared_engine"] = shared
+                        row["gc_freeze"], row["gc_pauses"] = freeze, p["gc_pauses"]
                         row |= {"throughput_rps": p["throughput_rps"], "latency_ms": lat, "errors": p["error_count"]}
                         row |= {"server_other_ms": other, "load_avg_after": p["load_avg_after"]}
                         rows.append(row)
+                        full = p["gc_pauses"].get("2", {})
                         print(
-                            f"{name:<10} w={spec:<2} {target:<8} c={level:<3} {p['throughput_rps']:8.1f} req/s  "
-                            f"p50 {lat['p50']:7.3f}  p99 {lat['p99']:7.2f} ms  errors {p['error_count']}  "
+                            f"{name:<10} w={spec:<2} gc.freeze {freeze:<3} {target:<8} c={level:<3} "
+                            f"{p['throughput_rps']:8.1f} req/s  p50 {lat['p50']:7.3f}  p99 {lat['p99']:7.2f}  "
+                            f"max {lat['max']:7.1f} ms  errors {p['error_count']}  full collections "
+                            f"{full.get('collections', 0):.0f} ({full.get('total_ms', 0):.0f} ms)  "
                             f"load {p['load_avg_after'][0]:.2f}",
                             flush=True,
                         )

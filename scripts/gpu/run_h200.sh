@@ -78,6 +78,11 @@
 #   s12b:   (next session) decode_quant_probe.py again, now with miaohui's int8 Triton GEMM (int8_triton: does it beat
 #           cuBLAS bf16 at 8 and 64 rows?), then the decode graphs at batch 1/8/64 fused vs fused + int8_batch1 +
 #           int8_batched (every step on int8 weights)
+#   s13a:   (next session) the async 1.5B server with the warm heap frozen (gc.freeze(), the default since session 12)
+#           and not (--gc-freeze off), on / off / on / off, 12 s each: is the TTFT p99 tail (63-142 ms in s12a) the
+#           garbage collector's full collections? The JSONs carry gc_pauses (collections and ms per generation)
+#   s13b:   (next session, no e5 needed) the e5-shaped intent server (6 workers, shared engine, delay 0) with
+#           MIAOHUI_GC_FREEZE=1 / 0 / 1 / 0 at c=32,40: p99 and its call-to-call variance
 #           (session 12 ran s12b, s12a and s11c: s12a's tests hit the 200 s limit and s12b's decode_buckets its 200 s one
 #           before fused+int8all finished; both limits raised since. The int8 GPU tests ran alone: -k int8, 136 s.)
 #   s9d:    tests/gpu inductor fp16 (tiny model), then the s9a server (cap 1024, then none) with the engine's single
@@ -398,6 +403,23 @@ case $stage in
         --decode-layer $v 2>&1 | grep -E "server:|Error" | head -4
     done
     rm -f "$OUT"/srv12_*/*.png "$OUT/nvidia-smi.txt"
+    ;;
+  s13a)
+    for f in on off on off; do
+      gen_server "srv13_gc${f}_$RANDOM" "" --stagger-ms 10 --static-prefill --duration 12 --async-scheduling \
+        --gc-freeze $f 2>&1 | grep -E "server:|Error" | head -4
+    done
+    rm -f "$OUT"/srv13_*/*.png "$OUT/nvidia-smi.txt"
+    ;;
+  s13b)
+    python3 scripts/gpu/e5_shape_model.py var/models/intent-e5-shape | tail -1
+    MODEL=var/models/intent-e5-shape INDUCTOR_FORMAT=exported-program python3 scripts/gpu/build_intent_gpu.py /tmp/gpurepo 0 1 0 2>&1 | tail -1
+    i=0
+    for f in 1 0 1 0; do
+      i=$((i+1))
+      MIAOHUI_GC_FREEZE=$f SHARED=1 TAG="_e5shape_shared_delay0_gc${f}_${i}_s13b" WORKERS=6 LEVELS=32,40 \
+        timeout 120 bash scripts/gpu/serve_workers.sh "$OUT" 2>&1 | grep -E "ready after|c=|gc_pause|exit" | tail -12
+    done
     ;;
   s12b)
     timeout 300 python3 scripts/gpu/decode_quant_probe.py --out "$OUT" 2>&1 | grep -E "int8_triton|cublas|GEMM|Error" | tail -40

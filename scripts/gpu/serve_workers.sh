@@ -40,7 +40,7 @@ for N in ${WORKERS:-1 4 8}; do
   $cli_pin python3 -c "import typer; from miaohui.bench.cli import bench_command; app = typer.Typer(); app.command()(bench_command); app()" \
     --target http --concurrency ${LEVELS:-32,128,256} --duration ${DURATION:-4}s --warmup 1s --processes ${CLIENTS:-6} --tokens 8-64 \
     --engine $R/intent/1 --out "$OUT/gpu_server_w$N$TAG.json" --plot "$OUT/gpu_server_w$N$TAG.png" 2>&1 | tail -12
-  curl -s localhost:8000/metrics | grep -E "^miaohui_(worker_requests_total|process_cpu_seconds_total|batch_size_(sum|count))" | head -20
+  curl -s localhost:8000/metrics | grep -E "^miaohui_(worker_requests_total|process_cpu_seconds_total|batch_size_(sum|count)|gc_pause_seconds_(sum|count))" | head -20
   kill -TERM $SP; wait $SP; echo "workers=$N exit $?"; tail -2 /tmp/serve_w$N.log
   [ -f /tmp/spy_w$N.log ] && cat /tmp/spy_w$N.log && python3 scripts/gpu/spy_top.py "$OUT/spy_w$N.all.txt" 16 | head -70 \
     && python3 scripts/gpu/spy_top.py "$OUT/spy_w$N.gil.txt" 16 | head -40

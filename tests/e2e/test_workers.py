@@ -178,6 +178,19 @@ def test_model_control_is_refused_with_several_workers(server: Served) -> None:
     assert httpx.post(server.url + "/v1/intent", json={"text": "hi"}, timeout=5).status_code == 200
 
 
+def test_each_worker_froze_its_warm_heap_and_counts_gc_pauses(server: Served) -> None:
+    """miaohui.gcpolicy: every worker freezes its heap once it is warm (its log says how many objects) and counts its
+    collections in ``miaohui_gc_pause_seconds`` (the freeze's own full collection at least), summed over workers."""
+    workers = ready_workers(server.url)
+    frozen = [line for line in server.log.read_text().splitlines() if "froze" in line and "gc.freeze()" in line]
+    assert {int(line.split("server pid ")[1].split(":")[0]) for line in frozen} >= set(workers.values()), frozen
+    deadline = time.monotonic() + 10  # each worker flushes its pauses into the shared files every second
+    while scrape(server.url).total("miaohui_gc_pause_seconds_count", generation="2") < len(workers):
+        assert time.monotonic() < deadline, "the workers' full collections never reached /metrics"
+        time.sleep(0.2)
+    assert scrape(server.url).total("miaohui_gc_pause_seconds_sum") > 0
+
+
 def test_sigterm_stops_every_process_and_frees_the_ports(server: Served) -> None:
     pids = list(ready_workers(server.url).values())
     server.proc.send_signal(signal.SIGTERM)

@@ -25,3 +25,6 @@ def test_generation_benchmark_smoke_with_staggered_streams(tmp_path: Path) -> No
     # the server's own TTFT, inter-token and whole-request sums and counts come with it
     names = {line.split("{")[0] for line in server["metrics_excerpt"]}
     assert {"miaohui_time_to_first_token_seconds_count", "miaohui_inter_token_latency_seconds_sum"} <= names
+    # the server froze its warm heap (miaohui.gcpolicy) and its collections are reported by generation
+    assert server["gc_freeze"] == "on" and server["gc_frozen_objects"] > 10_000
+    assert set(server["gc_pauses"]) <= {"0", "1", "2"}

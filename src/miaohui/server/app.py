@@ -16,6 +16,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from miaohui.errors import ConfigError
+from miaohui.gcpolicy import flush_pauses_every, freeze_heap
 from miaohui.gil import apply_switch_interval
 from miaohui.server.http import ServerState, create_app
 from miaohui.server.metrics import Metrics
@@ -34,8 +35,12 @@ def build_app(
     *,
     dialogue_intent: str = "intent",
     dialogue_llm: str | None = None,
+    freeze_when_warm: bool = False,
 ) -> FastAPI:
     """The HTTP app with a lifespan that loads (and warms up) the repository before serving.
+
+    ``freeze_when_warm``: once everything is loaded, collect and freeze the heap (:func:`miaohui.gcpolicy.freeze_heap`),
+    before HTTP accepts connections; ``miaohui serve`` does, tests that serve in their own process do not.
 
     The dialogue pipelines classify with the served model ``dialogue_intent`` and generate their llm
     replies with the causal LM ``dialogue_llm`` (None: those routes answer with their templates)."""
@@ -70,10 +75,14 @@ def build_app(
             await manager.load_all(encoder_models)
         await generation.start()
         await shadow.start()
+        if freeze_when_warm:
+            freeze_heap(f"server pid {os.getpid()}")
+        gc_flusher = asyncio.ensure_future(flush_pauses_every())
         try:
             yield
         finally:
             state.shutting_down = True
+            gc_flusher.cancel()
             await shadow.stop()
             await generation.stop()
             await manager.stop()
@@ -103,7 +112,7 @@ async def serve_async(
     ``--workers N``, :mod:`miaohui.server.workers`); then gRPC binds its port with SO_REUSEPORT, shared with
     the other workers. ``on_ready`` is called once the models are warm and both protocols listen.
     """
-    app = build_app(repository, models, dialogue_llm=dialogue_llm)
+    app = build_app(repository, models, dialogue_llm=dialogue_llm, freeze_when_warm=True)
     state: ServerState = app.state.miaohui
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="on")
     server = uvicorn.Server(config)

@@ -29,6 +29,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from miaohui.gcpolicy import PAUSE_BUCKETS, flush_pauses, record_pauses
 from miaohui.serving.batcher import BatcherObserver, RejectReason
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -325,6 +326,14 @@ class Metrics:
             registry=r,
             multiprocess_mode="livemax",
         )
+        self.gc_pause = Histogram(
+            "miaohui_gc_pause_seconds",
+            "Python garbage-collector pauses in the server's processes, by generation (miaohui.gcpolicy)",
+            ["generation"],
+            buckets=PAUSE_BUCKETS,
+            registry=r,
+        )
+        record_pauses(self.gc_pause)
         self.exposition = r
         """What ``/metrics`` renders: ``registry`` itself, or with several workers a registry that reads every
         worker's files plus the collectors computed at scrape time."""
@@ -359,6 +368,7 @@ class Metrics:
         self.exposition.register(collector)
 
     def render(self) -> bytes:
+        flush_pauses()
         return generate_latest(self.exposition)
 
     def _samples(self, metric: Counter | Histogram) -> Iterator[Any]:

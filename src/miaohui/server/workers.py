@@ -200,6 +200,7 @@ def _engine_main(spec: ServeSpec, path: str, events: Any) -> None:
 
 async def _engine_serve(spec: ServeSpec, path: str, events: Any) -> None:
     """Load and warm up the encoder models and the causal LMs, then answer the workers until cancelled (SIGTERM)."""
+    from miaohui.gcpolicy import flush_pauses_every, freeze_heap
     from miaohui.generation.artifact import causal_lm_names
     from miaohui.server.generation_service import GenerationService
     from miaohui.server.metrics import Metrics
@@ -220,12 +221,15 @@ async def _engine_serve(spec: ServeSpec, path: str, events: Any) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)  # left by an engine process that died
     await server.start(path)
+    freeze_heap("engine process")
+    gc_flusher = asyncio.ensure_future(flush_pauses_every())
     events.put(("ready", 0, os.getpid()))
     served = [s.name for s in manager.states()] + [m.name for m in generation.loaded()]
     log.info("engine process serves %s on %s", served, path)
     try:
         await asyncio.Event().wait()
     finally:
+        gc_flusher.cancel()
         await server.stop()
         await generation.stop()
         await manager.stop()

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from miaohui.engines.store import versions
 from miaohui.errors import InputError, MiaohuiError, ModelNotFoundError
+from miaohui.gcpolicy import refreeze
 from miaohui.serving.batcher import BatcherObserver
 from miaohui.serving.engine_process import EngineClient
 from miaohui.serving.model_config import load_model_config
@@ -153,9 +154,14 @@ class ModelManager:
             for v, served in old.items():
                 if state.versions.get(v) is not served:
                     await served.stop()
+            refreeze(f"after loading {name}")
             return state
 
     async def unload(self, name: str) -> None:
+        await self._unload(name)
+        refreeze(f"after unloading {name}")
+
+    async def _unload(self, name: str) -> None:
         check_model_name(name)
         not_loaded = ModelNotFoundError(f"model {name!r} is not loaded", "see GET /v2/repository/index")
         if name not in self._models:
@@ -170,7 +176,7 @@ class ModelManager:
 
     async def stop(self) -> None:
         for name in list(self._models):
-            await self.unload(name)
+            await self._unload(name)  # the process is ending: no refreeze
 
     def get(self, name: str, version: int | str | None = None) -> ServedVersion:
         state = self._models.get(name)
