@@ -33,6 +33,7 @@ EXPECTED_ALERTS = {
     "MiaohuiDeadlinesExceeded",
     "MiaohuiGpuHot",
     "MiaohuiComplianceInterventionsSpike",
+    "MiaohuiLongGcPauses",
 }
 _METRIC = re.compile(r"\bmiaohui_[a-z0-9_]+")
 
@@ -72,6 +73,7 @@ def _busy_metrics() -> Metrics:
     m.stage_seconds.labels("bank_advisor", "intent").observe(0.002)
     m.interventions.labels("bank_advisor", "no_guaranteed_return", "rewrite").inc()
     m.shadow.labels("intent", "agreement").set(0.99)
+    m.gc_pause.labels("2").observe(0.0005)
     return m
 
 
@@ -81,7 +83,7 @@ def _busy_metrics() -> Metrics:
 def test_rules_pass_promtool_check(promtool: str) -> None:
     result = _run(promtool, "check", "rules", str(RULES))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 15 rules found" in result.stdout
+    assert "SUCCESS: 16 rules found" in result.stdout
 
 
 def test_rule_unit_tests_fire_and_stay_quiet(promtool: str) -> None:
