@@ -2,14 +2,14 @@
 
 A full (generation-2) collection walks every container object the process holds, and while it runs no other Python
 thread moves: not the event loop streaming tokens, not the engine thread launching the next step. A server that
-has imported torch and loaded engines holds hundreds of thousands of them (``python benchmarks/bench_gc_pause.py``:
-a CPU process with torch and the tiny decoder engine, ~390k objects, a full collection ~100–170 ms on the 2-core CI
-machine). The objects made while loading and warming up live as long as the process, so once it is ready a server
+has imported torch and loaded engines holds hundreds of thousands of them (a warm ``miaohui serve`` with a tiny
+engine: ~435–440k, one full collection 210–340 ms on the 2-core CI machine; its log line says how many it froze).
+The objects made while loading and warming up live as long as the process, so once it is ready a server
 process collects once and moves them to the permanent generation (:func:`freeze_heap`, ``gc.freeze()``, as vLLM
 and SGLang do after start-up): later collections walk only what serving made since. Frozen objects are never
 collected, so a version unloaded later would leak whatever of it sits in reference cycles: after a model is
 loaded, reloaded or unloaded the repository calls :func:`refreeze` (unfreeze, one full collection — a pause of the
-same ~0.1–0.25 s, once per change — and freeze again). ``MIAOHUI_GC_FREEZE=0`` turns all of it off (A/B runs).
+same size, once per change — and freeze again). ``MIAOHUI_GC_FREEZE=0`` turns all of it off (A/B runs).
 
 Every collection's pause is counted in ``miaohui_gc_pause_seconds{generation}``. The ``gc.callbacks`` hook only
 appends to a list (:data:`_pending`): it runs wherever a collection starts, possibly inside code that holds a

@@ -249,6 +249,31 @@ async def test_repository_reload_and_unload(client: httpx.AsyncClient) -> None:
     assert (await client.post("/v2/repository/models/intent/load")).status_code == 200
 
 
+async def test_a_frozen_server_refreezes_after_load_and_unload(
+    client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """miaohui.gcpolicy: in a process frozen at start-up (``miaohui serve``; simulated here by marking this test
+    process frozen, since freezing pytest's own heap would outlive the test), a model load and an unload each unfreeze,
+    collect (an unloaded version's cycles are freed) and freeze again."""
+    import gc
+
+    from miaohui import gcpolicy
+
+    monkeypatch.setattr(gcpolicy, "_frozen", [True])
+    monkeypatch.setenv(gcpolicy.FREEZE_ENV, "1")
+    try:
+        with caplog.at_level("INFO", logger="miaohui.gcpolicy"):
+            assert (await client.post("/v2/repository/models/intent/unload")).status_code == 200
+            assert gc.get_freeze_count() > 0
+            gc.unfreeze()
+            assert (await client.post("/v2/repository/models/intent/load")).status_code == 200
+            assert gc.get_freeze_count() > 0
+        froze = [r.getMessage() for r in caplog.records if "froze" in r.getMessage()]
+        assert [m.split(":")[0] for m in froze] == ["after unloading intent", "after loading intent"], froze
+    finally:
+        gc.unfreeze()
+
+
 async def test_metrics_exposed(client: httpx.AsyncClient) -> None:
     await client.post("/v1/intent", json={"text": "hello"})
     await client.post("/v1/intent", json={"text": ""})

@@ -11,6 +11,15 @@ from prometheus_client import CollectorRegistry, Histogram
 from miaohui import gcpolicy
 
 
+@pytest.fixture(autouse=True)
+def _not_frozen(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Every test starts with the process never frozen, and leaves it so (the repository's refreeze after a model
+    load would otherwise freeze the test process for the tests that follow)."""
+    monkeypatch.setattr(gcpolicy, "_frozen", [])
+    yield
+    gc.unfreeze()
+
+
 @pytest.fixture
 def histogram() -> Iterator[Histogram]:
     gcpolicy.flush_pauses()  # drop what earlier tests' collections left
@@ -109,7 +118,6 @@ def test_refreeze_frees_cycles_that_died_while_frozen(monkeypatch: pytest.Monkey
         other: object = None
 
     monkeypatch.setenv(gcpolicy.FREEZE_ENV, "1")
-    monkeypatch.setattr(gcpolicy, "_frozen", [])
     assert gcpolicy.refreeze("test") is None  # never frozen: nothing to do
     a, b = Node(), Node()
     a.other, b.other = b, a
