@@ -83,6 +83,8 @@
 #           garbage collector's full collections? The JSONs carry gc_pauses (collections and ms per generation)
 #   s13b:   (next session, no e5 needed) the e5-shaped intent server (6 workers, shared engine, delay 0) with
 #           MIAOHUI_GC_FREEZE=1 / 0 / 1 / 0 at c=32,40: p99 and its call-to-call variance
+#   s13c:   (next session) prefill grouping (scheduler prefill_min_prompts 2, max wait 8 ms) off / on / off / on with
+#           the default (fused) layer, 12 s each (s11a's second half, never run)
 #           (session 12 ran s12b, s12a and s11c: s12a's tests hit the 200 s limit and s12b's decode_buckets its 200 s one
 #           before fused+int8all finished; both limits raised since. The int8 GPU tests ran alone: -k int8, 136 s.)
 #   s9d:    tests/gpu inductor fp16 (tiny model), then the s9a server (cap 1024, then none) with the engine's single
@@ -420,6 +422,13 @@ case $stage in
       MIAOHUI_GC_FREEZE=$f SHARED=1 TAG="_e5shape_shared_delay0_gc${f}_${i}_s13b" WORKERS=6 LEVELS=32,40 \
         timeout 120 bash scripts/gpu/serve_workers.sh "$OUT" 2>&1 | grep -E "ready after|c=|gc_pause|exit" | tail -12
     done
+    ;;
+  s13c)
+    for g in 1 2 1 2; do
+      gen_server "srv13_group${g}_$RANDOM" "" --stagger-ms 10 --static-prefill --duration 12 --async-scheduling \
+        --prefill-min-prompts $g --prefill-max-wait-ms 8 2>&1 | grep -E "server:|Error" | head -4
+    done
+    rm -f "$OUT"/srv13_*/*.png "$OUT/nvidia-smi.txt"
     ;;
   s12b)
     timeout 300 python3 scripts/gpu/decode_quant_probe.py --out "$OUT" 2>&1 | grep -E "int8_triton|cublas|GEMM|Error" | tail -40
