@@ -78,6 +78,15 @@ def test_rows_go_to_the_engine_process_and_come_back_exact(server: Served, repo:
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
+def test_the_engine_process_froze_its_warm_heap_before_it_was_ready(server: Served) -> None:
+    """miaohui.gcpolicy in the engine process: frozen once warm, logged before its ready line."""
+    ready_workers(server.url)
+    text = server.log.read_text()
+    frozen = re.search(r"engine process: froze (\d+) objects", text)
+    assert frozen is not None and int(frozen.group(1)) > 10_000, text
+    assert text.index(frozen.group(0)) < text.index("the engine process (pid"), text
+
+
 def test_concurrent_requests_are_batched_in_the_engine_process(server: Served) -> None:
     before = scrape(server.url)
     n = 64
