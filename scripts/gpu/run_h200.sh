@@ -114,6 +114,15 @@ gen_server() {  # TAG "ENV=V ..." FLAGS...: the 1.5B-shaped server under 64 stre
   env $envs timeout 170 python3 -X faulthandler benchmarks/bench_generation_gpu.py --models qwen1.5b --server-only \
     --duration 12 "$@" --out "$OUT/$tag" 2>&1 | grep -E "server|step|Error|error" | tail -30
 }
+gen_ab() {  # TAG OPTION "V1 V2 ..." FLAGS...: the async 1.5B server (staggered, static prefill) once per value → $OUT/TAG_V_*
+  local tag=$1 opt=$2 values=$3
+  shift 3
+  for v in $values; do
+    gen_server "${tag}_${v}_$RANDOM" "" --stagger-ms 10 --static-prefill --async-scheduling "$@" $opt $v 2>&1 \
+      | grep -E "server:|Error" | head -4
+  done
+  rm -f "$OUT"/${tag}_*/*.png "$OUT/nvidia-smi.txt"
+}
 case $stage in
   stage1)
     timeout 150 python3 -X faulthandler scripts/gpu/diag_inductor.py 2>&1 | grep -E "diag|Error|error|Fatal|File" | tail -30
@@ -400,18 +409,10 @@ case $stage in
     ;;
   s12a)
     timeout 450 python3 -X faulthandler -m pytest -q tests/gpu/test_slot_engine_gpu.py -p no:cacheprovider 2>&1 | tail -6
-    for v in split fused split fused; do
-      gen_server "srv12_${v}_$RANDOM" "" --stagger-ms 10 --static-prefill --duration 20 --async-scheduling \
-        --decode-layer $v 2>&1 | grep -E "server:|Error" | head -4
-    done
-    rm -f "$OUT"/srv12_*/*.png "$OUT/nvidia-smi.txt"
+    gen_ab srv12 --decode-layer "split fused split fused" --duration 20
     ;;
   s13a)
-    for f in on off on off; do
-      gen_server "srv13_gc${f}_$RANDOM" "" --stagger-ms 10 --static-prefill --duration 12 --async-scheduling \
-        --gc-freeze $f 2>&1 | grep -E "server:|Error" | head -4
-    done
-    rm -f "$OUT"/srv13_*/*.png "$OUT/nvidia-smi.txt"
+    gen_ab srv13_gc --gc-freeze "on off on off"
     ;;
   s13b)
     python3 scripts/gpu/e5_shape_model.py var/models/intent-e5-shape | tail -1
@@ -424,11 +425,7 @@ case $stage in
     done
     ;;
   s13c)
-    for g in 1 2 1 2; do
-      gen_server "srv13_group${g}_$RANDOM" "" --stagger-ms 10 --static-prefill --duration 12 --async-scheduling \
-        --prefill-min-prompts $g --prefill-max-wait-ms 8 2>&1 | grep -E "server:|Error" | head -4
-    done
-    rm -f "$OUT"/srv13_*/*.png "$OUT/nvidia-smi.txt"
+    gen_ab srv13_group --prefill-min-prompts "1 2 1 2" --prefill-max-wait-ms 8
     ;;
   s12b)
     timeout 300 python3 scripts/gpu/decode_quant_probe.py --out "$OUT" 2>&1 | grep -E "int8_triton|cublas|GEMM|Error" | tail -40

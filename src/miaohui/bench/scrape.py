@@ -56,23 +56,18 @@ def fetch_metrics(url: str, timeout_s: float = 5.0) -> Snapshot | None:
 def gc_pauses(before: Snapshot | None, after: Snapshot) -> dict[str, dict[str, float]]:
     """The server's garbage-collector pauses between two scrapes (``miaohui_gc_pause_seconds``), per generation:
     collections, total ms, and the upper bound of the slowest one's bucket in ms (``inf`` past the last bucket)."""
-    empty = Snapshot()
+    start = before or Snapshot()
     out: dict[str, dict[str, float]] = {}
     for labels in after.select("miaohui_gc_pause_seconds_count"):
         generation = dict(labels)["generation"]
-        match = {"generation": generation}
-        count = _delta(before or empty, after, "miaohui_gc_pause_seconds_count", **match)
-        total = _delta(before or empty, after, "miaohui_gc_pause_seconds_sum", **match)
-        worst = 0.0
-        for le_labels, value in after.select("miaohui_gc_pause_seconds_bucket", **match).items():
-            le = float(dict(le_labels)["le"])
-            below = (before or empty).total(
-                "miaohui_gc_pause_seconds_bucket", generation=generation, le=dict(le_labels)["le"]
-            )
-            if value - below < count:  # some collection of the window took longer than le
-                worst = max(worst, le)
-        bounds = sorted(float(dict(k)["le"]) for k in after.select("miaohui_gc_pause_seconds_bucket", **match))
-        slowest = next((b for b in bounds if b > worst), math.inf) if count else 0.0
+        count = _delta(start, after, "miaohui_gc_pause_seconds_count", generation=generation)
+        total = _delta(start, after, "miaohui_gc_pause_seconds_sum", generation=generation)
+        # cumulative bucket counts over the window: the first bound that holds every collection is the slowest's
+        in_window = {
+            float(le): _delta(start, after, "miaohui_gc_pause_seconds_bucket", generation=generation, le=le)
+            for le in (dict(k)["le"] for k in after.select("miaohui_gc_pause_seconds_bucket", generation=generation))
+        }
+        slowest = next((le for le in sorted(in_window) if in_window[le] >= count), math.inf) if count else 0.0
         out[generation] = {"collections": count, "total_ms": total * 1e3, "slowest_le_ms": slowest * 1e3}
     return dict(sorted(out.items()))
 
