@@ -56,7 +56,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from miaohui.bench.scrape import Snapshot, fetch_metrics, gc_pauses, parse_metrics
+from miaohui.bench.scrape import Snapshot, fetch_metrics, gc_pauses, parse_metrics, share_above, window_histogram
 from miaohui.gcpolicy import FREEZE_ENV
 from miaohui.generation.engine_loop import LLMEngine
 from miaohui.generation.params import SamplingParams
@@ -448,7 +448,7 @@ def server_load(
         grab.join()
         metrics = urllib.request.urlopen(f"{base}/metrics", timeout=5).read().decode()
         after = parse_metrics(metrics)
-        steps = step_breakdown(before[0] if before else None, after)
+        steps = step_breakdown(before[0] if before else None, after, args.prompt_len)
         return {
             "streams": args.streams,
             "client_processes": args.client_procs,
@@ -494,10 +494,12 @@ def server_load(
         log_file.close()
 
 
-def step_breakdown(before: Snapshot | None, after: Snapshot) -> dict[str, float]:
+def step_breakdown(before: Snapshot | None, after: Snapshot, prompt_len: int) -> dict[str, float]:
     """Where the generation loop's time went between two scrapes: steps per second, and per step kind the
-    count and mean ms (``decode`` / ``prefill`` model time, ``loop``: the loop's own host time between model
-    calls), from ``miaohui_stage_duration_seconds``; sequences per step from ``miaohui_batch_size``."""
+    count, mean and p99 ms (``decode`` / ``prefill`` model time, ``loop``: the loop's own host time between model
+    calls), from ``miaohui_stage_duration_seconds``; sequences per step from ``miaohui_batch_size``; prompts per
+    prefill step (prompt tokens / ``prompt_len``); a prompt's wait for its prefill step p50 / p99; the server's own
+    TTFT p50 / p99 and the share over 50 ms."""
     if before is None or not before.at:
         return {}
     window = time.time() - before.at
@@ -518,6 +520,21 @@ def step_breakdown(before: Snapshot | None, after: Snapshot) -> dict[str, float]
         out[f"{stage}_steps"] = n
         out[f"{stage}_ms_mean"] = 1e3 * total / n if n else 0.0
         out[f"{stage}_ms_per_step"] = 1e3 * total / steps
+        hist = window_histogram(before, after, "miaohui_stage_duration_seconds", 1e3, model="llm", stage=stage)
+        out[f"{stage}_ms_p99"] = hist["p99"] if hist else 0.0
+    if out["prefill_steps"]:
+        out["prompts_per_prefill"] = (
+            delta("miaohui_prompt_tokens_total", model="llm") / prompt_len / out["prefill_steps"]
+        )
+    # how long prompts waited for their prefill step (TTFT's queue part)
+    if queue := window_histogram(before, after, "miaohui_queue_duration_seconds", 1e3, model="llm"):
+        out["queue_ms_p50"], out["queue_ms_p99"] = queue["p50"], queue["p99"]
+    # the server's own TTFT (engine.add → first token), apart from HTTP and the clients: is the tail in the engine?
+    if ttft := window_histogram(before, after, "miaohui_time_to_first_token_seconds", 1e3, model="llm"):
+        out["server_ttft_ms_p50"], out["server_ttft_ms_p99"] = ttft["p50"], ttft["p99"]
+        out["server_ttft_share_over_50ms"] = share_above(
+            before, after, "miaohui_time_to_first_token_seconds", 0.05, model="llm"
+        )
     return out
 
 
@@ -580,6 +597,7 @@ def bench_model(name: str, args: argparse.Namespace, server: bool) -> dict[str, 
         decode_layer=args.decode_layer,
         int8_batch1=args.int8_batch1,
         int8_batched=args.int8_batched,
+        prefill_batch_buckets=tuple(2**i for i in range(args.prefill_batch_max.bit_length())),
     )
     res["engine_options"] = options.model_dump(mode="json")
     if args.server_only:
@@ -672,6 +690,12 @@ def main() -> None:
     ap.add_argument("--autotune", action="store_true")
     ap.add_argument(
         "--static-prefill", action="store_true", help="prefill through padded buckets, CUDA graphs on a GPU (A/B)"
+    )
+    ap.add_argument(
+        "--prefill-batch-max",
+        type=int,
+        default=8,
+        help="static prefill buckets 1, 2, 4 … up to this many prompts (more in one step are prefilled eagerly)",
     )
     ap.add_argument(
         "--decode-attention", choices=["matmul", "sdpa", "flex"], default="matmul", help="decode's attention kernel"

@@ -83,6 +83,8 @@
 #           garbage collector's full collections? The JSONs carry gc_pauses (collections and ms per generation)
 #   s13b:   (next session, no e5 needed) the e5-shaped intent server (6 workers, shared engine, delay 0) with
 #           MIAOHUI_GC_FREEZE=1 / 0 / 1 / 0 at c=32,40: p99 and its call-to-call variance
+#   s14a:   the async 1.5B server with static prefill buckets up to 8 prompts (more are prefilled eagerly) vs 16,
+#           twice; the benchmark now reports the server's own TTFT p99, prefill p99 and prompts per prefill
 #   s13c:   (next session) prefill grouping (scheduler prefill_min_prompts 2, max wait 8 ms) off / on / off / on with
 #           the default (fused) layer, 12 s each (s11a's second half, never run)
 #           (session 12 ran s12b, s12a and s11c: s12a's tests hit the 200 s limit and s12b's decode_buckets its 200 s one
@@ -426,6 +428,9 @@ case $stage in
     ;;
   s13c)
     gen_ab srv13_group --prefill-min-prompts "1 2 1 2" --prefill-max-wait-ms 8
+    ;;
+  s14a)
+    gen_ab srv14_pf --prefill-batch-max "8 16 8 16"
     ;;
   s12b)
     timeout 300 python3 scripts/gpu/decode_quant_probe.py --out "$OUT" 2>&1 | grep -E "int8_triton|cublas|GEMM|Error" | tail -40

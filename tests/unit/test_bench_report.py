@@ -32,7 +32,7 @@ from miaohui.bench.report import (
     to_json,
     validate_document,
 )
-from miaohui.bench.scrape import breakdown, histogram_quantile, parse_metrics
+from miaohui.bench.scrape import breakdown, histogram_quantile, parse_metrics, share_above, window_histogram
 from miaohui.bench.sweep import fit_token_range, measure
 from miaohui.bench.targets import TargetSpec
 from miaohui.errors import ConfigError
@@ -216,6 +216,23 @@ def test_breakdown_from_real_metrics_registry() -> None:
     assert out["batch_size"]["mean"] == pytest.approx(2.0)
     assert out["compute_ms_per_row"] == pytest.approx(2.5)
     assert out["other_ms"] == pytest.approx(8.2 - 3.0 - 5.0)
+
+
+def test_window_histogram_and_share_above_count_only_the_window() -> None:
+    metrics = Metrics()
+    metrics.ttft.labels("llm").observe(0.5)  # before the window: not counted
+    before = parse_metrics(metrics.render().decode())
+    for seconds in (0.003, 0.015, 0.03, 0.04, 0.07):
+        metrics.ttft.labels("llm").observe(seconds)
+    after = parse_metrics(metrics.render().decode())
+    name = "miaohui_time_to_first_token_seconds"
+    hist = window_histogram(before, after, name, 1e3, model="llm")
+    assert hist is not None and hist["count"] == 5 and hist["mean"] == pytest.approx(31.6)
+    assert share_above(before, after, name, 0.05, model="llm") == pytest.approx(0.2)
+    assert share_above(before, after, name, 0.02, model="llm") == pytest.approx(0.6)
+    assert window_histogram(after, after, name, 1e3, model="llm") is None
+    with pytest.raises(ValueError, match=r"has no bucket bound 0\.03; its bounds are \[0\.0005, "):
+        share_above(before, after, name, 0.03, model="llm")
 
 
 # ---------------------------------------------------------------------------------------------- live server

@@ -123,6 +123,22 @@ def test_prompts_are_held_for_a_joint_prefill_while_others_decode() -> None:
     assert [p.seq_id for p in out.prefill] == [d.seq_id]
 
 
+def test_each_prefill_says_how_long_its_prompt_waited() -> None:
+    """``PrefillItem.queued_s``: arrival → the step that prefills it (TTFT's queue part, the server's queue histogram)."""
+    clock = FakeClock()
+    sched = Scheduler(SchedulerConfig(max_running_seqs=1, max_batched_tokens=64), eos_token_ids=[EOS], clock=clock)
+    a = sched.add([1, 2], SamplingParams(max_tokens=1, temperature=0.0))
+    clock.now += 0.002
+    b = sched.add([3], GREEDY)  # waits for a's slot
+    clock.now += 0.003
+    out = sched.schedule()
+    assert [(p.seq_id, round(p.queued_s, 6)) for p in out.prefill] == [(a.seq_id, 0.005)]
+    run(sched, out)  # a ends after its one token
+    clock.now += 0.010
+    out = sched.schedule()
+    assert [(p.seq_id, round(p.queued_s, 6)) for p in out.prefill] == [(b.seq_id, 0.013)]
+
+
 def test_a_held_prompt_goes_when_no_more_could_fit() -> None:
     clock = FakeClock()
     cfg = SchedulerConfig(max_running_seqs=2, max_batched_tokens=64, prefill_min_prompts=4, prefill_max_wait_ms=50)

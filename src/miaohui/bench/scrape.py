@@ -95,7 +95,10 @@ def _delta(before: Snapshot, after: Snapshot, name: str, **match: str) -> float:
     return after.total(name, **match) - before.total(name, **match)
 
 
-def _hist(before: Snapshot, after: Snapshot, name: str, scale: float, **match: str) -> dict[str, float] | None:
+def window_histogram(
+    before: Snapshot, after: Snapshot, name: str, scale: float, **match: str
+) -> dict[str, float] | None:
+    """A histogram's observations between two scrapes: count, mean, p50 and p99 (times ``scale``); None if none."""
     count = _delta(before, after, f"{name}_count", **match)
     if count <= 0:
         return None
@@ -112,6 +115,18 @@ def _hist(before: Snapshot, after: Snapshot, name: str, scale: float, **match: s
     }
 
 
+def share_above(before: Snapshot, after: Snapshot, name: str, bound: float, **match: str) -> float:
+    """The fraction of a histogram's observations between two scrapes that exceeded ``bound`` (one of its bucket
+    bounds, in the histogram's unit): exact, unlike a quantile interpolated inside a bucket."""
+    count = _delta(before, after, f"{name}_count", **match)
+    if count <= 0:
+        return math.nan
+    bounds = {float(dict(k)["le"]): dict(k)["le"] for k in after.select(f"{name}_bucket", **match)}
+    if bound not in bounds:
+        raise ValueError(f"{name} has no bucket bound {bound}; its bounds are {sorted(bounds)}")
+    return 1.0 - _delta(before, after, f"{name}_bucket", le=bounds[bound], **match) / count
+
+
 def _by_label(before: Snapshot, after: Snapshot, name: str, label: str, **match: str) -> dict[str, float]:
     out: dict[str, float] = defaultdict(float)
     for labels, value in after.select(name, **match).items():
@@ -126,11 +141,11 @@ def breakdown(before: Snapshot, after: Snapshot, model: str, wall_s: float) -> d
     late by a loaded server starts the server's window late), so rates use the time between the scrapes."""
     if before.at and after.at > before.at:
         wall_s = after.at - before.at
-    request = _hist(before, after, "miaohui_request_duration_seconds", 1e3, model=model)
-    queue = _hist(before, after, "miaohui_queue_duration_seconds", 1e3, model=model)
-    compute = _hist(before, after, "miaohui_compute_duration_seconds", 1e3, model=model)
-    batch = _hist(before, after, "miaohui_batch_size", 1.0, model=model)
-    tokens = _hist(before, after, "miaohui_batch_tokens", 1.0, model=model)
+    request = window_histogram(before, after, "miaohui_request_duration_seconds", 1e3, model=model)
+    queue = window_histogram(before, after, "miaohui_queue_duration_seconds", 1e3, model=model)
+    compute = window_histogram(before, after, "miaohui_compute_duration_seconds", 1e3, model=model)
+    batch = window_histogram(before, after, "miaohui_batch_size", 1.0, model=model)
+    tokens = window_histogram(before, after, "miaohui_batch_tokens", 1.0, model=model)
     out: dict[str, Any] = {
         "scrape_interval_s": wall_s,
         "requests_by_code": _by_label(before, after, "miaohui_requests_total", "code", model=model),
@@ -150,7 +165,7 @@ def breakdown(before: Snapshot, after: Snapshot, model: str, wall_s: float) -> d
     stages = {
         stage: hist
         for stage in ("tokenize", "slots", "h2d", "gpu", "d2h")
-        if (hist := _hist(before, after, "miaohui_stage_duration_seconds", 1e3, model=model, stage=stage))
+        if (hist := window_histogram(before, after, "miaohui_stage_duration_seconds", 1e3, model=model, stage=stage))
     }
     if stages:
         out["stage_ms"] = stages

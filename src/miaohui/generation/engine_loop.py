@@ -504,6 +504,7 @@ class AsyncLLMEngine:
             timing.decode_s,
             timing.prefill_s,
             loop_s,
+            tuple(item.queued_s for item in out.prefill),
         )
 
     def _fail_step(self, loop: asyncio.AbstractEventLoop, exc: Exception) -> bool:

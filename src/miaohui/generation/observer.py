@@ -32,6 +32,8 @@ class StepReport:
     loop_s: float | None
     """The loop's own time since the previous step was collected, model calls left out (scheduling, the previous
     step's update and detokenization, waiting for the scheduler lock or the GIL); None after the loop sat idle."""
+    queue_s: tuple[float, ...] = ()
+    """How long each prompt this step prefilled had waited for it (arrival → scheduled): TTFT's queue part."""
 
 
 class GenerationObserver:

@@ -154,6 +154,8 @@ class PrefillItem:
     seq_id: int
     prompt_ids: tuple[int, ...]
     params: SamplingParams
+    queued_s: float = 0.0
+    """How long the request waited between its arrival and the step that prefills it (the scheduler's clock)."""
 
 
 # The per-token records below (DecodeItem, Advanced, SequenceUpdate) are made for every sequence of every step, in the
@@ -376,9 +378,10 @@ class Scheduler:
             self._running.append(seq)
         self._step += 1
         finished, self._finished_since_step = tuple(self._finished_since_step), []
+        now = self._clock() if admitted else 0.0
         return SchedulerOutput(
             step=self._step,
-            prefill=tuple(PrefillItem(s.seq_id, tuple(s.prompt_ids), s.params) for s in admitted),
+            prefill=tuple(PrefillItem(s.seq_id, tuple(s.prompt_ids), s.params, now - s.arrival_time) for s in admitted),
             decode=decode,
             finished_ids=finished,
             num_batched_tokens=len(decode) + longest * len(admitted),
