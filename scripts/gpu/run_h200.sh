@@ -85,9 +85,8 @@
 #           MIAOHUI_GC_FREEZE=1 / 0 / 1 / 0 at c=32,40: p99 and its call-to-call variance
 #   s14a:   the async 1.5B server with static prefill buckets up to 8 prompts (more are prefilled eagerly) vs 16,
 #           twice; the benchmark now reports the server's own TTFT p99, prefill p99 and prompts per prefill
-#   s15a:   (carry .ab after `bash scripts/gpu/ab_base.sh b7dc8ff`) the inductor GPU tests of the in-graph copies, then
-#           the e5-shaped intent server (6 workers, shared engine, delay 0) from the base tree (copies around each
-#           replay) and from this one (copies inside the graph), twice, interleaved
+#   s15a:   the inductor GPU tests of the in-graph copies, then the e5-shaped intent server (6 workers, shared engine,
+#           delay 0) with config.yaml graph_copies false / true / false / true (copies around each replay or inside)
 #   s13c:   (next session) prefill grouping (scheduler prefill_min_prompts 2, max wait 8 ms) off / on / off / on with
 #           the default (fused) layer, 12 s each (s11a's second half, never run)
 #           (session 12 ran s12b, s12a and s11c: s12a's tests hit the 200 s limit and s12b's decode_buckets its 200 s one
@@ -436,15 +435,16 @@ case $stage in
     gen_ab srv14_pf --prefill-batch-max "8 16 8 16"
     ;;
   s15a)
-    [ -d .ab/base/src ] || { echo "s15a needs .ab/base/src: bash scripts/gpu/ab_base.sh b7dc8ff, carry .ab"; exit 1; }
     MIAOHUI_GPU_TEST_FORMAT=exported-program timeout 200 python3 -m pytest -q tests/gpu/test_inductor_gpu.py \
       -k "copies or serve_on_gpu" -p no:cacheprovider 2>&1 | grep -E "passed|failed|Error|assert" | tail -6
     python3 scripts/gpu/e5_shape_model.py var/models/intent-e5-shape | tail -1
     MODEL=var/models/intent-e5-shape INDUCTOR_FORMAT=exported-program python3 scripts/gpu/build_intent_gpu.py /tmp/gpurepo 0 1 0 2>&1 | tail -1
     i=0
-    for v in base new base new; do
-      i=$((i+1)); src=""; [ $v = base ] && src=$PWD/.ab/base/src
-      SRC=$src SHARED=1 TAG="_e5shape_shared_delay0_${v}_${i}_s15a" WORKERS=6 LEVELS=32,40 \
+    for v in false true false true; do
+      i=$((i+1))
+      sed -i "s/^graph_copies: .*/graph_copies: $v/" /tmp/gpurepo/intent/config.yaml
+      grep -q "^graph_copies: $v" /tmp/gpurepo/intent/config.yaml || { echo "config.yaml has no graph_copies"; break; }
+      SHARED=1 TAG="_e5shape_shared_delay0_copies_${v}_${i}_s15a" WORKERS=6 LEVELS=32,40 \
         timeout 120 bash scripts/gpu/serve_workers.sh "$OUT" 2>&1 | grep -E "ready after|c=|exit" | tail -5
     done
     rm -f "$OUT"/*.png "$OUT"/serve_w*.log

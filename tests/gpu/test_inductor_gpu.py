@@ -95,11 +95,11 @@ def test_load_is_fast_and_matches_fp32(artifact: Path, source: Path) -> None:
 
 
 def test_copies_inside_the_graphs_give_the_same_outputs(artifact: Path) -> None:
-    """The default engine captures the input and output copies in each bucket's graph (one replay per batch); its
+    """``graph_copies``: the input and output copies captured in each bucket's graph (one replay per batch); the
     outputs equal an engine that launches the copies around the replay, batch after batch of one bucket (each
     replay reads what the batch wrote into the pinned buffer), and a timed batch reports one ``gpu`` stage."""
     manifest = read_manifest(artifact)
-    inside = InductorEngine(manifest, artifact)
+    inside = InductorEngine(manifest, artifact, graph_copies=True)
     around = InductorEngine(manifest, artifact, graph_copies=False)
     rng = np.random.default_rng(1)
     batches = [rng.integers(5, 30000, (b, s)).astype(np.int64) for b, s in ((3, 20), (4, 17), (3, 20), (1, 5))]

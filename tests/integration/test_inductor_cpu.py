@@ -148,13 +148,17 @@ async def test_served_by_the_model_manager(packaged: Path, repo: Path) -> None:
 
     from miaohui.server.http import ServerState, create_app
     from miaohui.server.metrics import Metrics
+    from miaohui.serving.model_config import ModelConfig, write_model_config
     from miaohui.serving.repository import ModelManager
 
+    # config.yaml's engine options reach the engine (graph_copies: only CUDA graphs use it; here it is carried)
+    write_model_config(repo / "intent-aoti" / "config.yaml", ModelConfig(graph_copies=True))
     metrics = Metrics()
     manager = ModelManager(repo, observer_factory=metrics.observer)
     await manager.load("intent-aoti")
     served = manager.get("intent-aoti", 1)
     assert served.ready and all(isinstance(e, InductorEngine) and e.packaged for e in served.engines)
+    assert all(isinstance(e, InductorEngine) and e.graph_copies for e in served.engines)
     app = create_app(ServerState(manager, metrics))
     texts = ["帮我订明天上午九点的会议室", "我的信用卡丢了", "hello"]
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://cpu") as client:

@@ -308,7 +308,9 @@ take-back) on the host path of every batch; a sample keeps the stage histograms
 class InductorEngine(Engine):
     """A loaded inductor artifact (either format); CUDA-graph replay per (batch, sequence) bucket on GPUs."""
 
-    def __init__(self, manifest: Manifest, path: Path, use_cuda_graphs: bool = True, graph_copies: bool = True) -> None:
+    def __init__(
+        self, manifest: Manifest, path: Path, use_cuda_graphs: bool = True, graph_copies: bool = False
+    ) -> None:
         super().__init__(manifest, path)
         self.device = torch.device("cuda" if manifest.target.device == "cuda" else "cpu")
         self.packaged = manifest.engine_file == AOTI_FILE
@@ -319,7 +321,8 @@ class InductorEngine(Engine):
         a call that lets go of the GIL and must take it back, and in ``--shared-engine``'s engine process the event
         loop (IPC for every worker) holds it meanwhile (session 13: the stage events put ~0.3 ms of host gaps into
         a batch's 0.03 ms input copy; h2d + graph + d2h ~0.76 of the ~1.5 ms per batch). Falls back to copies
-        outside the graph where this torch cannot capture them."""
+        outside the graph where this torch cannot capture them. Off by default (``ModelConfig.graph_copies``)
+        until measured on the H200."""
         started = time.perf_counter()
         try:
             if self.packaged:  # ahead-of-time compiled: nothing to trace or compile

@@ -54,10 +54,15 @@ def check_machine(manifest: Manifest) -> None:
 
 
 def load_engine(
-    path: Path, threads: int | None = None, verify_checksums: bool = True, spin_wait: bool = True
+    path: Path,
+    threads: int | None = None,
+    verify_checksums: bool = True,
+    spin_wait: bool = True,
+    graph_copies: bool = False,
 ) -> Engine:
     """Load the artifact at ``path`` (a version directory). ``spin_wait``: ONNX Runtime threads busy-wait
-    between runs (lowest latency on an otherwise idle machine; the server turns it off)."""
+    between runs (lowest latency on an otherwise idle machine; the server turns it off). ``graph_copies``: CUDA-graph
+    engines capture a batch's copies in the graph (``ModelConfig.graph_copies``)."""
     path = Path(path)
     manifest = read_manifest(path)
     check_files(path, manifest, verify_checksums)
@@ -78,5 +83,5 @@ def load_engine(
     if backend == "inductor":
         from miaohui.engines.inductor import InductorEngine
 
-        return InductorEngine(manifest, path)
+        return InductorEngine(manifest, path, graph_copies=graph_copies)
     raise ArtifactError(f"{path} has unknown backend {backend!r}", "rebuild it with a current miaohui")

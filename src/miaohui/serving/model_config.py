@@ -90,6 +90,10 @@ class ModelConfig(BaseModel):
     """ONNX Runtime's intra-op threads busy-wait for the next run (``session.intra_op.allow_spinning``). Off in
     the server: spinning threads steal the cores the event loop, tokenizer and clients need (measured on
     2 cores: +11–20 % served throughput with it off); a bare engine on an idle machine keeps it on."""
+    graph_copies: bool = False
+    """CUDA-graph engines (``inductor`` on a GPU): capture each batch's input and output copies inside the bucket's
+    graph, so a batch is one replay and one wait (fewer GIL hand-backs in a busy process). Off until measured on
+    the H200 (``scripts/gpu/run_h200.sh s15a``)."""
     truncate: bool = False
     """Truncate over-long text instead of rejecting it with 400."""
     shadow: ShadowConfig | None = None

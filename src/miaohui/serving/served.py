@@ -77,7 +77,13 @@ class ServedVersion:
         threads = config.instance_threads()
         self.engines: list[Engine] = (
             [
-                load_engine(path, threads=threads, verify_checksums=i == 0, spin_wait=config.spin_wait)
+                load_engine(
+                    path,
+                    threads=threads,
+                    verify_checksums=i == 0,
+                    spin_wait=config.spin_wait,
+                    graph_copies=config.graph_copies,
+                )
                 for i in range(instances)
             ]
             if engine_process is None
