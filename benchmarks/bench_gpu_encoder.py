@@ -6,7 +6,7 @@ real e5-small intent model (trained by ``miaohui train-intent``). Shapes (batch,
 Times: CUDA events around the model call (inputs already on the GPU, outputs left there) — for our engine
 that is one CUDA-graph replay — median and p99 over ``--iters`` runs after warm-up, random token ids (never
 zeros), several input sets rotated. ``engine_e2e`` is the engine's whole ``infer()`` (pinned H2D copy, replay,
-D2H, sync) timed on the host. Every variant's output is checked against fp32 eager (relative error).
+D2H, sync) timed on the host; ``engine_copies_e2e`` the same with the copies captured inside the graph. Every variant's output is checked against fp32 eager (relative error).
 
     python benchmarks/bench_gpu_encoder.py --models bert-base,e5-intent --out benchmarks/results/gpu_encoder.json
 """
@@ -176,6 +176,8 @@ def run_model(name: str, ckpt: Path, args: argparse.Namespace, repo: Path, resul
         }
         variants[f"engine_{prec}"] = engine_replay(engine)
         variants[f"engine_{prec}_e2e"] = engine
+        # the same whole infer() with the copies captured inside each graph (config.yaml graph_copies: true)
+        variants[f"engine_{prec}_copies_e2e"] = load_engine(out.path, graph_copies=True)
     rows = results.setdefault("rows", [])
     for b, s in shapes:
         sets = inputs(cfg.vocab_size, b, s, 4, seed=b * 1000 + s)
