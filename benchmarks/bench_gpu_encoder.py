@@ -6,7 +6,8 @@ real e5-small intent model (trained by ``miaohui train-intent``). Shapes (batch,
 Times: CUDA events around the model call (inputs already on the GPU, outputs left there) — for our engine
 that is one CUDA-graph replay — median and p99 over ``--iters`` runs after warm-up, random token ids (never
 zeros), several input sets rotated. ``engine_e2e`` is the engine's whole ``infer()`` (pinned H2D copy, replay,
-D2H, sync) timed on the host; ``engine_copies_e2e`` the same with the copies captured inside the graph. Every variant's output is checked against fp32 eager (relative error).
+D2H, sync) timed on the host; ``engine_copies_e2e`` the same with the copies captured inside the graph. Every
+variant's output is checked against fp32 eager (relative error).
 
     python benchmarks/bench_gpu_encoder.py --models bert-base,e5-intent --out benchmarks/results/gpu_encoder.json
 """
