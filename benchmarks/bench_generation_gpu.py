@@ -375,6 +375,7 @@ def server_load(
         max_running_seqs=options.num_slots, max_batched_tokens=args.max_batched_tokens, max_waiting=1024,
         max_model_len=options.max_len, async_scheduling=bool(args.async_scheduling),
         prefill_min_prompts=args.prefill_min_prompts, prefill_max_wait_ms=args.prefill_max_wait_ms,
+        max_prefill_seqs=args.max_prefill_seqs,
     )  # fmt: skip
     import yaml
 
@@ -448,7 +449,7 @@ def server_load(
         grab.join()
         metrics = urllib.request.urlopen(f"{base}/metrics", timeout=5).read().decode()
         after = parse_metrics(metrics)
-        steps = step_breakdown(before[0] if before else None, after, args.prompt_len)
+        steps = step_breakdown(before[0] if before else None, after)
         return {
             "streams": args.streams,
             "client_processes": args.client_procs,
@@ -494,12 +495,12 @@ def server_load(
         log_file.close()
 
 
-def step_breakdown(before: Snapshot | None, after: Snapshot, prompt_len: int) -> dict[str, float]:
+def step_breakdown(before: Snapshot | None, after: Snapshot) -> dict[str, float]:
     """Where the generation loop's time went between two scrapes: steps per second, and per step kind the
     count, mean and p99 ms (``decode`` / ``prefill`` model time, ``loop``: the loop's own host time between model
     calls), from ``miaohui_stage_duration_seconds``; sequences per step from ``miaohui_batch_size``; prompts per
-    prefill step (prompt tokens / ``prompt_len``); a prompt's wait for its prefill step p50 / p99; the server's own
-    TTFT p50 / p99 and the share over 50 ms."""
+    prefill step (mean, p99, share over 8) from ``miaohui_prefill_sequences``; a prompt's wait for its prefill
+    step p50 / p99; the server's own TTFT p50 / p99 and the share over 50 ms."""
     if before is None or not before.at:
         return {}
     window = time.time() - before.at
@@ -522,10 +523,10 @@ def step_breakdown(before: Snapshot | None, after: Snapshot, prompt_len: int) ->
         out[f"{stage}_ms_per_step"] = 1e3 * total / steps
         hist = window_histogram(before, after, "miaohui_stage_duration_seconds", 1e3, model="llm", stage=stage)
         out[f"{stage}_ms_p99"] = hist["p99"] if hist else 0.0
-    if out["prefill_steps"]:
-        out["prompts_per_prefill"] = (
-            delta("miaohui_prompt_tokens_total", model="llm") / prompt_len / out["prefill_steps"]
-        )
+    if prefills := window_histogram(before, after, "miaohui_prefill_sequences", 1.0, model="llm"):
+        out["prompts_per_prefill"], out["prompts_per_prefill_p99"] = prefills["mean"], prefills["p99"]
+        # more than the largest static prefill bucket (8) in one step: prefilled eagerly
+        out["prefills_over_8_prompts"] = share_above(before, after, "miaohui_prefill_sequences", 8, model="llm")
     # how long prompts waited for their prefill step (TTFT's queue part)
     if queue := window_histogram(before, after, "miaohui_queue_duration_seconds", 1e3, model="llm"):
         out["queue_ms_p50"], out["queue_ms_p99"] = queue["p50"], queue["p99"]
@@ -735,6 +736,9 @@ def main() -> None:
         "--prefill-min-prompts", type=int, default=1, help="--server: hold prompts for a joint prefill (scheduler)"
     )
     ap.add_argument("--prefill-max-wait-ms", type=float, default=0.0, help="--server: the longest such a hold")
+    ap.add_argument(
+        "--max-prefill-seqs", type=int, default=None, help="--server: most prompts prefilled per step (scheduler)"
+    )
     ap.add_argument(
         "--stagger-ms",
         type=float,

@@ -87,8 +87,8 @@
 #           twice; the benchmark now reports the server's own TTFT p99, prefill p99 and prompts per prefill
 #   s15a:   the inductor GPU tests of the in-graph copies, then the e5-shaped intent server (6 workers, shared engine,
 #           delay 0) with config.yaml graph_copies false / true / false / true (copies around each replay or inside)
-#   s15b:   BERT-base engine: whole infer() with the copies around vs inside the graph (1x16 … 32x128), then one
-#           pair of s13c (prefill grouping off / on) with the new queue and server-TTFT figures
+#   s15b:   BERT-base engine: whole infer() with the copies around vs inside the graph (1x16 … 32x128), then the
+#           async 1.5B server with the scheduler's max_prefill_seqs 64 (no cap) / 2, twice
 #   s13c:   (next session) prefill grouping (scheduler prefill_min_prompts 2, max wait 8 ms) off / on / off / on with
 #           the default (fused) layer, 12 s each (s11a's second half, never run)
 #           (session 12 ran s12b, s12a and s11c: s12a's tests hit the 200 s limit and s12b's decode_buckets its 200 s one
@@ -455,7 +455,7 @@ case $stage in
     timeout 240 python3 benchmarks/bench_gpu_encoder.py --models bert-base --no-autotune --inductor-format exported-program \
       --shapes 1x16,1x128,8x64,32x128 --variants engine_fp16 --out "$OUT/gpu_encoder_bert_copies_s15b.json" 2>&1 \
       | grep -E "median|FAIL|Error" | tail -16
-    gen_ab srv15_group --prefill-min-prompts "1 2" --prefill-max-wait-ms 8
+    gen_ab srv15_cap --max-prefill-seqs "64 2 64 2"
     ;;
   s12b)
     timeout 300 python3 scripts/gpu/decode_quant_probe.py --out "$OUT" 2>&1 | grep -E "int8_triton|cublas|GEMM|Error" | tail -40

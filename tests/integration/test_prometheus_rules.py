@@ -28,6 +28,8 @@ EXPECTED_ALERTS = {
     "MiaohuiDown",
     "MiaohuiNoReadyReplicas",
     "MiaohuiHighP99Latency",
+    "MiaohuiSlowFirstToken",
+    "MiaohuiSlowTokenStream",
     "MiaohuiHighErrorRate",
     "MiaohuiQueueFull",
     "MiaohuiDeadlinesExceeded",
@@ -70,6 +72,7 @@ def _busy_metrics() -> Metrics:
     m.generated_tokens.labels("chat").inc(30)
     m.running.labels("chat").set(2)
     m.waiting.labels("chat").set(1)
+    m.prefill_seqs.labels("chat").observe(2)
     m.stage_seconds.labels("bank_advisor", "intent").observe(0.002)
     m.interventions.labels("bank_advisor", "no_guaranteed_return", "rewrite").inc()
     m.shadow.labels("intent", "agreement").set(0.99)
@@ -83,7 +86,7 @@ def _busy_metrics() -> Metrics:
 def test_rules_pass_promtool_check(promtool: str) -> None:
     result = _run(promtool, "check", "rules", str(RULES))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 16 rules found" in result.stdout
+    assert "SUCCESS: 20 rules found" in result.stdout
 
 
 def test_rule_unit_tests_fire_and_stay_quiet(promtool: str) -> None:

@@ -231,8 +231,8 @@ def test_window_histogram_and_share_above_count_only_the_window() -> None:
     assert share_above(before, after, name, 0.05, model="llm") == pytest.approx(0.2)
     assert share_above(before, after, name, 0.02, model="llm") == pytest.approx(0.6)
     assert window_histogram(after, after, name, 1e3, model="llm") is None
-    with pytest.raises(ValueError, match=r"has no bucket bound 0\.03; its bounds are \[0\.0005, "):
-        share_above(before, after, name, 0.03, model="llm")
+    with pytest.raises(ValueError, match=r"has no bucket bound 0\.035; its bounds are \[0\.005, 0\.01, "):
+        share_above(before, after, name, 0.035, model="llm")
 
 
 # ---------------------------------------------------------------------------------------------- live server

@@ -260,6 +260,7 @@ async def test_models_metrics_and_delegates(served: tuple[httpx.AsyncClient, Gen
     assert 'miaohui_generated_tokens_total{model="counter"} 3.0' in text
     # each prompt's wait for its prefill step (TTFT's queue part) goes to the queue histogram
     assert re.search(r'miaohui_queue_duration_seconds_count\{model="counter",version="3"\} [1-9]', text)
+    assert re.search(r'miaohui_prefill_sequences_count\{model="counter"\} [1-9]', text)  # prompts per prefill step
     assert 'miaohui_requests_total{code="200",model="counter",protocol="openai",version="3"} 1.0' in text
     assert 'miaohui_running_sequences{model="counter"} 0.0' in text
     assert 'miaohui_inflight_requests{model="openai"} 0.0' in text

@@ -139,6 +139,24 @@ def test_each_prefill_says_how_long_its_prompt_waited() -> None:
     assert [(p.seq_id, round(p.queued_s, 6)) for p in out.prefill] == [(b.seq_id, 0.013)]
 
 
+def test_max_prefill_seqs_spreads_prompts_that_arrive_together() -> None:
+    """Four prompts that arrive together are prefilled two per step with ``max_prefill_seqs=2`` (FIFO); the
+    token budget and the free slots would have taken all four at once."""
+    sched = make(max_running_seqs=8, max_batched_tokens=64, max_prefill_seqs=2)
+    seqs = [sched.add([1, 2, 3], GREEDY) for _ in range(4)]
+    first = sched.schedule()
+    assert [p.seq_id for p in first.prefill] == [s.seq_id for s in seqs[:2]]
+    run(sched, first)
+    second = sched.schedule()
+    assert [p.seq_id for p in second.prefill] == [s.seq_id for s in seqs[2:]]
+    assert [d.seq_id for d in second.decode] == [s.seq_id for s in seqs[:2]]
+
+
+def test_max_prefill_seqs_below_the_joint_prefill_minimum_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"prefill_min_prompts=4 > max_prefill_seqs=2"):
+        SchedulerConfig(max_prefill_seqs=2, prefill_min_prompts=4, prefill_max_wait_ms=5)
+
+
 def test_a_held_prompt_goes_when_no_more_could_fit() -> None:
     clock = FakeClock()
     cfg = SchedulerConfig(max_running_seqs=2, max_batched_tokens=64, prefill_min_prompts=4, prefill_max_wait_ms=50)

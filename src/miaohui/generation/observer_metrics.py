@@ -4,7 +4,8 @@ Per model: TTFT, inter-token latency and end-to-end latency histograms, prompt a
 counters, running and waiting sequence gauges; per step: sequences in the batch, budgeted tokens and the
 step's wall time (the batch-size, batch-token and compute histograms the dynamic batcher also feeds), and where
 the step's time went: ``miaohui_stage_duration_seconds{stage="decode"|"prefill"|"loop"}`` (``loop``: the loop's
-own host time between model calls); how long each prompt waited for its prefill step in
+own host time between model calls); prompts per prefill in ``miaohui_prefill_sequences``; how long each prompt
+waited for its prefill step in
 ``miaohui_queue_duration_seconds`` (the batcher's queue histogram: TTFT's queue part).
 Label children are bound once here, so a hook costs one ``observe``/``inc``/``set``.
 """
@@ -31,6 +32,7 @@ class MetricsObserver(GenerationObserver):
         self._tokens = metrics.batch_tokens.labels(model, v)
         self._compute = metrics.compute_seconds.labels(model, v)
         self._queue = metrics.queue_seconds.labels(model, v)
+        self._prefills = metrics.prefill_seqs.labels(model)
         stage = metrics.serving_stage_seconds
         self._decode, self._prefill, self._loop = (stage.labels(model, v, s) for s in ("decode", "prefill", "loop"))
 
@@ -60,6 +62,7 @@ class MetricsObserver(GenerationObserver):
             self._decode.observe(step.decode_s)
         if step.prefill_seqs:
             self._prefill.observe(step.prefill_s)
+            self._prefills.observe(step.prefill_seqs)
         if step.loop_s is not None:
             self._loop.observe(step.loop_s)
         if step.queue_s:

@@ -4,7 +4,8 @@ Each engine step is ``schedule() → runner.execute(output) → update(runner_ou
 
 * :meth:`Scheduler.schedule` puts every running sequence in the step's *decode* list (one token each)
   and then admits waiting sequences, oldest first, into the *prefill* list while there is a free slot
-  (``max_running_seqs``) and the step's token budget (``max_batched_tokens``) holds them. New requests
+  (``max_running_seqs``), the step's token budget (``max_batched_tokens``) holds them and fewer than
+  ``max_prefill_seqs`` were admitted in this step. New requests
   therefore join between decode steps and never wait for a batch to drain. Admission stops at the first
   request that does not fit (FIFO, so a long prompt is never starved by short ones).
 * The CPU engines left-pad a prefill batch, so the budget counts what is computed: one token per decode
@@ -84,6 +85,13 @@ class SchedulerConfig(Frozen):
     default) admits every prompt at the next step. Not measured on a GPU yet."""
     prefill_max_wait_ms: float = Field(default=0.0, ge=0.0)
     """The longest a prompt is held for ``prefill_min_prompts`` (measured from its arrival)."""
+    max_prefill_seqs: int | None = Field(default=None, ge=1)
+    """Most prompts prefilled in one step (None: as many as ``max_batched_tokens`` holds); the rest wait for the
+    next step. Prompts that arrive together (e.g. streams of equal output length that finished in the same step)
+    are otherwise prefilled together, finish together and come back together: such groups persist and merge,
+    and each group's prefill is one long step for every other stream. A cap spreads a group over consecutive steps
+    (with 1, no two sequences share a prefill step); it also keeps a static-prefill engine inside its largest
+    prefill graph (``SlotEngineOptions.prefill_batch_buckets``; more prompts are prefilled eagerly)."""
 
     @model_validator(mode="after")
     def _budget(self) -> SchedulerConfig:
@@ -91,6 +99,11 @@ class SchedulerConfig(Frozen):
             raise ConfigError(
                 f"prefill_min_prompts={self.prefill_min_prompts} holds prompts but prefill_max_wait_ms is 0",
                 "set prefill_max_wait_ms (e.g. 10) to bound the wait, or prefill_min_prompts back to 1",
+            )
+        if self.max_prefill_seqs is not None and self.prefill_min_prompts > self.max_prefill_seqs:
+            raise ConfigError(
+                f"prefill_min_prompts={self.prefill_min_prompts} > max_prefill_seqs={self.max_prefill_seqs}",
+                "a step cannot prefill more prompts than max_prefill_seqs: lower prefill_min_prompts to it",
             )
         if self.max_batched_tokens < self.max_running_seqs:
             raise ConfigError(
@@ -361,9 +374,11 @@ class Scheduler:
         budget = cfg.max_batched_tokens - len(decode)
         admitted: list[Sequence] = []
         longest = 0
+        cap = cfg.max_running_seqs if cfg.max_prefill_seqs is None else cfg.max_prefill_seqs
         while (
             self._waiting
             and len(self._running) + len(admitted) < cfg.max_running_seqs
+            and len(admitted) < cap
             and not (decode and not admitted and self._hold_prompts())
         ):
             seq = self._waiting[0]
