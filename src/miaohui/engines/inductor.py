@@ -288,14 +288,9 @@ class _Bucket:
         host_out: torch.Tensor,
         copies: bool,
     ) -> None:
-        self.graph, self.io, self.out, self.host_io, self.host_out, self.copies = (
-            graph,
-            io,
-            out,
-            host_io,
-            host_out,
-            copies,
-        )
+        self.graph, self.io, self.out = graph, io, out
+        self.host_io, self.host_out = host_io, host_out
+        self.copies = copies
 
 
 STAGE_SAMPLE_EVERY = 16

@@ -5,8 +5,7 @@ counters, running and waiting sequence gauges; per step: sequences in the batch,
 step's wall time (the batch-size, batch-token and compute histograms the dynamic batcher also feeds), and where
 the step's time went: ``miaohui_stage_duration_seconds{stage="decode"|"prefill"|"loop"}`` (``loop``: the loop's
 own host time between model calls); prompts per prefill in ``miaohui_prefill_sequences``; how long each prompt
-waited for its prefill step in
-``miaohui_queue_duration_seconds`` (the batcher's queue histogram: TTFT's queue part).
+waited for its prefill step in ``miaohui_queue_duration_seconds`` (the batcher's queue histogram: TTFT's queue part).
 Label children are bound once here, so a hook costs one ``observe``/``inc``/``set``.
 """
 
