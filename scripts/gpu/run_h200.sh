@@ -89,6 +89,8 @@
 #           delay 0) with config.yaml graph_copies false / true / false / true (copies around each replay or inside)
 #   s15b:   BERT-base engine: whole infer() with the copies around vs inside the graph (1x16 … 32x128), then the
 #           async 1.5B server with the scheduler's max_prefill_seqs 64 (no cap) / 2, twice
+#   s15c:   cold start: the e5-shaped intent artifact's exported program run eagerly under CUDA graphs (no Dynamo at
+#           load) vs the engine as loaded today, fresh processes: load, first answer, replay per bucket
 #   s13c:   (next session) prefill grouping (scheduler prefill_min_prompts 2, max wait 8 ms) off / on / off / on with
 #           the default (fused) layer, 12 s each (s11a's second half, never run)
 #           (session 12 ran s12b, s12a and s11c: s12a's tests hit the 200 s limit and s12b's decode_buckets its 200 s one
@@ -456,6 +458,10 @@ case $stage in
       --shapes 1x16,1x128,8x64,32x128 --variants engine_fp16 --out "$OUT/gpu_encoder_bert_copies_s15b.json" 2>&1 \
       | grep -E "median|FAIL|Error" | tail -16
     gen_ab srv15_cap --max-prefill-seqs "64 2 64 2"
+    ;;
+  s15c)
+    [ -f var/models/intent-e5-shape/miaohui-model.json ] || python3 scripts/gpu/e5_shape_model.py var/models/intent-e5-shape | tail -1
+    timeout 420 python3 scripts/gpu/diag_eager_graphs.py "$OUT" var/models/intent-e5-shape 2>&1 | grep -E "eager-graphs|rel_diff|Error" | tail -12
     ;;
   s12b)
     timeout 300 python3 scripts/gpu/decode_quant_probe.py --out "$OUT" 2>&1 | grep -E "int8_triton|cublas|GEMM|Error" | tail -40
