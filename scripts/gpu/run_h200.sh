@@ -86,7 +86,7 @@
 #   s14a:   the async 1.5B server with static prefill buckets up to 8 prompts (more are prefilled eagerly) vs 16,
 #           twice; the benchmark now reports the server's own TTFT p99, prefill p99 and prompts per prefill
 #   s15a:   the inductor GPU tests of the in-graph copies, then the e5-shaped intent server (6 workers, shared engine,
-#           delay 0) with config.yaml graph_copies false / true / false / true (copies around each replay or inside)
+#           delay 0) as today vs with config.yaml graph_copies: true + gpu_wait: poll, twice, interleaved
 #   s15b:   BERT-base engine: whole infer() with the copies around vs inside the graph (1x16 … 32x128), then the
 #           async 1.5B server with the scheduler's max_prefill_seqs 64 (no cap) / 2, twice
 #   s15c:   cold start: the e5-shaped intent artifact's exported program run eagerly under CUDA graphs (no Dynamo at
@@ -440,15 +440,15 @@ case $stage in
     ;;
   s15a)
     MIAOHUI_GPU_TEST_FORMAT=exported-program timeout 200 python3 -m pytest -q tests/gpu/test_inductor_gpu.py \
-      -k "copies or serve_on_gpu" -p no:cacheprovider 2>&1 | grep -E "passed|failed|Error|assert" | tail -6
+      -k "copies or polled or serve_on_gpu" -p no:cacheprovider 2>&1 | grep -E "passed|failed|Error|assert" | tail -6
     python3 scripts/gpu/e5_shape_model.py var/models/intent-e5-shape | tail -1
     MODEL=var/models/intent-e5-shape INDUCTOR_FORMAT=exported-program python3 scripts/gpu/build_intent_gpu.py /tmp/gpurepo 0 1 0 2>&1 | tail -1
     i=0
-    for v in false true false true; do
-      i=$((i+1))
-      sed -i "s/^graph_copies: .*/graph_copies: $v/" /tmp/gpurepo/intent/config.yaml
-      grep -q "^graph_copies: $v" /tmp/gpurepo/intent/config.yaml || { echo "config.yaml has no graph_copies"; break; }
-      SHARED=1 TAG="_e5shape_shared_delay0_copies_${v}_${i}_s15a" WORKERS=6 LEVELS=32,40 \
+    for v in false true false true; do  # true: graph_copies + gpu_wait poll (the engine process's least host work)
+      i=$((i+1)); w=thread; [ $v = true ] && w=poll
+      sed -i -e "s/^graph_copies: .*/graph_copies: $v/" -e "s/^gpu_wait: .*/gpu_wait: $w/" /tmp/gpurepo/intent/config.yaml
+      grep -q "^gpu_wait: $w" /tmp/gpurepo/intent/config.yaml || { echo "config.yaml has no gpu_wait"; break; }
+      SHARED=1 TAG="_e5shape_shared_delay0_copiespoll_${v}_${i}_s15a" WORKERS=6 LEVELS=32,40 \
         timeout 120 bash scripts/gpu/serve_workers.sh "$OUT" 2>&1 | grep -E "ready after|c=|exit" | tail -5
     done
     rm -f "$OUT"/*.png "$OUT"/serve_w*.log

@@ -144,6 +144,20 @@ class Engine(abc.ABC):
         self.check_feeds(feeds)
         return self._infer_impl(feeds)
 
+    polls: bool = False
+    """Whether :meth:`infer_polled` really launches without blocking (CUDA-graph engines); elsewhere it computes in
+    place, blocking the event loop, so callers use it only where this is true."""
+
+    async def infer_polled(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """:meth:`infer` from an event loop: launch the batch, then yield to the loop until the device is done (the
+        loop thread keeps serving other callbacks meanwhile; no worker thread, no GIL hand-back). Validates the
+        same way."""
+        self.check_feeds(feeds)
+        return await self._infer_polled_impl(feeds)
+
+    async def _infer_polled_impl(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self._infer_impl(feeds)
+
     def check_feeds(self, feeds: dict[str, np.ndarray]) -> None:
         expected = set(self.input_names)
         given = set(feeds)

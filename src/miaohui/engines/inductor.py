@@ -26,6 +26,7 @@ through pinned host memory and padded to the bucket.
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import logging
 import os
@@ -310,6 +311,7 @@ class InductorEngine(Engine):
         self.device = torch.device("cuda" if manifest.target.device == "cuda" else "cpu")
         self.packaged = manifest.engine_file == AOTI_FILE
         self.use_graphs = use_cuda_graphs and self.device.type == "cuda"
+        self.polls = self.use_graphs  # infer_polled launches a replay and polls its done event
         self.graph_copies = graph_copies
         """Capture the input copy (pinned host → device) and the output copy (device → pinned host) inside each
         bucket's graph: a batch is then one replay and one wait instead of copy, replay, copy, wait — each of them
@@ -415,12 +417,29 @@ class InductorEngine(Engine):
             with torch.no_grad():
                 out = self._runner(torch.from_numpy(ids_np), torch.from_numpy(mask_np))
             return {self.output_names[0]: out.numpy()}
-        b, s = ids_np.shape
         if not self.use_graphs:
             with torch.no_grad(), torch.cuda.stream(self.stream):
                 out = self._runner(torch.from_numpy(ids_np).to(self.device), torch.from_numpy(mask_np).to(self.device))
                 host = out.cpu()
             return {self.output_names[0]: host.numpy()}
+        launched = self._launch(ids_np, mask_np)
+        self._done.synchronize()
+        return self._collect(*launched)
+
+    async def _infer_polled_impl(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The batch is launched (a graph replay) and the event loop polls its completion event between other
+        callbacks: no executor thread and no GIL hand-back per batch (``ModelConfig.gpu_wait: poll``)."""
+        if not self.use_graphs:
+            return self._infer_impl(feeds)
+        launched = self._launch(feeds["input_ids"], feeds["attention_mask"])
+        while not self._done.query():
+            await asyncio.sleep(0)
+        return self._collect(*launched)
+
+    def _launch(self, ids_np: np.ndarray, mask_np: np.ndarray) -> tuple[_Bucket, int, bool]:
+        """Stage a batch into its bucket's pinned buffer and enqueue copy in, replay, copy out and the done event
+        on the engine's stream (capturing the bucket first if new); returns what :meth:`_collect` needs."""
+        b, s = ids_np.shape
         bb, ss = self.bucket(b, s)
         self.capture(bb, ss)
         k = self._graphs[(bb, ss)]
@@ -447,7 +466,10 @@ class InductorEngine(Engine):
             if timed:
                 marks[3].record(self.stream)
             self._done.record(self.stream)
-        self._done.synchronize()
+        return k, b, timed
+
+    def _collect(self, k: _Bucket, b: int, timed: bool) -> dict[str, np.ndarray]:
+        """A launched batch's outputs, once its done event has passed."""
         self.last_stages = self._stages(k.copies) if timed else {}
         return {self.output_names[0]: k.host_out.numpy()[:b].copy()}
 

@@ -90,6 +90,12 @@ class ModelConfig(BaseModel):
     """ONNX Runtime's intra-op threads busy-wait for the next run (``session.intra_op.allow_spinning``). Off in
     the server: spinning threads steal the cores the event loop, tokenizer and clients need (measured on
     2 cores: +11–20 % served throughput with it off); a bare engine on an idle machine keeps it on."""
+    gpu_wait: Literal["thread", "poll"] = "thread"
+    """How a CUDA-graph engine's batch is waited for. ``thread``: a worker thread runs the batch and sleeps on its
+    done event, then hands the result back to the event loop. ``poll``: the event loop launches the batch itself
+    and polls the done event between its other callbacks — no thread hop and no GIL hand-back per batch, at the
+    cost of a core spinning while a batch computes (for a busy ``--shared-engine`` engine process). Engines
+    without CUDA graphs always use the thread. Not yet measured on the H200 (``run_h200.sh s15a``)."""
     graph_copies: bool = False
     """CUDA-graph engines (``inductor`` on a GPU): capture each batch's input and output copies inside the bucket's
     graph, so a batch is one replay and one wait (fewer GIL hand-backs in a busy process). Off until measured on
