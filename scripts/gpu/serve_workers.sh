@@ -39,7 +39,7 @@ for N in ${WORKERS:-1 4 8}; do
   # SPY=1: py-spy the (last) server process during the first load level (scripts/gpu/spy_server.sh)
   pattern="miaohui.cli serve"; [ "$N" != 1 ] && pattern="multiprocessing.spawn"
   [ "${SPY:-0}" = 1 ] && { PATTERN=$pattern bash scripts/gpu/spy_server.sh "$OUT/spy_w$N" 3 3 > /tmp/spy_w$N.log 2>&1 & }
-  $cli_pin python3 -c "import typer; from miaohui.bench.cli import bench_command; app = typer.Typer(); app.command()(bench_command); app()" \
+  COLUMNS=200 $cli_pin python3 -c "import typer; from miaohui.bench.cli import bench_command; app = typer.Typer(); app.command()(bench_command); app()" \
     --target http --concurrency ${LEVELS:-32,128,256} --duration ${DURATION:-4}s --warmup 1s --processes ${CLIENTS:-6} --tokens 8-64 \
     --engine $R/intent/1 --out "$OUT/gpu_server_w$N$TAG.json" --plot "$OUT/gpu_server_w$N$TAG.png" 2>&1 | tail -12
   curl -s localhost:8000/metrics | grep -E "^miaohui_(worker_requests_total|process_cpu_seconds_total|batch_size_(sum|count)|gc_pause_seconds_(sum|count))" | head -20
