@@ -440,7 +440,7 @@ case $stage in
     ;;
   s15a)
     MIAOHUI_GPU_TEST_FORMAT=exported-program timeout 200 python3 -m pytest -q tests/gpu/test_inductor_gpu.py \
-      -k "copies or polled or serve_on_gpu" -p no:cacheprovider 2>&1 | grep -E "passed|failed|Error|assert" | tail -6
+      -k "copies or polled or fast_start or serve_on_gpu" -p no:cacheprovider 2>&1 | grep -E "passed|failed|Error|assert" | tail -6
     python3 scripts/gpu/e5_shape_model.py var/models/intent-e5-shape | tail -1
     MODEL=var/models/intent-e5-shape INDUCTOR_FORMAT=exported-program python3 scripts/gpu/build_intent_gpu.py /tmp/gpurepo 0 1 0 2>&1 | tail -1
     i=0

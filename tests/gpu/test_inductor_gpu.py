@@ -212,3 +212,25 @@ async def test_polled_batches_match_threaded(artifact: Path) -> None:
     assert isinstance(polled_engine, InductorEngine) and polled_engine.polls and polled_engine.graph_copies
     for a, b in zip(*outs, strict=True):
         np.testing.assert_allclose(a, b, atol=5e-2)  # batches differ (timing): other padding, fp16
+
+
+def test_fast_start_answers_from_eager_graphs_then_compiled_ones(artifact: Path) -> None:
+    """``fast_start``: the first bucket is captured from the exported program run as is (no Dynamo trace), then
+    ``upgrade`` puts graphs of the compiled program in its place; answers agree with an engine loaded as usual."""
+    manifest = read_manifest(artifact)
+    if manifest.engine_file != "program.pt2":
+        pytest.skip("fast_start serves the exported-program format")
+    ids = np.random.default_rng(5).integers(5, 30000, (3, 20)).astype(np.int64)
+    feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+    t0 = time.perf_counter()
+    engine = InductorEngine(manifest, artifact, fast_start=True)
+    eager = engine.infer(feeds)["logits"]
+    print(f"fast start (load + first eager bucket + infer): {time.perf_counter() - t0:.3f}s")
+    assert engine._graphs and not any(k.compiled for k in engine._graphs.values())
+    engine.upgrade()
+    print(f"upgrade to compiled graphs: {engine.upgrade_seconds:.2f}s")
+    assert all(k.compiled for k in engine._graphs.values())
+    compiled = engine.infer(feeds)["logits"]
+    plain = InductorEngine(manifest, artifact).infer(feeds)["logits"]
+    np.testing.assert_allclose(eager, compiled, atol=5e-2)  # eager vs fused kernels, half precision
+    np.testing.assert_allclose(compiled, plain, atol=1e-3)

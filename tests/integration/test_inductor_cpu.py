@@ -5,6 +5,7 @@ The same backend on the H200 (fp16/bf16, CUDA graphs) is tests/gpu/test_inductor
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import numpy as np
@@ -205,3 +206,48 @@ def test_fused_gelu_layer_exports_as_one_gemm_epilogue(tiny_model: Path) -> None
     layers = sum(1 for _ in fused.module.encoder.layers)
     assert sum("_addmm_activation" in t for t in targets) == layers
     assert not any("gelu" in t for t in targets)
+
+
+@pytest.fixture(scope="module")
+def exported(tiny_model: Path, repo: Path) -> Path:
+    cfg = CFG.model_copy(update={"inductor_format": "exported-program"})
+    return build_artifact(tiny_model, "intent-fast", cfg, repo, log=print).path
+
+
+def test_fast_start_answers_eagerly_then_swaps_in_the_compiled_program(exported: Path, tiny_model: Path) -> None:
+    """``fast_start``: answers come from the exported program run as is (no Dynamo trace) until ``upgrade``
+    compiles it; then from the compiled program, with the same numbers as an engine loaded the usual way."""
+    manifest = read_manifest(exported)
+    traced = counters["stats"]["unique_graphs"]
+    engine = InductorEngine(manifest, exported, fast_start=True)
+    assert not engine.upgraded.is_set()
+    _check_matches_pytorch(engine, tiny_model)
+    assert counters["stats"]["unique_graphs"] == traced  # eager: nothing traced yet
+    engine.upgrade()
+    assert engine.upgraded.is_set() and engine.upgrade_seconds > 0
+    assert counters["stats"]["unique_graphs"] > traced  # the compiled program now answers
+    _check_matches_pytorch(engine, tiny_model)
+    feeds = _feeds(3, 16, seed=9)
+    plain = InductorEngine(manifest, exported).infer(feeds)["logits"]
+    np.testing.assert_allclose(engine.infer(feeds)["logits"], plain, rtol=1e-5, atol=1e-6)
+
+
+async def test_fast_start_version_serves_while_it_compiles(exported: Path, repo: Path) -> None:
+    """A served ``fast_start`` version is ready after its eager warm-up, compiles in the background after it, and
+    answers throughout."""
+    from miaohui.serving.model_config import ModelConfig, WarmupShape
+
+    served = ServedVersion(exported, ModelConfig(fast_start=True, warmup=[WarmupShape(batch=2, sequence=8)]))
+    await served.start()
+    try:
+        engine = served.engines[0]
+        assert isinstance(engine, InductorEngine) and served.ready
+        rng = np.random.default_rng(2)
+        rows = [rng.integers(5, 200, int(n)).tolist() for n in rng.integers(2, 30, 20)]
+        before = await asyncio.gather(*(served.run_rows([r], None) for r in rows))
+        assert await asyncio.to_thread(engine.upgraded.wait, 300), "the background compile did not finish"
+        after = await asyncio.gather(*(served.run_rows([r], None) for r in rows))
+        for a, b in zip(before, after, strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    finally:
+        await served.stop()

@@ -288,10 +288,13 @@ class _Bucket:
         host_io: torch.Tensor,
         host_out: torch.Tensor,
         copies: bool,
+        compiled: bool,
     ) -> None:
         self.graph, self.io, self.out = graph, io, out
         self.host_io, self.host_out = host_io, host_out
         self.copies = copies
+        self.compiled = compiled
+        """Captured from the compiled program; False: from the eager program (``fast_start``, until upgraded)."""
 
 
 STAGE_SAMPLE_EVERY = 16
@@ -305,7 +308,12 @@ class InductorEngine(Engine):
     """A loaded inductor artifact (either format); CUDA-graph replay per (batch, sequence) bucket on GPUs."""
 
     def __init__(
-        self, manifest: Manifest, path: Path, use_cuda_graphs: bool = True, graph_copies: bool = False
+        self,
+        manifest: Manifest,
+        path: Path,
+        use_cuda_graphs: bool = True,
+        graph_copies: bool = False,
+        fast_start: bool = False,
     ) -> None:
         super().__init__(manifest, path)
         self.device = torch.device("cuda" if manifest.target.device == "cuda" else "cpu")
@@ -315,11 +323,11 @@ class InductorEngine(Engine):
         self.graph_copies = graph_copies
         """Capture the input copy (pinned host → device) and the output copy (device → pinned host) inside each
         bucket's graph: a batch is then one replay and one wait instead of copy, replay, copy, wait — each of them
-        a call that lets go of the GIL and must take it back, and in ``--shared-engine``'s engine process the event
-        loop (IPC for every worker) holds it meanwhile (session 13: the stage events put ~0.3 ms of host gaps into
-        a batch's 0.03 ms input copy; h2d + graph + d2h ~0.76 of the ~1.5 ms per batch). Falls back to copies
-        outside the graph where this torch cannot capture them. Off by default (``ModelConfig.graph_copies``)
-        until measured on the H200."""
+        a call that lets go of the GIL and must take it back while an event loop may hold it (session 13: ~0.3 ms of
+        host gaps around a 0.03 ms input copy). Falls back to copies outside the graph where this torch cannot
+        capture them. Off by default (``ModelConfig.graph_copies``) until measured on the H200."""
+        self._eager: Any = None
+        """``fast_start``: the exported program run as is (no Dynamo, no Inductor) until :meth:`upgrade` is done."""
         started = time.perf_counter()
         try:
             if self.packaged:  # ahead-of-time compiled: nothing to trace or compile
@@ -328,8 +336,10 @@ class InductorEngine(Engine):
                 self._runner: Any = load_package(path / AOTI_FILE, single_threaded=self.use_graphs)
             else:
                 torch.compiler.load_cache_artifacts((path / CACHE_FILE).read_bytes())
-                program = torch.export.load(str(path / manifest.engine_file))
-                self._runner = compile_program(program.module(), bool(manifest.build_config.autotune))
+                module = torch.export.load(str(path / manifest.engine_file)).module()
+                self._runner = compile_program(module, bool(manifest.build_config.autotune))
+                if fast_start:  # the same module, called directly: no second copy of the weights
+                    self._eager = module
         except Exception as exc:
             raise ArtifactError(
                 f"cannot load inductor engine {path}: {exc}",
@@ -350,9 +360,54 @@ class InductorEngine(Engine):
             # where a batch's GPU time goes (``last_stages``): copies in, the graph, copies out
             self._marks = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
             self._batches = 0  # batches run (every STAGE_SAMPLE_EVERY-th is timed)
+        self.upgraded = threading.Event()
+        """Set once batches run the compiled program (at once without ``fast_start``)."""
+        if self._eager is None:
+            self.upgraded.set()
+        self._upgrader: threading.Thread | None = None
+        self.upgrade_seconds = 0.0
 
     def warmed_up(self) -> None:
+        """Warm-up is done: restart stage sampling; with ``fast_start``, compile in the background now."""
         self._batches = 0
+        if not self.upgraded.is_set() and self._upgrader is None:
+            self._upgrader = threading.Thread(target=self._upgrade_logged, name="inductor-upgrade", daemon=True)
+            self._upgrader.start()
+
+    def _active(self) -> Any:
+        return self._runner if self.upgraded.is_set() else self._eager
+
+    def upgrade(self) -> None:
+        """``fast_start``'s second half: compile the program (Inductor cache hits; Dynamo traces it once) and put
+        graphs captured from it in place of the eager ones, bucket by bucket on a stream of its own, while the
+        eager graphs keep serving; from then on every batch runs the compiled program. Idempotent."""
+        if self.upgraded.is_set():
+            return
+        started = time.perf_counter()
+        dev = self.device
+        if self.use_graphs:
+            stream = torch.cuda.Stream(dev)
+            for key in list(self._graphs):
+                self._graphs[key] = self._capture_bucket(*key, self._runner, stream, compiled=True)
+        else:
+            with torch.no_grad():  # Dynamo specialises size 1: trace batch 1 and the dynamic graph
+                for b, s in ((1, 4), (3, 5)):
+                    ids = torch.full((b, s), 5, dtype=torch.int64, device=dev)
+                    self._runner(ids, torch.ones_like(ids))
+        self.upgraded.set()
+        if self.use_graphs:  # a bucket first met while this ran was captured eagerly: redo it
+            stream = torch.cuda.Stream(dev)
+            for key, k in list(self._graphs.items()):
+                if not k.compiled:
+                    self._graphs[key] = self._capture_bucket(*key, self._runner, stream, compiled=True)
+        self.upgrade_seconds = time.perf_counter() - started
+
+    def _upgrade_logged(self) -> None:
+        try:
+            self.upgrade()
+            log.info("%s: compiled graphs in place after %.1fs", self.manifest.name, self.upgrade_seconds)
+        except Exception:  # the eager graphs keep serving
+            log.exception("%s: compiling the program failed; the eager graphs keep serving", self.manifest.name)
 
     def bucket(self, b: int, s: int) -> tuple[int, int]:
         return (
@@ -374,36 +429,44 @@ class InductorEngine(Engine):
         captured while serving: ``operation not permitted when stream is capturing``)."""
         if (b, s) in self._graphs:
             return
+        self._graphs[(b, s)] = self._capture_bucket(b, s, self._active(), self.stream, self.upgraded.is_set())
+
+    def _capture_bucket(self, b: int, s: int, runner: Any, stream: Any, compiled: bool) -> _Bucket:
         with _CAPTURE_LOCK:
             io = torch.ones((2, b, s), dtype=torch.int64, device=self.device)
             io[0].fill_(5)
             ids, mask = io[0], io[1]
-            with torch.no_grad(), torch.cuda.stream(self.stream):
+            with torch.no_grad(), torch.cuda.stream(stream):
                 for _ in range(2):  # warm the kernels and the allocator outside the graph
-                    warm = self._runner(ids, mask)
-                self.stream.synchronize()
+                    warm = runner(ids, mask)
+                stream.synchronize()
                 host_io = io.cpu().pin_memory()  # what a replay copies in until a batch writes it
                 host_out = torch.empty(warm.shape, dtype=warm.dtype).pin_memory()
                 if self.graph_copies:
                     try:
-                        graph, out = self._capture(ids, mask, (io, host_io, host_out))
+                        graph, out = self._capture(runner, stream, ids, mask, (io, host_io, host_out))
                     except RuntimeError as exc:  # a torch that cannot capture host copies: launch them apart
                         log.warning("cannot capture host copies in CUDA graphs (%s); copying around replays", exc)
                         self.graph_copies = False
                 if not self.graph_copies:
-                    graph, out = self._capture(ids, mask, None)
-            self._graphs[(b, s)] = _Bucket(graph, io, out, host_io, host_out, self.graph_copies)
+                    graph, out = self._capture(runner, stream, ids, mask, None)
+            return _Bucket(graph, io, out, host_io, host_out, self.graph_copies, compiled)
 
+    @staticmethod
     def _capture(
-        self, ids: torch.Tensor, mask: torch.Tensor, copies: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None
+        runner: Any,
+        stream: Any,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        copies: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
     ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         """One graph of the runner on (ids, mask), with ``copies`` = (io, host_io, host_out): ``host_io → io`` first
         and ``out → host_out`` last (pinned host buffers, kept alive by the bucket for the graph's life)."""
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=self.stream, capture_error_mode="thread_local"):
+        with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
             if copies is not None:
                 copies[0].copy_(copies[1], non_blocking=True)
-            out = self._runner(ids, mask)
+            out = runner(ids, mask)
             if copies is not None:
                 copies[2].copy_(out, non_blocking=True)
         return graph, out
@@ -415,11 +478,13 @@ class InductorEngine(Engine):
                 ids_np = np.pad(ids_np, ((0, 0), (0, 1)))
                 mask_np = np.pad(mask_np, ((0, 0), (0, 1)))
             with torch.no_grad():
-                out = self._runner(torch.from_numpy(ids_np), torch.from_numpy(mask_np))
+                out = self._active()(torch.from_numpy(ids_np), torch.from_numpy(mask_np))
             return {self.output_names[0]: out.numpy()}
         if not self.use_graphs:
             with torch.no_grad(), torch.cuda.stream(self.stream):
-                out = self._runner(torch.from_numpy(ids_np).to(self.device), torch.from_numpy(mask_np).to(self.device))
+                out = self._active()(
+                    torch.from_numpy(ids_np).to(self.device), torch.from_numpy(mask_np).to(self.device)
+                )
                 host = out.cpu()
             return {self.output_names[0]: host.numpy()}
         launched = self._launch(ids_np, mask_np)
@@ -482,4 +547,6 @@ class InductorEngine(Engine):
         return {stage: m[i].elapsed_time(m[i + 1]) / 1e3 for i, stage in enumerate(("h2d", "gpu", "d2h"))}
 
     def close(self) -> None:
+        if self._upgrader is not None:
+            self._upgrader.join(timeout=60)
         self._graphs.clear()

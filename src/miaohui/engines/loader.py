@@ -59,10 +59,12 @@ def load_engine(
     verify_checksums: bool = True,
     spin_wait: bool = True,
     graph_copies: bool = False,
+    fast_start: bool = False,
 ) -> Engine:
     """Load the artifact at ``path`` (a version directory). ``spin_wait``: ONNX Runtime threads busy-wait
     between runs (lowest latency on an otherwise idle machine; the server turns it off). ``graph_copies``: CUDA-graph
-    engines capture a batch's copies in the graph (``ModelConfig.graph_copies``)."""
+    engines capture a batch's copies in the graph (``ModelConfig.graph_copies``); ``fast_start``: an
+    inductor exported program answers eagerly until its compiled graphs are in (``ModelConfig.fast_start``)."""
     path = Path(path)
     manifest = read_manifest(path)
     check_files(path, manifest, verify_checksums)
@@ -83,5 +85,5 @@ def load_engine(
     if backend == "inductor":
         from miaohui.engines.inductor import InductorEngine
 
-        return InductorEngine(manifest, path, graph_copies=graph_copies)
+        return InductorEngine(manifest, path, graph_copies=graph_copies, fast_start=fast_start)
     raise ArtifactError(f"{path} has unknown backend {backend!r}", "rebuild it with a current miaohui")

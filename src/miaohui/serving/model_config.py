@@ -100,6 +100,11 @@ class ModelConfig(BaseModel):
     """CUDA-graph engines (``inductor`` on a GPU): capture each batch's input and output copies inside the bucket's
     graph, so a batch is one replay and one wait (fewer GIL hand-backs in a busy process). Off until measured on
     the H200 (``scripts/gpu/run_h200.sh s15a``)."""
+    fast_start: bool = False
+    """``inductor`` exported-program versions: load the program and answer with it as is (no Dynamo trace, no
+    Inductor at load; CUDA graphs of the eager kernels on a GPU), so the version is ready within about a second,
+    then compile in a background thread and swap the compiled graphs in bucket by bucket. Off until measured on
+    the H200 (``scripts/gpu/diag_eager_graphs.py``, ``run_h200.sh s15c``)."""
     truncate: bool = False
     """Truncate over-long text instead of rejecting it with 400."""
     shadow: ShadowConfig | None = None

@@ -83,6 +83,7 @@ class ServedVersion:
                     verify_checksums=i == 0,
                     spin_wait=config.spin_wait,
                     graph_copies=config.graph_copies,
+                    fast_start=config.fast_start,
                 )
                 for i in range(instances)
             ]
