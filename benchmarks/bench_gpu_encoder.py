@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from miaohui.config import BuildConfig, parse_shapes
-from miaohui.engines.inductor import InductorEngine
+from miaohui.engines.inductor_engine import InductorEngine
 from miaohui.engines.loader import load_engine
 from miaohui.engines.store import build_artifact
 from miaohui.models.checkpoint import ModelMeta, load_checkpoint, save_checkpoint

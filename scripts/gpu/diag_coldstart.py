@@ -46,7 +46,7 @@ def timed(name, fn):
 CHILD = {
     "A_artifact": """
 from pathlib import Path
-from miaohui.engines.inductor import InductorEngine
+from miaohui.engines.inductor_engine import InductorEngine
 from miaohui.engines.store import read_manifest
 p = Path(ART)
 eng = timed("load_s", lambda: InductorEngine(read_manifest(p), p))

@@ -65,7 +65,7 @@ if mode == "eager":
                 out = prog(io[0], io[1])
         return graph, out
 else:  # "engine": as the server loads it today; "fast": with fast_start (eager graphs, then upgrade())
-    from miaohui.engines.inductor import InductorEngine
+    from miaohui.engines.inductor_engine import InductorEngine
     from miaohui.engines.store import read_manifest
     eng = InductorEngine(read_manifest(art), art, fast_start=mode == "fast")
     def capture(b, s):

@@ -20,7 +20,7 @@ def step(msg: str) -> None:
 
 def main() -> None:
     from miaohui.config import BuildConfig, parse_shapes
-    from miaohui.engines.inductor import InductorEngine
+    from miaohui.engines.inductor_engine import InductorEngine
     from miaohui.engines.store import build_artifact, read_manifest
     from miaohui.models.checkpoint import ModelMeta, save_checkpoint
     from miaohui.models.intent import IntentClassifier, random_bert

@@ -15,7 +15,7 @@ from torch._dynamo.utils import counters
 
 from miaohui.config import BuildConfig, parse_shapes
 from miaohui.engines import inductor
-from miaohui.engines.inductor import InductorEngine
+from miaohui.engines.inductor_engine import InductorEngine
 from miaohui.engines.loader import load_engine
 from miaohui.engines.store import build_artifact, read_manifest
 from miaohui.errors import ArtifactError, BuildError

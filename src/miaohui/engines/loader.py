@@ -83,7 +83,7 @@ def load_engine(
 
         return TensorRTEngine(manifest, path)
     if backend == "inductor":
-        from miaohui.engines.inductor import InductorEngine
+        from miaohui.engines.inductor_engine import InductorEngine
 
         return InductorEngine(manifest, path, graph_copies=graph_copies, fast_start=fast_start)
     raise ArtifactError(f"{path} has unknown backend {backend!r}", "rebuild it with a current miaohui")

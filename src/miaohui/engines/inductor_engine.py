@@ -1,0 +1,319 @@
+"""The loaded ``inductor`` engine (built by :mod:`miaohui.engines.inductor`): either artifact format; on CUDA one
+CUDA graph per (batch, sequence) bucket over static input buffers, captured at warm-up on this instance's own
+stream, inputs staged through pinned host memory and padded to the bucket. Options: ``graph_copies`` (the copies
+inside the graph), ``fast_start`` (answer with the exported program as is, swap in compiled graphs later),
+:meth:`InductorEngine.infer_polled` (``gpu_wait: poll``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from miaohui.engines.base import Engine, Manifest
+from miaohui.engines.inductor import AOTI_FILE, CACHE_FILE, compile_program, load_package
+from miaohui.errors import ArtifactError
+
+log = logging.getLogger(__name__)
+_CAPTURE_LOCK = threading.Lock()
+SEQ_BUCKETS = (8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+
+
+def batch_buckets(max_batch: int) -> list[int]:
+    out, b = [], 1
+    while b < max_batch:
+        out.append(b)
+        b *= 2
+    return [*out, max_batch]
+
+
+def seq_buckets(max_seq: int) -> list[int]:
+    return [s for s in SEQ_BUCKETS if s < max_seq] + [max_seq]
+
+
+class _Bucket:
+    """One captured CUDA graph with its static device buffers and pinned host staging buffers.
+
+    ``input_ids`` and ``attention_mask`` are the two halves of one device tensor ``io`` [2, b, s] (the graph reads
+    them as views), staged through one pinned ``host_io``: a batch's inputs go over in a single copy. With
+    ``copies`` the graph itself starts with that copy and ends with the outputs' copy into ``host_out``, so a batch
+    is one replay (see :attr:`InductorEngine.graph_copies`); without, the two copies are launched around it."""
+
+    def __init__(
+        self,
+        graph: torch.cuda.CUDAGraph,
+        io: torch.Tensor,
+        out: torch.Tensor,
+        host_io: torch.Tensor,
+        host_out: torch.Tensor,
+        copies: bool,
+        compiled: bool,
+    ) -> None:
+        self.graph, self.io, self.out = graph, io, out
+        self.host_io, self.host_out = host_io, host_out
+        self.copies = copies
+        self.compiled = compiled
+        """Captured from the compiled program; False: from the eager program (``fast_start``, until upgraded)."""
+
+
+STAGE_SAMPLE_EVERY = 16
+"""Batches per timed batch: the first batch after warm-up and every 16th after it record their stages (h2d, gpu,
+d2h) with CUDA events. Timing every batch cost 4 event records + 3 elapsed-time reads (each a GIL release and
+take-back) on the host path of every batch; a sample keeps the stage histograms
+(``miaohui_stage_duration_seconds``) without that."""
+
+
+class InductorEngine(Engine):
+    """A loaded inductor artifact (either format); CUDA-graph replay per (batch, sequence) bucket on GPUs."""
+
+    def __init__(
+        self,
+        manifest: Manifest,
+        path: Path,
+        use_cuda_graphs: bool = True,
+        graph_copies: bool = False,
+        fast_start: bool = False,
+    ) -> None:
+        super().__init__(manifest, path)
+        self.device = torch.device("cuda" if manifest.target.device == "cuda" else "cpu")
+        self.packaged = manifest.engine_file == AOTI_FILE
+        self.use_graphs = use_cuda_graphs and self.device.type == "cuda"
+        self.polls = self.use_graphs  # infer_polled launches a replay and polls its done event
+        self.graph_copies = graph_copies
+        """Capture the input copy (pinned host → device) and the output copy (device → pinned host) inside each
+        bucket's graph: a batch is then one replay and one wait instead of copy, replay, copy, wait — each of them
+        a call that lets go of the GIL and must take it back while an event loop may hold it (session 13: ~0.3 ms of
+        host gaps around a 0.03 ms input copy). Falls back to copies outside the graph where this torch cannot
+        capture them. Off by default (``ModelConfig.graph_copies``) until measured on the H200."""
+        self._eager: Any = None
+        """``fast_start``: the exported program run as is (no Dynamo, no Inductor) until :meth:`upgrade` is done."""
+        started = time.perf_counter()
+        try:
+            if self.packaged:  # ahead-of-time compiled: nothing to trace or compile
+                # single-threaded runner: its thread-synchronisation logic conflicts with CUDA-graph capture
+                # (torch's docs); one owner thread per instance calls it anyway
+                self._runner: Any = load_package(path / AOTI_FILE, single_threaded=self.use_graphs)
+            else:
+                torch.compiler.load_cache_artifacts((path / CACHE_FILE).read_bytes())
+                module = torch.export.load(str(path / manifest.engine_file)).module()
+                self._runner = compile_program(module, bool(manifest.build_config.autotune))
+                if fast_start:  # the same module, called directly: no second copy of the weights
+                    self._eager = module
+        except Exception as exc:
+            raise ArtifactError(
+                f"cannot load inductor engine {path}: {exc}",
+                "the files are corrupt or were built by another torch; rebuild it",
+            ) from exc
+        self.load_seconds = time.perf_counter() - started
+        profile = manifest.inputs[0].profile
+        max_b, max_s = profile.max if profile else (64, manifest.max_length or 128)
+        self.min_s = profile.min[1] if profile else 1
+        self.batches, self.seqs = batch_buckets(max_b), seq_buckets(max_s)
+        self.width = int(manifest.outputs[0].dims[-1])
+        self._graphs: dict[tuple[int, int], _Bucket] = {}
+        if self.device.type == "cuda":
+            self.stream = torch.cuda.Stream(self.device)
+            # A blocking event: waiting for the batch sleeps instead of spinning a core (CUDA's default sync
+            # spins). With ``--workers N`` every worker waits at once; spinning took cores from the host path.
+            self._done = torch.cuda.Event(blocking=True)
+            # where a batch's GPU time goes (``last_stages``): copies in, the graph, copies out
+            self._marks = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
+            self._batches = 0  # batches run (every STAGE_SAMPLE_EVERY-th is timed)
+        self.upgraded = threading.Event()
+        """Set once batches run the compiled program (at once without ``fast_start``)."""
+        if self._eager is None:
+            self.upgraded.set()
+        self._upgrader: threading.Thread | None = None
+        self.upgrade_seconds = 0.0
+
+    def warmed_up(self) -> None:
+        """Warm-up is done: restart stage sampling; with ``fast_start``, compile in the background now."""
+        self._batches = 0
+        if not self.upgraded.is_set() and self._upgrader is None:
+            self._upgrader = threading.Thread(target=self._upgrade_logged, name="inductor-upgrade", daemon=True)
+            self._upgrader.start()
+
+    def _active(self) -> Any:
+        return self._runner if self.upgraded.is_set() else self._eager
+
+    def upgrade(self) -> None:
+        """``fast_start``'s second half: compile the program (Inductor cache hits; Dynamo traces it once) and put
+        graphs captured from it in place of the eager ones, bucket by bucket on a stream of its own, while the
+        eager graphs keep serving; from then on every batch runs the compiled program. Idempotent."""
+        if self.upgraded.is_set():
+            return
+        started = time.perf_counter()
+        dev = self.device
+        if self.use_graphs:
+            stream = torch.cuda.Stream(dev)
+            for key in list(self._graphs):
+                self._graphs[key] = self._capture_bucket(*key, self._runner, stream, compiled=True)
+        else:
+            with torch.no_grad():  # Dynamo specialises size 1: trace batch 1 and the dynamic graph
+                for b, s in ((1, 4), (3, 5)):
+                    ids = torch.full((b, s), 5, dtype=torch.int64, device=dev)
+                    self._runner(ids, torch.ones_like(ids))
+        self.upgraded.set()
+        if self.use_graphs:  # a bucket first met while this ran was captured eagerly: redo it
+            stream = torch.cuda.Stream(dev)
+            for key, k in list(self._graphs.items()):
+                if not k.compiled:
+                    self._graphs[key] = self._capture_bucket(*key, self._runner, stream, compiled=True)
+        self.upgrade_seconds = time.perf_counter() - started
+
+    def _upgrade_logged(self) -> None:
+        try:
+            self.upgrade()
+            log.info("%s: compiled graphs in place after %.1fs", self.manifest.name, self.upgrade_seconds)
+        except Exception:  # the eager graphs keep serving
+            log.exception("%s: compiling the program failed; the eager graphs keep serving", self.manifest.name)
+
+    def bucket(self, b: int, s: int) -> tuple[int, int]:
+        return (
+            self.batches[bisect.bisect_left(self.batches, b)],
+            self.seqs[bisect.bisect_left(self.seqs, max(s, self.min_s))],
+        )
+
+    def warmup_buckets(self) -> list[tuple[int, int]]:
+        if not self.use_graphs:
+            return []
+        return [(b, s) for b in self.batches for s in self.seqs if s >= self.min_s]
+
+    def capture(self, b: int, s: int) -> None:
+        """Capture the CUDA graph of bucket (b, s) (idempotent).
+
+        One capture at a time per process (``_CAPTURE_LOCK``), in ``thread_local`` mode: another instance's thread
+        keeps replaying its graphs and waiting on its events meanwhile. In CUDA's default (``global``) mode those
+        calls are forbidden during any capture and failed the other instance's batch (H200, two instances, a bucket
+        captured while serving: ``operation not permitted when stream is capturing``)."""
+        if (b, s) in self._graphs:
+            return
+        self._graphs[(b, s)] = self._capture_bucket(b, s, self._active(), self.stream, self.upgraded.is_set())
+
+    def _capture_bucket(self, b: int, s: int, runner: Any, stream: Any, compiled: bool) -> _Bucket:
+        with _CAPTURE_LOCK:
+            io = torch.ones((2, b, s), dtype=torch.int64, device=self.device)
+            io[0].fill_(5)
+            ids, mask = io[0], io[1]
+            with torch.no_grad(), torch.cuda.stream(stream):
+                for _ in range(2):  # warm the kernels and the allocator outside the graph
+                    warm = runner(ids, mask)
+                stream.synchronize()
+                host_io = io.cpu().pin_memory()  # what a replay copies in until a batch writes it
+                host_out = torch.empty(warm.shape, dtype=warm.dtype).pin_memory()
+                if self.graph_copies:
+                    try:
+                        graph, out = self._capture(runner, stream, ids, mask, (io, host_io, host_out))
+                    except RuntimeError as exc:  # a torch that cannot capture host copies: launch them apart
+                        log.warning("cannot capture host copies in CUDA graphs (%s); copying around replays", exc)
+                        self.graph_copies = False
+                if not self.graph_copies:
+                    graph, out = self._capture(runner, stream, ids, mask, None)
+            return _Bucket(graph, io, out, host_io, host_out, self.graph_copies, compiled)
+
+    @staticmethod
+    def _capture(
+        runner: Any,
+        stream: Any,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        copies: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
+    ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        """One graph of the runner on (ids, mask), with ``copies`` = (io, host_io, host_out): ``host_io → io`` first
+        and ``out → host_out`` last (pinned host buffers, kept alive by the bucket for the graph's life)."""
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
+            if copies is not None:
+                copies[0].copy_(copies[1], non_blocking=True)
+            out = runner(ids, mask)
+            if copies is not None:
+                copies[2].copy_(out, non_blocking=True)
+        return graph, out
+
+    def _infer_impl(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        ids_np, mask_np = feeds["input_ids"], feeds["attention_mask"]
+        if self.device.type == "cpu":
+            if ids_np.shape[1] == 1 and not self.packaged:  # a size-1 dim would be a new specialisation: pad to 2
+                ids_np = np.pad(ids_np, ((0, 0), (0, 1)))
+                mask_np = np.pad(mask_np, ((0, 0), (0, 1)))
+            with torch.no_grad():
+                out = self._active()(torch.from_numpy(ids_np), torch.from_numpy(mask_np))
+            return {self.output_names[0]: out.numpy()}
+        if not self.use_graphs:
+            with torch.no_grad(), torch.cuda.stream(self.stream):
+                out = self._active()(
+                    torch.from_numpy(ids_np).to(self.device), torch.from_numpy(mask_np).to(self.device)
+                )
+                host = out.cpu()
+            return {self.output_names[0]: host.numpy()}
+        launched = self._launch(ids_np, mask_np)
+        self._done.synchronize()
+        return self._collect(*launched)
+
+    async def _infer_polled_impl(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The batch is launched (a graph replay) and the event loop polls its completion event between other
+        callbacks: no executor thread and no GIL hand-back per batch (``ModelConfig.gpu_wait: poll``)."""
+        if not self.use_graphs:
+            return self._infer_impl(feeds)
+        launched = self._launch(feeds["input_ids"], feeds["attention_mask"])
+        while not self._done.query():
+            await asyncio.sleep(0)
+        return self._collect(*launched)
+
+    def _launch(self, ids_np: np.ndarray, mask_np: np.ndarray) -> tuple[_Bucket, int, bool]:
+        """Stage a batch into its bucket's pinned buffer and enqueue copy in, replay, copy out and the done event
+        on the engine's stream (capturing the bucket first if new); returns what :meth:`_collect` needs."""
+        b, s = ids_np.shape
+        bb, ss = self.bucket(b, s)
+        self.capture(bb, ss)
+        k = self._graphs[(bb, ss)]
+        host = k.host_io.numpy()
+        host.fill(0)
+        host[1, :, 0] = 1  # padding rows attend to one token (no all-masked softmax); their outputs are dropped
+        host[0, :b, :s] = ids_np
+        host[1, :b, :s] = mask_np
+        timed = self._batches % STAGE_SAMPLE_EVERY == 0
+        self._batches += 1
+        marks = self._marks
+        with torch.no_grad(), torch.cuda.stream(self.stream):
+            if timed:
+                marks[0].record(self.stream)
+            if not k.copies:
+                k.io.copy_(k.host_io, non_blocking=True)
+                if timed:
+                    marks[1].record(self.stream)
+            k.graph.replay()
+            if not k.copies:
+                if timed:
+                    marks[2].record(self.stream)
+                k.host_out.copy_(k.out, non_blocking=True)
+            if timed:
+                marks[3].record(self.stream)
+            self._done.record(self.stream)
+        return k, b, timed
+
+    def _collect(self, k: _Bucket, b: int, timed: bool) -> dict[str, np.ndarray]:
+        """A launched batch's outputs, once its done event has passed."""
+        self.last_stages = self._stages(k.copies) if timed else {}
+        return {self.output_names[0]: k.host_out.numpy()[:b].copy()}
+
+    def _stages(self, copies: bool) -> dict[str, float]:
+        """The timed batch's stages in seconds: ``h2d``, ``gpu``, ``d2h``; with the copies inside the graph, one
+        ``gpu`` stage that includes them."""
+        m = self._marks
+        if copies:
+            return {"gpu": m[0].elapsed_time(m[3]) / 1e3}
+        return {stage: m[i].elapsed_time(m[i + 1]) / 1e3 for i, stage in enumerate(("h2d", "gpu", "d2h"))}
+
+    def close(self) -> None:
+        if self._upgrader is not None:
+            self._upgrader.join(timeout=60)
+        self._graphs.clear()
