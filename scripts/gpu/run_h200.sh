@@ -85,12 +85,13 @@
 #           MIAOHUI_GC_FREEZE=1 / 0 / 1 / 0 at c=32,40: p99 and its call-to-call variance
 #   s14a:   the async 1.5B server with static prefill buckets up to 8 prompts (more are prefilled eagerly) vs 16,
 #           twice; the benchmark now reports the server's own TTFT p99, prefill p99 and prompts per prefill
-#   s15a:   the inductor GPU tests of the in-graph copies, then the e5-shaped intent server (6 workers, shared engine,
-#           delay 0) as today vs with config.yaml graph_copies: true + gpu_wait: poll, twice, interleaved
-#   s15b:   BERT-base engine: whole infer() with the copies around vs inside the graph (1x16 … 32x128), then the
-#           async 1.5B server with the scheduler's max_prefill_seqs 64 (no cap) / 2, twice
-#   s15c:   cold start: the e5-shaped intent artifact's exported program run eagerly under CUDA graphs (no Dynamo at
-#           load) vs the engine as loaded today, fresh processes: load, first answer, replay per bucket
+#   s15a:   the e5-shaped intent server (6 workers, shared engine, delay 0) as today vs with config.yaml
+#           graph_copies: true + gpu_wait: poll, twice, interleaved (their GPU tests run in s15c)
+#   s15b:   the async 1.5B server with the scheduler's max_prefill_seqs 64 (no cap) / 2, twice
+#   s15d:   BERT-base engine: whole infer() with the copies around vs inside the graph (1x16 … 32x128)
+#   s15c:   the inductor GPU tests of graph_copies, gpu_wait poll and fast_start; then cold start: the e5-shaped
+#           intent artifact's exported program run eagerly under CUDA graphs (no Dynamo at load), the engine as
+#           loaded today and with fast_start, fresh processes: load, first answer, upgrade, replay per bucket
 #   s13c:   (next session) prefill grouping (scheduler prefill_min_prompts 2, max wait 8 ms) off / on / off / on with
 #           the default (fused) layer, 12 s each (s11a's second half, never run)
 #           (session 12 ran s12b, s12a and s11c: s12a's tests hit the 200 s limit and s12b's decode_buckets its 200 s one
@@ -439,8 +440,6 @@ case $stage in
     gen_ab srv14_pf --prefill-batch-max "8 16 8 16"
     ;;
   s15a)
-    MIAOHUI_GPU_TEST_FORMAT=exported-program timeout 200 python3 -m pytest -q tests/gpu/test_inductor_gpu.py \
-      -k "copies or polled or fast_start or serve_on_gpu" -p no:cacheprovider 2>&1 | grep -E "passed|failed|Error|assert" | tail -6
     python3 scripts/gpu/e5_shape_model.py var/models/intent-e5-shape | tail -1
     MODEL=var/models/intent-e5-shape INDUCTOR_FORMAT=exported-program python3 scripts/gpu/build_intent_gpu.py /tmp/gpurepo 0 1 0 2>&1 | tail -1
     i=0
@@ -454,14 +453,19 @@ case $stage in
     rm -f "$OUT"/*.png "$OUT"/serve_w*.log
     ;;
   s15b)
-    timeout 240 python3 benchmarks/bench_gpu_encoder.py --models bert-base --no-autotune --inductor-format exported-program \
-      --shapes 1x16,1x128,8x64,32x128 --variants engine_fp16 --out "$OUT/gpu_encoder_bert_copies_s15b.json" 2>&1 \
-      | grep -E "median|FAIL|Error" | tail -16
     gen_ab srv15_cap --max-prefill-seqs "64 2 64 2"
     ;;
+  s15d)
+    timeout 240 python3 benchmarks/bench_gpu_encoder.py --models bert-base --no-autotune --inductor-format exported-program \
+      --shapes 1x16,1x128,8x64,32x128 --variants engine_fp16 --out "$OUT/gpu_encoder_bert_copies_s15d.json" 2>&1 \
+      | grep -E "median|FAIL|Error" | tail -16
+    ;;
   s15c)
+    MIAOHUI_GPU_TEST_FORMAT=exported-program timeout 240 python3 -m pytest -q tests/gpu/test_inductor_gpu.py \
+      -k "copies or polled or fast_start or serve_on_gpu" -p no:cacheprovider -rA 2>&1 \
+      | grep -E "passed|failed|PASSED|FAILED|Error|assert|fast start|upgrade" | tail -14
     [ -f var/models/intent-e5-shape/miaohui-model.json ] || python3 scripts/gpu/e5_shape_model.py var/models/intent-e5-shape | tail -1
-    timeout 420 python3 scripts/gpu/diag_eager_graphs.py "$OUT" var/models/intent-e5-shape 2>&1 | grep -E "eager-graphs|rel_diff|Error" | tail -12
+    timeout 320 python3 scripts/gpu/diag_eager_graphs.py "$OUT" var/models/intent-e5-shape 2>&1 | grep -E "eager-graphs|rel_diff|Error" | tail -12
     ;;
   s12b)
     timeout 300 python3 scripts/gpu/decode_quant_probe.py --out "$OUT" 2>&1 | grep -E "int8_triton|cublas|GEMM|Error" | tail -40
