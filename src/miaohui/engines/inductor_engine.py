@@ -315,5 +315,5 @@ class InductorEngine(Engine):
 
     def close(self) -> None:
         if self._upgrader is not None:
-            self._upgrader.join(timeout=60)
+            self._upgrader.join(timeout=10)  # a compile cannot be interrupted; the thread is a daemon
         self._graphs.clear()
