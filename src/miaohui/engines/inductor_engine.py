@@ -151,23 +151,23 @@ class InductorEngine(Engine):
         if self.upgraded.is_set():
             return
         started = time.perf_counter()
-        dev = self.device
-        if self.use_graphs:
-            stream = torch.cuda.Stream(dev)
-            for key in list(self._graphs):
-                self._graphs[key] = self._capture_bucket(*key, self._runner, stream, compiled=True)
-        else:
+        if not self.use_graphs:
             with torch.no_grad():  # Dynamo specialises size 1: trace batch 1 and the dynamic graph
                 for b, s in ((1, 4), (3, 5)):
-                    ids = torch.full((b, s), 5, dtype=torch.int64, device=dev)
+                    ids = torch.full((b, s), 5, dtype=torch.int64, device=self.device)
                     self._runner(ids, torch.ones_like(ids))
+        self._recapture_compiled()
         self.upgraded.set()
-        if self.use_graphs:  # a bucket first met while this ran was captured eagerly: redo it
-            stream = torch.cuda.Stream(dev)
-            for key, k in list(self._graphs.items()):
-                if not k.compiled:
-                    self._graphs[key] = self._capture_bucket(*key, self._runner, stream, compiled=True)
+        self._recapture_compiled()  # a bucket first met while the above ran was captured eagerly
         self.upgrade_seconds = time.perf_counter() - started
+
+    def _recapture_compiled(self) -> None:
+        """Capture the compiled program's graph of every bucket that holds an eager one, on a stream of its own
+        (the serving stream keeps replaying), and swap each in."""
+        eager = [key for key, k in list(self._graphs.items()) if not k.compiled]
+        stream = torch.cuda.Stream(self.device) if eager else None
+        for key in eager:
+            self._graphs[key] = self._capture_bucket(*key, self._runner, stream, compiled=True)
 
     def _upgrade_logged(self) -> None:
         try:
