@@ -38,13 +38,13 @@ test-fast: $(STAMP)
 	$(BIN)/pytest -m "not slow" $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks scripts
+	$(BIN)/ruff format --check src tests benchmarks scripts
 	$(BIN)/mypy
 
 format: $(STAMP)
-	$(BIN)/ruff check --fix src tests benchmarks
-	$(BIN)/ruff format src tests benchmarks
+	$(BIN)/ruff check --fix src tests benchmarks scripts
+	$(BIN)/ruff format src tests benchmarks scripts
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_intent_cpu.py

@@ -48,8 +48,13 @@ def one_engine(variant: str, iters: int, batches: tuple[int, ...]) -> dict[str, 
     dec.init_random(seed=0)
     layer, _, int8 = variant.partition("+")  # +int8: int8_batch1; +int8b: int8_batched; +int8all: both
     opts = SlotEngineOptions(
-        num_slots=64, max_len=1024, dtype="bf16", decode_layer=layer, int8_batch1=int8 in ("int8", "int8all"),
-        int8_batched=int8 in ("int8b", "int8all"), batch_buckets=batches,
+        num_slots=64,
+        max_len=1024,
+        dtype="bf16",
+        decode_layer=layer,
+        int8_batch1=int8 in ("int8", "int8all"),
+        int8_batched=int8 in ("int8b", "int8all"),
+        batch_buckets=batches,
     )  # type: ignore[arg-type]
     engine = TorchSlotEngine(dec, [0], 0, opts)
     t = time.perf_counter()

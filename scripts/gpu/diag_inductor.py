@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
 faulthandler.enable()
 

@@ -27,9 +27,8 @@ def save(model_dir: Path, out: Path) -> None:
     base = IntentClassifier(encoder, len(json.loads((model_dir / META_NAME).read_text())["labels"])).state_dict()
     delta = {k: v.contiguous() for k, v in trained.items() if k not in base or not torch.equal(v, base[k])}
     save_file(delta, str(out))
-    print(
-        f"{len(delta)} of {len(trained)} tensors differ; {out.stat().st_size / 1e6:.1f} MB; digest {model_digest(model_dir)}"
-    )
+    size_mb = out.stat().st_size / 1e6
+    print(f"{len(delta)} of {len(trained)} tensors differ; {size_mb:.1f} MB; digest {model_digest(model_dir)}")
 
 
 def load(delta_file: Path, meta_file: Path, model_dir: Path) -> None:
