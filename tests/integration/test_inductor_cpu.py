@@ -232,10 +232,17 @@ def test_fast_start_answers_eagerly_then_swaps_in_the_compiled_program(exported:
     np.testing.assert_allclose(engine.infer(feeds)["logits"], plain, rtol=1e-5, atol=1e-6)
 
 
-async def test_fast_start_version_serves_while_it_compiles(exported: Path, repo: Path) -> None:
-    """A served ``fast_start`` version is ready after its eager warm-up, compiles in the background after it, and
-    answers throughout."""
+async def test_fast_start_version_serves_while_it_compiles(
+    exported: Path, repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A served ``fast_start`` version is ready after its eager warm-up, compiles in the background after it,
+    answers throughout, and asks the GC policy to refreeze the heap once compiled (recorded here: freezing the test
+    process's heap would leak into the other tests)."""
+    from miaohui import gcpolicy
     from miaohui.serving.model_config import ModelConfig, WarmupShape
+
+    refrozen: list[str] = []
+    monkeypatch.setattr(gcpolicy, "refreeze", refrozen.append)
 
     served = ServedVersion(exported, ModelConfig(fast_start=True, warmup=[WarmupShape(batch=2, sequence=8)]))
     await served.start()
@@ -246,6 +253,8 @@ async def test_fast_start_version_serves_while_it_compiles(exported: Path, repo:
         rows = [rng.integers(5, 200, int(n)).tolist() for n in rng.integers(2, 30, 20)]
         before = await asyncio.gather(*(served.run_rows([r], None) for r in rows))
         assert await asyncio.to_thread(engine.upgraded.wait, 300), "the background compile did not finish"
+        await asyncio.to_thread(engine._upgrader.join, 60)  # type: ignore[union-attr]
+        assert refrozen == ["intent-fast compiled"]
         after = await asyncio.gather(*(served.run_rows([r], None) for r in rows))
         for a, b in zip(before, after, strict=True):
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)

@@ -170,11 +170,17 @@ class InductorEngine(Engine):
             self._graphs[key] = self._capture_bucket(*key, self._runner, stream, compiled=True)
 
     def _upgrade_logged(self) -> None:
+        """The background upgrade. A server that froze its warm heap (:mod:`miaohui.gcpolicy`) freezes again after
+        it: the compile leaves many long-lived objects that every full collection would otherwise walk."""
+        from miaohui import gcpolicy
+
         try:
             self.upgrade()
             log.info("%s: compiled graphs in place after %.1fs", self.manifest.name, self.upgrade_seconds)
         except Exception:  # the eager graphs keep serving
             log.exception("%s: compiling the program failed; the eager graphs keep serving", self.manifest.name)
+            return
+        gcpolicy.refreeze(f"{self.manifest.name} compiled")
 
     def bucket(self, b: int, s: int) -> tuple[int, int]:
         return (
