@@ -1,7 +1,7 @@
 """On the GPU: where a decode step of the static-KV engine spends its time (kernel table), and how long a
 CUDA-graph step takes, for the 1.5B Qwen-shaped model with random weights.
 
-    python3 scripts/gpu/profile_decode.py [--batches 1,64] [--out DIR]
+    python3 scripts/gpu/profile_decode.py [--batches 1,64] [--int8-batch1] [--out DIR]
 """
 
 from __future__ import annotations
@@ -30,11 +30,17 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--batches", default="1,64")
     ap.add_argument("--out", type=Path, default=Path("/tmp"))
+    ap.add_argument("--int8-batch1", action="store_true", help="the int8 weight copy for steps of one row (TPOT)")
     args = ap.parse_args()
     dims = QWEN_15B
     batches = [int(b) for b in args.batches.split(",")]
     opts = SlotEngineOptions(
-        num_slots=64, max_len=1024, dtype="bf16", batch_buckets=(1, 64), length_buckets=(256, 1024)
+        num_slots=64,
+        max_len=1024,
+        dtype="bf16",
+        batch_buckets=(1, 64),
+        length_buckets=(256, 1024),
+        int8_batch1=args.int8_batch1,
     )
     dec = StaticKVDecoder(dims, num_slots=64, max_len=1024, qkv_bias=True, dtype=torch.bfloat16, device="cuda")
     dec.init_random()

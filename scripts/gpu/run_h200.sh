@@ -89,6 +89,8 @@
 #           graph_copies: true + gpu_wait: poll, twice, interleaved (their GPU tests run in s15c)
 #   s15b:   the async 1.5B server with the scheduler's max_prefill_seqs 64 (no cap) / 2, twice
 #   s15d:   BERT-base engine: whole infer() with the copies around vs inside the graph (1x16 … 32x128)
+#   s15e:   the kernel table of the batch-1 decode step with int8_batch1 (the TPOT configuration, 1.64 ms: where
+#           the ~0.7 ms outside the GEMMs goes)
 #   s15c:   the inductor GPU tests of graph_copies, gpu_wait poll and fast_start; then cold start: the e5-shaped
 #           intent artifact's exported program run eagerly under CUDA graphs (no Dynamo at load), the engine as
 #           loaded today and with fast_start, fresh processes: load, first answer, upgrade, replay per bucket
@@ -454,6 +456,10 @@ case $stage in
     ;;
   s15b)
     gen_ab srv15_cap --max-prefill-seqs "64 2 64 2"
+    ;;
+  s15e)
+    timeout 300 python3 scripts/gpu/profile_decode.py --batches 1 --int8-batch1 --out "$OUT" 2>&1 \
+      | grep -v -E "Warning|warn\(|softmax|split the reduction|important use|^$" | tail -45
     ;;
   s15d)
     timeout 240 python3 benchmarks/bench_gpu_encoder.py --models bert-base --no-autotune --inductor-format exported-program \
