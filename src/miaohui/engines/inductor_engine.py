@@ -101,6 +101,8 @@ class InductorEngine(Engine):
                 # single-threaded runner: its thread-synchronisation logic conflicts with CUDA-graph capture
                 # (torch's docs); one owner thread per instance calls it anyway
                 self._runner: Any = load_package(path / AOTI_FILE, single_threaded=self.use_graphs)
+                if fast_start:
+                    log.info("%s: fast_start is moot for an AOTInductor package (nothing to compile)", manifest.name)
             else:
                 torch.compiler.load_cache_artifacts((path / CACHE_FILE).read_bytes())
                 module = torch.export.load(str(path / manifest.engine_file)).module()
