@@ -105,7 +105,7 @@ def test_copies_inside_the_graphs_give_the_same_outputs(artifact: Path) -> None:
     batches = [rng.integers(5, 30000, (b, s)).astype(np.int64) for b, s in ((3, 20), (4, 17), (3, 20), (1, 5))]
     for ids in batches:
         feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
-        np.testing.assert_array_equal(inside.infer(feeds)["logits"], around.infer(feeds)["logits"])
+        np.testing.assert_allclose(inside.infer(feeds)["logits"], around.infer(feeds)["logits"], rtol=0, atol=1e-3)
     assert inside.graph_copies and all(k.copies for k in inside._graphs.values())
     assert not any(k.copies for k in around._graphs.values())
     inside.warmed_up()  # the next batch is a timed one
