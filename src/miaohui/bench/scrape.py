@@ -175,4 +175,6 @@ def breakdown(before: Snapshot, after: Snapshot, model: str, wall_s: float) -> d
     gpu = after.select("miaohui_gpu_utilization_ratio")
     if gpu:
         out["gpu_utilization"] = {dict(k).get("gpu", ""): v for k, v in gpu.items()}
+    if pauses := gc_pauses(before, after):  # every server process's collections in the window, per generation
+        out["gc_pauses"] = pauses
     return out
