@@ -25,9 +25,7 @@ for N in ${WORKERS:-1 4 8}; do
   # PIN=1: server on cores 0-9, load clients on 10-15 (they otherwise compete for the same cores; session 10 saw
   # the server's host time move 1.5 → 2.1 ms per request between calls)
   srv_pin=""; cli_pin=""; [ "${PIN:-0}" = 1 ] && { srv_pin="taskset -c 0-9"; cli_pin="taskset -c 10-15"; }
-  # SRC=DIR: serve from that tree's src/ (an A/B against an older commit: git archive REV src | tar -x -C DIR/..)
-  srv_env=""; [ -n "${SRC:-}" ] && srv_env="env PYTHONPATH=$SRC:${PYTHONPATH:-}"
-  $srv_pin $srv_env python3 -m miaohui.cli serve -r $R --port 8000 --grpc-port 8001 --workers $N $extra > /tmp/serve_w$N.log 2>&1 &
+  $srv_pin python3 -m miaohui.cli serve -r $R --port 8000 --grpc-port 8001 --workers $N $extra > /tmp/serve_w$N.log 2>&1 &
   SP=$!
   for i in $(seq 1 240); do
     if [ "$N" = 1 ]; then curl -sf localhost:8000/v2/health/ready >/dev/null && break

@@ -63,10 +63,7 @@ def gc_pauses(before: Snapshot | None, after: Snapshot) -> dict[str, dict[str, f
         count = _delta(start, after, "miaohui_gc_pause_seconds_count", generation=generation)
         total = _delta(start, after, "miaohui_gc_pause_seconds_sum", generation=generation)
         # cumulative bucket counts over the window: the first bound that holds every collection is the slowest's
-        in_window = {
-            float(le): _delta(start, after, "miaohui_gc_pause_seconds_bucket", generation=generation, le=le)
-            for le in (dict(k)["le"] for k in after.select("miaohui_gc_pause_seconds_bucket", generation=generation))
-        }
+        in_window = _window_buckets(start, after, "miaohui_gc_pause_seconds", generation=generation)
         slowest = next((le for le in sorted(in_window) if in_window[le] >= count), math.inf) if count else 0.0
         out[generation] = {"collections": count, "total_ms": total * 1e3, "slowest_le_ms": slowest * 1e3}
     return dict(sorted(out.items()))
@@ -95,6 +92,16 @@ def _delta(before: Snapshot, after: Snapshot, name: str, **match: str) -> float:
     return after.total(name, **match) - before.total(name, **match)
 
 
+def _window_buckets(before: Snapshot, after: Snapshot, name: str, **match: str) -> dict[float, float]:
+    """A histogram's cumulative bucket counts ``{le: count}`` between two scrapes (label sets matching ``match``
+    summed)."""
+    buckets: dict[float, float] = defaultdict(float)
+    for snap, sign in ((after, 1.0), (before, -1.0)):
+        for labels, value in snap.select(f"{name}_bucket", **match).items():
+            buckets[float(dict(labels)["le"])] += sign * value
+    return buckets
+
+
 def window_histogram(
     before: Snapshot, after: Snapshot, name: str, scale: float, **match: str
 ) -> dict[str, float] | None:
@@ -103,10 +110,7 @@ def window_histogram(
     if count <= 0:
         return None
     total = _delta(before, after, f"{name}_sum", **match)
-    buckets: dict[float, float] = defaultdict(float)
-    for snap, sign in ((after, 1.0), (before, -1.0)):
-        for labels, value in snap.select(f"{name}_bucket", **match).items():
-            buckets[float(dict(labels)["le"])] += sign * value
+    buckets = _window_buckets(before, after, name, **match)
     return {
         "count": count,
         "mean": total / count * scale,
@@ -121,10 +125,10 @@ def share_above(before: Snapshot, after: Snapshot, name: str, bound: float, **ma
     count = _delta(before, after, f"{name}_count", **match)
     if count <= 0:
         return math.nan
-    bounds = {float(dict(k)["le"]): dict(k)["le"] for k in after.select(f"{name}_bucket", **match)}
-    if bound not in bounds:
-        raise ValueError(f"{name} has no bucket bound {bound}; its bounds are {sorted(bounds)}")
-    return 1.0 - _delta(before, after, f"{name}_bucket", le=bounds[bound], **match) / count
+    buckets = _window_buckets(before, after, name, **match)
+    if bound not in buckets:
+        raise ValueError(f"{name} has no bucket bound {bound}; its bounds are {sorted(buckets)}")
+    return 1.0 - buckets[bound] / count
 
 
 def _by_label(before: Snapshot, after: Snapshot, name: str, label: str, **match: str) -> dict[str, float]:

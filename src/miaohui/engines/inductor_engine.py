@@ -270,7 +270,7 @@ class InductorEngine(Engine):
         """The batch is launched (a graph replay) and the event loop polls its completion event between other
         callbacks: no executor thread and no GIL hand-back per batch (``ModelConfig.gpu_wait: poll``)."""
         if not self.use_graphs:
-            return self._infer_impl(feeds)
+            return await super()._infer_polled_impl(feeds)
         launched = self._launch(feeds["input_ids"], feeds["attention_mask"])
         while not self._done.query():
             await asyncio.sleep(0)
