@@ -468,8 +468,8 @@ case $stage in
     ;;
   s15c)
     MIAOHUI_GPU_TEST_FORMAT=exported-program timeout 240 python3 -m pytest -q tests/gpu/test_inductor_gpu.py \
-      -k "copies or polled or fast_start or serve_on_gpu" -p no:cacheprovider -rA 2>&1 \
-      | grep -E "passed|failed|PASSED|FAILED|Error|assert|fast start|upgrade" | tail -14
+      -k "copies or polled or fast_start or serve_on_gpu" -p no:cacheprovider -rA > "$OUT/gpu_tests_s15c.txt" 2>&1
+    grep -E "passed|failed|PASSED|FAILED|Error|assert|fast start|upgrade" "$OUT/gpu_tests_s15c.txt" | tail -14
     [ -f var/models/intent-e5-shape/miaohui-model.json ] || python3 scripts/gpu/e5_shape_model.py var/models/intent-e5-shape | tail -1
     timeout 320 python3 scripts/gpu/diag_eager_graphs.py "$OUT" var/models/intent-e5-shape 2>&1 | grep -E "eager-graphs|rel_diff|Error" | tail -12
     ;;
