@@ -4,7 +4,7 @@ loader, which segfaults on the H200 image). The question for issue 4's cold-star
 (torch 2.13, real e5 intent model, fp32, session 9, helper study) it cut load + first calls from 6.3 s (the
 exported-program format) to 2.3 s, 0.71 s for the AOTInductor package; never run on a GPU.
 
-Build here (the module the engine builds: checkpoint → FastBert → ``_Logits``; example 8×32, so batch ≥ 2 and
+Build here (the module the engine builds: checkpoint → FastBert → ``FloatLogits``; example 8×32, so batch ≥ 2 and
 sequence ≥ 2 are dynamic: a batch of 1 gets a padding row), save ``fn.pt`` + the weights, then time ``--runs``
 fresh processes that load them and run 1×16, 8×32, 8×32, 3×20 (same Inductor/Triton caches), and one more with
 empty caches (a new machine: are the Triton kernels inside the artifact?). Outputs are compared with eager.
@@ -29,12 +29,12 @@ SHAPES = (("first_1x16_s", 1, 16), ("then_8x32_s", 8, 32), ("again_8x32_s", 8, 3
 
 
 def _model(model_dir: Path, device: str, precision: str) -> Any:
-    from miaohui.engines.inductor import DTYPES, _Logits
+    from miaohui.engines.inductor import DTYPES, FloatLogits
     from miaohui.models.checkpoint import load_checkpoint
     from miaohui.models.fast_bert import from_module
 
     ckpt = load_checkpoint(model_dir, attn_implementation="sdpa")
-    model = _Logits(from_module(ckpt.module)).to(device=device, dtype=DTYPES[precision]).eval()
+    model = FloatLogits(from_module(ckpt.module)).to(device=device, dtype=DTYPES[precision]).eval()
     model.requires_grad_(False)
     return model, ckpt
 
@@ -74,7 +74,7 @@ def child(args: argparse.Namespace, art: Path) -> dict[str, Any]:
     from safetensors.torch import load_file
     from torch._dynamo.utils import counters
 
-    from miaohui.engines.inductor import DTYPES, _Logits
+    from miaohui.engines.inductor import DTYPES, FloatLogits
     from miaohui.models.fast_bert import FastBert, FastIntentClassifier
 
     t1 = time.perf_counter()
@@ -83,7 +83,7 @@ def child(args: argparse.Namespace, art: Path) -> dict[str, Any]:
         enc = FastBert(cfg["vocab_size"], cfg["hidden_size"], cfg["num_hidden_layers"], cfg["num_attention_heads"],
                        cfg["intermediate_size"], cfg["max_position_embeddings"], cfg["type_vocab_size"],
                        cfg["layer_norm_eps"])  # fmt: skip
-        model = _Logits(FastIntentClassifier(enc, cfg["num_labels"]))
+        model = FloatLogits(FastIntentClassifier(enc, cfg["num_labels"]))
     model.load_state_dict(load_file(str(art / "weights.safetensors"), device=args.device), assign=True)
     model.eval().requires_grad_(False)
     model.to(dtype=DTYPES[args.precision])

@@ -60,7 +60,7 @@ class _Float(torch.nn.Module):
 def main() -> None:
     out_dir = Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/out")
     out_dir.mkdir(parents=True, exist_ok=True)
-    from miaohui.engines.inductor import _Logits
+    from miaohui.engines.inductor import FloatLogits
     from miaohui.models.checkpoint import load_checkpoint
     from miaohui.models.fast_bert import from_module
     from miaohui.zoo.tiny import save_tiny_intent
@@ -71,7 +71,7 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="diag-aoti-"))
     tiny = save_tiny_intent(tmp / "tiny")
     dtype = torch.float16 if dev == "cuda" else torch.float32
-    intent = _Logits(from_module(load_checkpoint(tiny, attn_implementation="sdpa").module)).to(dev, dtype).eval()
+    intent = FloatLogits(from_module(load_checkpoint(tiny, attn_implementation="sdpa").module)).to(dev, dtype).eval()
     ids = torch.randint(5, 1000, (2, 16), device=dev)
     batch, seq = torch.export.Dim("batch", min=1, max=64), torch.export.Dim("sequence", min=1, max=64)
     models = {

@@ -96,7 +96,7 @@ def child(kind: str, art: str) -> dict[str, object]:
 
 def main() -> None:
     from miaohui.config import BuildConfig, parse_shapes
-    from miaohui.engines.inductor import _Logits
+    from miaohui.engines.inductor import FloatLogits
     from miaohui.engines.store import build_artifact
     from miaohui.models.checkpoint import ModelMeta, load_checkpoint, save_checkpoint
     from miaohui.models.fast_bert import from_module
@@ -131,7 +131,7 @@ def main() -> None:
 
     module = from_module(load_checkpoint(ckpt, attn_implementation="sdpa").module)
     dtype = torch.float16 if cuda else torch.float32
-    model = _Logits(module).to(device=dev, dtype=dtype).eval().requires_grad_(False)
+    model = FloatLogits(module).to(device=dev, dtype=dtype).eval().requires_grad_(False)
     batch, seq = torch.export.Dim("batch", min=1, max=64), torch.export.Dim("sequence", min=1, max=64)
     x = torch.randint(5, 900, (8, 32), device=dev)
     m = torch.ones_like(x)

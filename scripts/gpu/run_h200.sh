@@ -91,6 +91,9 @@
 #   s15d:   BERT-base engine: whole infer() with the copies around vs inside the graph (1x16 … 32x128)
 #   s15e:   the kernel table of the batch-1 decode step with int8_batch1 (the TPOT configuration, 1.64 ms: where
 #           the ~0.7 ms outside the GEMMs goes)
+#   s16a:   GPU tests (fp16) of fast_start from eager.safetensors, the capture-stream fix, polled/copies defaults; then
+#           cold start engine vs fast_start (diag_eager_graphs.py, e5-shaped), then BERT-base 8x64..128x128 (the rows
+#           that hit the device-side assert in s11f and s15d)
 #   s15c:   the inductor GPU tests of graph_copies, gpu_wait poll and fast_start; then cold start: the e5-shaped
 #           intent artifact's exported program run eagerly under CUDA graphs (no Dynamo at load), the engine as
 #           loaded today and with fast_start, fresh processes: load, first answer, upgrade, replay per bucket
@@ -465,6 +468,17 @@ case $stage in
     timeout 240 python3 benchmarks/bench_gpu_encoder.py --models bert-base --no-autotune --inductor-format exported-program \
       --shapes 1x16,1x128,8x64,32x128 --variants engine_fp16 --out "$OUT/gpu_encoder_bert_copies_s15d.json" 2>&1 \
       | grep -E "median|FAIL|Error" | tail -16
+    ;;
+  s16a)
+    MIAOHUI_GPU_TEST_FORMAT=exported-program timeout 150 python3 -m pytest -q tests/gpu/test_inductor_gpu.py \
+      -k "fp16 and (fast_start or capture_waits or polled or copies)" -p no:cacheprovider -rA > "$OUT/gpu_tests_s16a.txt" 2>&1
+    grep -E "passed|failed|PASSED|FAILED|Error|assert|fast start|upgrade" "$OUT/gpu_tests_s16a.txt" | tail -10
+    python3 scripts/gpu/e5_shape_model.py var/models/intent-e5-shape | tail -1
+    timeout 200 python3 scripts/gpu/diag_eager_graphs.py "$OUT" var/models/intent-e5-shape engine,fast 2>&1 \
+      | grep -E "eager-graphs|rel_diff|Error" | tail -8
+    timeout 200 python3 benchmarks/bench_gpu_encoder.py --models bert-base --no-autotune --inductor-format exported-program \
+      --shapes 8x64,32x128,128x128 --variants engine_fp16 --out "$OUT/gpu_encoder_bert_s16a.json" 2>&1 \
+      | grep -E "median|FAIL|Error" | tail -12
     ;;
   s15c)
     MIAOHUI_GPU_TEST_FORMAT=exported-program timeout 240 python3 -m pytest -q tests/gpu/test_inductor_gpu.py \

@@ -6,6 +6,7 @@ The same backend on the H200 (fp16/bf16, CUDA graphs) is tests/gpu/test_inductor
 from __future__ import annotations
 
 import asyncio
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,7 @@ from miaohui.engines.loader import load_engine
 from miaohui.engines.store import build_artifact, read_manifest
 from miaohui.errors import ArtifactError, BuildError
 from miaohui.models.checkpoint import load_checkpoint
+from miaohui.models.fast_bert import FAST_WEIGHTS, has_fast
 from miaohui.nlp.tokenizer import pad_batch
 from miaohui.serving.served import ServedVersion
 
@@ -120,7 +122,7 @@ def test_probe_reports_a_package_that_does_not_load(tiny_model: Path, tmp_path: 
     """A real child process fails on a package that is not one; the probe says so instead of raising."""
     from miaohui.models.fast_bert import from_module
 
-    model = inductor._Logits(from_module(load_checkpoint(tiny_model, attn_implementation="sdpa").module)).eval()
+    model = inductor.FloatLogits(from_module(load_checkpoint(tiny_model, attn_implementation="sdpa").module)).eval()
     ids = torch.randint(5, 1000, (2, 8))
     with torch.no_grad():
         ep = torch.export.export(model, (ids, torch.ones_like(ids)))
@@ -153,13 +155,13 @@ async def test_served_by_the_model_manager(packaged: Path, repo: Path) -> None:
     from miaohui.serving.repository import ModelManager
 
     # config.yaml's engine options reach the engine (graph_copies: only CUDA graphs use it; here it is carried)
-    write_model_config(repo / "intent-aoti" / "config.yaml", ModelConfig(graph_copies=True))
+    write_model_config(repo / "intent-aoti" / "config.yaml", ModelConfig(graph_copies=False))
     metrics = Metrics()
     manager = ModelManager(repo, observer_factory=metrics.observer)
     await manager.load("intent-aoti")
     served = manager.get("intent-aoti", 1)
     assert served.ready and all(isinstance(e, InductorEngine) and e.packaged for e in served.engines)
-    assert all(isinstance(e, InductorEngine) and e.graph_copies for e in served.engines)
+    assert all(isinstance(e, InductorEngine) and not e.graph_copies for e in served.engines)
     app = create_app(ServerState(manager, metrics))
     texts = ["帮我订明天上午九点的会议室", "我的信用卡丢了", "hello"]
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://cpu") as client:
@@ -192,9 +194,9 @@ def test_fused_gelu_layer_exports_as_one_gemm_epilogue(tiny_model: Path) -> None
     tests' validate gate)."""
     from miaohui.models.fast_bert import from_module, use_fused_gelu
 
-    plain = inductor._Logits(from_module(load_checkpoint(tiny_model, attn_implementation="sdpa").module)).eval()
+    plain = inductor.FloatLogits(from_module(load_checkpoint(tiny_model, attn_implementation="sdpa").module)).eval()
     fused = use_fused_gelu(
-        inductor._Logits(from_module(load_checkpoint(tiny_model, attn_implementation="sdpa").module))
+        inductor.FloatLogits(from_module(load_checkpoint(tiny_model, attn_implementation="sdpa").module))
     )
     ids = torch.randint(5, 1000, (3, 9))
     mask = torch.ones_like(ids)
@@ -215,12 +217,14 @@ def exported(tiny_model: Path, repo: Path) -> Path:
 
 
 def test_fast_start_answers_eagerly_then_swaps_in_the_compiled_program(exported: Path, tiny_model: Path) -> None:
-    """``fast_start``: answers come from the exported program run as is (no Dynamo trace) until ``upgrade``
-    compiles it; then from the compiled program, with the same numbers as an engine loaded the usual way."""
+    """``fast_start``: answers come from the fast model rebuilt from ``eager.safetensors`` (the program is not even
+    loaded, nothing traced) until ``upgrade`` loads and compiles the program; then from the compiled program, with
+    the same numbers as an engine loaded the usual way."""
     manifest = read_manifest(exported)
+    assert has_fast(exported)
     traced = counters["stats"]["unique_graphs"]
     engine = InductorEngine(manifest, exported, fast_start=True)
-    assert not engine.upgraded.is_set()
+    assert not engine.upgraded.is_set() and engine._runner is None
     _check_matches_pytorch(engine, tiny_model)
     assert counters["stats"]["unique_graphs"] == traced  # eager: nothing traced yet
     engine.upgrade()
@@ -230,6 +234,29 @@ def test_fast_start_answers_eagerly_then_swaps_in_the_compiled_program(exported:
     feeds = _feeds(3, 16, seed=9)
     plain = InductorEngine(manifest, exported).infer(feeds)["logits"]
     np.testing.assert_allclose(engine.infer(feeds)["logits"], plain, rtol=1e-5, atol=1e-6)
+
+
+def test_fast_start_without_eager_weights_runs_the_program_as_is(
+    exported: Path, tiny_model: Path, tmp_path: Path
+) -> None:
+    """An artifact without ``eager.safetensors`` (built before it existed) starts fast from its exported program
+    run as is; corrupt eager weights are refused with the rebuild message, not served."""
+    old = tmp_path / "old"
+    shutil.copytree(exported, old)
+    (old / FAST_WEIGHTS).unlink()
+    engine = InductorEngine(read_manifest(old), old, fast_start=True)
+    assert engine._runner is not None and not engine.upgraded.is_set()
+    _check_matches_pytorch(engine, tiny_model)
+    engine.upgrade()
+    _check_matches_pytorch(engine, tiny_model)
+
+    bad = tmp_path / "bad"
+    shutil.copytree(exported, bad)
+    weights = bad / FAST_WEIGHTS
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.raises(ArtifactError, match="cannot load inductor engine"):
+        InductorEngine(read_manifest(bad), bad, fast_start=True)
+    InductorEngine(read_manifest(bad), bad)  # without fast_start the eager weights are not read
 
 
 async def test_fast_start_version_serves_while_it_compiles(

@@ -13,7 +13,9 @@ Build: the model is rewritten as :mod:`miaohui.models.fast_bert` (fused QKV GEMM
 * **exported program + Inductor cache** (fallback when the package does not build or fails its probe): the
   exported program ``program.pt2``, compiled by Inductor over the profile's buckets, the compiled kernels saved with
   ``torch.compiler.save_cache_artifacts`` → ``inductor-cache.bin``. Loading re-traces with Dynamo and every kernel
-  is a cache hit (no recompilation), which costs seconds per traced graph.
+  is a cache hit (no recompilation), which costs seconds per traced graph. Next to them the fast model's weights
+  and spec (``eager.safetensors``, ``eager.json``: :func:`~miaohui.models.fast_bert.save_fast`), which
+  ``fast_start`` answers with at once while the program loads and compiles in the background.
 
 The manifest says which (``engine_file``, ``extra["format"]``, and why the package was not used in
 ``extra["aoti"]``). Half precision is a cast of the graph; LayerNorm and SDPA accumulate in fp32 on CUDA, and the
@@ -41,7 +43,7 @@ from miaohui.engines.onnxruntime import io_specs
 from miaohui.engines.target import cpu_target, cuda_target
 from miaohui.errors import BuildError
 from miaohui.models.checkpoint import load_checkpoint
-from miaohui.models.fast_bert import from_module, use_fused_gelu
+from miaohui.models.fast_bert import from_module, save_fast, use_fused_gelu
 
 AOTI_FILE = "model.pt2"
 """The AOTInductor package (preferred format)."""
@@ -53,7 +55,7 @@ PROBE_TIMEOUT_S = 600
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
-class _Logits(torch.nn.Module):
+class FloatLogits(torch.nn.Module):
     """Wraps the model so the exported graph returns fp32 whatever its compute precision."""
 
     def __init__(self, module: torch.nn.Module) -> None:
@@ -73,7 +75,7 @@ def build(ctx: BuildContext) -> BuiltEngine:
         raise BuildError("fp16 inductor engines need a CUDA GPU", "build on the GPU, or use fp32/bf16 on CPU")
     module = from_module(load_checkpoint(ctx.model.path, attn_implementation="sdpa").module)
     use_fused_gelu(module, device == "cuda")  # cuBLASLt's GEMM+bias+GELU epilogue (tanh GELU); CPU keeps erf GELU
-    model = _Logits(module).to(device=device, dtype=DTYPES[ctx.cfg.precision]).eval()
+    model = FloatLogits(module).to(device=device, dtype=DTYPES[ctx.cfg.precision]).eval()
     rng = ctx.shapes["input_ids"]
     batch = torch.export.Dim("batch", min=rng.min[0], max=rng.max[0])
     seq = torch.export.Dim("sequence", min=rng.min[1], max=rng.max[1])
@@ -102,6 +104,7 @@ def build(ctx: BuildContext) -> BuiltEngine:
         if not aoti["ok"]:
             ctx.log(f"AOTInductor package not used ({aoti['reason']}): saving the exported program + Inductor cache")
             _build_exported_program(ctx, ep, shapes, device)
+            save_fast(module, ctx.out_dir)  # what ``fast_start`` answers with while the program loads and compiles
     compile_s = time.perf_counter() - started - export_s
     meta = ctx.model.meta
     width = len(meta.labels) if meta.kind == "intent" else int(meta.bert_config["hidden_size"])

@@ -1,7 +1,8 @@
 """The loaded ``inductor`` engine (built by :mod:`miaohui.engines.inductor`): either artifact format; on CUDA one
 CUDA graph per (batch, sequence) bucket over static input buffers, captured at warm-up on this instance's own
 stream, inputs staged through pinned host memory and padded to the bucket. Options: ``graph_copies`` (the copies
-inside the graph), ``fast_start`` (answer with the exported program as is, swap in compiled graphs later),
+inside the graph), ``fast_start`` (answer at once with the fast model's saved weights run as is, load and compile
+the program in the background and swap its graphs in),
 :meth:`InductorEngine.infer_polled` (``gpu_wait: poll``).
 """
 
@@ -19,8 +20,9 @@ import numpy as np
 import torch
 
 from miaohui.engines.base import Engine, Manifest
-from miaohui.engines.inductor import AOTI_FILE, CACHE_FILE, compile_program, load_package
+from miaohui.engines.inductor import AOTI_FILE, CACHE_FILE, FloatLogits, compile_program, load_package
 from miaohui.errors import ArtifactError
+from miaohui.models.fast_bert import has_fast, load_fast
 
 log = logging.getLogger(__name__)
 _CAPTURE_LOCK = threading.Lock()
@@ -79,7 +81,7 @@ class InductorEngine(Engine):
         manifest: Manifest,
         path: Path,
         use_cuda_graphs: bool = True,
-        graph_copies: bool = False,
+        graph_copies: bool = True,
         fast_start: bool = False,
     ) -> None:
         super().__init__(manifest, path)
@@ -92,9 +94,10 @@ class InductorEngine(Engine):
         bucket's graph: a batch is then one replay and one wait instead of copy, replay, copy, wait — each of them
         a call that lets go of the GIL and must take it back while an event loop may hold it (session 13: ~0.3 ms of
         host gaps around a 0.03 ms input copy). Falls back to copies outside the graph where this torch cannot
-        capture them. Off by default (``ModelConfig.graph_copies``) until measured on the H200."""
+        capture them. On by default (``ModelConfig.graph_copies``; measured in ``run_h200.sh s15a``)."""
         self._eager: Any = None
-        """``fast_start``: the exported program run as is (no Dynamo, no Inductor) until :meth:`upgrade` is done."""
+        """``fast_start``: the fast model rebuilt from ``eager.safetensors`` (or, in artifacts without it, the exported
+        program) run as is — no Dynamo, no Inductor — until :meth:`upgrade` is done."""
         started = time.perf_counter()
         try:
             if self.packaged:  # ahead-of-time compiled: nothing to trace or compile
@@ -103,11 +106,13 @@ class InductorEngine(Engine):
                 self._runner: Any = load_package(path / AOTI_FILE, single_threaded=self.use_graphs)
                 if fast_start:
                     log.info("%s: fast_start is moot for an AOTInductor package (nothing to compile)", manifest.name)
+            elif fast_start and has_fast(path):  # the fast model's weights: no program load, no trace until upgrade()
+                self._eager = FloatLogits(load_fast(path, self.device))
+                self._runner = None
             else:
-                torch.compiler.load_cache_artifacts((path / CACHE_FILE).read_bytes())
-                module = torch.export.load(str(path / manifest.engine_file)).module()
+                module = self._load_program()
                 self._runner = compile_program(module, bool(manifest.build_config.autotune))
-                if fast_start:  # the same module, called directly: no second copy of the weights
+                if fast_start:  # an artifact without eager.safetensors: the program itself, called directly
                     self._eager = module
         except Exception as exc:
             raise ArtifactError(
@@ -136,6 +141,13 @@ class InductorEngine(Engine):
         self._upgrader: threading.Thread | None = None
         self.upgrade_seconds = 0.0
 
+    def _load_program(self) -> torch.nn.Module:
+        """The exported program as a module, with Inductor's cache of its kernels loaded (so compiling it is all
+        cache hits; Dynamo still traces it at its first call)."""
+        torch.compiler.load_cache_artifacts((self.path / CACHE_FILE).read_bytes())
+        module: torch.nn.Module = torch.export.load(str(self.path / self.manifest.engine_file)).module()
+        return module
+
     def warmed_up(self) -> None:
         """Warm-up is done: restart stage sampling; with ``fast_start``, compile in the background now."""
         self._batches = 0
@@ -153,6 +165,8 @@ class InductorEngine(Engine):
         if self.upgraded.is_set():
             return
         started = time.perf_counter()
+        if self._runner is None:  # started from eager.safetensors: the program is loaded only now
+            self._runner = compile_program(self._load_program(), bool(self.manifest.build_config.autotune))
         if not self.use_graphs:
             with torch.no_grad():  # Dynamo specialises size 1: trace batch 1 and the dynamic graph
                 for b, s in ((1, 4), (3, 5)):
@@ -211,6 +225,11 @@ class InductorEngine(Engine):
             io = torch.ones((2, b, s), dtype=torch.int64, device=self.device)
             io[0].fill_(5)
             ids, mask = io[0], io[1]
+            # ``io`` was written (and the weights uploaded) on the current stream: the capture stream must wait for
+            # them. Without it the warm-up read whatever the block held before while the current stream was still
+            # busy — token ids out of range, a device-side assert (BERT-base at 32×128 in s11f and s15d, right after
+            # the benchmark's fp32 reference ran on the default stream).
+            stream.wait_stream(torch.cuda.current_stream(self.device))
             with torch.no_grad(), torch.cuda.stream(stream):
                 for _ in range(2):  # warm the kernels and the allocator outside the graph
                     warm = runner(ids, mask)

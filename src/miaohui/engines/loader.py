@@ -58,7 +58,7 @@ def load_engine(
     threads: int | None = None,
     verify_checksums: bool = True,
     spin_wait: bool = True,
-    graph_copies: bool = False,
+    graph_copies: bool = True,
     fast_start: bool = False,
 ) -> Engine:
     """Load the artifact at ``path`` (a version directory). ``spin_wait``: ONNX Runtime threads busy-wait

@@ -90,21 +90,24 @@ class ModelConfig(BaseModel):
     """ONNX Runtime's intra-op threads busy-wait for the next run (``session.intra_op.allow_spinning``). Off in
     the server: spinning threads steal the cores the event loop, tokenizer and clients need (measured on
     2 cores: +11–20 % served throughput with it off); a bare engine on an idle machine keeps it on."""
-    gpu_wait: Literal["thread", "poll"] = "thread"
-    """How a CUDA-graph engine's batch is waited for. ``thread``: a worker thread runs the batch and sleeps on its
-    done event, then hands the result back to the event loop. ``poll``: the event loop launches the batch itself
-    and polls the done event between its other callbacks — no thread hop and no GIL hand-back per batch, at the
-    cost of a core spinning while a batch computes (for a busy ``--shared-engine`` engine process). Engines
-    without CUDA graphs always use the thread. Not yet measured on the H200 (``run_h200.sh s15a``)."""
-    graph_copies: bool = False
+    gpu_wait: Literal["thread", "poll"] = "poll"
+    """How a CUDA-graph engine's batch is waited for. ``poll``: the event loop launches the batch itself and polls
+    its done event between its other callbacks — no thread hop and no GIL hand-back per batch, at the cost of a
+    core spinning while a batch computes. ``thread``: a worker thread runs the batch and sleeps on its done event,
+    then hands the result back to the event loop. Engines without CUDA graphs (every CPU engine) always use the
+    thread. With ``graph_copies`` it halved the e5-shaped engine process's time per batch on the H200 (1.3–1.5 →
+    0.55–0.77 ms) and lifted the 6-worker shared-engine server from 5,177–6,397 to 7,063–8,756 req/s, p99 ≤ 9.6 ms
+    (``run_h200.sh s15a``, ``benchmarks/NOTES_gpu_server.md``)."""
+    graph_copies: bool = True
     """CUDA-graph engines (``inductor`` on a GPU): capture each batch's input and output copies inside the bucket's
-    graph, so a batch is one replay and one wait (fewer GIL hand-backs in a busy process). Off until measured on
-    the H200 (``scripts/gpu/run_h200.sh s15a``)."""
+    graph, so a batch is one replay and one wait (fewer GIL hand-backs in a busy process). Measured with
+    ``gpu_wait: poll`` (above); a bare engine's whole ``infer()`` gains 0.04–0.08 ms (BERT-base, ``s15d``)."""
     fast_start: bool = False
-    """``inductor`` exported-program versions: load the program and answer with it as is (no Dynamo trace, no
-    Inductor at load; CUDA graphs of the eager kernels on a GPU), so the version is ready within about a second,
-    then compile in a background thread and swap the compiled graphs in bucket by bucket. Off until measured on
-    the H200 (``scripts/gpu/diag_eager_graphs.py``, ``run_h200.sh s15c``)."""
+    """``inductor`` exported-program versions: answer at once with the fast model rebuilt from the artifact's
+    ``eager.safetensors`` (no program load, no Dynamo trace, no Inductor; CUDA graphs of the eager kernels on a
+    GPU), then load and compile the program in a background thread and swap its graphs in bucket by bucket.
+    Off by default: eager graphs replay ~20 % slower, and the background compile competes with serving for the
+    GIL while it runs (``scripts/gpu/diag_eager_graphs.py``)."""
     truncate: bool = False
     """Truncate over-long text instead of rejecting it with 400."""
     shadow: ShadowConfig | None = None
