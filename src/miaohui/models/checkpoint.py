@@ -15,7 +15,6 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
-from transformers import BertConfig, BertModel
 
 from miaohui.errors import ArtifactError
 from miaohui.models.intent import IntentClassifier, SentenceEncoder
@@ -99,6 +98,8 @@ def _hash_files(files: list[Path]) -> str:
 
 
 def build_module(meta: ModelMeta, attn_implementation: str = "sdpa") -> torch.nn.Module:
+    from transformers import BertConfig, BertModel  # here, not at import: a server that only loads engines skips it
+
     config = BertConfig(**meta.bert_config)
     config._attn_implementation = attn_implementation
     encoder = BertModel(config, add_pooling_layer=False)

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
-from transformers import BertConfig, BertModel
+
+if TYPE_CHECKING:  # transformers is imported where a BERT is built: importing it costs the server ~2 s at start
+    from transformers import BertModel
 
 
 def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -54,6 +58,8 @@ def random_bert(
     seed: int = 0,
 ) -> BertModel:
     """A BERT of the given shape with random weights (tests, and GPU benchmarks where shape matters)."""
+    from transformers import BertConfig, BertModel
+
     torch.manual_seed(seed)
     cfg = BertConfig(
         vocab_size=vocab,
