@@ -215,8 +215,9 @@ async def test_polled_batches_match_threaded(artifact: Path) -> None:
 
 
 def test_fast_start_answers_from_eager_graphs_then_compiled_ones(artifact: Path) -> None:
-    """``fast_start``: the first bucket is captured from the exported program run as is (no Dynamo trace), then
-    ``upgrade`` puts graphs of the compiled program in its place; answers agree with an engine loaded as usual."""
+    """``fast_start``: the bucket met first is captured from the fast model run as is (no program load, no Dynamo
+    trace), then ``upgrade`` captures every bucket from the compiled program; answers agree with an engine loaded
+    as usual."""
     manifest = read_manifest(artifact)
     if manifest.engine_file != "program.pt2":
         pytest.skip("fast_start serves the exported-program format")
@@ -226,10 +227,12 @@ def test_fast_start_answers_from_eager_graphs_then_compiled_ones(artifact: Path)
     engine = InductorEngine(manifest, artifact, fast_start=True)
     eager = engine.infer(feeds)["logits"]
     print(f"fast start (load + first eager bucket + infer): {time.perf_counter() - t0:.3f}s")
-    assert engine._graphs and not any(k.compiled for k in engine._graphs.values())
+    assert list(engine._graphs) == [engine.bucket(3, 20)] and not engine._graphs[engine.bucket(3, 20)].compiled
+    assert engine.warmup_buckets() == []  # a server warms only its config's shapes before ready
     engine.upgrade()
     print(f"upgrade to compiled graphs: {engine.upgrade_seconds:.2f}s")
-    assert all(k.compiled for k in engine._graphs.values())
+    assert sorted(engine._graphs) == sorted(engine.all_buckets()) == sorted(engine.warmup_buckets())
+    assert all(k.compiled for k in engine._graphs.values())  # every bucket, not only the one met before
     compiled = engine.infer(feeds)["logits"]
     plain = InductorEngine(manifest, artifact).infer(feeds)["logits"]
     np.testing.assert_allclose(eager, compiled, atol=5e-2)  # eager vs fused kernels, half precision

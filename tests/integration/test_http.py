@@ -289,6 +289,13 @@ async def test_metrics_exposed(client: httpx.AsyncClient) -> None:
     ):
         assert name in text
     assert 'miaohui_model_ready{model="intent",version="1"} 1.0' in text
+    # the version's cold start: load and warm-up (no compile phase: ONNX Runtime compiles nothing after ready)
+    starts = {
+        line.split('phase="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith('miaohui_model_start_seconds{model="intent"')
+    }
+    assert set(starts) == {"load", "warmup"} and all(v > 0 for v in starts.values()), starts
     # where the time goes around the batcher: tokenize and slots per /v1/intent request (the ORT engine on
     # the CPU measures no h2d/gpu/d2h stages)
     for stage in ("tokenize", "slots"):

@@ -125,6 +125,10 @@ class Engine(abc.ABC):
         batch is timed); nothing by default."""
         return None
 
+    def compile_seconds(self) -> float | None:
+        """Seconds a compile after warm-up took (``fast_start``); None while it runs; 0.0 where there is none."""
+        return 0.0
+
     def warmup_buckets(self) -> list[tuple[int, int]]:
         """(batch, sequence) shapes this engine specialises on (CUDA-graph buckets), to be run before it serves:
         a bucket first met while serving would be captured then (a latency spike). Empty for shape-generic

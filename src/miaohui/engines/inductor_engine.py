@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
 import logging
 import threading
 import time
@@ -155,35 +156,52 @@ class InductorEngine(Engine):
             self._upgrader = threading.Thread(target=self._upgrade_logged, name="inductor-upgrade", daemon=True)
             self._upgrader.start()
 
+    def compile_seconds(self) -> float | None:
+        return self.upgrade_seconds if self.upgraded.is_set() else None
+
     def _active(self) -> Any:
         return self._runner if self.upgraded.is_set() else self._eager
 
     def upgrade(self) -> None:
-        """``fast_start``'s second half: compile the program (Inductor cache hits; Dynamo traces it once) and put
-        graphs captured from it in place of the eager ones, bucket by bucket on a stream of its own, while the
-        eager graphs keep serving; from then on every batch runs the compiled program. Idempotent."""
+        """``fast_start``'s second half: load the program if not yet loaded, compile it (Inductor cache hits; Dynamo
+        traces it once per specialisation, outside the capture lock, so a bucket met while serving is not held up by
+        it), then capture its graph of every bucket — the eager ones and those warm-up left out — on a stream of its
+        own and swap each in while the serving stream keeps replaying; from then on every batch runs the compiled
+        program. Idempotent."""
         if self.upgraded.is_set():
             return
         started = time.perf_counter()
         if self._runner is None:  # started from eager.safetensors: the program is loaded only now
             self._runner = compile_program(self._load_program(), bool(self.manifest.build_config.autotune))
-        if not self.use_graphs:
-            with torch.no_grad():  # Dynamo specialises size 1: trace batch 1 and the dynamic graph
-                for b, s in ((1, 4), (3, 5)):
-                    ids = torch.full((b, s), 5, dtype=torch.int64, device=self.device)
-                    self._runner(ids, torch.ones_like(ids))
-        self._recapture_compiled()
+        stream = torch.cuda.Stream(self.device) if self.use_graphs else None
+        self._trace(stream)
+        if stream is not None:
+            for key in self.all_buckets():
+                self._capture_compiled(key, stream)
         self.upgraded.set()
-        self._recapture_compiled()  # a bucket first met while the above ran was captured eagerly
+        if stream is not None:
+            for key in list(self._graphs):  # a bucket first met while the above ran was captured eagerly
+                self._capture_compiled(key, stream)
         self.upgrade_seconds = time.perf_counter() - started
 
-    def _recapture_compiled(self) -> None:
-        """Capture the compiled program's graph of every bucket that holds an eager one, on a stream of its own
-        (the serving stream keeps replaying), and swap each in."""
-        eager = [key for key, k in list(self._graphs.items()) if not k.compiled]
-        stream = torch.cuda.Stream(self.device) if eager else None
-        for key in eager:
-            self._graphs[key] = self._capture_bucket(*key, self._runner, stream, compiled=True)
+    def _trace(self, stream: Any) -> None:
+        """Run the compiled program at batch 1 and batch 2 (Dynamo specialises size 1: two graphs), so its traces
+        are done before any capture."""
+        s = self.bucket(1, self.min_s)[1] if self.use_graphs else max(4, self.min_s)
+        ctx = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+        with torch.no_grad(), ctx:
+            for b in sorted({1, min(2, self.batches[-1])}):
+                ids = torch.full((b, s), 5, dtype=torch.int64, device=self.device)
+                self._runner(ids, torch.ones_like(ids))
+        if stream is not None:
+            stream.synchronize()
+
+    def _capture_compiled(self, key: tuple[int, int], stream: Any) -> None:
+        """Capture bucket ``key`` from the compiled program and swap it in, unless a compiled graph is there."""
+        with _CAPTURE_LOCK:
+            held = self._graphs.get(key)
+            if held is None or not held.compiled:
+                self._graphs[key] = self._capture_bucket(*key, self._runner, stream, compiled=True)
 
     def _upgrade_logged(self) -> None:
         """The background upgrade. A server that froze its warm heap (:mod:`miaohui.gcpolicy`) freezes again after
@@ -204,10 +222,17 @@ class InductorEngine(Engine):
             self.seqs[bisect.bisect_left(self.seqs, max(s, self.min_s))],
         )
 
-    def warmup_buckets(self) -> list[tuple[int, int]]:
-        if not self.use_graphs:
-            return []
+    def all_buckets(self) -> list[tuple[int, int]]:
+        """Every (batch, sequence) bucket of the profile."""
         return [(b, s) for b in self.batches for s in self.seqs if s >= self.min_s]
+
+    def warmup_buckets(self) -> list[tuple[int, int]]:
+        """Every bucket, so none is captured while serving — except before a ``fast_start`` upgrade: then only the
+        model's warm-up shapes are captured (eagerly) before ready, and :meth:`upgrade` captures every bucket from
+        the compiled program in the background (a bucket met before that is captured eagerly on first use)."""
+        if not self.use_graphs or not self.upgraded.is_set():
+            return []
+        return self.all_buckets()
 
     def capture(self, b: int, s: int) -> None:
         """Capture the CUDA graph of bucket (b, s) (idempotent).
@@ -218,33 +243,38 @@ class InductorEngine(Engine):
         captured while serving: ``operation not permitted when stream is capturing``)."""
         if (b, s) in self._graphs:
             return
-        self._graphs[(b, s)] = self._capture_bucket(b, s, self._active(), self.stream, self.upgraded.is_set())
+        with _CAPTURE_LOCK:
+            if (b, s) in self._graphs:  # captured by the upgrade while this thread waited for the lock
+                return
+            compiled = self.upgraded.is_set()
+            runner = self._runner if compiled else self._eager
+            self._graphs[(b, s)] = self._capture_bucket(b, s, runner, self.stream, compiled)
 
     def _capture_bucket(self, b: int, s: int, runner: Any, stream: Any, compiled: bool) -> _Bucket:
-        with _CAPTURE_LOCK:
-            io = torch.ones((2, b, s), dtype=torch.int64, device=self.device)
-            io[0].fill_(5)
-            ids, mask = io[0], io[1]
-            # ``io`` was written (and the weights uploaded) on the current stream: the capture stream must wait for
-            # them. Without it the warm-up read whatever the block held before while the current stream was still
-            # busy — token ids out of range, a device-side assert (BERT-base at 32×128 in s11f and s15d, right after
-            # the benchmark's fp32 reference ran on the default stream).
-            stream.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.no_grad(), torch.cuda.stream(stream):
-                for _ in range(2):  # warm the kernels and the allocator outside the graph
-                    warm = runner(ids, mask)
-                stream.synchronize()
-                host_io = io.cpu().pin_memory()  # what a replay copies in until a batch writes it
-                host_out = torch.empty(warm.shape, dtype=warm.dtype).pin_memory()
-                if self.graph_copies:
-                    try:
-                        graph, out = self._capture(runner, stream, ids, mask, (io, host_io, host_out))
-                    except RuntimeError as exc:  # a torch that cannot capture host copies: launch them apart
-                        log.warning("cannot capture host copies in CUDA graphs (%s); copying around replays", exc)
-                        self.graph_copies = False
-                if not self.graph_copies:
-                    graph, out = self._capture(runner, stream, ids, mask, None)
-            return _Bucket(graph, io, out, host_io, host_out, self.graph_copies, compiled)
+        """Bucket (b, s)'s graph of ``runner`` captured on ``stream``; the caller holds ``_CAPTURE_LOCK``."""
+        io = torch.ones((2, b, s), dtype=torch.int64, device=self.device)
+        io[0].fill_(5)
+        ids, mask = io[0], io[1]
+        # ``io`` was written (and the weights uploaded) on the current stream: the capture stream must wait for
+        # them. Without it the warm-up read whatever the block held before while the current stream was still
+        # busy — token ids out of range, a device-side assert (BERT-base at 32×128 in s11f and s15d, right after
+        # the benchmark's fp32 reference ran on the default stream).
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.no_grad(), torch.cuda.stream(stream):
+            for _ in range(2):  # warm the kernels and the allocator outside the graph
+                warm = runner(ids, mask)
+            stream.synchronize()
+            host_io = io.cpu().pin_memory()  # what a replay copies in until a batch writes it
+            host_out = torch.empty(warm.shape, dtype=warm.dtype).pin_memory()
+            if self.graph_copies:
+                try:
+                    graph, out = self._capture(runner, stream, ids, mask, (io, host_io, host_out))
+                except RuntimeError as exc:  # a torch that cannot capture host copies: launch them apart
+                    log.warning("cannot capture host copies in CUDA graphs (%s); copying around replays", exc)
+                    self.graph_copies = False
+            if not self.graph_copies:
+                graph, out = self._capture(runner, stream, ids, mask, None)
+        return _Bucket(graph, io, out, host_io, host_out, self.graph_copies, compiled)
 
     @staticmethod
     def _capture(

@@ -160,7 +160,11 @@ def create_app(state: ServerState) -> FastAPI:
     with contextlib.suppress(ValueError):  # already registered when an app is built twice on one Metrics
         metrics.register(
             ModelStateCollector(
-                lambda: [(st.name, v.version, v.ready) for st in manager.states() for v in st.versions.values()]
+                lambda: [
+                    (st.name, v.version, v.ready, v.start_timings() if v.ready else {})
+                    for st in manager.states()
+                    for v in st.versions.values()
+                ]
             )
         )
     dialogue = state.dialogue

@@ -149,18 +149,28 @@ class _WorkerShareCollector(Collector):
 
 
 class ModelStateCollector(Collector):
-    """``miaohui_model_ready{model,version}``: 1 for each loaded, warmed-up version (read at scrape time)."""
+    """``miaohui_model_ready{model,version}``: 1 for each loaded, warmed-up version; ``miaohui_model_start_seconds
+    {model,version,phase}``: where its start went — ``load``, ``warmup`` (load + warm-up = the cold start) and
+    ``compile`` (a ``fast_start`` version's background compile, once done). Read at scrape time."""
 
-    def __init__(self, states: Callable[[], Iterable[tuple[str, int, bool]]]) -> None:
+    def __init__(self, states: Callable[[], Iterable[tuple[str, int, bool, dict[str, float]]]]) -> None:
         self._states = states
 
     def collect(self) -> Iterator[Metric]:
         ready = GaugeMetricFamily(
             "miaohui_model_ready", "1 if the model version is loaded and warm", labels=["model", "version"]
         )
-        for name, version, ok in self._states():
+        start = GaugeMetricFamily(
+            "miaohui_model_start_seconds",
+            "Seconds a model version's start took, by phase: load, warmup (until ready), compile (fast_start, after)",
+            labels=["model", "version", "phase"],
+        )
+        for name, version, ok, timings in self._states():
             ready.add_metric([name, str(version)], 1.0 if ok else 0.0)
+            for phase, seconds in timings.items():
+                start.add_metric([name, str(version), phase], seconds)
         yield ready
+        yield start
 
 
 class _GpuCollector(Collector):

@@ -154,6 +154,29 @@ class ServedVersion:
                 self._free.put_nowait(engine)
         self.warmup_seconds = time.perf_counter() - started
         self.ready = True
+        log.info(
+            "%s v%d ready: load %.2fs, warm-up %.2fs%s",
+            self.name, self.version, self.load_seconds, self.warmup_seconds,
+            "; compiling in the background (fast_start)" if self.compile_seconds() is None else "",
+        )  # fmt: skip
+
+    def compile_seconds(self) -> float | None:
+        """Seconds the background compile of a ``fast_start`` version took (the slowest instance); None while one
+        runs; 0.0 where there is none."""
+        took = [e.compile_seconds() for e in self.engines]
+        return None if None in took else max((t for t in took if t is not None), default=0.0)
+
+    def start_timings(self) -> dict[str, float]:
+        """Where this version's start went, in seconds: ``load``, ``warmup`` (until ready) and, once done,
+        ``compile`` (a ``fast_start`` version's background compile, after ready). Empty for a version served by
+        the engine process (it reports its own)."""
+        if self.remote is not None:
+            return {}
+        timings = {"load": self.load_seconds, "warmup": self.warmup_seconds}
+        compiled = self.compile_seconds()
+        if compiled:
+            timings["compile"] = compiled
+        return timings
 
     def warmup_shapes(self, engine: Engine) -> list[tuple[int, int]]:
         """The config's warm-up shapes, then every bucket the engine specialises on (CUDA graphs: none is then
