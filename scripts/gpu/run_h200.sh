@@ -91,6 +91,10 @@
 #   s15d:   BERT-base engine: whole infer() with the copies around vs inside the graph (1x16 … 32x128)
 #   s15e:   the kernel table of the batch-1 decode step with int8_batch1 (the TPOT configuration, 1.64 ms: where
 #           the ~0.7 ms outside the GEMMs goes)
+#   s17a:   (next session) all inductor GPU tests (fp16+bf16: fast_start warming only the config's shapes and capturing
+#           every bucket in its upgrade; the capture-stream fix), then BERT-base at every shape (the 32x128 row again)
+#   s17b:   (next session) the e5-shaped server with fast_start false/true twice: time to ready, and the load while
+#           the background compile runs (serve_workers.sh starts the load right after ready)
 #   s16a:   GPU tests (fp16) of fast_start from eager.safetensors, the capture-stream fix, polled/copies defaults; then
 #           cold start engine vs fast_start (diag_eager_graphs.py, e5-shaped), then BERT-base 8x64..128x128 (the rows
 #           that hit the device-side assert in s11f and s15d)
@@ -468,6 +472,26 @@ case $stage in
     timeout 240 python3 benchmarks/bench_gpu_encoder.py --models bert-base --no-autotune --inductor-format exported-program \
       --shapes 1x16,1x128,8x64,32x128 --variants engine_fp16 --out "$OUT/gpu_encoder_bert_copies_s15d.json" 2>&1 \
       | grep -E "median|FAIL|Error" | tail -16
+    ;;
+  s17a)
+    MIAOHUI_GPU_TEST_FORMAT=exported-program timeout 240 python3 -m pytest -q tests/gpu/test_inductor_gpu.py \
+      -p no:cacheprovider -rA > "$OUT/gpu_tests_s17a.txt" 2>&1
+    grep -E "passed|failed|PASSED|FAILED|Error|assert|fast start|upgrade" "$OUT/gpu_tests_s17a.txt" | tail -24
+    timeout 240 python3 benchmarks/bench_gpu_encoder.py --models bert-base --no-autotune --inductor-format exported-program \
+      --shapes 1x16,1x128,8x64,32x128,128x128 --variants engine_fp16 --out "$OUT/gpu_encoder_bert_s17a.json" 2>&1 \
+      | grep -E "median|FAIL|Error" | tail -16
+    ;;
+  s17b)
+    python3 scripts/gpu/e5_shape_model.py var/models/intent-e5-shape | tail -1
+    MODEL=var/models/intent-e5-shape INDUCTOR_FORMAT=exported-program python3 scripts/gpu/build_intent_gpu.py /tmp/gpurepo 0 1 0 2>&1 | tail -1
+    i=0
+    for v in false true false true; do  # fast_start: ready after the config's warm-up shapes, compiled in the background
+      i=$((i+1))
+      sed -i -e "/^fast_start: /d" /tmp/gpurepo/intent/config.yaml && echo "fast_start: $v" >> /tmp/gpurepo/intent/config.yaml
+      SHARED=1 TAG="_e5shape_shared_delay0_faststart_${v}_${i}_s17b" WORKERS=6 LEVELS=32,40 \
+        timeout 120 bash scripts/gpu/serve_workers.sh "$OUT" 2>&1 | grep -E "ready after|c=|exit" | tail -5
+    done
+    rm -f "$OUT"/*.png "$OUT"/serve_w*.log
     ;;
   s16a)
     MIAOHUI_GPU_TEST_FORMAT=exported-program timeout 150 python3 -m pytest -q tests/gpu/test_inductor_gpu.py \
