@@ -259,6 +259,29 @@ def test_fast_start_without_eager_weights_runs_the_program_as_is(
     InductorEngine(read_manifest(bad), bad)  # without fast_start the eager weights are not read
 
 
+def test_fast_start_checks_the_program_before_its_upgrade_reads_it(
+    exported: Path, tiny_model: Path, tmp_path: Path
+) -> None:
+    """``fast_start`` defers the program's sha256 to the background upgrade (the first answer does not wait for
+    it): a corrupt program still fails a normal load at once, and fails a fast-started engine's upgrade — with the
+    rebuild message — while its eager answers are unaffected."""
+    bad = tmp_path / "bad"
+    shutil.copytree(exported, bad)
+    program = bad / "program.pt2"
+    data = bytearray(program.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size: only the checksum can tell
+    program.write_bytes(bytes(data))
+    with pytest.raises(ArtifactError, match="sha256"):
+        load_engine(bad)
+    engine = load_engine(bad, fast_start=True)
+    assert isinstance(engine, InductorEngine)
+    _check_matches_pytorch(engine, tiny_model)
+    with pytest.raises(ArtifactError, match="sha256"):
+        engine.upgrade()
+    assert not engine.upgraded.is_set()
+    _check_matches_pytorch(engine, tiny_model)  # still the eager model
+
+
 async def test_fast_start_version_serves_while_it_compiles(
     exported: Path, repo: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

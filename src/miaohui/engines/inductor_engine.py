@@ -14,6 +14,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -84,8 +85,11 @@ class InductorEngine(Engine):
         use_cuda_graphs: bool = True,
         graph_copies: bool = True,
         fast_start: bool = False,
+        program_check: Callable[[], None] | None = None,
     ) -> None:
         super().__init__(manifest, path)
+        self._program_check = program_check
+        """Run before the program is read (its sha256, when the loader deferred it to a ``fast_start`` upgrade)."""
         self.device = torch.device("cuda" if manifest.target.device == "cuda" else "cpu")
         self.packaged = manifest.engine_file == AOTI_FILE
         self.use_graphs = use_cuda_graphs and self.device.type == "cuda"
@@ -145,6 +149,8 @@ class InductorEngine(Engine):
     def _load_program(self) -> torch.nn.Module:
         """The exported program as a module, with Inductor's cache of its kernels loaded (so compiling it is all
         cache hits; Dynamo still traces it at its first call)."""
+        if self._program_check is not None:
+            self._program_check()
         torch.compiler.load_cache_artifacts((self.path / CACHE_FILE).read_bytes())
         module: torch.nn.Module = torch.export.load(str(self.path / self.manifest.engine_file)).module()
         return module
