@@ -52,7 +52,6 @@ def main() -> None:
     for b in batches:
         slots = list(range(b))
         engine.prefill(slots, [[5] * 128] * b)
-        toks = [7] * b
         graph, _ = engine._graphs[(b, 256)]
         times = []
         for _ in range(200):
@@ -82,7 +81,6 @@ def main() -> None:
         print(table)
         for slot in slots:
             engine.release(slot)
-        del toks
     (args.out / "profile_decode.json").write_text(json.dumps(report, indent=1))
 
 
