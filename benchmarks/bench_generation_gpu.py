@@ -597,6 +597,7 @@ def bench_model(name: str, args: argparse.Namespace, server: bool) -> dict[str, 
         decode_attention=args.decode_attention,
         decode_layer=args.decode_layer,
         int8_batch1=args.int8_batch1,
+        int8_kernel=args.int8_kernel,
         int8_batched=args.int8_batched,
         prefill_batch_buckets=tuple(2**i for i in range(args.prefill_batch_max.bit_length())),
     )
@@ -715,6 +716,9 @@ def main() -> None:
     )
     ap.add_argument(
         "--int8-batch1", action="store_true", help="int8 weight-only copy for decode steps of one row (engine option)"
+    )
+    ap.add_argument(
+        "--int8-kernel", choices=["inductor", "gemv"], default="inductor", help="the kernel of --int8-batch1's steps"
     )
     ap.add_argument(
         "--int8-batched", action="store_true", help="int8 weights through the Triton GEMM for steps of 2+ rows"

@@ -1,7 +1,11 @@
 """On the GPU: where a decode step of the static-KV engine spends its time (kernel table), and how long a
 CUDA-graph step takes, for the 1.5B Qwen-shaped model with random weights.
 
-    python3 scripts/gpu/profile_decode.py [--batches 1,64] [--int8-batch1] [--out DIR]
+    python3 scripts/gpu/profile_decode.py [--batches 1,64] [--int8-batch1 [--int8-kernel gemv --gemv-table JSON]]
+        [--out DIR]
+
+``--gemv-table``: ``scripts/gpu/gemv_sweep.py``'s JSON; its fastest configuration per weight shape goes into
+``w8a16.GEMV_BEST`` before the engine is built.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from miaohui.generation import w8a16
 from miaohui.generation.dims import DecoderDims
 from miaohui.generation.slot_engine import TorchSlotEngine
 from miaohui.generation.slot_options import SlotEngineOptions
@@ -31,6 +36,8 @@ def main() -> None:
     ap.add_argument("--batches", default="1,64")
     ap.add_argument("--out", type=Path, default=Path("/tmp"))
     ap.add_argument("--int8-batch1", action="store_true", help="the int8 weight copy for steps of one row (TPOT)")
+    ap.add_argument("--int8-kernel", choices=("inductor", "gemv"), default="inductor")
+    ap.add_argument("--gemv-table", type=Path, nargs="*", default=[], help="gemv_sweep.py JSONs: best config per shape")
     args = ap.parse_args()
     dims = QWEN_15B
     batches = [int(b) for b in args.batches.split(",")]
@@ -41,7 +48,11 @@ def main() -> None:
         batch_buckets=(1, 64),
         length_buckets=(256, 1024),
         int8_batch1=args.int8_batch1,
+        int8_kernel=args.int8_kernel,
     )
+    if args.gemv_table:
+        w8a16.GEMV_BEST.update(w8a16.best_from_sweeps([json.loads(p.read_text()) for p in args.gemv_table]))
+        print("gemv configs:", w8a16.GEMV_BEST)
     dec = StaticKVDecoder(dims, num_slots=64, max_len=1024, qkv_bias=True, dtype=torch.bfloat16, device="cuda")
     dec.init_random()
     engine = TorchSlotEngine(dec, [0], 0, opts)
@@ -79,8 +90,11 @@ def main() -> None:
         step = statistics.median(times)
         print(f"batch {b}: graph step {step:.3f} ms; {n_kernels:.0f} kernels/step, kernel time {gpu_us:.0f} us")
         print(table)
+        (args.out / f"profile_decode_b{b}.txt").write_text(table)
         for slot in slots:
             engine.release(slot)
+    report["options"] = {"int8_batch1": args.int8_batch1, "int8_kernel": args.int8_kernel,
+                         "gemv_configs": {f"{n}x{k}": c for (n, k), c in w8a16.GEMV_BEST.items()}}  # fmt: skip
     (args.out / "profile_decode.json").write_text(json.dumps(report, indent=1))
 
 

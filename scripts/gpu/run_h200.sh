@@ -91,9 +91,17 @@
 #   s15d:   BERT-base engine: whole infer() with the copies around vs inside the graph (1x16 … 32x128)
 #   s15e:   the kernel table of the batch-1 decode step with int8_batch1 (the TPOT configuration, 1.64 ms: where
 #           the ~0.7 ms outside the GEMMs goes)
-#   s17a:   (next session) all inductor GPU tests (fp16+bf16: fast_start warming only the config's shapes and capturing
+#   s17d:   scripts/gpu/gemv_sweep.py (miaohui's one-row int8 kernel over its configurations vs Inductor's
+#           coordinate-descent int8 and cuBLAS bf16, the 1.5B shape's five GEMMs), then the batch-1 decode step's
+#           kernel table with int8_kernel gemv and the sweep's best configs (profile_decode.py)
+#   s17e:   the int8 gemv GPU test, gemv_sweep.py with BLOCK_K 2048/4096 only, then the batch-1 step's profile with the
+#           best of both sweeps
+#   s17f:   the 1.5B benchmark (TPOT at one stream, 64 streams offline) with int8_batch1 + int8_kernel gemv
+#   s17g:   s17b's fast_start server, fast_start true only, twice: the compile now holds the GIL switch interval at
+#           100 µs (s17b: 122 req/s, p99 3.3 s while it ran)
+#   s17a:   (session 17) all inductor GPU tests (fp16+bf16: fast_start warming only the config's shapes and capturing
 #           every bucket in its upgrade; the capture-stream fix), then BERT-base at every shape (the 32x128 row again)
-#   s17b:   (next session) the e5-shaped server with fast_start false/true twice: time to ready, and the load while
+#   s17b:   (session 17) the e5-shaped server with fast_start false/true twice: time to ready, and the load while
 #           the background compile runs (serve_workers.sh starts the load right after ready)
 #   s16a:   GPU tests (fp16) of fast_start from eager.safetensors, the capture-stream fix, polled/copies defaults; then
 #           cold start engine vs fast_start (diag_eager_graphs.py, e5-shaped), then BERT-base 8x64..128x128 (the rows
@@ -481,14 +489,34 @@ case $stage in
       --shapes 1x16,1x128,8x64,32x128,128x128 --variants engine_fp16 --out "$OUT/gpu_encoder_bert_s17a.json" 2>&1 \
       | grep -E "median|FAIL|Error" | tail -16
     ;;
-  s17b)
+  s17d)
+    timeout 330 python3 scripts/gpu/gemv_sweep.py --out "$OUT" 2>&1 | grep -E '^\{|per decode step|Error' | tail -8
+    timeout 250 python3 scripts/gpu/profile_decode.py --batches 1 --int8-batch1 --int8-kernel gemv \
+      --gemv-table "$OUT/gemv_sweep.json" --out "$OUT" 2>&1 \
+      | grep -v -E "Warning|warn\(|softmax|split the reduction|important use|^$" | tail -30
+    ;;
+  s17e)
+    timeout 200 python3 -m pytest -q tests/gpu/test_slot_engine_gpu.py -k "int8 and gemv" -p no:cacheprovider -rA \
+      > "$OUT/gpu_tests_slot_engine_gemv_s17e.txt" 2>&1
+    grep -E "passed|failed|PASSED|FAILED|Error" "$OUT/gpu_tests_slot_engine_gemv_s17e.txt" | tail -6
+    timeout 150 python3 scripts/gpu/gemv_sweep.py --min-block-k 2048 --out "$OUT/wide" 2>&1 | grep -E '^\{|per decode step|Error' | tail -8
+    timeout 200 python3 scripts/gpu/profile_decode.py --batches 1 --int8-batch1 --int8-kernel gemv \
+      --gemv-table benchmarks/results/gemv_sweep_h200_s17d.json "$OUT/wide/gemv_sweep.json" --out "$OUT" 2>&1 \
+      | grep -E "gemv configs|graph step|_gemv" | tail -8
+    ;;
+  s17f)
+    timeout 300 python3 benchmarks/bench_generation_gpu.py --models qwen1.5b --int8-batch1 --int8-kernel gemv \
+      --out "$OUT" 2>&1 | grep -v -E "Warning|warn\(|softmax|split the reduction|important use|^$" | tail -24
+    ;;
+  s17b|s17g)
     python3 scripts/gpu/e5_shape_model.py var/models/intent-e5-shape | tail -1
     MODEL=var/models/intent-e5-shape INDUCTOR_FORMAT=exported-program python3 scripts/gpu/build_intent_gpu.py /tmp/gpurepo 0 1 0 2>&1 | tail -1
     i=0
-    for v in false true false true; do  # fast_start: ready after the config's warm-up shapes, compiled in the background
+    runs="false true false true"; [ "$stage" = s17g ] && runs="true true"
+    for v in $runs; do  # fast_start: ready after the config's warm-up shapes, compiled in the background
       i=$((i+1))
       sed -i -e "/^fast_start: /d" /tmp/gpurepo/intent/config.yaml && echo "fast_start: $v" >> /tmp/gpurepo/intent/config.yaml
-      SHARED=1 TAG="_e5shape_shared_delay0_faststart_${v}_${i}_s17b" WORKERS=6 LEVELS=32,40 \
+      SHARED=1 TAG="_e5shape_shared_delay0_faststart_${v}_${i}_${stage}" WORKERS=6 LEVELS=32,40 \
         timeout 120 bash scripts/gpu/serve_workers.sh "$OUT" 2>&1 | grep -E "ready after|c=|exit" | tail -5
     done
     rm -f "$OUT"/*.png "$OUT"/serve_w*.log

@@ -24,10 +24,11 @@ def _engine(
     layer: str = "split",
     int8_batch1: bool = False,
     int8_batched: bool = False,
+    int8_kernel: str = "inductor",
 ) -> TorchSlotEngine:
     opts = SlotEngineOptions(
         num_slots=8, max_len=256, dtype="fp32", compile=graphs, cuda_graphs=graphs, decode_attention=attention,
-        decode_layer=layer, int8_batch1=int8_batch1, int8_batched=int8_batched,
+        decode_layer=layer, int8_batch1=int8_batch1, int8_batched=int8_batched, int8_kernel=int8_kernel,
     )  # fmt: skip
     dec = StaticKVDecoder.from_hf(hf, num_slots=8, max_len=256, dtype=torch.float32)
     engine = TorchSlotEngine(dec, [999], 0, opts)
@@ -74,13 +75,17 @@ def test_fused_decode_layer_in_graphs_matches_eager_split_tokens(attention: str)
     assert [g[0] for g in got] == [w[0] for w in want]
 
 
-@pytest.mark.parametrize(("layer", "batched"), [("split", False), ("fused", False), ("fused", True)])
-def test_int8_graphs_match_the_eager_int8_engine(layer: str, batched: bool) -> None:
+@pytest.mark.parametrize(
+    ("layer", "batched", "kernel"),
+    [("split", False, "inductor"), ("fused", False, "inductor"), ("fused", True, "inductor"), ("fused", False, "gemv")],
+)
+def test_int8_graphs_match_the_eager_int8_engine(layer: str, batched: bool, kernel: str) -> None:
     """``int8_batch1`` (the batch-1 graphs compiled with coordinate-descent tuning: Triton reductions over the int8
-    weights), and with ``int8_batched`` the Triton GEMM in the graphs of 2+ rows, against the same options run
-    eagerly: one stream, then three. (Added in session 11 after its device time was spent: not yet run on the H200.)"""
+    weights, or with ``int8_kernel: gemv`` miaohui's one-row kernel), and with ``int8_batched`` the Triton GEMM in the
+    graphs of 2+ rows, against the eager engine on the same int8 weights (its one-row products the dequantizing
+    ``F.linear``, so the gemv kernel is checked against another computation): one stream, then three."""
     hf = tiny_qwen("cuda")
-    fast = _engine(hf, graphs=True, layer=layer, int8_batch1=True, int8_batched=batched)
+    fast = _engine(hf, graphs=True, layer=layer, int8_batch1=True, int8_batched=batched, int8_kernel=kernel)
     slow = _engine(hf, graphs=False, int8_batch1=True, int8_batched=batched)
     assert fast.graphs_on and fast.model._q8 is not None
     params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)

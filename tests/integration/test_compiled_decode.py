@@ -135,22 +135,28 @@ def test_fused_decode_layer_gives_the_split_layers_logits_and_cache(attention: s
 
 
 @pytest.mark.parametrize(
-    ("layer", "batch1", "batched"),
-    [("split", True, False), ("fused", True, False), ("split", False, True), ("fused", True, True)],
+    ("layer", "batch1", "batched", "kernel"),
+    [
+        ("split", True, False, "inductor"),
+        ("fused", True, False, "inductor"),
+        ("split", False, True, "inductor"),
+        ("fused", True, True, "inductor"),
+        ("fused", True, False, "gemv"),
+    ],
 )
 def test_int8_steps_decode_with_the_int8_weights_and_the_others_without(
-    layer: str, batch1: bool, batched: bool
+    layer: str, batch1: bool, batched: bool, kernel: str
 ) -> None:
     """``int8_batch1`` / ``int8_batched``: a compiled step that reads the int8 copy gives the logits of the same model
     whose GEMM weights and LM head are replaced by their int8 values × scale (so it really reads the int8 copy; steps of
-    2+ rows go through the ``miaohui::w8a16_linear`` op, its CPU fallback here); a step that does not gives the
-    unquantized model's logits."""
-    from miaohui.generation.static_kv import _Layer
+    2+ rows, and one-row steps with ``int8_kernel: gemv``, go through the ``miaohui::w8a16_linear`` op, its CPU
+    fallback here); a step that does not gives the unquantized model's logits."""
+    from miaohui.generation.static_kv import GemvWeight, _Layer
 
     hf = tiny_qwen()
     opts = SlotEngineOptions(
         num_slots=8, max_len=256, dtype="fp32", compile=True, cuda_graphs=False, decode_layer=layer,
-        int8_batch1=batch1, int8_batched=batched,
+        int8_batch1=batch1, int8_batched=batched, int8_kernel=kernel,
     )  # fmt: skip
     engine = TorchSlotEngine(StaticKVDecoder.from_hf(hf, num_slots=8, max_len=256, dtype=torch.float32), [999], 0, opts)
     plain = StaticKVDecoder.from_hf(hf, num_slots=8, max_len=256, dtype=torch.float32)
@@ -158,6 +164,7 @@ def test_int8_steps_decode_with_the_int8_weights_and_the_others_without(
     q8 = engine.model._q8
     assert q8 is not None and engine.model._q8_head is not None and engine.model.int8_steps == (batch1, batched)
     assert all(q.dtype == torch.int8 for per_layer in q8 for q, _ in per_layer.values())
+    assert all(isinstance(w, GemvWeight) == (kernel == "gemv") for per_layer in q8 for w in per_layer.values())
     with torch.no_grad():
         for lay, per_layer in zip(dequant.layers, q8, strict=True):
             assert isinstance(lay, _Layer)

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from miaohui.generation.static_kv import quantize_int8
-from miaohui.generation.w8a16 import w8a16_linear
+from miaohui.generation.w8a16 import w8_gemv, w8a16_linear
 
 CHECK = """
 import torch
@@ -65,3 +65,47 @@ def test_bad_operands_are_named() -> None:
         w8a16_linear(torch.randn(2, 15), q, s)
     with pytest.raises(ValueError, match="need q int8"):
         w8a16_linear(torch.randn(2, 16), q.float(), s)
+
+
+GEMV_CHECK = """
+import torch
+from torch.nn import functional as F
+from miaohui.generation.static_kv import quantize_int8
+from miaohui.generation.w8a16 import w8_gemv
+
+torch.manual_seed(0)
+cases = [  # x shape, N, K, bias, dtype, (BLOCK_N, BLOCK_K, SPLIT, warps)
+    ((256,), 48, 256, False, torch.float32, (4, 128, 1, 4)),  # K one block, no split
+    ((1, 200), 40, 200, True, torch.float32, (8, 64, 1, 4)),  # ragged K, bias, [1, K]
+    ((1, 1000), 37, 1000, False, torch.float32, (2, 128, 4, 4)),  # split K: 4 slices of 256, ragged N
+    ((1, 1, 384), 100, 384, True, torch.float16, (16, 64, 3, 4)),  # split 3, bias, fp16, [1, 1, K]
+    ((1, 130), 5, 130, False, torch.float32, (1, 64, 8, 2)),  # more slices than blocks of K: empty slices add 0
+]
+for shape, n, k, bias, dtype, cfg in cases:
+    q, s = quantize_int8(torch.randn(n, k) * 0.02)
+    s = s.to(dtype)
+    x = torch.randn(*shape).to(dtype)
+    b = torch.randn(n).to(dtype) if bias else None
+    got = w8_gemv(x, q, s, b, config=cfg)
+    want = F.linear(x.float(), q.float() * s.float()[:, None], None if b is None else b.float())
+    assert got.dtype == dtype and got.shape == (*shape[:-1], n), (got.dtype, got.shape)
+    err = float((got.float() - want).abs().max())
+    tol = 1e-5 if dtype == torch.float32 else 2e-3
+    assert err < tol * max(1.0, float(want.abs().max())), (shape, n, k, dtype, cfg, err)
+print("ok", len(cases))
+"""
+
+
+def test_one_row_kernel_matches_the_dequantized_linear_under_the_interpreter() -> None:
+    """``w8_gemv`` (the one-row kernel the decode step's int8 weights take with ``int8_kernel: gemv``), with
+    and without split K, against the dequantized ``F.linear``."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-c", GEMV_CHECK], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "ok 5"
+
+
+def test_one_row_kernel_refuses_more_rows() -> None:
+    q, s = quantize_int8(torch.randn(8, 16))
+    with pytest.raises(ValueError, match=r"need one row x \[..., K\] \(1 row\)"):
+        w8_gemv(torch.randn(2, 16), q, s)

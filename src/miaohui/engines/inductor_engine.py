@@ -210,12 +210,15 @@ class InductorEngine(Engine):
                 self._graphs[key] = self._capture_bucket(*key, self._runner, stream, compiled=True)
 
     def _upgrade_logged(self) -> None:
-        """The background upgrade. A server that froze its warm heap (:mod:`miaohui.gcpolicy`) freezes again after
-        it: the compile leaves many long-lived objects that every full collection would otherwise walk."""
-        from miaohui import gcpolicy
+        """The background upgrade, with the GIL's switch interval held short (:func:`miaohui.gil.short_switch_interval`)
+        so the serving threads are not kept waiting by the compile. A server that froze its warm heap
+        (:mod:`miaohui.gcpolicy`) freezes again after it: the compile leaves many long-lived objects that every full
+        collection would otherwise walk."""
+        from miaohui import gcpolicy, gil
 
         try:
-            self.upgrade()
+            with gil.short_switch_interval():
+                self.upgrade()
             log.info("%s: compiled graphs in place after %.1fs", self.manifest.name, self.upgrade_seconds)
         except Exception:  # the eager graphs keep serving
             log.exception("%s: compiling the program failed; the eager graphs keep serving", self.manifest.name)

@@ -199,7 +199,7 @@ class TorchSlotEngine(SlotCausalLMEngine):
         model.decode_attention = options.decode_attention
         model.decode_layer = options.decode_layer
         if options.int8_batch1 or options.int8_batched:
-            model.add_int8(batch1=options.int8_batch1, batched=options.int8_batched)
+            model.add_int8(batch1=options.int8_batch1, batched=options.int8_batched, gemv=options.int8_kernel == "gemv")
         if self.compiled:
             _allow_specialisations()
             mode = "max-autotune-no-cudagraphs" if options.autotune else None
@@ -284,7 +284,9 @@ class TorchSlotEngine(SlotCausalLMEngine):
         # largest first, so the smaller graphs reuse the pool's memory
         for b in sorted(self.batch_buckets, reverse=True):
             # int8 batch-1 weights: Inductor's one-row GEMM → Triton reduction rewrite needs coordinate-descent tuning
-            tune = (b == 1 and self.options.int8_batch1) or torch._inductor.config.coordinate_descent_tuning
+            tune = (b == 1 and self.options.int8_batch1 and self.options.int8_kernel == "inductor") or (
+                torch._inductor.config.coordinate_descent_tuning
+            )
             with torch._inductor.config.patch(coordinate_descent_tuning=tune):
                 for t in sorted(self.length_buckets, reverse=True):
                     self._graphs[(b, t)] = self._capture_one(functools.partial(self._decode_step, b, t), pool)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 from torch import nn
@@ -50,7 +50,15 @@ _LAYER_KEYS = (
 )
 
 
-Weight = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
+class GemvWeight(NamedTuple):
+    """An int8 weight whose one-row products go to miaohui's matrix-vector kernel (``int8_kernel: gemv``) rather
+    than to Inductor's rewrite of the dequantizing ``F.linear``."""
+
+    q: torch.Tensor
+    scale: torch.Tensor
+
+
+Weight = torch.Tensor | tuple[torch.Tensor, torch.Tensor] | GemvWeight
 """A weight ``[out, in]`` in the model dtype, or int8 values with one scale per output row (weight-only int8)."""
 
 
@@ -61,7 +69,8 @@ def linear(x: torch.Tensor, w: Weight, bias: torch.Tensor | None = None) -> torc
     2× slower than cuBLAS on bf16, ``decode_quant_probe_h200_s11d.json``). At 2+ rows (decode ``[b, in]``) int8 weights
     go to :func:`miaohui.generation.w8a16.w8a16_op` (a Triton GEMM for up to 64 rows; not yet measured)."""
     if isinstance(w, tuple):
-        if x.dim() == 2 and x.shape[0] > 1:  # a decode step of 2+ rows (int8_batched): miaohui's Triton GEMM
+        # a decode step of 2+ rows (int8_batched) or int8_kernel gemv: miaohui's Triton kernels (a custom op)
+        if isinstance(w, GemvWeight) or (x.dim() == 2 and x.shape[0] > 1):
             return w8a16_op(x, w[0], w[1], bias)
         out = F.linear(x, w[0].to(x.dtype)) * w[1]
         return out if bias is None else out + bias
@@ -430,19 +439,23 @@ class StaticKVDecoder(nn.Module):
     int8_steps: tuple[bool, bool] = (False, False)
     """Which decode steps read the int8 copy: (steps of one row, steps of 2+ rows); set by :meth:`add_int8`."""
 
-    def add_int8(self, batch1: bool = True, batched: bool = False) -> None:
+    def add_int8(self, batch1: bool = True, batched: bool = False, gemv: bool = False) -> None:
         """Keep an int8 copy (per-output-row scales) of every layer's four GEMM weights and of the LM head, read by
         decode steps of one row (``SlotEngineOptions.int8_batch1``: a lone stream reads half the weight bytes per
         token) and/or of 2+ rows (``int8_batched``, through :func:`~miaohui.generation.w8a16.w8a16_op`). Steps that
         do not read it keep the model-dtype weights, so with one flag alone a sequence's tokens can differ depending
-        on how many sequences shared its steps. Prefill always reads the model-dtype weights."""
+        on how many sequences shared its steps. Prefill always reads the model-dtype weights. ``gemv``: one-row steps
+        read it through :func:`~miaohui.generation.w8a16.w8_gemv` (``SlotEngineOptions.int8_kernel``)."""
         self.int8_steps = (batch1, batched)
+
+        def pack(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return GemvWeight(*quantize_int8(w)) if gemv else quantize_int8(w)
+
         with torch.no_grad():
             self._q8 = [
-                {name: quantize_int8(getattr(layer, name)) for name in ("qkv", "o", "gate_up", "down")}
-                for layer in self.layers
+                {name: pack(getattr(layer, name)) for name in ("qkv", "o", "gate_up", "down")} for layer in self.layers
             ]
-            self._q8_head = quantize_int8(self.head)
+            self._q8_head = pack(self.head)
 
     def _decode_weights(self, b: int) -> tuple[list[tuple[Weight, Weight, Weight, Weight]], Weight]:
         """Per layer (qkv, o, gate_up, down), and the LM head, for a decode step of ``b`` rows."""

@@ -1,22 +1,19 @@
-"""A weight-only int8 GEMM for decode batches (a few to 64 rows): ``out = x @ (q * scale).T (+ bias)``, one Triton
-kernel that reads the int8 weight bytes, widens them in registers and multiplies on tensor cores (``tl.dot``).
+"""Weight-only int8 Triton kernels for decode steps: ``out = x @ (q * scale).T (+ bias)``, reading the int8 weight
+bytes and widening them in registers.
 
-Why: at 8 and 64 rows Inductor's rewrite of ``F.linear(x, q.to(bf16)) * scale`` ran 2× slower than cuBLAS on bf16
-weights (H200, ``decode_quant_probe_h200_s11d.json``), and the batch-64 decode step spends ~1.3 of its ~2.15 ms of
-device time in GEMMs reading bf16 weights, so halving those bytes is where throughput would come from. This kernel is
-written for that case: a tile of up to 64 rows × ``BLOCK_N`` output columns per program, the whole reduction in one
-program (no split-K, so no extra reduction kernel or zeroed buffer inside a CUDA graph), configurations autotuned per
-(rows bucket, N, K).
+* :func:`w8_gemv`, one row (a lone stream's decode step, ``SlotEngineOptions.int8_batch1`` with ``int8_kernel:
+  gemv``): a matrix-vector kernel, ``BLOCK_N`` outputs per program, K optionally split over programs, no tensor
+  cores; one configuration per weight shape (``GEMV_BEST``, measured by ``scripts/gpu/gemv_sweep.py``). H200, 1.5B
+  shape, L2-cold (``gemv_sweep_h200_s17d.json``): a step's GEMMs 780 µs vs Inductor's coordinate-descent int8 907 and
+  cuBLAS bf16 1,266; the batch-1 graph step 1.65 → 1.37 ms.
+* :func:`w8a16_linear`, a few to 64 rows (``int8_batched``): a tile of up to 64 rows × ``BLOCK_N`` columns on tensor
+  cores (``tl.dot``), the whole reduction in one program, autotuned per (rows bucket, N, K). Measured slower than
+  cuBLAS on bf16 at 8 and 64 rows (``decode_quant_probe_h200_s12b.json``): kept, off by default.
 
-It is registered as the custom op ``torch.ops.miaohui.w8a16_linear`` (opaque to ``torch.compile``, so the engine's
-compiled decode pieces call it and CUDA graphs capture it; on the CPU, or without Triton, the op computes
-``F.linear(x, q.to(x.dtype)) * scale``). The engine routes decode steps of 2+ rows to it with
-``SlotEngineOptions.int8_batched``.
-
-Status (session 11): its arithmetic is checked on the CPU with Triton's interpreter
-(``tests/unit/test_w8a16.py``) and the op inside the compiled engine on the CPU (its fallback,
-``tests/integration/test_compiled_decode.py``); its speed has not been measured (``scripts/gpu/decode_quant_probe.py``
-has it as the ``int8_triton`` variant, ``run_h200.sh s12b``).
+Both sit behind the custom op ``torch.ops.miaohui.w8a16_linear`` (opaque to ``torch.compile``, so compiled decode
+pieces call it and CUDA graphs capture it; one row goes to :func:`w8_gemv`). On the CPU, or without Triton, the op
+computes ``F.linear(x, q.to(x.dtype)) * scale``. Their arithmetic is checked on the CPU under Triton's interpreter
+(``tests/unit/test_w8a16.py``) and on the H200 inside the engine's graphs (``tests/gpu/test_slot_engine_gpu.py``).
 """
 
 from __future__ import annotations
@@ -94,6 +91,145 @@ if triton is not None:
     _w8a16_heur = triton.heuristics({"K_TILES": lambda a: triton.cdiv(a["K"], a["BLOCK_K"])})(_w8a16_kernel)
     _w8a16_tuned = triton.autotune(configs=_configs(), key=["BLOCK_M", "N", "K"])(_w8a16_heur)
 
+    @triton.jit
+    def _gemv_kernel(
+        x_ptr,
+        w_ptr,
+        s_ptr,
+        b_ptr,
+        out_ptr,
+        ws_ptr,
+        N,
+        K,
+        stride_wn,
+        K_ITERS: tl.constexpr,
+        SPLIT: tl.constexpr,
+        HAS_BIAS: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+    ) -> None:
+        """One row: ``BLOCK_N`` outputs × one of ``SPLIT`` slices of K per program; products accumulate in a
+        [BLOCK_N, BLOCK_K] fp32 tile summed once at the end. SPLIT 1 stores the scaled row; otherwise fp32 partials
+        go to ``ws`` [SPLIT, N] for :func:`_gemv_reduce`."""
+        pid_n = tl.program_id(0)
+        pid_k = tl.program_id(1)
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        nmask = rn < N
+        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        k_start = pid_k * (K_ITERS * BLOCK_K)
+        for it in range(K_ITERS):  # a compile-time trip count per (K, SPLIT, BLOCK_K), as in _w8a16_kernel
+            rk = k_start + it * BLOCK_K + tl.arange(0, BLOCK_K)
+            kmask = rk < K
+            x = tl.load(x_ptr + rk, mask=kmask, other=0.0).to(tl.float32)
+            w = tl.load(w_ptr + rn[:, None] * stride_wn + rk[None, :], mask=nmask[:, None] & kmask[None, :], other=0)
+            acc += w.to(tl.float32) * x[None, :]
+        row = tl.sum(acc, axis=1)
+        if SPLIT == 1:
+            row = row * tl.load(s_ptr + rn, mask=nmask, other=0.0).to(tl.float32)
+            if HAS_BIAS:
+                row += tl.load(b_ptr + rn, mask=nmask, other=0.0).to(tl.float32)
+            tl.store(out_ptr + rn, row.to(out_ptr.dtype.element_ty), mask=nmask)
+        else:
+            tl.store(ws_ptr + pid_k * N + rn, row, mask=nmask)
+
+    @triton.jit
+    def _gemv_reduce(
+        ws_ptr, s_ptr, b_ptr, out_ptr, N, SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr
+    ) -> None:
+        rn = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        nmask = rn < N
+        row = tl.zeros((BLOCK,), dtype=tl.float32)
+        for i in tl.static_range(SPLIT):
+            row += tl.load(ws_ptr + i * N + rn, mask=nmask, other=0.0)
+        row = row * tl.load(s_ptr + rn, mask=nmask, other=0.0).to(tl.float32)
+        if HAS_BIAS:
+            row += tl.load(b_ptr + rn, mask=nmask, other=0.0).to(tl.float32)
+        tl.store(out_ptr + rn, row.to(out_ptr.dtype.element_ty), mask=nmask)
+
+
+GemvConfig = tuple[int, int, int, int]
+"""(BLOCK_N, BLOCK_K, SPLIT, num_warps) of the one-row kernel."""
+
+GEMV_SWEEP: list[GemvConfig] = [
+    (bn, bk, split, warps)
+    for bn in (1, 2, 4, 8, 16, 32)
+    for bk in (256, 512, 1024, 2048, 4096)
+    for split in (1, 2, 4, 8)
+    for warps in (4, 8)
+    if bn * bk <= 16384 and (warps == 4 or bn * bk >= 4096)  # 8 warps only for tiles that give them work
+]
+"""Every configuration ``scripts/gpu/gemv_sweep.py`` times on the GPU."""
+
+GEMV_BEST: dict[tuple[int, int], GemvConfig] = {
+    (2048, 1536): (1, 512, 1, 4),  # Qwen2.5-1.5B QKV: 3.4 µs
+    (1536, 1536): (1, 512, 1, 4),  # o: 3.2 µs
+    (17920, 1536): (8, 512, 1, 4),  # gate/up: 11.2 µs
+    (1536, 8960): (1, 1024, 1, 4),  # down: 7.5 µs
+    (151936, 1536): (32, 256, 2, 8),  # LM head: 70.7 µs
+}
+"""(N, K) → the fastest configuration measured for that weight shape: the 1.5B Qwen2.5 shape's five GEMMs on the
+H200 (``gemv_sweep_h200_s17d.json``; the BLOCK_K 2048/4096 sweep, ``gemv_sweep_wide_h200_s17e.json``, found none
+faster)."""
+
+
+def gemv_config(n: int, k: int) -> GemvConfig:
+    """The measured choice for (N, K), else the one measured for the nearest class of N: one output per program up to
+    4,096 outputs (BLOCK_K 1,024 for K over 4,096), 8 up to 32,768, a vocabulary's 32 with K split in two."""
+    if (n, k) in GEMV_BEST:
+        return GEMV_BEST[(n, k)]
+    if n <= 4096:
+        return (1, 1024 if k > 4096 else 512, 1, 4)
+    return (8, 512, 1, 4) if n <= 32768 else (32, 256, 2, 8)
+
+
+def best_from_sweeps(reports: list[dict[str, Any]]) -> dict[tuple[int, int], GemvConfig]:
+    """The fastest configuration per (N, K) over ``gemv_sweep.py`` reports (their ``best`` entries)."""
+    found: dict[tuple[int, int], tuple[float, GemvConfig]] = {}
+    for report in reports:
+        for entry in report["best"].values():
+            key = (int(entry["n"]), int(entry["k"]))
+            if key not in found or entry["us"] < found[key][0]:
+                bn, bk, split, warps = (int(v) for v in entry["config"])
+                found[key] = (float(entry["us"]), (bn, bk, split, warps))
+    return {key: cfg for key, (_, cfg) in found.items()}
+
+
+def w8_gemv(
+    x: torch.Tensor,
+    q: torch.Tensor,
+    scale: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    config: GemvConfig | None = None,
+) -> torch.Tensor:
+    """:func:`w8a16_linear` for one row (``x`` [K] or [1, K]): a matrix-vector kernel without tensor cores, which at
+    one row only pad the row to 16. ``config`` (BLOCK_N, BLOCK_K, SPLIT, num_warps) defaults to
+    :func:`gemv_config`'s choice for the weight's shape; SPLIT > 1 splits K over that many programs per output
+    block and adds a second small kernel that sums their fp32 partials."""
+    if triton is None:
+        raise RuntimeError("w8_gemv needs Triton (it comes with CUDA builds of torch)")
+    n, k = q.shape
+    if q.dtype != torch.int8 or x.numel() != k or x.shape[-1] != k or scale.shape != (n,):
+        raise ValueError(
+            f"w8_gemv: x {tuple(x.shape)}, q {tuple(q.shape)} {q.dtype}, scale {tuple(scale.shape)}: "
+            "need one row x [..., K] (1 row), q int8 [N, K], scale [N]"
+        )
+    block_n, block_k, split, warps = config or gemv_config(n, k)
+    x1 = x.reshape(k)
+    if x1.stride(0) != 1:
+        x1 = x1.contiguous()
+    q = q if q.stride(-1) == 1 else q.contiguous()
+    out = torch.empty(n, dtype=x.dtype, device=x.device)
+    k_iters = triton.cdiv(triton.cdiv(k, split), block_k)  # BLOCK_K steps per slice of K
+    ws = torch.empty((split, n), dtype=torch.float32, device=x.device) if split > 1 else out
+    b = bias if bias is not None else scale
+    _gemv_kernel[(triton.cdiv(n, block_n), split)](
+        x1, q, scale, b, out, ws, n, k, q.stride(0), K_ITERS=k_iters,
+        SPLIT=split, HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps,
+    )  # fmt: skip
+    if split > 1:
+        _gemv_reduce[(triton.cdiv(n, 1024),)](ws, scale, b, out, n, SPLIT=split, HAS_BIAS=bias is not None, BLOCK=1024)
+    return out.reshape(*x.shape[:-1], n)
+
 
 def w8a16_linear(
     x: torch.Tensor,
@@ -153,6 +289,8 @@ def w8a16_linear(
 def w8a16_op(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """The engine's entry: the Triton kernel on CUDA, the dequantizing ``F.linear`` elsewhere."""
     if x.is_cuda and triton is not None:
+        if x.numel() == x.shape[-1]:  # one row: the matrix-vector kernel
+            return w8_gemv(x, q, scale, bias)
         return w8a16_linear(x, q, scale, bias)
     out = F.linear(x, q.to(x.dtype)) * scale
     return out if bias is None else out + bias
