@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from miaohui.generation.static_kv import quantize_int8
-from miaohui.generation.w8a16 import w8_gemv, w8a16_linear
+from miaohui.generation.w8a16 import GEMV_BEST, best_from_sweeps, gemv_config, w8_gemv, w8a16_linear
 
 CHECK = """
 import torch
@@ -109,3 +109,20 @@ def test_one_row_kernel_refuses_more_rows() -> None:
     q, s = quantize_int8(torch.randn(8, 16))
     with pytest.raises(ValueError, match=r"need one row x \[..., K\] \(1 row\)"):
         w8_gemv(torch.randn(2, 16), q, s)
+
+
+def test_gemv_configs_come_from_the_measured_table_else_the_nearest_class_of_n() -> None:
+    assert gemv_config(1536, 8960) == GEMV_BEST[(1536, 8960)] == (1, 1024, 1, 4)
+    assert gemv_config(576, 1536) == (1, 512, 1, 4)  # SmolLM2-sized: few outputs, one per program
+    assert gemv_config(3072, 9000) == (1, 1024, 1, 4)  # long K: wider K blocks
+    assert gemv_config(20000, 2048) == (8, 512, 1, 4)
+    assert gemv_config(49152, 576) == (32, 256, 2, 8)  # a vocabulary
+
+
+def test_best_from_sweeps_keeps_the_fastest_per_shape() -> None:
+    def report(*entries: tuple[str, int, int, list[int], float]) -> dict[str, object]:
+        return {"best": {name: {"n": n, "k": k, "config": cfg, "us": us} for name, n, k, cfg, us in entries}}
+
+    first = report(("qkv", 2048, 1536, [1, 512, 1, 4], 3.4), ("down", 1536, 8960, [1, 1024, 1, 4], 7.5))
+    wide = report(("qkv", 2048, 1536, [2, 2048, 1, 8], 3.8), ("down", 1536, 8960, [2, 2048, 1, 4], 7.1))
+    assert best_from_sweeps([first, wide]) == {(2048, 1536): (1, 512, 1, 4), (1536, 8960): (2, 2048, 1, 4)}

@@ -45,11 +45,12 @@ class SlotEngineOptions(Frozen):
     ``int8_batch1`` on the fused side, ``…_s11f_*``: +4.5–5 %)."""
     int8_batch1: bool = False
     """Weight-only int8 for decode steps of one row: an int8 copy of the layers' GEMM weights and the LM head
-    (per-output-row scales, +50 % weight memory) that batch-1 graphs read instead of the model-dtype weights, compiled
-    with Inductor's coordinate-descent tuning (one Triton reduction per GEMM reading the int8 bytes, gpt-fast's int8
-    recipe). H200, 1.5B shape, GEMMs of one step at one row (``decode_quant_probe_h200_s11d.json``): 1.27 ms cuBLAS
-    bf16 → 0.87 ms. Steps of 2+ rows keep the model-dtype weights (int8 there was 2× slower), so a sequence's tokens
-    may differ with whether it decoded alone. Off by default."""
+    (per-output-row scales, +50 % weight memory) that batch-1 graphs read instead of the model-dtype weights, through
+    ``int8_kernel`` (below; ``inductor``: compiled with Inductor's coordinate-descent tuning, one Triton reduction per
+    GEMM reading the int8 bytes, gpt-fast's int8 recipe). H200, 1.5B shape, GEMMs of one step at one row
+    (``decode_quant_probe_h200_s11d.json``): 1.27 ms cuBLAS bf16 → 0.87 ms (Inductor), 0.78 (gemv). Steps of 2+ rows
+    keep the model-dtype weights (int8 there was 2× slower), so a sequence's tokens may differ with whether it decoded
+    alone. Off by default."""
     int8_kernel: Literal["inductor", "gemv"] = "gemv"
     """Which kernel reads the int8 copy in steps of one row: ``gemv`` (miaohui's matrix-vector kernel,
     :func:`miaohui.generation.w8a16.w8_gemv`, one configuration per weight shape measured by

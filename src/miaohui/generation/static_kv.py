@@ -63,11 +63,11 @@ Weight = torch.Tensor | tuple[torch.Tensor, torch.Tensor] | GemvWeight
 
 
 def linear(x: torch.Tensor, w: Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear`` for either kind of :data:`Weight`. The int8 form at one row is gpt-fast's: ``F.linear(x,
-    q.to(x.dtype)) * scale``; compiled with coordinate-descent tuning, Inductor turns it into one Triton reduction that
-    reads the int8 bytes (H200, 1.5B shape: the step's GEMMs 1.27 → 0.87 ms at batch 1; at 8 or 64 rows that form was
-    2× slower than cuBLAS on bf16, ``decode_quant_probe_h200_s11d.json``). At 2+ rows (decode ``[b, in]``) int8 weights
-    go to :func:`miaohui.generation.w8a16.w8a16_op` (a Triton GEMM for up to 64 rows; not yet measured)."""
+    """``F.linear`` for either kind of :data:`Weight`. An int8 tuple at one row takes gpt-fast's form, ``F.linear(x,
+    q.to(x.dtype)) * scale``: compiled with coordinate-descent tuning, Inductor turns it into one Triton reduction that
+    reads the int8 bytes (``int8_kernel: inductor``). A :class:`GemvWeight`, and an int8 tuple at 2+ rows
+    (``int8_batched``), go to the custom op :func:`miaohui.generation.w8a16.w8a16_op`: miaohui's one-row GEMV or its
+    Triton GEMM for up to 64 rows (measures in that module)."""
     if isinstance(w, tuple):
         # a decode step of 2+ rows (int8_batched) or int8_kernel gemv: miaohui's Triton kernels (a custom op)
         if isinstance(w, GemvWeight) or (x.dim() == 2 and x.shape[0] > 1):
