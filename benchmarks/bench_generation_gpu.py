@@ -718,7 +718,10 @@ def main() -> None:
         "--int8-batch1", action="store_true", help="int8 weight-only copy for decode steps of one row (engine option)"
     )
     ap.add_argument(
-        "--int8-kernel", choices=["inductor", "gemv"], default="inductor", help="the kernel of --int8-batch1's steps"
+        "--int8-kernel",
+        choices=["inductor", "gemv", "gemv_fused"],
+        default="gemv",
+        help="the kernel of --int8-batch1's steps",
     )
     ap.add_argument(
         "--int8-batched", action="store_true", help="int8 weights through the Triton GEMM for steps of 2+ rows"

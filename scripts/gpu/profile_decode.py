@@ -36,7 +36,7 @@ def main() -> None:
     ap.add_argument("--batches", default="1,64")
     ap.add_argument("--out", type=Path, default=Path("/tmp"))
     ap.add_argument("--int8-batch1", action="store_true", help="the int8 weight copy for steps of one row (TPOT)")
-    ap.add_argument("--int8-kernel", choices=("inductor", "gemv"), default="inductor")
+    ap.add_argument("--int8-kernel", choices=("inductor", "gemv", "gemv_fused"), default="inductor")
     ap.add_argument("--gemv-table", type=Path, nargs="*", default=[], help="gemv_sweep.py JSONs: best config per shape")
     args = ap.parse_args()
     dims = QWEN_15B

@@ -99,6 +99,9 @@
 #   s17f:   the 1.5B benchmark (TPOT at one stream, 64 streams offline) with int8_batch1 + int8_kernel gemv
 #   s17g:   s17b's fast_start server, fast_start true only, twice: the compile now holds the GIL switch interval at
 #           100 µs (s17b: 122 req/s, p99 3.3 s while it ran)
+#   s18a:   (next session) the int8 GPU tests with gemv and gemv_fused (RMSNorm folded into the one-row kernel, the
+#           residual in its epilogue; built after session 17's device time), the batch-1 step's profile with each,
+#           then the 1.5B benchmark with gemv_fused (TPOT at one stream)
 #   s17a:   (session 17) all inductor GPU tests (fp16+bf16: fast_start warming only the config's shapes and capturing
 #           every bucket in its upgrade; the capture-stream fix), then BERT-base at every shape (the 32x128 row again)
 #   s17b:   (session 17) the e5-shaped server with fast_start false/true twice: time to ready, and the load while
@@ -507,6 +510,18 @@ case $stage in
   s17f)
     timeout 300 python3 benchmarks/bench_generation_gpu.py --models qwen1.5b --int8-batch1 --int8-kernel gemv \
       --out "$OUT" 2>&1 | grep -v -E "Warning|warn\(|softmax|split the reduction|important use|^$" | tail -24
+    ;;
+  s18a)
+    timeout 220 python3 -m pytest -q tests/gpu/test_slot_engine_gpu.py -k "int8 and gemv" -p no:cacheprovider -rA \
+      > "$OUT/gpu_tests_slot_engine_gemv_fused_s18a.txt" 2>&1
+    grep -E "passed|failed|PASSED|FAILED|Error" "$OUT/gpu_tests_slot_engine_gemv_fused_s18a.txt" | tail -6
+    for k in gemv gemv_fused; do
+      mkdir -p "$OUT/$k"
+      timeout 150 python3 scripts/gpu/profile_decode.py --batches 1 --int8-batch1 --int8-kernel $k --out "$OUT/$k" 2>&1 \
+        | grep -E "graph step|_gemv" | tail -3
+    done
+    timeout 200 python3 benchmarks/bench_generation_gpu.py --models qwen1.5b --int8-batch1 --int8-kernel gemv_fused \
+      --out "$OUT" 2>&1 | grep -E "TPOT|graph step|tok/s|agreement" | tail -8
     ;;
   s17b|s17g)
     python3 scripts/gpu/e5_shape_model.py var/models/intent-e5-shape | tail -1

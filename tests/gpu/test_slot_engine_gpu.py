@@ -77,16 +77,30 @@ def test_fused_decode_layer_in_graphs_matches_eager_split_tokens(attention: str)
 
 @pytest.mark.parametrize(
     ("layer", "batched", "kernel"),
-    [("split", False, "inductor"), ("fused", False, "inductor"), ("fused", True, "inductor"), ("fused", False, "gemv")],
+    [
+        ("split", False, "inductor"),
+        ("fused", False, "inductor"),
+        ("fused", True, "inductor"),
+        ("fused", False, "gemv"),
+        ("fused", False, "gemv_fused"),
+    ],
 )
 def test_int8_graphs_match_the_eager_int8_engine(layer: str, batched: bool, kernel: str) -> None:
     """``int8_batch1`` (the batch-1 graphs compiled with coordinate-descent tuning: Triton reductions over the int8
     weights, or with ``int8_kernel: gemv`` miaohui's one-row kernel), and with ``int8_batched`` the Triton GEMM in the
     graphs of 2+ rows, against the eager engine on the same int8 weights (its one-row products the dequantizing
-    ``F.linear``, so the gemv kernel is checked against another computation): one stream, then three."""
+    ``F.linear``, so the gemv kernel is checked against another computation): one stream, then three. ``gemv_fused``
+    folds the norms' weights into its own int8 copy, so its eager twin runs ``gemv_fused`` too (eager on CUDA: the same
+    kernel outside graphs); the CPU test checks its arithmetic against the dequantized model."""
     hf = tiny_qwen("cuda")
     fast = _engine(hf, graphs=True, layer=layer, int8_batch1=True, int8_batched=batched, int8_kernel=kernel)
-    slow = _engine(hf, graphs=False, int8_batch1=True, int8_batched=batched)
+    slow = _engine(
+        hf,
+        graphs=False,
+        int8_batch1=True,
+        int8_batched=batched,
+        int8_kernel=kernel if kernel == "gemv_fused" else "inductor",
+    )
     assert fast.graphs_on and fast.model._q8 is not None
     params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
     for prompts in ([list(range(20, 60))], [[5, 6, 7, 8, 9], [11, 12, 13], list(range(20, 160))]):

@@ -142,6 +142,8 @@ def test_fused_decode_layer_gives_the_split_layers_logits_and_cache(attention: s
         ("split", False, True, "inductor"),
         ("fused", True, True, "inductor"),
         ("fused", True, False, "gemv"),
+        ("fused", True, False, "gemv_fused"),
+        ("split", True, False, "gemv_fused"),
     ],
 )
 def test_int8_steps_decode_with_the_int8_weights_and_the_others_without(
@@ -151,7 +153,7 @@ def test_int8_steps_decode_with_the_int8_weights_and_the_others_without(
     whose GEMM weights and LM head are replaced by their int8 values × scale (so it really reads the int8 copy; steps of
     2+ rows, and one-row steps with ``int8_kernel: gemv``, go through the ``miaohui::w8a16_linear`` op, its CPU
     fallback here); a step that does not gives the unquantized model's logits."""
-    from miaohui.generation.static_kv import GemvWeight, _Layer
+    from miaohui.generation.static_kv import FusedGemvWeight, GemvWeight, _Layer
 
     hf = tiny_qwen()
     opts = SlotEngineOptions(
@@ -165,11 +167,15 @@ def test_int8_steps_decode_with_the_int8_weights_and_the_others_without(
     assert q8 is not None and engine.model._q8_head is not None and engine.model.int8_steps == (batch1, batched)
     assert all(q.dtype == torch.int8 for per_layer in q8 for q, _ in per_layer.values())
     assert all(isinstance(w, GemvWeight) == (kernel == "gemv") for per_layer in q8 for w in per_layer.values())
+    assert all(isinstance(w, FusedGemvWeight) == (kernel == "gemv_fused") for lay in q8 for w in lay.values())
     with torch.no_grad():
         for lay, per_layer in zip(dequant.layers, q8, strict=True):
             assert isinstance(lay, _Layer)
             for name, (q, s) in per_layer.items():
                 getattr(lay, name).copy_(q.float() * s[:, None])
+            if kernel == "gemv_fused":  # the norms' weights live in the int8 QKV and gate/up copies
+                lay.in_norm.fill_(1.0)
+                lay.post_norm.fill_(1.0)
         q, s = engine.model._q8_head
         dequant.head.copy_(q.float() * s[:, None])
     gen = torch.Generator().manual_seed(5)

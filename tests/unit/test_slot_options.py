@@ -1,4 +1,5 @@
-"""``SlotEngineOptions`` (no torch): the fused decode layer only with the matmul attention."""
+"""``SlotEngineOptions`` (no torch): the fused decode layer only with the matmul attention; gemv_fused without
+int8_batched."""
 
 from __future__ import annotations
 
@@ -28,3 +29,12 @@ def test_the_default_layer_is_fused_unless_the_attention_needs_split() -> None:
     assert SlotEngineOptions(decode_attention="sdpa").decode_layer == "split"
     assert SlotEngineOptions(decode_attention="flex").decode_layer == "split"
     assert SlotEngineOptions.model_validate({"decode_attention": "matmul"}).decode_layer == "fused"
+
+
+def test_gemv_fused_refuses_int8_batched() -> None:
+    """gemv_fused folds the RMSNorm weights into the int8 copy; int8_batched's steps read that copy unnormed."""
+    with pytest.raises(ConfigError, match="int8_kernel 'gemv_fused' folds the RMSNorm weights") as err:
+        SlotEngineOptions(int8_batch1=True, int8_kernel="gemv_fused", int8_batched=True)
+    assert err.value.fix == "use int8_kernel gemv with int8_batched, or int8_batched false"
+    assert SlotEngineOptions(int8_batch1=True, int8_kernel="gemv", int8_batched=True).int8_kernel == "gemv"
+    assert SlotEngineOptions().int8_kernel == "gemv"

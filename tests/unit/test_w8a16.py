@@ -126,3 +126,64 @@ def test_best_from_sweeps_keeps_the_fastest_per_shape() -> None:
     first = report(("qkv", 2048, 1536, [1, 512, 1, 4], 3.4), ("down", 1536, 8960, [1, 1024, 1, 4], 7.5))
     wide = report(("qkv", 2048, 1536, [2, 2048, 1, 8], 3.8), ("down", 1536, 8960, [2, 2048, 1, 4], 7.1))
     assert best_from_sweeps([first, wide]) == {(2048, 1536): (1, 512, 1, 4), (1536, 8960): (2, 2048, 1, 4)}
+
+
+FUSED_CHECK = """
+import torch
+from torch.nn import functional as F
+from miaohui.generation.static_kv import quantize_int8
+from miaohui.generation.w8a16 import w8_gemv
+
+torch.manual_seed(0)
+cases = [  # K, N, bias, residual, rms, config (split > 1 with rms runs as split 1)
+    (256, 48, True, False, True, (4, 128, 1, 4)),  # QKV-like: norm folded, bias
+    (200, 40, False, False, True, (8, 64, 4, 4)),  # ragged K; the split is dropped for the norm
+    (384, 37, False, True, False, (2, 128, 1, 4)),  # o/down-like: residual epilogue
+    (1000, 20, False, True, False, (1, 128, 4, 4)),  # residual through the split-K reduce kernel
+]
+for k, n, bias, res, rms, cfg in cases:
+    norm = torch.rand(k) + 0.5
+    w = torch.randn(n, k) * 0.02
+    q, s = quantize_int8(w * norm[None, :] if rms else w)
+    x = torch.randn(1, k) * 3
+    b = torch.randn(n) if bias else None
+    r = torch.randn(1, n) if res else None
+    got = w8_gemv(x, q, s, b, config=cfg, residual=r, rms_eps=1e-6 if rms else None)
+    h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) if rms else x
+    want = F.linear(h, q.float() * s[:, None], b)  # norm's weight inside q
+    want = want + r if res else want
+    err = float((got - want).abs().max())
+    assert got.shape == (1, n) and err < 1e-5 * max(1.0, float(want.abs().max())), (k, n, cfg, err)
+print("ok", len(cases))
+"""
+
+
+def test_fused_one_row_kernel_folds_the_rms_norm_and_adds_the_residual_under_the_interpreter() -> None:
+    """``int8_kernel: gemv_fused``'s kernel forms: the RMS of x taken from the GEMV's own loads (the norm weight
+    folded into the int8 weight) and the residual added in the epilogue, with and without split K."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-c", FUSED_CHECK], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "ok 4"
+
+
+def test_fused_op_on_the_cpu_computes_the_same_arithmetic() -> None:
+    """The custom op's CPU path (what compiled CPU engines run) against the unfused reference."""
+    from miaohui.generation.w8a16 import w8_gemv_fused_op
+
+    torch.manual_seed(1)
+    norm, w = torch.rand(64) + 0.5, torch.randn(24, 64) * 0.02
+    q, s = quantize_int8(w * norm[None, :])
+    x, b, r = torch.randn(1, 64), torch.randn(24), torch.randn(1, 24)
+    h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * norm
+    want = r + torch.nn.functional.linear(h, q.float() * s[:, None] / norm[None, :], b)
+    got = w8_gemv_fused_op(x, q, s, b, r, 1e-6)
+    assert float((got - want).abs().max()) < 1e-5
+    plain = w8_gemv_fused_op(x, q, s, None, None, 0.0)
+    assert float((plain - torch.nn.functional.linear(x, q.float() * s[:, None])).abs().max()) < 1e-6
+
+
+def test_residual_of_the_wrong_size_is_named() -> None:
+    q, s = quantize_int8(torch.randn(8, 16))
+    with pytest.raises(ValueError, match=r"residual \(7,\) for 8 outputs: need N = 8 values"):
+        w8_gemv(torch.randn(1, 16), q, s, residual=torch.randn(7))

@@ -51,14 +51,18 @@ class SlotEngineOptions(Frozen):
     (``decode_quant_probe_h200_s11d.json``): 1.27 ms cuBLAS bf16 → 0.87 ms (Inductor), 0.78 (gemv). Steps of 2+ rows
     keep the model-dtype weights (int8 there was 2× slower), so a sequence's tokens may differ with whether it decoded
     alone. Off by default."""
-    int8_kernel: Literal["inductor", "gemv"] = "gemv"
+    int8_kernel: Literal["inductor", "gemv", "gemv_fused"] = "gemv"
     """Which kernel reads the int8 copy in steps of one row: ``gemv`` (miaohui's matrix-vector kernel,
     :func:`miaohui.generation.w8a16.w8_gemv`, one configuration per weight shape measured by
     ``scripts/gpu/gemv_sweep.py``; opaque to Inductor, so the RMSNorm and SiLU·up before it are kernels of their own)
     or ``inductor`` (the coordinate-descent Triton reduction above, with them fused in). H200, 1.5B shape, batch-1
     graph step: inductor 1.65 ms (its down projection with SiLU·up fused 16.4 µs per layer, 0.84 TB/s;
     ``profile_decode_int8b1_graph_h200_s17c.json``), gemv **1.37 ms** (``…_gemv_h200_s17d.json``, ``…_s17e``); TPOT
-    at one stream through the scheduler 1.64 → **1.43 ms** (``generation_gpu_qwen1.5b_int8gemv_h200_s17f.json``)."""
+    at one stream through the scheduler 1.64 → **1.43 ms** (``generation_gpu_qwen1.5b_int8gemv_h200_s17f.json``).
+    ``gemv_fused`` (built after session 17's device time, not yet measured): the same kernel also takes the RMS of its
+    input (the RMSNorm's weight folded into the QKV and gate/up copies) and adds the residual after O and down, so
+    the step loses its two norm kernels and a residual add per layer (~4.5 µs of the ~45 in the s17 table);
+    incompatible with ``int8_batched``, whose steps would read the folded copies."""
     int8_batched: bool = False
     """Weight-only int8 for decode steps of 2+ rows: the same int8 copy, read through miaohui's Triton GEMM
     (``miaohui.generation.w8a16``; Inductor's int8 form was 2× slower than cuBLAS bf16 there). **Measured slower than
@@ -95,6 +99,12 @@ class SlotEngineOptions(Frozen):
             raise ConfigError(
                 f"decode_layer 'fused' does not take decode_attention {self.decode_attention!r}",
                 "use decode_attention matmul with the fused layer, or decode_layer split",
+            )
+        if self.int8_kernel == "gemv_fused" and self.int8_batched:
+            raise ConfigError(
+                "int8_kernel 'gemv_fused' folds the RMSNorm weights into the int8 copy that int8_batched's steps "
+                "would also read",
+                "use int8_kernel gemv with int8_batched, or int8_batched false",
             )
         return self
 

@@ -32,7 +32,7 @@ from torch.nn import functional as F
 
 from miaohui.errors import ArtifactError
 from miaohui.generation.dims import DecoderDims
-from miaohui.generation.w8a16 import w8a16_op
+from miaohui.generation.w8a16 import w8_gemv_fused_op, w8a16_op
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -58,7 +58,16 @@ class GemvWeight(NamedTuple):
     scale: torch.Tensor
 
 
-Weight = torch.Tensor | tuple[torch.Tensor, torch.Tensor] | GemvWeight
+class FusedGemvWeight(NamedTuple):
+    """``int8_kernel: gemv_fused``: an int8 weight read by miaohui's one-row kernel with the layer's neighbours folded
+    in — for QKV and gate/up the preceding RMSNorm (its weight multiplied into the columns before quantization, the
+    RMS taken inside the kernel), for O and down the residual add after them."""
+
+    q: torch.Tensor
+    scale: torch.Tensor
+
+
+Weight = torch.Tensor | tuple[torch.Tensor, torch.Tensor] | GemvWeight | FusedGemvWeight
 """A weight ``[out, in]`` in the model dtype, or int8 values with one scale per output row (weight-only int8)."""
 
 
@@ -82,6 +91,20 @@ def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     scale = w.float().abs().amax(dim=1).clamp(min=1e-8) / 127.0
     q = torch.round(w.float() / scale[:, None]).clamp(-127, 127).to(torch.int8)
     return q, scale.to(w.dtype)
+
+
+def norm_linear(x: torch.Tensor, norm: torch.Tensor, w: Weight, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """``linear(RMSNorm(x), w, bias)``; a :class:`FusedGemvWeight` (norm weight already in it) in one kernel."""
+    if isinstance(w, FusedGemvWeight):
+        return w8_gemv_fused_op(x, w.q, w.scale, bias, None, eps)
+    return linear(_rms_norm(x, norm, eps), w, bias)
+
+
+def residual_linear(x: torch.Tensor, h: torch.Tensor, w: Weight) -> torch.Tensor:
+    """``x + linear(h, w)``; a :class:`FusedGemvWeight` adds ``x`` in the kernel's epilogue."""
+    if isinstance(w, FusedGemvWeight):
+        return w8_gemv_fused_op(h, w.q, w.scale, None, x, 0.0)
+    return x + linear(h, w)
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -113,8 +136,7 @@ def attn_in(
     [..., KVH, D] (decode: ``[b]``, prefill: ``[n, S]`` leading dims; ``cos``/``sin`` broadcast to them). A pure
     function of its tensors, so one compiled graph serves every layer."""
     lead = x.shape[:-1]
-    h = _rms_norm(x, norm, eps)
-    out = linear(h, qkv, qkv_bias)
+    out = norm_linear(x, norm, qkv, qkv_bias, eps)
     d = out.shape[-1] // (heads + 2 * kv_heads)
     q = _rope(out[..., : heads * d].reshape(*lead, heads, d), cos, sin)
     k = _rope(out[..., heads * d : (heads + kv_heads) * d].reshape(*lead, kv_heads, d), cos, sin)
@@ -143,7 +165,7 @@ def attn_out_mlp(
     scores = torch.matmul(q4, keys.transpose(-1, -2)).float() * (d**-0.5) + bias  # [b, KVH, G, T]
     probs = torch.softmax(scores, dim=-1).to(values.dtype)
     attn = torch.matmul(probs, values).reshape(b, heads * d)
-    return mlp_block(x + linear(attn, o), post_norm, gate_up, down, eps)
+    return mlp_block(residual_linear(x, attn, o), post_norm, gate_up, down, eps)
 
 
 def attn_out_mlp_sdpa(
@@ -164,7 +186,7 @@ def attn_out_mlp_sdpa(
     attn = F.scaled_dot_product_attention(
         q[:, :, None, :], keys, values, attn_mask=bias.to(q.dtype), enable_gqa=True
     ).reshape(b, heads * d)
-    return mlp_block(x + linear(attn, o), post_norm, gate_up, down, eps)
+    return mlp_block(residual_linear(x, attn, o), post_norm, gate_up, down, eps)
 
 
 def attn_out_mlp_flex(
@@ -197,9 +219,8 @@ def attn_out_mlp_flex(
 
 def mlp_block(x: torch.Tensor, post_norm: torch.Tensor, gate_up: Weight, down: Weight, eps: float) -> torch.Tensor:
     """Residual SwiGLU MLP: ``x + down(silu(gate) * up)`` of the RMS-normed ``x``."""
-    h = _rms_norm(x, post_norm, eps)
-    gate, up = linear(h, gate_up).chunk(2, dim=-1)
-    return x + linear(F.silu(gate) * up, down)
+    gate, up = norm_linear(x, post_norm, gate_up, None, eps).chunk(2, dim=-1)
+    return residual_linear(x, F.silu(gate) * up, down)
 
 
 def attn_proj_mlp(
@@ -439,23 +460,33 @@ class StaticKVDecoder(nn.Module):
     int8_steps: tuple[bool, bool] = (False, False)
     """Which decode steps read the int8 copy: (steps of one row, steps of 2+ rows); set by :meth:`add_int8`."""
 
-    def add_int8(self, batch1: bool = True, batched: bool = False, gemv: bool = False) -> None:
+    def add_int8(self, batch1: bool = True, batched: bool = False, kernel: str = "inductor") -> None:
         """Keep an int8 copy (per-output-row scales) of every layer's four GEMM weights and of the LM head, read by
         decode steps of one row (``SlotEngineOptions.int8_batch1``: a lone stream reads half the weight bytes per
         token) and/or of 2+ rows (``int8_batched``, through :func:`~miaohui.generation.w8a16.w8a16_op`). Steps that
         do not read it keep the model-dtype weights, so with one flag alone a sequence's tokens can differ depending
-        on how many sequences shared its steps. Prefill always reads the model-dtype weights. ``gemv``: one-row steps
-        read it through :func:`~miaohui.generation.w8a16.w8_gemv` (``SlotEngineOptions.int8_kernel``)."""
+        on how many sequences shared its steps. Prefill always reads the model-dtype weights. ``kernel``
+        (``SlotEngineOptions.int8_kernel``): ``gemv`` / ``gemv_fused`` tag the copy for
+        :func:`~miaohui.generation.w8a16.w8_gemv`; ``gemv_fused`` also folds each RMSNorm's weight into the QKV and
+        gate/up copies (so only one-row steps may read them: the options refuse it with ``int8_batched``)."""
         self.int8_steps = (batch1, batched)
+        fused = kernel == "gemv_fused"
 
-        def pack(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            return GemvWeight(*quantize_int8(w)) if gemv else quantize_int8(w)
+        def pack(w: torch.Tensor, norm: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+            if fused:  # the norm's weight multiplied in before rounding to int8
+                q, scale = quantize_int8(w.float() if norm is None else w.float() * norm.float()[None, :])
+                return FusedGemvWeight(q, scale.to(w.dtype))
+            return GemvWeight(*quantize_int8(w)) if kernel == "gemv" else quantize_int8(w)
 
         with torch.no_grad():
-            self._q8 = [
-                {name: pack(getattr(layer, name)) for name in ("qkv", "o", "gate_up", "down")} for layer in self.layers
-            ]
-            self._q8_head = pack(self.head)
+            self._q8 = []
+            for layer in self.layers:
+                assert isinstance(layer, _Layer)
+                self._q8.append(
+                    {"qkv": pack(layer.qkv, layer.in_norm), "o": pack(layer.o),
+                     "gate_up": pack(layer.gate_up, layer.post_norm), "down": pack(layer.down)}
+                )  # fmt: skip
+            self._q8_head = GemvWeight(*quantize_int8(self.head)) if fused else pack(self.head)
 
     def _decode_weights(self, b: int) -> tuple[list[tuple[Weight, Weight, Weight, Weight]], Weight]:
         """Per layer (qkv, o, gate_up, down), and the LM head, for a decode step of ``b`` rows."""

@@ -97,25 +97,32 @@ if triton is not None:
         w_ptr,
         s_ptr,
         b_ptr,
+        r_ptr,
         out_ptr,
         ws_ptr,
         N,
         K,
         stride_wn,
+        eps,
         K_ITERS: tl.constexpr,
         SPLIT: tl.constexpr,
         HAS_BIAS: tl.constexpr,
+        HAS_RES: tl.constexpr,
+        RMS: tl.constexpr,
         BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr,
     ) -> None:
         """One row: ``BLOCK_N`` outputs × one of ``SPLIT`` slices of K per program; products accumulate in a
-        [BLOCK_N, BLOCK_K] fp32 tile summed once at the end. SPLIT 1 stores the scaled row; otherwise fp32 partials
-        go to ``ws`` [SPLIT, N] for :func:`_gemv_reduce`."""
+        [BLOCK_N, BLOCK_K] fp32 tile summed once at the end. SPLIT 1 stores the finished row; otherwise fp32 partials
+        go to ``ws`` [SPLIT, N] for :func:`_gemv_reduce`. ``RMS`` (SPLIT 1 only): the row is ``x``'s RMS-normalized
+        product, ``rsqrt(mean(x²) + eps) · (q x)`` — the norm's own weight folded into ``q`` beforehand — with the sum
+        of squares taken from the same loads of x. ``HAS_RES``: the residual ``r`` is added last."""
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         nmask = rn < N
         acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        sumsq = tl.zeros((BLOCK_K,), dtype=tl.float32)
         k_start = pid_k * (K_ITERS * BLOCK_K)
         for it in range(K_ITERS):  # a compile-time trip count per (K, SPLIT, BLOCK_K), as in _w8a16_kernel
             rk = k_start + it * BLOCK_K + tl.arange(0, BLOCK_K)
@@ -123,18 +130,33 @@ if triton is not None:
             x = tl.load(x_ptr + rk, mask=kmask, other=0.0).to(tl.float32)
             w = tl.load(w_ptr + rn[:, None] * stride_wn + rk[None, :], mask=nmask[:, None] & kmask[None, :], other=0)
             acc += w.to(tl.float32) * x[None, :]
+            if RMS:
+                sumsq += x * x
         row = tl.sum(acc, axis=1)
         if SPLIT == 1:
             row = row * tl.load(s_ptr + rn, mask=nmask, other=0.0).to(tl.float32)
+            if RMS:
+                row = row * tl.rsqrt(tl.sum(sumsq, axis=0) / K + eps)
             if HAS_BIAS:
                 row += tl.load(b_ptr + rn, mask=nmask, other=0.0).to(tl.float32)
+            if HAS_RES:
+                row += tl.load(r_ptr + rn, mask=nmask, other=0.0).to(tl.float32)
             tl.store(out_ptr + rn, row.to(out_ptr.dtype.element_ty), mask=nmask)
         else:
             tl.store(ws_ptr + pid_k * N + rn, row, mask=nmask)
 
     @triton.jit
     def _gemv_reduce(
-        ws_ptr, s_ptr, b_ptr, out_ptr, N, SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr
+        ws_ptr,
+        s_ptr,
+        b_ptr,
+        r_ptr,
+        out_ptr,
+        N,
+        SPLIT: tl.constexpr,
+        HAS_BIAS: tl.constexpr,
+        HAS_RES: tl.constexpr,
+        BLOCK: tl.constexpr,
     ) -> None:
         rn = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         nmask = rn < N
@@ -144,6 +166,8 @@ if triton is not None:
         row = row * tl.load(s_ptr + rn, mask=nmask, other=0.0).to(tl.float32)
         if HAS_BIAS:
             row += tl.load(b_ptr + rn, mask=nmask, other=0.0).to(tl.float32)
+        if HAS_RES:
+            row += tl.load(r_ptr + rn, mask=nmask, other=0.0).to(tl.float32)
         tl.store(out_ptr + rn, row.to(out_ptr.dtype.element_ty), mask=nmask)
 
 
@@ -200,11 +224,18 @@ def w8_gemv(
     scale: torch.Tensor,
     bias: torch.Tensor | None = None,
     config: GemvConfig | None = None,
+    *,
+    residual: torch.Tensor | None = None,
+    rms_eps: float | None = None,
 ) -> torch.Tensor:
     """:func:`w8a16_linear` for one row (``x`` [K] or [1, K]): a matrix-vector kernel without tensor cores, which at
     one row only pad the row to 16. ``config`` (BLOCK_N, BLOCK_K, SPLIT, num_warps) defaults to
     :func:`gemv_config`'s choice for the weight's shape; SPLIT > 1 splits K over that many programs per output
-    block and adds a second small kernel that sums their fp32 partials."""
+    block and adds a second small kernel that sums their fp32 partials.
+
+    Fused forms (``int8_kernel: gemv_fused``): ``rms_eps`` multiplies the product by ``rsqrt(mean(x²) + eps)`` — an
+    RMSNorm of x whose weight was folded into ``q`` — before the bias (forces SPLIT 1: every program sees all of K);
+    ``residual`` [N] (or x's leading dims × N) is added to the result."""
     if triton is None:
         raise RuntimeError("w8_gemv needs Triton (it comes with CUDA builds of torch)")
     n, k = q.shape
@@ -213,21 +244,28 @@ def w8_gemv(
             f"w8_gemv: x {tuple(x.shape)}, q {tuple(q.shape)} {q.dtype}, scale {tuple(scale.shape)}: "
             "need one row x [..., K] (1 row), q int8 [N, K], scale [N]"
         )
+    if residual is not None and residual.numel() != n:
+        raise ValueError(f"w8_gemv: residual {tuple(residual.shape)} for {n} outputs: need N = {n} values")
     block_n, block_k, split, warps = config or gemv_config(n, k)
+    if rms_eps is not None:
+        split = 1
     x1 = x.reshape(k)
     if x1.stride(0) != 1:
         x1 = x1.contiguous()
     q = q if q.stride(-1) == 1 else q.contiguous()
+    res = residual.reshape(n).contiguous() if residual is not None else scale
     out = torch.empty(n, dtype=x.dtype, device=x.device)
     k_iters = triton.cdiv(triton.cdiv(k, split), block_k)  # BLOCK_K steps per slice of K
     ws = torch.empty((split, n), dtype=torch.float32, device=x.device) if split > 1 else out
     b = bias if bias is not None else scale
+    flags = {"HAS_BIAS": bias is not None, "HAS_RES": residual is not None}
     _gemv_kernel[(triton.cdiv(n, block_n), split)](
-        x1, q, scale, b, out, ws, n, k, q.stride(0), K_ITERS=k_iters,
-        SPLIT=split, HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps,
+        x1, q, scale, b, res, out, ws, n, k, q.stride(0), 0.0 if rms_eps is None else float(rms_eps),
+        K_ITERS=k_iters, SPLIT=split, RMS=rms_eps is not None, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps,
+        **flags,
     )  # fmt: skip
     if split > 1:
-        _gemv_reduce[(triton.cdiv(n, 1024),)](ws, scale, b, out, n, SPLIT=split, HAS_BIAS=bias is not None, BLOCK=1024)
+        _gemv_reduce[(triton.cdiv(n, 1024),)](ws, scale, b, res, out, n, SPLIT=split, BLOCK=1024, **flags)
     return out.reshape(*x.shape[:-1], n)
 
 
@@ -298,4 +336,39 @@ def w8a16_op(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.
 
 @w8a16_op.register_fake
 def _w8a16_fake(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], q.shape[0]))
+
+
+@torch.library.custom_op("miaohui::w8_gemv_fused", mutates_args=())
+def w8_gemv_fused_op(
+    x: torch.Tensor,
+    q: torch.Tensor,
+    scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    residual: torch.Tensor | None,
+    rms_eps: float,
+) -> torch.Tensor:
+    """One row's ``[residual +] (rsqrt(mean(x²) + eps) ·)? x @ (q * scale).T [+ bias]`` (``rms_eps`` ≤ 0: no norm):
+    :func:`w8_gemv` on CUDA, the same arithmetic in torch elsewhere (the RMSNorm's weight is folded into ``q``)."""
+    if x.is_cuda and triton is not None:
+        return w8_gemv(x, q, scale, bias, residual=residual, rms_eps=rms_eps if rms_eps > 0 else None)
+    h = x
+    if rms_eps > 0:
+        hf = x.float()
+        h = (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + rms_eps)).to(x.dtype)
+    out = F.linear(h, q.to(x.dtype)) * scale
+    if bias is not None:
+        out = out + bias
+    return out if residual is None else residual + out
+
+
+@w8_gemv_fused_op.register_fake
+def _w8_gemv_fused_fake(
+    x: torch.Tensor,
+    q: torch.Tensor,
+    scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    residual: torch.Tensor | None,
+    rms_eps: float,
+) -> torch.Tensor:
     return x.new_empty((*x.shape[:-1], q.shape[0]))
