@@ -102,6 +102,8 @@
 #   s18a:   (next session) the int8 GPU tests with gemv and gemv_fused (RMSNorm folded into the one-row kernel, the
 #           residual in its epilogue; built after session 17's device time), the batch-1 step's profile with each,
 #           then the 1.5B benchmark with gemv_fused (TPOT at one stream)
+#   s18b:   (next session) scripts/gpu/encoder_gemm_sweep.py: the encoder's few-row Triton GEMM (small tiles, split K)
+#           against cuBLAS for BERT-base's four GEMMs at 16/128/512 rows (is there ~10 µs per layer at 1x128?)
 #   s17a:   (session 17) all inductor GPU tests (fp16+bf16: fast_start warming only the config's shapes and capturing
 #           every bucket in its upgrade; the capture-stream fix), then BERT-base at every shape (the 32x128 row again)
 #   s17b:   (session 17) the e5-shaped server with fast_start false/true twice: time to ready, and the load while
@@ -522,6 +524,9 @@ case $stage in
     done
     timeout 200 python3 benchmarks/bench_generation_gpu.py --models qwen1.5b --int8-batch1 --int8-kernel gemv_fused \
       --out "$OUT" 2>&1 | grep -E "TPOT|graph step|tok/s|agreement" | tail -8
+    ;;
+  s18b)
+    timeout 420 python3 scripts/gpu/encoder_gemm_sweep.py --out "$OUT" 2>&1 | grep -E '^\{|layer_us|Error' | tail -16
     ;;
   s17b|s17g)
     python3 scripts/gpu/e5_shape_model.py var/models/intent-e5-shape | tail -1

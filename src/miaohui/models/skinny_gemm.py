@@ -1,0 +1,155 @@
+"""A Triton GEMM for the encoder's few-row products (``x`` [M, K] @ ``w`` [N, K]ᵀ + bias, optional tanh GELU) with
+small tiles and split K, for the rows an intent request has (M = batch × sequence ≈ 16–512).
+
+Why: BERT-base fp16 at 1×128 on the H200 is 0.47 ms, ~290 µs of it in cuBLAS GEMMs of 128 rows at ~5 µs each
+(``gpu_encoder_bert_fusedgelu_h200_s11f.json``): QKV 5.3, attention out 4.4, FFN in + GELU 5.7, FFN out 8.7 (split K:
+the GEMM, a reduce kernel and a memset) per layer, against ~1 µs each for their weights at the HBM rate. At 128 rows
+a 128-wide output tile leaves most of the 132 SMs idle; smaller tiles and K split over programs give them work. The
+(1, 128) ≤ 0.35 ms goal needs about 10 µs per layer back.
+
+Status: written after session 17's device time; arithmetic checked on the CPU under Triton's interpreter
+(``tests/unit/test_skinny_gemm.py``); speed unmeasured — ``scripts/gpu/encoder_gemm_sweep.py`` times it against cuBLAS
+(``run_h200.sh s18b``). Not wired into the engine.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+try:  # Triton comes with CUDA builds of torch; CPU installs may lack it
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - exercised only where triton is missing
+    triton = None
+
+SkinnyConfig = tuple[int, int, int, int, int]
+"""(BLOCK_M, BLOCK_N, BLOCK_K, SPLIT, num_warps)."""
+
+SKINNY_SWEEP: list[SkinnyConfig] = [
+    (bm, bn, bk, split, 4) for bm in (16, 32, 64) for bn in (32, 64, 128) for bk in (64, 128) for split in (1, 2, 4)
+]
+"""Every configuration ``scripts/gpu/encoder_gemm_sweep.py`` times (those with BLOCK_M ≤ M)."""
+
+if triton is not None:
+
+    @triton.jit
+    def _gelu_tanh(v: Any) -> Any:
+        inner = 0.7978845608028654 * (v + 0.044715 * v * v * v)
+        e = tl.exp(-2.0 * tl.abs(inner))  # tanh without overflow: sign(u) · (1 − e^{−2|u|}) / (1 + e^{−2|u|})
+        t = (1.0 - e) / (1.0 + e)
+        t = tl.where(inner < 0, -t, t)
+        return 0.5 * v * (1.0 + t)
+
+    @triton.jit
+    def _skinny_kernel(
+        x_ptr,
+        w_ptr,
+        b_ptr,
+        out_ptr,
+        ws_ptr,
+        M,
+        N,
+        K,
+        stride_xm,
+        stride_wn,
+        stride_om,
+        K_ITERS: tl.constexpr,
+        SPLIT: tl.constexpr,
+        HAS_BIAS: tl.constexpr,
+        GELU: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+    ) -> None:
+        """A [BLOCK_M, BLOCK_N] output tile over one of SPLIT slices of K; SPLIT 1 applies bias/GELU and stores,
+        otherwise fp32 partials go to ``ws`` [SPLIT, M, N] for :func:`_skinny_reduce`."""
+        pid_m = tl.program_id(0)
+        pid_n = tl.program_id(1)
+        pid_k = tl.program_id(2)
+        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        k_start = pid_k * (K_ITERS * BLOCK_K)
+        for it in range(K_ITERS):
+            rk = k_start + it * BLOCK_K + tl.arange(0, BLOCK_K)
+            x = tl.load(
+                x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=(rm[:, None] < M) & (rk[None, :] < K), other=0.0
+            )
+            w = tl.load(
+                w_ptr + rn[None, :] * stride_wn + rk[:, None], mask=(rn[None, :] < N) & (rk[:, None] < K), other=0.0
+            )
+            acc += tl.dot(x, w)
+        mask = (rm[:, None] < M) & (rn[None, :] < N)
+        if SPLIT == 1:
+            if HAS_BIAS:
+                acc += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+            if GELU:
+                acc = _gelu_tanh(acc)
+            tl.store(out_ptr + rm[:, None] * stride_om + rn[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
+        else:
+            tl.store(ws_ptr + (pid_k * M + rm[:, None]) * N + rn[None, :], acc, mask=mask)
+
+    @triton.jit
+    def _skinny_reduce(
+        ws_ptr,
+        b_ptr,
+        out_ptr,
+        M,
+        N,
+        stride_om,
+        SPLIT: tl.constexpr,
+        HAS_BIAS: tl.constexpr,
+        GELU: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ) -> None:
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < M * N
+        acc = tl.zeros((BLOCK,), dtype=tl.float32)
+        for i in tl.static_range(SPLIT):
+            acc += tl.load(ws_ptr + i * M * N + offs, mask=mask, other=0.0)
+        col = offs % N
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + col, mask=mask, other=0.0).to(tl.float32)
+        if GELU:
+            acc = _gelu_tanh(acc)
+        tl.store(out_ptr + (offs // N) * stride_om + col, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def skinny_linear(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    bias: torch.Tensor | None,
+    config: SkinnyConfig,
+    gelu: bool = False,
+) -> torch.Tensor:
+    """``F.linear(x, w, bias)`` (then tanh GELU when ``gelu``) for ``x`` [..., K] and ``w`` [N, K] of one dtype, with
+    ``config`` (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT, num_warps); SPLIT > 1 adds a kernel that sums fp32 partials."""
+    if triton is None:
+        raise RuntimeError("skinny_linear needs Triton (it comes with CUDA builds of torch)")
+    if w.dim() != 2 or x.shape[-1] != w.shape[1] or x.dtype != w.dtype:
+        raise ValueError(
+            f"skinny_linear: x {tuple(x.shape)} {x.dtype}, w {tuple(w.shape)} {w.dtype}: need w [N, K] and x [..., K] "
+            "of the same dtype"
+        )
+    block_m, block_n, block_k, split, warps = config
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, x.shape[-1])
+    x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()
+    w = w if w.stride(-1) == 1 else w.contiguous()
+    m, k = x2.shape
+    n = w.shape[0]
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    k_iters = triton.cdiv(triton.cdiv(k, split), block_k)
+    ws = torch.empty((split, m, n), dtype=torch.float32, device=x.device) if split > 1 else out
+    b = bias if bias is not None else w
+    flags = {"HAS_BIAS": bias is not None, "GELU": gelu}
+    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n), split)
+    _skinny_kernel[grid](
+        x2, w, b, out, ws, m, n, k, x2.stride(0), w.stride(0), out.stride(0),
+        K_ITERS=k_iters, SPLIT=split, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, **flags,
+    )  # fmt: skip
+    if split > 1:
+        _skinny_reduce[(triton.cdiv(m * n, 1024),)](ws, b, out, m, n, out.stride(0), SPLIT=split, BLOCK=1024, **flags)
+    return out.reshape(*lead, n)
