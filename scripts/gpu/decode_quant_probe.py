@@ -11,7 +11,9 @@ Session 10 found the batch-1 step's GEMMs take 1.26 ms in cuBLAS (0.7–3.2 TB/s
   dequantization fused in);
 * ``int4_tinygemm``: ``aten._weight_int4pack_mm`` (4-bit, groups of 128, bf16 scale and zero; gpt-fast's int4);
 * ``int8_triton``: :func:`miaohui.generation.w8a16.w8a16_linear`, miaohui's own int8 Triton GEMM for 1–64 rows
-  (autotuned per rows bucket; added after the session-11 run, so not in ``decode_quant_probe_h200_s11d.json``).
+  (autotuned per rows bucket; added after the session-11 run, so not in ``decode_quant_probe_h200_s11d.json``);
+* ``fp8_inductor``: :func:`miaohui.generation.static_kv.fp8_linear` compiled (W8A8 float8 e4m3, per-row scales,
+  ``torch._scaled_mm``; ``SlotEngineOptions.fp8_batched``; added in session 17, first run ``run_h200.sh s18c``).
 
 Per row: µs per call, the bytes' TB/s, and max |error| against the dequantized weights in fp32.
 
@@ -31,7 +33,7 @@ import torch
 from decode_kernel_probe import HEADS, HIDDEN, INTER, KV_HEADS, VOCAB, D, _rotating, _time_graph
 from torch.nn import functional as F
 
-from miaohui.generation.static_kv import quantize_int8
+from miaohui.generation.static_kv import fp8_linear, quantize_fp8, quantize_int8
 from miaohui.generation.w8a16 import w8a16_linear
 
 GROUP = 128
@@ -64,6 +66,7 @@ def variants(cuda: bool) -> dict[str, tuple[Callable[..., Any], Callable[[torch.
         "int8_aten": (lambda x, w: torch.ops.aten._weight_int8pack_mm(x, w[0], w[1]), quantize_int8),
         "int8_inductor": (int8_linear, quantize_int8),
         "int8_inductor_cd": (int8_linear, quantize_int8),
+        "fp8_inductor": (fp8_linear, quantize_fp8),
     }
     if cuda:  # tinygemm's packing is CUDA-only; the Triton kernel needs a GPU (or the interpreter)
         out["int8_triton"] = (lambda x, w: w8a16_linear(x, w[0], w[1]), quantize_int8)
@@ -74,7 +77,7 @@ def variants(cuda: bool) -> dict[str, tuple[Callable[..., Any], Callable[[torch.
     return out
 
 
-def probe(device: str, dtype: torch.dtype, scale: int) -> list[dict[str, Any]]:
+def probe(device: str, dtype: torch.dtype, scale: int, only: set[str] | None = None) -> list[dict[str, Any]]:
     cuda = device == "cuda"
     shapes = {"qkv": (HIDDEN + 2 * KV_HEADS * D, HIDDEN), "o": (HIDDEN, HEADS * D), "gate_up": (2 * INTER, HIDDEN),
               "down": (HIDDEN, INTER), "lm_head": (VOCAB, HIDDEN)}  # fmt: skip
@@ -84,6 +87,8 @@ def probe(device: str, dtype: torch.dtype, scale: int) -> list[dict[str, Any]]:
         copies = max(1, min(40, (400 << 20) // (n * k * 2))) if cuda else 1
         weights = [torch.randn(n, k, device=device, dtype=dtype) * 0.02 for _ in range(copies)]
         for vname, (fn, pack) in variants(cuda).items():
+            if only and vname not in only:
+                continue
             try:
                 packed = [pack(w) for w in weights]
             except Exception as exc:  # report and go on: a kernel this torch lacks is a finding
@@ -137,12 +142,14 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tiny", action="store_true", help="small shapes (smoke test)")
     ap.add_argument("--out", type=Path, default=Path("/tmp/quant"))
+    ap.add_argument("--variants", default="", help="comma-separated subset (default: all)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     dtype = torch.bfloat16
     report: dict[str, Any] = {"model": "qwen1.5b shape (random weights)", "torch": torch.__version__}
     with torch.inference_mode():
-        report["gemms"] = probe(args.device, dtype, 16 if args.tiny else 1)
+        only = set(args.variants.split(",")) if args.variants else None
+        report["gemms"] = probe(args.device, dtype, 16 if args.tiny else 1, only)
     report["step_gemm_us"] = per_layer_table(report["gemms"])
     print("GEMM µs per decode step (28 layers + LM head):", json.dumps(report["step_gemm_us"]), flush=True)
     if args.device == "cuda":

@@ -198,3 +198,40 @@ def test_int8_steps_decode_with_the_int8_weights_and_the_others_without(
             assert err < 1e-4, f"{layer} batch {b} int8={int8}: relative logit error {err:.2e}"
             # the int8 weights change the logits (else the test could not tell the paths apart)
             assert float((want_int8 - want_plain).norm() / want_plain.norm()) > 1e-4
+
+
+@pytest.mark.parametrize("layer", ["split", "fused"])
+def test_fp8_batched_steps_read_the_fp8_copy_and_one_row_steps_do_not(layer: str) -> None:
+    """``fp8_batched``: a compiled step of 2+ rows gives the logits of the same step run eagerly on the fp8 copy
+    (``torch._scaled_mm``, which PyTorch runs on the CPU too), which are near the unquantized model's and not equal to
+    them (the fp8 copy is really read); a one-row step gives the unquantized model's logits."""
+    hf = tiny_qwen()
+    opts = SlotEngineOptions(
+        num_slots=8, max_len=256, dtype="fp32", compile=True, cuda_graphs=False, decode_layer=layer, fp8_batched=True
+    )
+    engine = TorchSlotEngine(StaticKVDecoder.from_hf(hf, num_slots=8, max_len=256, dtype=torch.float32), [999], 0, opts)
+    eager = StaticKVDecoder.from_hf(hf, num_slots=8, max_len=256, dtype=torch.float32)
+    eager.decode_layer = layer
+    eager.add_fp8()
+    plain = StaticKVDecoder.from_hf(hf, num_slots=8, max_len=256, dtype=torch.float32)
+    assert engine.model._fp8 is not None and engine.model._fp8[0]["down"].q.dtype == torch.float8_e4m3fn
+    gen = torch.Generator().manual_seed(7)
+    with torch.inference_mode():
+        prompts = torch.randint(5, 1000, (8, 120), generator=gen)
+        engine.model.prefill(prompts, torch.full((8,), 120), torch.arange(8))
+        for b in (4, 1):
+            ours = (*engine.model.k_cache, *engine.model.v_cache)
+            for m in (eager, plain):  # every step starts from the engine's cache
+                for mine, theirs in zip((*m.k_cache, *m.v_cache), ours, strict=True):
+                    mine.copy_(theirs)
+            tokens = torch.randint(5, 1000, (b,), generator=gen)
+            positions = torch.full((b,), 120)
+            got = engine._decode_fn(tokens, positions, 128)
+            fp8, unquantized = eager.decode(tokens, positions, 128), plain.decode(tokens, positions, 128)
+            to_plain = float((got - unquantized).norm() / unquantized.norm())
+            if b > 1:
+                err = float((got - fp8).norm() / fp8.norm())
+                assert err < 1e-4, f"{layer} batch {b}: compiled vs eager fp8 step, relative logit error {err:.2e}"
+                assert 1e-4 < to_plain < 0.1, f"{layer} batch {b}: fp8 vs unquantized, relative error {to_plain:.2e}"
+            else:
+                assert to_plain < 1e-4, f"{layer} batch 1 should not read fp8: relative error {to_plain:.2e}"

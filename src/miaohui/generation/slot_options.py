@@ -70,6 +70,14 @@ class SlotEngineOptions(Frozen):
     rows 1,219 µs vs cuBLAS bf16 1,203, at 64 rows 1,884 vs 1,276 (its gate/up and LM head win at ≤ 8 rows, the
     down projection's long K loses: one program per output tile walks all 8,960). Kept, off, for kernel work; the
     GPU test passes (``gpu_tests_slot_engine_int8_h200_s12.txt``)."""
+    fp8_batched: bool = False
+    """W8A8 float8 for decode steps of 2+ rows: a float8 e4m3 copy of the layers' GEMM weights and the LM head
+    (per-output-row scales, +50 % weight memory) multiplied by ``torch._scaled_mm`` against the activations quantized
+    to e4m3 per row (vLLM's fp8 scheme; tensor cores take fp8 from compute capability 8.9, the H200 included). At 64
+    rows the step reads its weights once per step and ~1.3 of its ~2.4 ms are bf16 GEMMs
+    (``decode_quant_probe_h200_s12b.json``), so half the bytes is where more tokens/s at 64 streams would come from.
+    Built after session 17's device time: checked on the CPU (``torch._scaled_mm`` runs there), speed unmeasured
+    (``run_h200.sh s18c``). Tokens then depend on how many sequences share a step (as with the int8 options)."""
     batch_buckets: tuple[int, ...] = ()
     """Decode batch sizes (default: powers of two up to num_slots, and num_slots)."""
     length_buckets: tuple[int, ...] = ()
@@ -99,6 +107,11 @@ class SlotEngineOptions(Frozen):
             raise ConfigError(
                 f"decode_layer 'fused' does not take decode_attention {self.decode_attention!r}",
                 "use decode_attention matmul with the fused layer, or decode_layer split",
+            )
+        if self.fp8_batched and self.int8_batched:
+            raise ConfigError(
+                "fp8_batched and int8_batched both quantize the decode steps of 2+ rows",
+                "choose one of fp8_batched and int8_batched",
             )
         if self.int8_kernel == "gemv_fused" and self.int8_batched:
             raise ConfigError(
