@@ -9,7 +9,10 @@
   (``torch._addmm_activation``; :func:`miaohui.models.fast_bert.use_fused_gelu`, which session 11 built into the
   engine after this probe);
 * ``static_autotune``: ``static`` with Inductor's max-autotune (Triton GEMM templates with fused epilogues against
-  cuBLAS, for these exact sizes; the dynamic-shape autotune lost to cuBLAS in session 6).
+  cuBLAS, for these exact sizes; the dynamic-shape autotune lost to cuBLAS in session 6);
+* ``static_skinny``: ``static_gelu_epi`` with the four GEMMs through ``miaohui::skinny_linear``
+  (:mod:`miaohui.models.skinny_gemm`, session 17): the small-tile split-K Triton GEMM for the products
+  ``--skinny-table`` (``encoder_gemm_sweep.py``'s JSON) found faster than cuBLAS, cuBLAS for the rest.
 
 Each variant: a CUDA graph of one call, CUDA events, median/p99 of ``--iters`` replays; relative error against fp32
 eager; the graph's kernel table (kernels per call, top kernels). Then a "floor": each of a layer's four GEMMs and
@@ -112,7 +115,13 @@ def main() -> None:
     ap.add_argument("--variants", default="dynamic,static,static_cudnn,static_gelu_epi,static_autotune")
     ap.add_argument("--iters", type=int, default=300)
     ap.add_argument("--out", type=Path, default=Path("/tmp/encvar"))
+    ap.add_argument("--skinny-table", type=Path, help="encoder_gemm_sweep.py's JSON (static_skinny)")
     args = ap.parse_args()
+    if args.skinny_table:
+        from miaohui.models import skinny_gemm
+
+        skinny_gemm.SKINNY_BEST.update(skinny_gemm.table_from_sweep(json.loads(args.skinny_table.read_text())))
+        print("skinny products:", skinny_gemm.SKINNY_BEST, flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     cuda = args.device == "cuda"
     h, layers, heads, inter = (64, 2, 4, 256) if args.tiny else (768, 12, 12, 3072)
@@ -134,7 +143,8 @@ def main() -> None:
     for variant in args.variants.split(","):
         for b, s in shapes:
             torch._dynamo.reset()
-            fast_bert.use_fused_gelu(model, variant == "static_gelu_epi")
+            fast_bert.use_fused_gelu(model, variant in ("static_gelu_epi", "static_skinny"))
+            fast_bert.use_skinny(model, variant == "static_skinny")
             mode = "max-autotune-no-cudagraphs" if variant == "static_autotune" else None
             compiled = torch.compile(model, dynamic=variant == "dynamic", fullgraph=True, mode=mode)
             fn: Callable[..., torch.Tensor] = compiled
@@ -172,6 +182,7 @@ def main() -> None:
                 for k in kt["top"]:
                     print(f"    {k['per_call']:5.1f}x {k['us_per_call']:8.2f} us  {k['kernel']}", flush=True)
     fast_bert.use_fused_gelu(model, False)
+    fast_bert.use_skinny(model, False)
     with torch.inference_mode():
         report["floor"] = {f"{b}x{s}": floor(h, inter, heads, layers, b, s, dtype, cuda) for b, s in shapes}
     print("floor:", json.dumps(report["floor"]), flush=True)

@@ -103,7 +103,8 @@
 #           residual in its epilogue; built after session 17's device time), the batch-1 step's profile with each,
 #           then the 1.5B benchmark with gemv_fused (TPOT at one stream)
 #   s18b:   (next session) scripts/gpu/encoder_gemm_sweep.py: the encoder's few-row Triton GEMM (small tiles, split K)
-#           against cuBLAS for BERT-base's four GEMMs at 16/128/512 rows (is there ~10 µs per layer at 1x128?)
+#           against cuBLAS for BERT-base's four GEMMs at 16/128/512 rows (is there ~10 µs per layer at 1x128?), then
+#           encoder_variants.py static_gelu_epi vs static_skinny (the winners in the whole encoder) at 1x16/1x128/8x64
 #   s18c:   (next session) fp8_batched: the 1.5B shape's GEMMs as W8A8 fp8 (torch._scaled_mm) against cuBLAS bf16 at
 #           1/8/64 rows, its GPU tests, then the 1.5B benchmark with fp8_batched + int8_batch1 (64 streams' tok/s,
 #           s17f without fp8: 21,958)
@@ -529,7 +530,9 @@ case $stage in
       --out "$OUT" 2>&1 | grep -E "TPOT|graph step|tok/s|agreement" | tail -8
     ;;
   s18b)
-    timeout 420 python3 scripts/gpu/encoder_gemm_sweep.py --out "$OUT" 2>&1 | grep -E '^\{|layer_us|Error' | tail -16
+    timeout 330 python3 scripts/gpu/encoder_gemm_sweep.py --out "$OUT" 2>&1 | grep -E '^\{|layer_us|Error' | tail -16
+    timeout 200 python3 scripts/gpu/encoder_variants.py --variants static_gelu_epi,static_skinny --shapes 1x16,1x128,8x64 \
+      --skinny-table "$OUT/encoder_gemm_sweep.json" --out "$OUT" 2>&1 | grep -E 'skinny products|"variant"|kernels/call' | tail -12
     ;;
   s18c)
     timeout 150 python3 scripts/gpu/decode_quant_probe.py --variants cublas,fp8_inductor --out "$OUT" 2>&1 \

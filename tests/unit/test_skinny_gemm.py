@@ -53,3 +53,32 @@ def test_bad_operands_are_named() -> None:
         skinny_linear(torch.randn(4, 15), torch.randn(8, 16), None, SKINNY_SWEEP[0])
     with pytest.raises(ValueError, match="same dtype"):
         skinny_linear(torch.randn(4, 16), torch.randn(8, 16).half(), None, SKINNY_SWEEP[0])
+
+
+def test_skinny_layers_compile_and_stay_close_to_the_plain_model_on_the_cpu() -> None:
+    """``use_skinny``: the four GEMMs go through ``miaohui::skinny_linear`` (on the CPU: ``F.linear`` with tanh GELU),
+    which ``torch.compile(fullgraph=True)`` takes as one opaque op; logits within tanh-vs-erf GELU of the plain model."""
+    from miaohui.models import fast_bert
+    from miaohui.models.intent import IntentClassifier, random_bert
+
+    enc = random_bert(hidden=64, layers=2, heads=4, vocab=1000, intermediate=256, seed=0)
+    model = fast_bert.from_module(IntentClassifier(enc, 5).eval())
+    ids = torch.randint(5, 1000, (2, 12))
+    mask = torch.ones_like(ids)
+    mask[1, 8:] = 0
+    with torch.inference_mode():
+        want = model(ids, mask)
+        fast_bert.use_skinny(model)
+        got = torch.compile(model, fullgraph=True, dynamic=False)(ids, mask)
+    err = float((got - want).norm() / want.norm())
+    assert 0 < err < 2e-3, err  # not 0: the skinny path's GELU is the tanh form
+
+
+def test_table_from_sweep_keeps_only_the_products_that_beat_cublas() -> None:
+    from miaohui.models.skinny_gemm import table_from_sweep
+
+    report = {"best": [
+        {"m": 128, "n": 2304, "k": 768, "config": [32, 64, 64, 1, 4], "us": 3.1, "cublas_us": 5.3},
+        {"m": 512, "n": 2304, "k": 768, "config": [64, 128, 64, 1, 4], "us": 7.0, "cublas_us": 6.2},
+    ]}  # fmt: skip
+    assert table_from_sweep(report) == {(128, 2304, 768): (32, 64, 64, 1, 4)}

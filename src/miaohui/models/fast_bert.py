@@ -34,6 +34,12 @@ class FastBertLayer(nn.Module):
     on the CPU the op computes erf GELU. Set by :func:`use_fused_gelu`: the GPU engine turns it on (BERT-base fp16 on
     the H200, static sizes: 32×128 1.78 → 1.63 ms, 1×128 0.486 → 0.467; ``scripts/gpu/encoder_variants.py``)."""
 
+    skinny: bool = False
+    """The four GEMMs through ``miaohui::skinny_linear`` (:mod:`miaohui.models.skinny_gemm`: a small-tile split-K
+    Triton GEMM where its measured table has the product's rows, cuBLAS elsewhere; the FFN's GELU as tanh). Set by
+    :func:`use_skinny`; only ``scripts/gpu/encoder_variants.py``'s ``static_skinny`` turns it on (not measured yet, not
+    in the engine)."""
+
     def __init__(self, hidden: int, heads: int, intermediate: int, eps: float) -> None:
         super().__init__()
         self.heads, self.head_dim = heads, hidden // heads
@@ -45,6 +51,8 @@ class FastBertLayer(nn.Module):
         self.ln2 = nn.LayerNorm(hidden, eps=eps)
 
     def forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        if self.skinny:
+            return self._forward_skinny(x, bias)
         b, s, h = x.shape
         q, k, v = self.qkv(x).view(b, s, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
         a = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
@@ -55,6 +63,17 @@ class FastBertLayer(nn.Module):
         else:
             inner = F.gelu(self.ffn_in(x))
         return self.ln2(x + self.ffn_out(inner))
+
+    def _forward_skinny(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        from miaohui.models.skinny_gemm import skinny_op
+
+        b, s, h = x.shape
+        qkv = skinny_op(x, self.qkv.weight, self.qkv.bias, False)
+        q, k, v = qkv.view(b, s, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+        x = self.ln1(x + skinny_op(a.transpose(1, 2).reshape(b, s, h), self.attn_out.weight, self.attn_out.bias, False))
+        inner = skinny_op(x, self.ffn_in.weight, self.ffn_in.bias, True)
+        return self.ln2(x + skinny_op(inner, self.ffn_out.weight, self.ffn_out.bias, False))
 
 
 class FastBert(nn.Module):
@@ -94,6 +113,14 @@ def _embedding(n: int, dim: int, init: bool) -> nn.Embedding:
     """``init=False``: no random init — the weights are loaded next. (An Embedding's init on the meta device runs
     ``normal_`` through torch's Python reference ops, whose first import took 1.2 s of a fast start on this CPU.)"""
     return nn.Embedding(n, dim) if init else nn.Embedding(n, dim, _weight=torch.empty(n, dim))
+
+
+def use_skinny(module: nn.Module, on: bool = True) -> nn.Module:
+    """Switch every :class:`FastBertLayer` of ``module`` to ``miaohui::skinny_linear`` (see ``skinny``)."""
+    for layer in module.modules():
+        if isinstance(layer, FastBertLayer):
+            layer.skinny = on
+    return module
 
 
 def use_fused_gelu(module: nn.Module, on: bool = True) -> nn.Module:

@@ -153,3 +153,40 @@ def skinny_linear(
     if split > 1:
         _skinny_reduce[(triton.cdiv(m * n, 1024),)](ws, b, out, m, n, out.stride(0), SPLIT=split, BLOCK=1024, **flags)
     return out.reshape(*lead, n)
+
+
+SKINNY_BEST: dict[tuple[int, int, int], SkinnyConfig] = {}
+"""(M, N, K) → the configuration to run, for the products where the sweep found it faster than cuBLAS; every other
+product keeps cuBLAS. Empty until measured (``scripts/gpu/encoder_gemm_sweep.py``; :func:`table_from_sweep`)."""
+
+
+def table_from_sweep(report: dict[str, Any]) -> dict[tuple[int, int, int], SkinnyConfig]:
+    """``encoder_gemm_sweep.py``'s ``best`` entries that beat cuBLAS, as :data:`SKINNY_BEST` entries."""
+    out: dict[tuple[int, int, int], SkinnyConfig] = {}
+    for e in report["best"]:
+        if e["us"] < e["cublas_us"]:
+            bm, bn, bk, split, warps = (int(v) for v in e["config"])
+            out[(int(e["m"]), int(e["n"]), int(e["k"]))] = (bm, bn, bk, split, warps)
+    return out
+
+
+@torch.library.custom_op("miaohui::skinny_linear", mutates_args=())
+def skinny_op(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor, gelu: bool) -> torch.Tensor:
+    """The encoder's ``linear(x, w, bias)`` (+ tanh GELU): :func:`skinny_linear` where :data:`SKINNY_BEST` has the
+    product's (rows, N, K), else what the engine runs without it (cuBLAS; its GELU epilogue for the FFN)."""
+    k = x.shape[-1]
+    m = x.numel() // k
+    cfg = SKINNY_BEST.get((m, w.shape[0], k)) if x.is_cuda and triton is not None else None
+    if cfg is not None:
+        return skinny_linear(x, w, bias, cfg, gelu=gelu)
+    if gelu:
+        if x.is_cuda:  # cuBLASLt's GEMM + bias + GELU (tanh) epilogue, as fast_bert's fused_gelu
+            out = torch._addmm_activation(bias, x.reshape(m, k), w.t(), use_gelu=True)
+            return out.view(*x.shape[:-1], w.shape[0])
+        return torch.nn.functional.gelu(torch.nn.functional.linear(x, w, bias), approximate="tanh")
+    return torch.nn.functional.linear(x, w, bias)
+
+
+@skinny_op.register_fake
+def _skinny_fake(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor, gelu: bool) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], w.shape[0]))
