@@ -51,29 +51,24 @@ class FastBertLayer(nn.Module):
         self.ln2 = nn.LayerNorm(hidden, eps=eps)
 
     def forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        b, s, h = x.shape
+        q, k, v = self._proj(self.qkv, x).view(b, s, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+        x = self.ln1(x + self._proj(self.attn_out, a.transpose(1, 2).reshape(b, s, h)))
+        return self.ln2(x + self._proj(self.ffn_out, self._proj(self.ffn_in, x, gelu=True)))
+
+    def _proj(self, lin: nn.Linear, x: torch.Tensor, gelu: bool = False) -> torch.Tensor:
+        """``lin(x)`` (then GELU when ``gelu``) by the kernel the flags choose: ``skinny_linear`` (tanh GELU),
+        cuBLASLt's GEMM+bias+GELU epilogue (``fused_gelu``), or ``nn.Linear`` and erf GELU."""
         if self.skinny:
-            return self._forward_skinny(x, bias)
-        b, s, h = x.shape
-        q, k, v = self.qkv(x).view(b, s, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        a = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
-        x = self.ln1(x + self.attn_out(a.transpose(1, 2).reshape(b, s, h)))
-        if self.fused_gelu:
-            w, bias_in = self.ffn_in.weight, self.ffn_in.bias
-            inner = torch._addmm_activation(bias_in, x.reshape(b * s, h), w.t(), use_gelu=True).view(b, s, -1)
-        else:
-            inner = F.gelu(self.ffn_in(x))
-        return self.ln2(x + self.ffn_out(inner))
+            from miaohui.models.skinny_gemm import skinny_op  # Triton is imported only when asked for
 
-    def _forward_skinny(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        from miaohui.models.skinny_gemm import skinny_op
-
-        b, s, h = x.shape
-        qkv = skinny_op(x, self.qkv.weight, self.qkv.bias, False)
-        q, k, v = qkv.view(b, s, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        a = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
-        x = self.ln1(x + skinny_op(a.transpose(1, 2).reshape(b, s, h), self.attn_out.weight, self.attn_out.bias, False))
-        inner = skinny_op(x, self.ffn_in.weight, self.ffn_in.bias, True)
-        return self.ln2(x + skinny_op(inner, self.ffn_out.weight, self.ffn_out.bias, False))
+            return skinny_op(x, lin.weight, lin.bias, gelu)
+        if gelu and self.fused_gelu:
+            b, s, h = x.shape
+            return torch._addmm_activation(lin.bias, x.reshape(b * s, h), lin.weight.t(), use_gelu=True).view(b, s, -1)
+        out = lin(x)
+        return F.gelu(out) if gelu else out
 
 
 class FastBert(nn.Module):
