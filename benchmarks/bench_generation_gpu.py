@@ -599,7 +599,6 @@ def bench_model(name: str, args: argparse.Namespace, server: bool) -> dict[str, 
         int8_batch1=args.int8_batch1,
         int8_kernel=args.int8_kernel,
         int8_batched=args.int8_batched,
-        fp8_batched=args.fp8_batched,
         prefill_batch_buckets=tuple(2**i for i in range(args.prefill_batch_max.bit_length())),
     )
     res["engine_options"] = options.model_dump(mode="json")
@@ -721,11 +720,8 @@ def main() -> None:
     ap.add_argument(
         "--int8-kernel",
         choices=["inductor", "gemv", "gemv_fused"],
-        default="gemv",
-        help="the kernel of --int8-batch1's steps",
-    )
-    ap.add_argument(
-        "--fp8-batched", action="store_true", help="W8A8 float8 (torch._scaled_mm) for steps of 2+ rows (engine option)"
+        default=None,
+        help="the kernel of --int8-batch1's steps (default: the engine's, gemv_fused; gemv with --int8-batched)",
     )
     ap.add_argument(
         "--int8-batched", action="store_true", help="int8 weights through the Triton GEMM for steps of 2+ rows"

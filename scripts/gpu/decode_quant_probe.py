@@ -12,8 +12,9 @@ Session 10 found the batch-1 step's GEMMs take 1.26 ms in cuBLAS (0.7–3.2 TB/s
 * ``int4_tinygemm``: ``aten._weight_int4pack_mm`` (4-bit, groups of 128, bf16 scale and zero; gpt-fast's int4);
 * ``int8_triton``: :func:`miaohui.generation.w8a16.w8a16_linear`, miaohui's own int8 Triton GEMM for 1–64 rows
   (autotuned per rows bucket; added after the session-11 run, so not in ``decode_quant_probe_h200_s11d.json``);
-* ``fp8_inductor``: :func:`miaohui.generation.static_kv.fp8_linear` compiled (W8A8 float8 e4m3, per-row scales,
-  ``torch._scaled_mm``; ``SlotEngineOptions.fp8_batched``; added in session 17, first run ``run_h200.sh s18c``).
+* ``fp8_inductor``: :func:`fp8_linear` compiled (W8A8 float8 e4m3, per-row scales, ``torch._scaled_mm``, vLLM's fp8
+  scheme; ``run_h200.sh s18c`` → ``decode_quant_probe_fp8_h200_s18c.json``: slower than cuBLAS bf16 at 1, 8 and 64
+  rows on the H200, so the engine option built for it, ``fp8_batched``, was removed).
 
 Per row: µs per call, the bytes' TB/s, and max |error| against the dequantized weights in fp32.
 
@@ -33,10 +34,29 @@ import torch
 from decode_kernel_probe import HEADS, HIDDEN, INTER, KV_HEADS, VOCAB, D, _rotating, _time_graph
 from torch.nn import functional as F
 
-from miaohui.generation.static_kv import fp8_linear, quantize_fp8, quantize_int8
+from miaohui.generation.static_kv import quantize_int8
 from miaohui.generation.w8a16 import w8a16_linear
 
 GROUP = 128
+FP8_MAX = 448.0
+"""The largest finite float8 e4m3fn value."""
+
+
+def quantize_fp8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-output-row float8 e4m3 of a ``[out, in]`` weight (scale = row amax / 448): (values, fp32 scales)."""
+    scale = w.float().abs().amax(dim=1).clamp(min=1e-12) / FP8_MAX
+    return (w.float() / scale[:, None]).to(torch.float8_e4m3fn), scale
+
+
+def fp8_linear(x: torch.Tensor, w: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """``x @ dequant(w).T`` with x quantized to e4m3 per row (its amax / 448) and ``torch._scaled_mm``'s row-wise
+    scales; bf16 out of the GEMM (the only output row-wise scaling has on CUDA), then x's dtype."""
+    q, scale = w
+    x2 = x.reshape(-1, x.shape[-1]).float()
+    xs = x2.abs().amax(dim=-1, keepdim=True).clamp(min=1e-12) / FP8_MAX
+    x8 = (x2 / xs).to(torch.float8_e4m3fn)
+    out = torch._scaled_mm(x8, q.t(), scale_a=xs, scale_b=scale[None, :], out_dtype=torch.bfloat16)
+    return out.to(x.dtype).reshape(*x.shape[:-1], q.shape[0])
 
 
 def quant_int4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -37,11 +37,5 @@ def test_gemv_fused_refuses_int8_batched() -> None:
         SlotEngineOptions(int8_batch1=True, int8_kernel="gemv_fused", int8_batched=True)
     assert err.value.fix == "use int8_kernel gemv with int8_batched, or int8_batched false"
     assert SlotEngineOptions(int8_batch1=True, int8_kernel="gemv", int8_batched=True).int8_kernel == "gemv"
-    assert SlotEngineOptions().int8_kernel == "gemv"
-
-
-def test_fp8_and_int8_for_batched_steps_are_exclusive() -> None:
-    with pytest.raises(ConfigError, match="fp8_batched and int8_batched both quantize") as err:
-        SlotEngineOptions(fp8_batched=True, int8_batched=True)
-    assert err.value.fix == "choose one of fp8_batched and int8_batched"
-    assert SlotEngineOptions(fp8_batched=True, int8_batch1=True).fp8_batched
+    assert SlotEngineOptions().int8_kernel == "gemv_fused"
+    assert SlotEngineOptions(int8_batch1=True, int8_batched=True).int8_kernel == "gemv"  # the default steps aside

@@ -200,8 +200,6 @@ class TorchSlotEngine(SlotCausalLMEngine):
         model.decode_layer = options.decode_layer
         if options.int8_batch1 or options.int8_batched:
             model.add_int8(batch1=options.int8_batch1, batched=options.int8_batched, kernel=options.int8_kernel)
-        if options.fp8_batched:
-            model.add_fp8()
         if self.compiled:
             _allow_specialisations()
             mode = "max-autotune-no-cudagraphs" if options.autotune else None

@@ -51,18 +51,18 @@ class SlotEngineOptions(Frozen):
     (``decode_quant_probe_h200_s11d.json``): 1.27 ms cuBLAS bf16 → 0.87 ms (Inductor), 0.78 (gemv). Steps of 2+ rows
     keep the model-dtype weights (int8 there was 2× slower), so a sequence's tokens may differ with whether it decoded
     alone. Off by default."""
-    int8_kernel: Literal["inductor", "gemv", "gemv_fused"] = "gemv"
-    """Which kernel reads the int8 copy in steps of one row: ``gemv`` (miaohui's matrix-vector kernel,
-    :func:`miaohui.generation.w8a16.w8_gemv`, one configuration per weight shape measured by
-    ``scripts/gpu/gemv_sweep.py``; opaque to Inductor, so the RMSNorm and SiLU·up before it are kernels of their own)
-    or ``inductor`` (the coordinate-descent Triton reduction above, with them fused in). H200, 1.5B shape, batch-1
-    graph step: inductor 1.65 ms (its down projection with SiLU·up fused 16.4 µs per layer, 0.84 TB/s;
-    ``profile_decode_int8b1_graph_h200_s17c.json``), gemv **1.37 ms** (``…_gemv_h200_s17d.json``, ``…_s17e``); TPOT
-    at one stream through the scheduler 1.64 → **1.43 ms** (``generation_gpu_qwen1.5b_int8gemv_h200_s17f.json``).
-    ``gemv_fused`` (built after session 17's device time, not yet measured): the same kernel also takes the RMS of its
-    input (the RMSNorm's weight folded into the QKV and gate/up copies) and adds the residual after O and down, so
-    the step loses its two norm kernels and a residual add per layer (~4.5 µs of the ~45 in the s17 table);
-    incompatible with ``int8_batched``, whose steps would read the folded copies."""
+    int8_kernel: Literal["inductor", "gemv", "gemv_fused"] = "gemv_fused"
+    """Which kernel reads the int8 copy in steps of one row: ``gemv_fused`` (the default; ``gemv`` when
+    ``int8_batched`` is on, whose steps would read the folded copies), ``gemv`` or ``inductor``. ``gemv`` is miaohui's
+    matrix-vector kernel (:func:`miaohui.generation.w8a16.w8_gemv`, one configuration per weight shape measured by
+    ``scripts/gpu/gemv_sweep.py``; opaque to Inductor, so the RMSNorm and SiLU·up before it are kernels of their own);
+    ``gemv_fused`` is the same kernel also taking the RMS of its input (the RMSNorm's weight folded into the QKV and
+    gate/up copies) and adding the residual after O and down; ``inductor`` is the coordinate-descent Triton reduction
+    above, with the norm and SiLU·up fused in. H200, 1.5B shape, batch-1 graph step: inductor 1.65 ms (its down
+    projection with SiLU·up fused 16.4 µs per layer, 0.84 TB/s; ``profile_decode_int8b1_graph_h200_s17c.json``), gemv
+    1.37 / 1.36 ms (382 kernels; ``…_gemv_h200_s17d.json``, ``…_s18a``), gemv_fused **1.27 ms** (298 kernels;
+    ``profile_decode_int8b1_gemvfused_h200_s18a.json``); TPOT at one stream through the scheduler 1.64 → 1.43 →
+    **1.335 ms** (``generation_gpu_qwen1.5b_int8gemv_h200_s17f.json``, ``…_int8gemvfused_h200_s18a.json``)."""
     int8_batched: bool = False
     """Weight-only int8 for decode steps of 2+ rows: the same int8 copy, read through miaohui's Triton GEMM
     (``miaohui.generation.w8a16``; Inductor's int8 form was 2× slower than cuBLAS bf16 there). **Measured slower than
@@ -70,14 +70,6 @@ class SlotEngineOptions(Frozen):
     rows 1,219 µs vs cuBLAS bf16 1,203, at 64 rows 1,884 vs 1,276 (its gate/up and LM head win at ≤ 8 rows, the
     down projection's long K loses: one program per output tile walks all 8,960). Kept, off, for kernel work; the
     GPU test passes (``gpu_tests_slot_engine_int8_h200_s12.txt``)."""
-    fp8_batched: bool = False
-    """W8A8 float8 for decode steps of 2+ rows: a float8 e4m3 copy of the layers' GEMM weights and the LM head
-    (per-output-row scales, +50 % weight memory) multiplied by ``torch._scaled_mm`` against the activations quantized
-    to e4m3 per row (vLLM's fp8 scheme; tensor cores take fp8 from compute capability 8.9, the H200 included). At 64
-    rows the step reads its weights once per step and ~1.3 of its ~2.4 ms are bf16 GEMMs
-    (``decode_quant_probe_h200_s12b.json``), so half the bytes is where more tokens/s at 64 streams would come from.
-    Built after session 17's device time: checked on the CPU (``torch._scaled_mm`` runs there), speed unmeasured
-    (``run_h200.sh s18c``). Tokens then depend on how many sequences share a step (as with the int8 options)."""
     batch_buckets: tuple[int, ...] = ()
     """Decode batch sizes (default: powers of two up to num_slots, and num_slots)."""
     length_buckets: tuple[int, ...] = ()
@@ -95,10 +87,14 @@ class SlotEngineOptions(Frozen):
 
     @model_validator(mode="before")
     @classmethod
-    def _default_layer(cls, data: object) -> object:
-        if isinstance(data, dict) and data.get("decode_layer") is None:
+    def _defaults(cls, data: object) -> object:
+        if not isinstance(data, dict):
+            return data
+        if data.get("decode_layer") is None:
             matmul = data.get("decode_attention", "matmul") == "matmul"
-            return {**data, "decode_layer": "fused" if matmul else "split"}
+            data = {**data, "decode_layer": "fused" if matmul else "split"}
+        if data.get("int8_kernel") is None:
+            data = {**data, "int8_kernel": "gemv" if data.get("int8_batched") else "gemv_fused"}
         return data
 
     @model_validator(mode="after")
@@ -107,11 +103,6 @@ class SlotEngineOptions(Frozen):
             raise ConfigError(
                 f"decode_layer 'fused' does not take decode_attention {self.decode_attention!r}",
                 "use decode_attention matmul with the fused layer, or decode_layer split",
-            )
-        if self.fp8_batched and self.int8_batched:
-            raise ConfigError(
-                "fp8_batched and int8_batched both quantize the decode steps of 2+ rows",
-                "choose one of fp8_batched and int8_batched",
             )
         if self.int8_kernel == "gemv_fused" and self.int8_batched:
             raise ConfigError(

@@ -67,40 +67,8 @@ class FusedGemvWeight(NamedTuple):
     scale: torch.Tensor
 
 
-class Fp8Weight(NamedTuple):
-    """``fp8_batched``: a weight as float8 e4m3 values with one fp32 scale per output row, multiplied by
-    ``torch._scaled_mm`` against the activations quantized to e4m3 per row (W8A8, vLLM's fp8 scheme): half the bytes
-    of bf16 on tensor cores that take fp8 directly (compute capability ≥ 8.9; PyTorch also runs it on the CPU)."""
-
-    q: torch.Tensor
-    scale: torch.Tensor
-
-
-FP8_MAX = 448.0
-"""The largest finite float8 e4m3fn value."""
-
-
-def quantize_fp8(w: torch.Tensor) -> Fp8Weight:
-    """Per-output-row float8 e4m3 of a ``[out, in]`` weight (scale = row amax / 448)."""
-    scale = w.float().abs().amax(dim=1).clamp(min=1e-12) / FP8_MAX
-    return Fp8Weight((w.float() / scale[:, None]).to(torch.float8_e4m3fn), scale)
-
-
-def fp8_linear(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``x @ dequant(w).T (+ bias)`` with x quantized to e4m3 per row (its amax / 448) and ``torch._scaled_mm``'s
-    row-wise scales; bf16 out of the GEMM (the only output row-wise scaling has on CUDA), then x's dtype."""
-    lead, k = x.shape[:-1], x.shape[-1]
-    x2 = x.reshape(-1, k).float()
-    xs = x2.abs().amax(dim=-1, keepdim=True).clamp(min=1e-12) / FP8_MAX
-    x8 = (x2 / xs).to(torch.float8_e4m3fn)
-    out = torch._scaled_mm(x8, w.q.t(), scale_a=xs, scale_b=w.scale[None, :], out_dtype=torch.bfloat16)
-    out = out.to(x.dtype).reshape(*lead, w.q.shape[0])
-    return out if bias is None else out + bias
-
-
-Weight = torch.Tensor | tuple[torch.Tensor, torch.Tensor] | GemvWeight | FusedGemvWeight | Fp8Weight
-"""A weight ``[out, in]`` in the model dtype, int8 values with one scale per output row (weight-only int8), or fp8
-values with one scale per output row (W8A8 fp8)."""
+Weight = torch.Tensor | tuple[torch.Tensor, torch.Tensor] | GemvWeight | FusedGemvWeight
+"""A weight ``[out, in]`` in the model dtype, or int8 values with one scale per output row (weight-only int8)."""
 
 
 def linear(x: torch.Tensor, w: Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -109,8 +77,6 @@ def linear(x: torch.Tensor, w: Weight, bias: torch.Tensor | None = None) -> torc
     reads the int8 bytes (``int8_kernel: inductor``). A :class:`GemvWeight`, and an int8 tuple at 2+ rows
     (``int8_batched``), go to the custom op :func:`miaohui.generation.w8a16.w8a16_op`: miaohui's one-row GEMV or its
     Triton GEMM for up to 64 rows (measures in that module)."""
-    if isinstance(w, Fp8Weight):
-        return fp8_linear(x, w, bias)
     if isinstance(w, tuple):
         # a decode step of 2+ rows (int8_batched) or int8_kernel gemv: miaohui's Triton kernels (a custom op)
         if isinstance(w, GemvWeight) or (x.dim() == 2 and x.shape[0] > 1):
@@ -522,25 +488,8 @@ class StaticKVDecoder(nn.Module):
                 )  # fmt: skip
             self._q8_head = GemvWeight(*quantize_int8(self.head)) if fused else pack(self.head)
 
-    _fp8: list[dict[str, Fp8Weight]] | None = None
-    _fp8_head: Fp8Weight | None = None
-
-    def add_fp8(self) -> None:
-        """Keep a float8 e4m3 copy (per-output-row scales, :func:`quantize_fp8`) of every layer's four GEMM weights
-        and of the LM head, read by decode steps of 2+ rows (``SlotEngineOptions.fp8_batched``) through
-        ``torch._scaled_mm`` with per-row activation scales. One-row steps keep their own weights (model dtype, or the
-        int8 copy with ``int8_batch1``); prefill reads the model-dtype weights."""
-        with torch.no_grad():
-            self._fp8 = []
-            for layer in self.layers:
-                assert isinstance(layer, _Layer)
-                self._fp8.append({name: quantize_fp8(getattr(layer, name)) for name in ("qkv", "o", "gate_up", "down")})
-            self._fp8_head = quantize_fp8(self.head)
-
     def _decode_weights(self, b: int) -> tuple[list[tuple[Weight, Weight, Weight, Weight]], Weight]:
         """Per layer (qkv, o, gate_up, down), and the LM head, for a decode step of ``b`` rows."""
-        if b > 1 and self._fp8 is not None and self._fp8_head is not None:
-            return [(f["qkv"], f["o"], f["gate_up"], f["down"]) for f in self._fp8], self._fp8_head
         if self._q8 is not None and self._q8_head is not None and self.int8_steps[0 if b == 1 else 1]:
             return [(q["qkv"], q["o"], q["gate_up"], q["down"]) for q in self._q8], self._q8_head
         layers: list[tuple[Weight, Weight, Weight, Weight]] = [
