@@ -700,7 +700,10 @@ def main() -> None:
         help="static prefill buckets 1, 2, 4 … up to this many prompts (more in one step are prefilled eagerly)",
     )
     ap.add_argument(
-        "--decode-attention", choices=["matmul", "sdpa", "flex"], default="matmul", help="decode's attention kernel"
+        "--decode-attention",
+        choices=["matmul", "sdpa", "flex", "triton"],
+        default="matmul",
+        help="decode's attention kernel",
     )
     ap.add_argument(
         "--gc-freeze",

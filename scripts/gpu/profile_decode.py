@@ -36,7 +36,8 @@ def main() -> None:
     ap.add_argument("--batches", default="1,64")
     ap.add_argument("--out", type=Path, default=Path("/tmp"))
     ap.add_argument("--int8-batch1", action="store_true", help="the int8 weight copy for steps of one row (TPOT)")
-    ap.add_argument("--int8-kernel", choices=("inductor", "gemv", "gemv_fused"), default="inductor")
+    ap.add_argument("--int8-kernel", choices=("inductor", "gemv", "gemv_fused"), default=None, help="default: engine's")
+    ap.add_argument("--decode-attention", choices=("matmul", "triton"), default="matmul")
     ap.add_argument("--gemv-table", type=Path, nargs="*", default=[], help="gemv_sweep.py JSONs: best config per shape")
     args = ap.parse_args()
     dims = QWEN_15B
@@ -49,6 +50,7 @@ def main() -> None:
         length_buckets=(256, 1024),
         int8_batch1=args.int8_batch1,
         int8_kernel=args.int8_kernel,
+        decode_attention=args.decode_attention,
     )
     if args.gemv_table:
         w8a16.GEMV_BEST.update(w8a16.best_from_sweeps([json.loads(p.read_text()) for p in args.gemv_table]))
@@ -93,7 +95,8 @@ def main() -> None:
         (args.out / f"profile_decode_b{b}.txt").write_text(table)
         for slot in slots:
             engine.release(slot)
-    report["options"] = {"int8_batch1": args.int8_batch1, "int8_kernel": args.int8_kernel,
+    report["options"] = {"int8_batch1": args.int8_batch1, "int8_kernel": opts.int8_kernel,
+                         "decode_attention": opts.decode_attention,
                          "gemv_configs": {f"{n}x{k}": c for (n, k), c in w8a16.GEMV_BEST.items()}}  # fmt: skip
     (args.out / "profile_decode.json").write_text(json.dumps(report, indent=1))
 

@@ -107,6 +107,9 @@
 #           encoder_variants.py static_gelu_epi vs static_skinny (the winners in the whole encoder) at 1x16/1x128/8x64
 #   s18c:   (session 18) the 1.5B shape's GEMMs as W8A8 fp8 (torch._scaled_mm) against cuBLAS bf16 at 1/8/64 rows
 #           (slower everywhere but the LM head: the engine option fp8_batched was removed after this run)
+#   s19a:   decode_attention triton (miaohui's split-KV kernels): decode_attention_probe.py against the matmul form
+#           per layer, its GPU tests, the step's profile at batch 1 and 64 with matmul and triton (int8_batch1), then
+#           the 1.5B benchmark with triton (TPOT at one stream, 64 streams offline)
 #   s17a:   (session 17) all inductor GPU tests (fp16+bf16: fast_start warming only the config's shapes and capturing
 #           every bucket in its upgrade; the capture-stream fix), then BERT-base at every shape (the 32x128 row again)
 #   s17b:   (session 17) the e5-shaped server with fast_start false/true twice: time to ready, and the load while
@@ -527,6 +530,19 @@ case $stage in
     done
     timeout 200 python3 benchmarks/bench_generation_gpu.py --models qwen1.5b --int8-batch1 --int8-kernel gemv_fused \
       --out "$OUT" 2>&1 | grep -E "TPOT|graph step|tok/s|agreement" | tail -8
+    ;;
+  s19a)
+    timeout 150 python3 scripts/gpu/decode_attention_probe.py --out "$OUT" 2>&1 | grep -E "^b=|Error" | tail -8
+    timeout 200 python3 -m pytest -q tests/gpu/test_slot_engine_gpu.py -k triton -p no:cacheprovider -rA \
+      > "$OUT/gpu_tests_slot_engine_triton_attn_s19a.txt" 2>&1
+    grep -E "passed|failed|PASSED|FAILED|Error" "$OUT/gpu_tests_slot_engine_triton_attn_s19a.txt" | tail -6
+    for a in matmul triton; do
+      mkdir -p "$OUT/$a"
+      timeout 150 python3 scripts/gpu/profile_decode.py --batches 1,64 --int8-batch1 --decode-attention $a \
+        --out "$OUT/$a" 2>&1 | grep -E "graph step|Error" | tail -3
+    done
+    timeout 220 python3 benchmarks/bench_generation_gpu.py --models qwen1.5b --int8-batch1 --decode-attention triton \
+      --out "$OUT" 2>&1 | grep -E "TPOT|graph step|tok/s|agreement|decode b=|Error" | tail -12
     ;;
   s18b)
     timeout 330 python3 scripts/gpu/encoder_gemm_sweep.py --out "$OUT" 2>&1 | grep -E '^\{|layer_us|Error' | tail -16

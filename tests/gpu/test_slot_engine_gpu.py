@@ -48,9 +48,10 @@ def test_graphs_match_eager_tokens() -> None:
     assert all(len(g[0]) == 40 for g in got)
 
 
-@pytest.mark.parametrize("attention", ["sdpa", "flex"])
+@pytest.mark.parametrize("attention", ["sdpa", "flex", "triton"])
 def test_decode_attention_kernels_in_graphs_match_eager_matmul_tokens(attention: str) -> None:
-    """``decode_attention`` sdpa / flex compiled into the CUDA graphs: the eager default engine's tokens."""
+    """``decode_attention`` sdpa / flex / triton (miaohui's split-KV kernels: the tiny model's head size, 32, is one
+    they take) compiled into the CUDA graphs: the eager default engine's tokens."""
     hf = tiny_qwen("cuda")
     fast, slow = _engine(hf, graphs=True, attention=attention), _engine(hf, graphs=False)
     assert fast.graphs_on and fast.model.decode_attention == attention
@@ -61,7 +62,9 @@ def test_decode_attention_kernels_in_graphs_match_eager_matmul_tokens(attention:
     assert [g[0] for g in got] == [w[0] for w in want]
 
 
-@pytest.mark.parametrize("attention", ["matmul"])  # sdpa failed here on the H200 (s10e): SlotEngineOptions refuses it
+@pytest.mark.parametrize(
+    "attention", ["matmul", "triton"]
+)  # sdpa failed here on the H200 (s10e): SlotEngineOptions refuses it
 def test_fused_decode_layer_in_graphs_matches_eager_split_tokens(attention: str) -> None:
     """``decode_layer: fused`` (cache write inside the compiled layer, in place) in the CUDA graphs: the eager
     default engine's tokens, across a length bucket."""

@@ -73,9 +73,9 @@ def test_compiled_prefill_matches_eager_prefill() -> None:
             assert torch.allclose(got_k, model.k_cache[0][:n, :, :s], atol=1e-5)
 
 
-@pytest.mark.parametrize("attention", ["sdpa", "flex"])
+@pytest.mark.parametrize("attention", ["sdpa", "flex", "triton"])
 def test_decode_attention_kernels_give_the_matmul_logits(attention: str) -> None:
-    """``decode_attention`` sdpa / flex, compiled and eager, against the default matmul attention, eager: the
+    """``decode_attention`` sdpa / flex / triton (on the CPU its op's matmul form), compiled and eager, against the default matmul attention, eager: the
     same logits at every bucket, rows at different positions (the mask), a grouped-query model."""
     hf = tiny_qwen()
     opts = SlotEngineOptions(
@@ -101,7 +101,7 @@ def test_decode_attention_kernels_give_the_matmul_logits(attention: str) -> None
                     assert err < 1e-4, f"{attention} {how} batch {b} length {length}: relative logit error {err:.2e}"
 
 
-@pytest.mark.parametrize("attention", ["matmul"])
+@pytest.mark.parametrize("attention", ["matmul", "triton"])
 def test_fused_decode_layer_gives_the_split_layers_logits_and_cache(attention: str) -> None:
     """``decode_layer: fused`` (the cache write inside the compiled layer), compiled and eager, against the split
     layers, eager: the same logits at every bucket and, after the steps, the same keys/values in every slot."""

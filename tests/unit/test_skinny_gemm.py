@@ -10,6 +10,7 @@ import sys
 
 import pytest
 import torch
+from tests.triton_compile import compile_for_h200
 
 from miaohui.models.skinny_gemm import SKINNY_SWEEP, skinny_linear
 
@@ -82,3 +83,22 @@ def test_table_from_sweep_keeps_only_the_products_that_beat_cublas() -> None:
         {"m": 512, "n": 2304, "k": 768, "config": [64, 128, 64, 1, 4], "us": 7.0, "cublas_us": 6.2},
     ]}  # fmt: skip
     assert table_from_sweep(report) == {(128, 2304, 768): (32, 64, 64, 1, 4)}
+
+
+@pytest.mark.parametrize("gelu", [False, True])
+def test_kernels_compile_for_the_h200(gelu: bool) -> None:
+    """The tile kernel and the split-K reduction with and without the GELU epilogue, compiled down to a cubin for
+    compute capability 9.0 on the CPU: with GELU both failed on the H200 in session 18 (the epilogue helper's type
+    annotations read as globals by ``@jit``), which the interpreter tests above never saw."""
+    from miaohui.models import skinny_gemm as sk
+
+    tile = compile_for_h200(
+        sk._skinny_kernel,
+        ["*fp16", "*fp16", "*fp16", "*fp16", "*fp32", *["i32"] * 6],
+        {"K_ITERS": 6, "SPLIT": 1, "HAS_BIAS": True, "GELU": gelu, "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 128},
+    )
+    reduce = compile_for_h200(
+        sk._skinny_reduce, ["*fp32", "*fp16", "*fp16", "i32", "i32", "i32"],
+        {"SPLIT": 4, "HAS_BIAS": True, "GELU": gelu, "BLOCK": 1024},
+    )  # fmt: skip
+    assert tile and reduce

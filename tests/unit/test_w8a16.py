@@ -12,6 +12,7 @@ import sys
 
 import pytest
 import torch
+from tests.triton_compile import compile_for_h200
 
 from miaohui.generation.static_kv import quantize_int8
 from miaohui.generation.w8a16 import GEMV_BEST, best_from_sweeps, gemv_config, w8_gemv, w8a16_linear
@@ -187,3 +188,26 @@ def test_residual_of_the_wrong_size_is_named() -> None:
     q, s = quantize_int8(torch.randn(8, 16))
     with pytest.raises(ValueError, match=r"residual \(7,\) for 8 outputs: need N = 8 values"):
         w8_gemv(torch.randn(1, 16), q, s, residual=torch.randn(7))
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_one_row_kernels_compile_for_the_h200(fused: bool) -> None:
+    """``_gemv_kernel`` (plain and with the RMS / residual of ``gemv_fused``) and its split-K reduction, compiled down
+    to a cubin for compute capability 9.0 on the CPU (``tests/triton_compile.py``)."""
+    from miaohui.generation import w8a16
+
+    flags = {"HAS_BIAS": not fused, "HAS_RES": fused}
+    gemv = compile_for_h200(
+        w8a16._gemv_kernel,
+        ["*bf16", "*i8", "*bf16", "*bf16", "*bf16", "*bf16", "*fp32", "i32", "i32", "i32", "fp32"],
+        {"K_ITERS": 3, "SPLIT": 1 if fused else 2, "RMS": fused, "BLOCK_N": 8, "BLOCK_K": 512, **flags},
+    )
+    reduce = compile_for_h200(
+        w8a16._gemv_reduce, ["*fp32", "*bf16", "*bf16", "*bf16", "*bf16", "i32"], {"SPLIT": 2, "BLOCK": 1024, **flags}
+    )
+    tiles = compile_for_h200(
+        w8a16._w8a16_kernel,
+        ["*bf16", "*i8", "*bf16", "*bf16", "*bf16", *["i32"] * 6],
+        {"K_TILES": 3, "HAS_BIAS": True, "BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128},
+    )
+    assert gemv and reduce and tiles

@@ -10,6 +10,9 @@ from pydantic import Field, model_validator
 from miaohui.config import Frozen
 from miaohui.errors import ConfigError
 
+FUSED_ATTENTIONS = ("matmul", "triton")
+"""The decode attentions the fused decode layer takes."""
+
 
 class SlotEngineOptions(Frozen):
     """How a static-KV engine is laid out and run (``generation.yaml`` → ``engine:``)."""
@@ -27,20 +30,22 @@ class SlotEngineOptions(Frozen):
     """One CUDA graph per (batch, length) bucket for decode (default: on CUDA only)."""
     autotune: bool = False
     """Inductor ``max-autotune-no-cudagraphs`` for decode (slower warm-up, sometimes faster steps)."""
-    decode_attention: Literal["matmul", "sdpa", "flex"] = "matmul"
+    decode_attention: Literal["matmul", "sdpa", "flex", "triton"] = "matmul"
     """Decode's attention over the cache: two batched matmuls and a softmax (``matmul``), one
     ``scaled_dot_product_attention`` call (``sdpa``) or FlexAttention (``flex``: compiled, Inductor's
     flash-decoding kernel). H200, 1.5B shape, CUDA graphs at (batch 64, 256 positions), session 10
     (``decode_whole_step_h200_s10a.json``): matmul 2.68 ms, sdpa 2.71 (cuDNN's kernel is faster than the two matmuls
-    and the softmax, 268 vs 393 µs, but the step is not), flex 4.83 (its kernel alone 2.5 ms); ``matmul`` stays."""
+    and the softmax, 268 vs 393 µs, but the step is not), flex 4.83 (its kernel alone 2.5 ms); ``matmul`` stays.
+    ``triton``: miaohui's split-KV decode kernels (:mod:`miaohui.generation.decode_attention`: two kernels instead of
+    three, each row's cache read only up to its position; takes the fused layer; built in session 18)."""
     decode_layer: Literal["split", "fused"] = "fused"
     """``fused``: a whole decode layer, cache write included (an in-place ``index_put_`` fused into the RoPE kernel),
     one compiled graph; ``split``: each layer's two compiled halves (RMSNorm→QKV→RoPE; attention→MLP) around eager
-    ``index_copy_`` cache writes. Default: ``fused`` with the matmul attention, ``split`` when ``decode_attention`` is
-    sdpa or flex (with sdpa the fused graph failed Inductor's stride check on the H200, torch 2.11,
-    ``gpu_tests_slot_engine_fused_h200_s10e.txt``). H200, 1.5B shape: fused is 4–9 % faster in every one of the 28
-    captured decode graphs (``decode_buckets_h200_s10f.json``; batch 64 × 256: 2.34 vs 2.55 ms; batch 1: 1.92 vs
-    2.02), and through the async server, split / fused / split / fused in one call, 20 s each
+    ``index_copy_`` cache writes. Default: ``fused`` with the matmul or triton attention, ``split`` when
+    ``decode_attention`` is sdpa or flex (with sdpa the fused graph failed Inductor's stride check on the H200,
+    torch 2.11, ``gpu_tests_slot_engine_fused_h200_s10e.txt``). H200, 1.5B shape: fused is 4–9 % faster in every
+    one of the 28 captured decode graphs (``decode_buckets_h200_s10f.json``; batch 64 × 256: 2.34 vs 2.55 ms;
+    batch 1: 1.92 vs 2.02), and through the async server, split / fused / split / fused in one call, 20 s each
     (``generation_gpu_qwen1.5b_server_s12a_*.json``): 16,434 / **16,777** / 15,968 / **16,192** tok/s (with
     ``int8_batch1`` on the fused side, ``…_s11f_*``: +4.5–5 %)."""
     int8_batch1: bool = False
@@ -91,18 +96,18 @@ class SlotEngineOptions(Frozen):
         if not isinstance(data, dict):
             return data
         if data.get("decode_layer") is None:
-            matmul = data.get("decode_attention", "matmul") == "matmul"
-            data = {**data, "decode_layer": "fused" if matmul else "split"}
+            fusable = data.get("decode_attention", "matmul") in FUSED_ATTENTIONS
+            data = {**data, "decode_layer": "fused" if fusable else "split"}
         if data.get("int8_kernel") is None:
             data = {**data, "int8_kernel": "gemv" if data.get("int8_batched") else "gemv_fused"}
         return data
 
     @model_validator(mode="after")
     def _fused_layer_attention(self) -> SlotEngineOptions:
-        if self.decode_layer == "fused" and self.decode_attention != "matmul":
+        if self.decode_layer == "fused" and self.decode_attention not in FUSED_ATTENTIONS:
             raise ConfigError(
                 f"decode_layer 'fused' does not take decode_attention {self.decode_attention!r}",
-                "use decode_attention matmul with the fused layer, or decode_layer split",
+                "use decode_attention matmul or triton with the fused layer, or decode_layer split",
             )
         if self.int8_kernel == "gemv_fused" and self.int8_batched:
             raise ConfigError(

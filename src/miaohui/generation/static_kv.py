@@ -31,6 +31,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from miaohui.errors import ArtifactError
+from miaohui.generation.decode_attention import decode_attention_op
 from miaohui.generation.dims import DecoderDims
 from miaohui.generation.w8a16 import w8_gemv_fused_op, w8a16_op
 
@@ -238,10 +239,38 @@ def attn_proj_mlp(
     return mlp_block(x + linear(attn.transpose(1, 2).reshape(n, s, heads * d), o), post_norm, gate_up, down, eps)
 
 
-DECODE_ATTENTION: dict[str, Any] = {"matmul": attn_out_mlp, "sdpa": attn_out_mlp_sdpa, "flex": attn_out_mlp_flex}
+def attn_out_mlp_triton(
+    x: torch.Tensor,
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    positions: torch.Tensor,
+    o: Weight,
+    post_norm: torch.Tensor,
+    gate_up: Weight,
+    down: Weight,
+    eps: float,
+) -> torch.Tensor:
+    """:func:`attn_out_mlp` with the attention as miaohui's split-KV decode kernels
+    (:mod:`miaohui.generation.decode_attention`, a custom op: two Triton kernels that read each row's cache only up
+    to its position), masked by ``positions`` [b] rather than an additive mask."""
+    b, heads, d = q.shape
+    attn = decode_attention_op(q, keys, values, positions).reshape(b, heads * d)
+    return mlp_block(residual_linear(x, attn, o), post_norm, gate_up, down, eps)
+
+
+DECODE_ATTENTION: dict[str, Any] = {
+    "matmul": attn_out_mlp,
+    "sdpa": attn_out_mlp_sdpa,
+    "flex": attn_out_mlp_flex,
+    "triton": attn_out_mlp_triton,
+}
 """Decode's second layer half by attention kernel (``SlotEngineOptions.decode_attention``); the last-but-one
-argument is the additive mask [b, 1, 1, T] for ``matmul``/``sdpa`` and the positions [b] for ``flex`` (whose
-query is [b, H, 1, D], not [b, H, D])."""
+argument is the additive mask [b, 1, 1, T] for ``matmul``/``sdpa`` and the positions [b] for ``flex`` and
+``triton`` (flex's query is [b, H, 1, D], not [b, H, D])."""
+
+POSITION_MASKED = ("flex", "triton")
+"""The decode attentions that take each row's position instead of an additive mask."""
 
 
 def make_decode_layer(attend: Any) -> Any:
@@ -536,8 +565,8 @@ class StaticKVDecoder(nn.Module):
         sin = self.sin_table[positions][:, None, :]
         attend = self._attn_out_mlp or DECODE_ATTENTION[self.decode_attention]
         flex = self.decode_attention == "flex"
-        if flex:
-            mask = positions  # the score modifier masks kv > position itself
+        if self.decode_attention in POSITION_MASKED:
+            mask = positions  # flex's score modifier / the triton kernels mask kv > position themselves
         else:
             allowed = torch.arange(kv_len, device=tokens.device)[None, :] <= positions[:, None]  # [b, T]
             mask = torch.where(allowed, 0.0, float("-inf"))[:, None, None, :]  # [b, 1, 1, T]

@@ -35,7 +35,7 @@ SKINNY_SWEEP: list[SkinnyConfig] = [
 if triton is not None:
 
     @triton.jit
-    def _gelu_tanh(v: Any) -> Any:
+    def _gelu_tanh(v):  # no annotations: a @jit function reads them as globals
         inner = 0.7978845608028654 * (v + 0.044715 * v * v * v)
         e = tl.exp(-2.0 * tl.abs(inner))  # tanh without overflow: sign(u) · (1 − e^{−2|u|}) / (1 + e^{−2|u|})
         t = (1.0 - e) / (1.0 + e)

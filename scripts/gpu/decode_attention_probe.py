@@ -1,0 +1,90 @@
+"""On the GPU: miaohui's split-KV decode attention (``decode_attention: triton``) against the engine's default
+(``matmul``: two batched matmuls around a softmax, compiled by Inductor as the engine compiles it) for the 1.5B
+Qwen2.5 shape (12 query heads, 2 KV heads, head size 128), per layer, at the decode buckets that matter: batch 1 and
+64, attended lengths 256…1024, each row at a random position in the upper half of the bucket (what the engine sees:
+a bucket is the smallest that holds the longest row). 28 layers' caches rotated, so every call reads its keys and
+values from HBM; CUDA graphs of 40 calls. Reports µs per call, the ratio, and the largest difference between the two.
+
+    python3 scripts/gpu/decode_attention_probe.py --out /tmp/attn
+    python3 scripts/gpu/decode_attention_probe.py --device cpu --out /tmp/attn   # smoke test: the matmul form only
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from decode_kernel_probe import HEADS, KV_HEADS, D, _time_graph
+
+from miaohui.generation.decode_attention import decode_attention_op, matmul_decode_attention, plan
+
+SHAPES = [(1, 256), (1, 512), (1, 1024), (8, 512), (64, 256), (64, 512)]
+LAYERS = 28
+
+
+def _rotating(fn: Any, q: torch.Tensor, caches: list[Any], positions: torch.Tensor) -> Any:
+    """``fn(q, keys, values, positions)`` over the next layer's cache at each call."""
+    turn = [0]
+
+    def run() -> Any:
+        turn[0] = (turn[0] + 1) % len(caches)
+        keys, values = caches[turn[0]]
+        return fn(q, keys, values, positions)
+
+    return run
+
+
+def probe(device: str, dtype: torch.dtype, shapes: list[tuple[int, int]]) -> list[dict[str, Any]]:
+    cuda = device == "cuda"
+    matmul = torch.compile(matmul_decode_attention, dynamic=False) if cuda else matmul_decode_attention
+    rows = []
+    for b, length in shapes:
+        gen = torch.Generator(device="cpu").manual_seed(b * 7919 + length)
+        caches = [
+            (
+                torch.randn(b, KV_HEADS, length, D, generator=gen).to(device, dtype),
+                torch.randn(b, KV_HEADS, length, D, generator=gen).to(device, dtype),
+            )
+            for _ in range(LAYERS if cuda else 1)
+        ]
+        q = torch.randn(b, HEADS, D, generator=gen).to(device, dtype)
+        positions = torch.randint(length // 2, length, (b,), generator=gen).to(device)
+
+        k0, v0 = caches[0]
+        want = matmul_decode_attention(q.float(), k0.float(), v0.float(), positions)
+        row: dict[str, Any] = {"batch": b, "length": length, "plan": plan(b, KV_HEADS, length)}
+        for name, fn in (("matmul", matmul), ("triton", decode_attention_op)):
+            got = fn(q, k0, v0, positions)
+            row[f"{name}_max_abs_err"] = float((got.float() - want).abs().max())
+            row[f"{name}_us"] = _time_graph(_rotating(fn, q, caches, positions), 40, cuda)
+        row["kv_mb_read_triton"] = float(2 * KV_HEADS * D * (positions + 1).sum() * dtype.itemsize / 2**20)
+        if cuda:
+            row["speedup"] = row["matmul_us"] / row["triton_us"]
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--out", type=Path, default=Path("/tmp/attn"))
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    shapes = SHAPES if args.device == "cuda" else [(1, 64), (3, 96)]
+    with torch.inference_mode():
+        rows = probe(args.device, torch.bfloat16 if args.device == "cuda" else torch.float32, shapes)
+    report: dict[str, Any] = {"model": "qwen1.5b attention shape (random cache)", "torch": torch.__version__}
+    if args.device == "cuda":
+        report["gpu"] = torch.cuda.get_device_name()
+    report["rows"] = rows
+    (args.out / "decode_attention_probe.json").write_text(json.dumps(report, indent=1))
+    for r in rows:
+        print(f"b={r['batch']:3d} T={r['length']:5d}: matmul {r['matmul_us']:.2f} µs, triton {r['triton_us']:.2f} µs")
+
+
+if __name__ == "__main__":
+    main()

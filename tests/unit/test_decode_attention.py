@@ -1,0 +1,87 @@
+"""miaohui's split-KV decode attention (``miaohui.generation.decode_attention``): under Triton's interpreter against
+the matmul form (the ``matmul`` decode path's arithmetic) for GQA groups of 1/3/6/8, head sizes 32–128, cache views
+sliced out of a bigger cache, positions from 0 to the last slot, batch 1 to 24 (one to many slices per row); compiled
+for the H200 (compute capability 9.0) on the CPU, as the GPU would compile them; the op's CPU path; the slicing plan.
+The interpreter must be on before Triton is imported, so that check runs in a child process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from tests.triton_compile import compile_for_h200
+
+from miaohui.generation import decode_attention as da
+from miaohui.generation.decode_attention import BLOCK_T, TARGET_PROGRAMS, decode_attention_op, plan
+from miaohui.generation.decode_attention import matmul_decode_attention as reference
+
+CHECK = """
+import torch
+from miaohui.generation.decode_attention import matmul_decode_attention, triton_decode_attention
+
+torch.manual_seed(0)
+cases = [  # b, H, KVH, D, T (attended bucket), cache slots / max_len (a view of a bigger cache), dtype
+    (1, 12, 2, 128, 512, (4, 640), torch.float32),   # the 1.5B shape at batch 1: 16 slices of 32
+    (3, 9, 3, 64, 96, (3, 96), torch.float32),       # SmolLM2's heads, ragged bucket (96 = 3 blocks)
+    (24, 8, 8, 32, 64, (32, 128), torch.float32),    # no grouping, one slice per row
+    (2, 8, 1, 64, 200, (2, 256), torch.float16),     # one KV head for 8 queries, fp16, bucket not a block multiple
+]
+for b, h, kvh, d, t, (slots, max_len), dtype in cases:
+    kc = torch.randn(slots, kvh, max_len, d).to(dtype)
+    vc = torch.randn(slots, kvh, max_len, d).to(dtype)
+    keys, values = kc[:b, :, :t], vc[:b, :, :t]
+    q = torch.randn(b, h, d).to(dtype)
+    positions = torch.randint(0, t, (b,))
+    positions[0] = 0  # one row sees one position
+    positions[-1] = t - 1  # one row sees the whole bucket
+    got = triton_decode_attention(q, keys, values, positions)
+    want = matmul_decode_attention(q.float(), keys.float(), values.float(), positions)
+    assert got.dtype == dtype and got.shape == (b, h, d), (got.dtype, got.shape)
+    err = float((got.float() - want).abs().max())
+    assert err < (1e-4 if dtype == torch.float32 else 5e-3), (b, h, kvh, d, t, dtype, err)
+print("ok", len(cases))
+"""
+
+
+def test_kernels_match_the_matmul_attention_under_the_interpreter() -> None:
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-c", CHECK], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "ok 4"
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
+def test_kernels_compile_for_the_h200(dtype: str) -> None:
+    """Triton's whole pipeline down to a cubin for compute capability 9.0, on the CPU: a kernel that only the
+    interpreter has run can still fail to compile for the GPU (as session 17's skinny GEMM did)."""
+
+    ptr, dims = f"*{dtype}", {"KVH": 2, "GROUP": 6, "G_PAD": 16, "D": 128}
+    partial = compile_for_h200(
+        da._partial_kernel,
+        [ptr, ptr, ptr, "*i64", "*fp32", "*fp32", "*fp32", *["i32"] * 8, "fp32"],
+        {**dims, "CHUNK": 32, "SPLITS": 16, "BLOCK": BLOCK_T, "PRECISION": "ieee" if dtype == "fp32" else "tf32"},
+    )
+    merge = compile_for_h200(da._merge_kernel, ["*fp32", "*fp32", "*fp32", ptr, "i32", "i32"],
+                             {**dims, "SPLITS": 16, "S_PAD": 16})  # fmt: skip
+    assert partial and merge
+
+
+def test_the_op_runs_the_matmul_form_on_the_cpu() -> None:
+    torch.manual_seed(1)
+    kc, vc = torch.randn(4, 2, 64, 32), torch.randn(4, 2, 64, 32)
+    q, positions = torch.randn(3, 6, 32), torch.tensor([0, 17, 63])
+    got = decode_attention_op(q, kc[:3], vc[:3], positions)
+    # row 0 sees only position 0: its output is that position's value for every head of the group
+    assert torch.allclose(got[0], vc[0, :, 0].repeat_interleave(3, dim=0), atol=1e-6)
+    assert torch.allclose(got, reference(q, kc[:3], vc[:3], positions), atol=1e-6)
+
+
+def test_the_plan_fills_the_gpu_with_slices_of_whole_blocks() -> None:
+    assert plan(1, 2, 512) == (32, 16)  # batch 1: one block per slice, 32 programs
+    chunk, splits = plan(64, 2, 512)  # batch 64: 128 (row, head) pairs, ~2 slices each
+    assert chunk % BLOCK_T == 0 and splits * chunk >= 512 and 64 * 2 * splits >= TARGET_PROGRAMS
+    assert plan(256, 2, 512) == (512, 1)  # enough rows: one slice each
+    assert plan(1, 1, 20) == (32, 1)  # shorter than a block
