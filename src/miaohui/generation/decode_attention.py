@@ -138,12 +138,14 @@ if triton is not None:
         tl.store(out_ptr + row * stride_ob + qh * stride_oh + d, out.to(out_ptr.dtype.element_ty))
 
 
-def plan(rows: int, kv_heads: int, length: int) -> tuple[int, int]:
-    """(CHUNK, SPLITS): cache positions per slice (a multiple of :data:`BLOCK_T`) and slices per (row, KV head),
-    enough slices for about :data:`TARGET_PROGRAMS` programs but none shorter than one block."""
-    blocks = max(1, math.ceil(length / BLOCK_T))
-    want = max(1, min(blocks, math.ceil(TARGET_PROGRAMS / (rows * kv_heads))))
-    chunk = math.ceil(blocks / want) * BLOCK_T
+def plan(
+    rows: int, kv_heads: int, length: int, block: int = BLOCK_T, target: int = TARGET_PROGRAMS
+) -> tuple[int, int]:
+    """(CHUNK, SPLITS): cache positions per slice (a multiple of ``block``) and slices per (row, KV head), enough
+    slices for about ``target`` programs but none shorter than one block."""
+    blocks = max(1, math.ceil(length / block))
+    want = max(1, min(blocks, math.ceil(target / (rows * kv_heads))))
+    chunk = math.ceil(blocks / want) * block
     return chunk, math.ceil(length / chunk)
 
 
@@ -154,10 +156,18 @@ def supported(q: torch.Tensor, keys: torch.Tensor) -> bool:
 
 
 def triton_decode_attention(
-    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    positions: torch.Tensor,
+    *,
+    block: int = BLOCK_T,
+    target: int = TARGET_PROGRAMS,
+    warps: int = 4,
 ) -> torch.Tensor:
     """``q`` [b, H, D] (one token per row) over ``keys``/``values`` [b, KVH, T, D] (cache views; row r attends to
-    positions 0..positions[r]) → [b, H, D] in q's dtype."""
+    positions 0..positions[r]) → [b, H, D] in q's dtype. ``block``, ``target`` (see :func:`plan`) and ``warps`` (of
+    the first kernel) are what ``scripts/gpu/decode_attention_probe.py --sweep`` varies."""
     if triton is None:
         raise RuntimeError("triton_decode_attention needs Triton (it comes with CUDA builds of torch)")
     b, heads, d = q.shape
@@ -171,7 +181,7 @@ def triton_decode_attention(
         raise ValueError(f"decode attention: head size {d} must be a power of two ≥ 16, with contiguous last dims")
     group = heads // kv_heads
     g_pad = max(16, triton.next_power_of_2(group))
-    chunk, splits = plan(b, kv_heads, length)
+    chunk, splits = plan(b, kv_heads, length, block, target)
     parts = b * kv_heads * splits
     m = torch.empty((parts, g_pad), dtype=torch.float32, device=q.device)
     s = torch.empty((parts, g_pad), dtype=torch.float32, device=q.device)
@@ -181,7 +191,8 @@ def triton_decode_attention(
     _partial_kernel[(b * kv_heads, splits)](
         q, keys, values, positions, m, s, acc, q.stride(0), q.stride(1), keys.stride(0), keys.stride(1),
         keys.stride(2), values.stride(0), values.stride(1), values.stride(2), d**-0.5,
-        KVH=kv_heads, GROUP=group, G_PAD=g_pad, D=d, CHUNK=chunk, SPLITS=splits, BLOCK=BLOCK_T, PRECISION=precision,
+        KVH=kv_heads, GROUP=group, G_PAD=g_pad, D=d, CHUNK=chunk, SPLITS=splits, BLOCK=block, PRECISION=precision,
+        num_warps=warps,
     )  # fmt: skip
     _merge_kernel[(b * heads,)](
         m, s, acc, out, out.stride(0), out.stride(1),

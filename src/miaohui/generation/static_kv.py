@@ -372,6 +372,11 @@ class StaticKVDecoder(nn.Module):
             self.register_buffer(f"v_cache_{i}", torch.zeros(cache, dtype=dtype, device=dev), persistent=False)
             self.k_cache.append(getattr(self, f"k_cache_{i}"))
             self.v_cache.append(getattr(self, f"v_cache_{i}"))
+        for t in (*self.k_cache, *self.v_cache):
+            # one shape for the engine's life: without this, Dynamo's recompile for a second bucket made the cache's
+            # dims symbolic and shared the max_len symbol with kv_len's (equal at the first bucket), and Inductor's
+            # input check then failed at every other length (the triton attention op's graphs, session 18)
+            torch._dynamo.mark_static(t)
         inv = 1.0 / (
             dims.rope_theta ** (torch.arange(0, dims.head_dim, 2, dtype=torch.float64, device=dev) / dims.head_dim)
         )
