@@ -138,9 +138,7 @@ if triton is not None:
         tl.store(out_ptr + row * stride_ob + qh * stride_oh + d, out.to(out_ptr.dtype.element_ty))
 
 
-def plan(
-    rows: int, kv_heads: int, length: int, block: int = BLOCK_T, target: int = TARGET_PROGRAMS
-) -> tuple[int, int]:
+def plan(rows: int, kv_heads: int, length: int, block: int = BLOCK_T, target: int = TARGET_PROGRAMS) -> tuple[int, int]:
     """(CHUNK, SPLITS): cache positions per slice (a multiple of ``block``) and slices per (row, KV head), enough
     slices for about ``target`` programs but none shorter than one block."""
     blocks = max(1, math.ceil(length / block))
