@@ -112,6 +112,7 @@
 #           the 1.5B benchmark with triton (TPOT at one stream, 64 streams offline)
 #   s19b:   the triton attention's GPU tests again (the cache marked static), the probe's configuration sweep, then the
 #           async 1.5B server (64 streams staggered 10 ms, static prefill) with int8_batch1 + decode_attention triton
+#   s19c:   s19b's server twice more, with the sweep's block of 64 positions for steps of 2+ rows
 #   s17a:   (session 17) all inductor GPU tests (fp16+bf16: fast_start warming only the config's shapes and capturing
 #           every bucket in its upgrade; the capture-stream fix), then BERT-base at every shape (the 32x128 row again)
 #   s17b:   (session 17) the e5-shaped server with fast_start false/true twice: time to ready, and the load while
@@ -532,6 +533,13 @@ case $stage in
     done
     timeout 200 python3 benchmarks/bench_generation_gpu.py --models qwen1.5b --int8-batch1 --int8-kernel gemv_fused \
       --out "$OUT" 2>&1 | grep -E "TPOT|graph step|tok/s|agreement" | tail -8
+    ;;
+  s19c)
+    for i in 1 2; do
+      gen_server srv19c_int8b1_triton_$i "" --stagger-ms 10 --static-prefill --async-scheduling --int8-batch1 \
+        --decode-attention triton 2>&1 | grep -E "server:|Error" | head -4
+    done
+    rm -f "$OUT"/srv19c_*/*.png
     ;;
   s19b)
     timeout 150 python3 -m pytest -q tests/gpu/test_slot_engine_gpu.py -k triton -p no:cacheprovider -rA \

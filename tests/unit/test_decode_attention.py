@@ -15,7 +15,7 @@ import torch
 from tests.triton_compile import compile_for_h200
 
 from miaohui.generation import decode_attention as da
-from miaohui.generation.decode_attention import BLOCK_T, TARGET_PROGRAMS, decode_attention_op, plan
+from miaohui.generation.decode_attention import BLOCK_T, BLOCK_T_BATCHED, TARGET_PROGRAMS, decode_attention_op, plan
 from miaohui.generation.decode_attention import matmul_decode_attention as reference
 
 CHECK = """
@@ -53,8 +53,8 @@ def test_kernels_match_the_matmul_attention_under_the_interpreter() -> None:
     assert done.stdout.strip() == "ok 4"
 
 
-@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
-def test_kernels_compile_for_the_h200(dtype: str) -> None:
+@pytest.mark.parametrize(("dtype", "block"), [("bf16", BLOCK_T), ("bf16", BLOCK_T_BATCHED), ("fp16", 32), ("fp32", 32)])
+def test_kernels_compile_for_the_h200(dtype: str, block: int) -> None:
     """Triton's whole pipeline down to a cubin for compute capability 9.0, on the CPU: a kernel that only the
     interpreter has run can still fail to compile for the GPU (as session 17's skinny GEMM did)."""
 
@@ -62,10 +62,10 @@ def test_kernels_compile_for_the_h200(dtype: str) -> None:
     partial = compile_for_h200(
         da._partial_kernel,
         [ptr, ptr, ptr, "*i64", "*fp32", "*fp32", "*fp32", *["i32"] * 8, "fp32"],
-        {**dims, "CHUNK": 32, "SPLITS": 16, "BLOCK": BLOCK_T, "PRECISION": "ieee" if dtype == "fp32" else "tf32"},
+        {**dims, "CHUNK": 2 * block, "SPLITS": 8, "BLOCK": block, "PRECISION": "ieee" if dtype == "fp32" else "tf32"},
     )
     merge = compile_for_h200(da._merge_kernel, ["*fp32", "*fp32", "*fp32", ptr, "i32", "i32"],
-                             {**dims, "SPLITS": 16, "S_PAD": 16})  # fmt: skip
+                             {**dims, "SPLITS": 8, "S_PAD": 8})  # fmt: skip
     assert partial and merge
 
 

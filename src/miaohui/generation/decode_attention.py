@@ -29,7 +29,11 @@ except ImportError:  # pragma: no cover - exercised only where triton is missing
     triton = None
 
 BLOCK_T = 32
-"""Cache positions per inner step of a program."""
+"""Cache positions per inner step of a program at batch 1; 64 for more rows (``BLOCK_T_BATCHED``). H200, 1.5B shape,
+µs per layer (``decode_attention_probe_h200_s19b.json``, the sweep's best against these defaults): batch 1 × 512
+4.46 (32) vs 4.59 (64); batch 8 × 512 6.04 (64) vs 6.06 (32); batch 64 × 256 **9.58** (64) vs 11.41 (32); batch
+64 × 512 15.06 (64) vs 15.05 (32); 264 target programs and 4 warps were best or within 0.5 µs everywhere."""
+BLOCK_T_BATCHED = 64
 TARGET_PROGRAMS = 264
 """Programs the first kernel aims for (two per SM of an H200), by slicing the cache."""
 
@@ -159,13 +163,14 @@ def triton_decode_attention(
     values: torch.Tensor,
     positions: torch.Tensor,
     *,
-    block: int = BLOCK_T,
+    block: int | None = None,
     target: int = TARGET_PROGRAMS,
     warps: int = 4,
 ) -> torch.Tensor:
     """``q`` [b, H, D] (one token per row) over ``keys``/``values`` [b, KVH, T, D] (cache views; row r attends to
-    positions 0..positions[r]) → [b, H, D] in q's dtype. ``block``, ``target`` (see :func:`plan`) and ``warps`` (of
-    the first kernel) are what ``scripts/gpu/decode_attention_probe.py --sweep`` varies."""
+    positions 0..positions[r]) → [b, H, D] in q's dtype. ``block`` (default :data:`BLOCK_T` at one row,
+    :data:`BLOCK_T_BATCHED` above), ``target`` (see :func:`plan`) and ``warps`` (of the first kernel) are what
+    ``scripts/gpu/decode_attention_probe.py --sweep`` varies."""
     if triton is None:
         raise RuntimeError("triton_decode_attention needs Triton (it comes with CUDA builds of torch)")
     b, heads, d = q.shape
@@ -178,6 +183,7 @@ def triton_decode_attention(
     if not supported(q, keys) or values.stride(-1) != 1 or q.stride(-1) != 1:
         raise ValueError(f"decode attention: head size {d} must be a power of two ≥ 16, with contiguous last dims")
     group = heads // kv_heads
+    block = block or (BLOCK_T if b == 1 else BLOCK_T_BATCHED)
     g_pad = max(16, triton.next_power_of_2(group))
     chunk, splits = plan(b, kv_heads, length, block, target)
     parts = b * kv_heads * splits
