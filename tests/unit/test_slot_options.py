@@ -18,7 +18,7 @@ def test_fused_decode_layer_refuses_other_attentions(attention: str) -> None:
 
 
 def test_fused_decode_layer_with_matmul_and_split_with_any_attention() -> None:
-    assert SlotEngineOptions(decode_layer="fused").decode_attention == "matmul"
+    assert SlotEngineOptions(decode_layer="fused").decode_attention == "triton"
     assert SlotEngineOptions(decode_attention="flex", decode_layer="split").decode_layer == "split"
 
 
@@ -29,6 +29,7 @@ def test_the_default_layer_is_fused_unless_the_attention_needs_split() -> None:
     assert SlotEngineOptions(decode_attention="sdpa").decode_layer == "split"
     assert SlotEngineOptions(decode_attention="flex").decode_layer == "split"
     assert SlotEngineOptions.model_validate({"decode_attention": "matmul"}).decode_layer == "fused"
+    assert SlotEngineOptions(decode_attention="triton").decode_layer == "fused"
 
 
 def test_gemv_fused_refuses_int8_batched() -> None:

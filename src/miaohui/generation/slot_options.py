@@ -30,14 +30,19 @@ class SlotEngineOptions(Frozen):
     """One CUDA graph per (batch, length) bucket for decode (default: on CUDA only)."""
     autotune: bool = False
     """Inductor ``max-autotune-no-cudagraphs`` for decode (slower warm-up, sometimes faster steps)."""
-    decode_attention: Literal["matmul", "sdpa", "flex", "triton"] = "matmul"
+    decode_attention: Literal["matmul", "sdpa", "flex", "triton"] = "triton"
     """Decode's attention over the cache: two batched matmuls and a softmax (``matmul``), one
     ``scaled_dot_product_attention`` call (``sdpa``) or FlexAttention (``flex``: compiled, Inductor's
     flash-decoding kernel). H200, 1.5B shape, CUDA graphs at (batch 64, 256 positions), session 10
     (``decode_whole_step_h200_s10a.json``): matmul 2.68 ms, sdpa 2.71 (cuDNN's kernel is faster than the two matmuls
     and the softmax, 268 vs 393 µs, but the step is not), flex 4.83 (its kernel alone 2.5 ms); ``matmul`` stays.
-    ``triton``: miaohui's split-KV decode kernels (:mod:`miaohui.generation.decode_attention`: two kernels instead of
-    three, each row's cache read only up to its position; takes the fused layer; built in session 18)."""
+    ``triton`` (the default since session 18): miaohui's split-KV decode kernels
+    (:mod:`miaohui.generation.decode_attention`: two kernels instead of three, each row's cache read only up to its
+    position; takes the fused layer; on the CPU, or a head size that is not a power of two, its op computes the matmul
+    form). H200, 1.5B shape, ``int8_batch1``, the same call (``run_h200.sh s19a``): graph step at batch 1 1.261 →
+    **1.126 ms**, at batch 64 2.400 → **2.217 ms** (``profile_decode_int8b1_matmulattn_h200_s19a.json`` and the log);
+    per layer 7.4 → 4.5 µs at batch 1 × 512, 12.5 → 9.6 at 64 × 256 (``decode_attention_probe_h200_s19{a,b}.json``),
+    half the matmul form's error against fp32."""
     decode_layer: Literal["split", "fused"] = "fused"
     """``fused``: a whole decode layer, cache write included (an in-place ``index_put_`` fused into the RoPE kernel),
     one compiled graph; ``split``: each layer's two compiled halves (RMSNorm→QKV→RoPE; attention→MLP) around eager
@@ -96,7 +101,7 @@ class SlotEngineOptions(Frozen):
         if not isinstance(data, dict):
             return data
         if data.get("decode_layer") is None:
-            fusable = data.get("decode_attention", "matmul") in FUSED_ATTENTIONS
+            fusable = data.get("decode_attention", "triton") in FUSED_ATTENTIONS
             data = {**data, "decode_layer": "fused" if fusable else "split"}
         if data.get("int8_kernel") is None:
             data = {**data, "int8_kernel": "gemv" if data.get("int8_batched") else "gemv_fused"}
