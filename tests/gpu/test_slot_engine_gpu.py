@@ -20,15 +20,17 @@ def _engine(
     hf: torch.nn.Module,
     *,
     graphs: bool,
-    attention: str = "matmul",
-    layer: str = "split",
+    attention: str | None = None,
+    layer: str | None = None,
     int8_batch1: bool = False,
     int8_batched: bool = False,
     int8_kernel: str = "inductor",
 ) -> TorchSlotEngine:
+    """A tiny-model engine; attention and layer default to the engine's own defaults (triton, fused)."""
+    chosen = {k: v for k, v in (("decode_attention", attention), ("decode_layer", layer)) if v is not None}
     opts = SlotEngineOptions(
-        num_slots=8, max_len=256, dtype="fp32", compile=graphs, cuda_graphs=graphs, decode_attention=attention,
-        decode_layer=layer, int8_batch1=int8_batch1, int8_batched=int8_batched, int8_kernel=int8_kernel,
+        num_slots=8, max_len=256, dtype="fp32", compile=graphs, cuda_graphs=graphs, int8_batch1=int8_batch1,
+        int8_batched=int8_batched, int8_kernel=int8_kernel, **chosen,
     )  # fmt: skip
     dec = StaticKVDecoder.from_hf(hf, num_slots=8, max_len=256, dtype=torch.float32)
     engine = TorchSlotEngine(dec, [999], 0, opts)
@@ -37,6 +39,7 @@ def _engine(
 
 
 def test_graphs_match_eager_tokens() -> None:
+    """The engine's defaults (fused layer, triton attention) in CUDA graphs against the same engine run eagerly."""
     hf = tiny_qwen("cuda")
     fast, slow = _engine(hf, graphs=True), _engine(hf, graphs=False)
     assert fast.graphs_on and len(fast._graphs) == len(fast.batch_buckets) * len(fast.length_buckets)
@@ -51,9 +54,10 @@ def test_graphs_match_eager_tokens() -> None:
 @pytest.mark.parametrize("attention", ["sdpa", "flex", "triton"])
 def test_decode_attention_kernels_in_graphs_match_eager_matmul_tokens(attention: str) -> None:
     """``decode_attention`` sdpa / flex / triton (miaohui's split-KV kernels: the tiny model's head size, 32, is one
-    they take) compiled into the CUDA graphs: the eager default engine's tokens."""
+    they take) compiled into the CUDA graphs: the eager split matmul engine's tokens."""
     hf = tiny_qwen("cuda")
-    fast, slow = _engine(hf, graphs=True, attention=attention), _engine(hf, graphs=False)
+    fast = _engine(hf, graphs=True, attention=attention, layer="split")
+    slow = _engine(hf, graphs=False, attention="matmul", layer="split")
     assert fast.graphs_on and fast.model.decode_attention == attention
     prompts = [[5, 6, 7, 8, 9], [11, 12, 13], list(range(20, 160))]  # the last one crosses a length bucket
     params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
@@ -62,14 +66,14 @@ def test_decode_attention_kernels_in_graphs_match_eager_matmul_tokens(attention:
     assert [g[0] for g in got] == [w[0] for w in want]
 
 
-@pytest.mark.parametrize(
-    "attention", ["matmul", "triton"]
-)  # sdpa failed here on the H200 (s10e): SlotEngineOptions refuses it
+@pytest.mark.parametrize("attention", ["matmul", "triton"])
 def test_fused_decode_layer_in_graphs_matches_eager_split_tokens(attention: str) -> None:
-    """``decode_layer: fused`` (cache write inside the compiled layer, in place) in the CUDA graphs: the eager
-    default engine's tokens, across a length bucket."""
+    """``decode_layer: fused`` (cache write inside the compiled layer, in place) in the CUDA graphs: the eager split
+    matmul engine's tokens, across a length bucket. (sdpa failed in the fused graph on the H200, s10e:
+    SlotEngineOptions refuses it.)"""
     hf = tiny_qwen("cuda")
-    fast, slow = _engine(hf, graphs=True, attention=attention, layer="fused"), _engine(hf, graphs=False)
+    fast = _engine(hf, graphs=True, attention=attention, layer="fused")
+    slow = _engine(hf, graphs=False, attention="matmul", layer="split")
     assert fast.graphs_on and fast.model.decode_layer == "fused"
     prompts = [[5, 6, 7, 8, 9], [11, 12, 13], list(range(20, 160))]
     params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
