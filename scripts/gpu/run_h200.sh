@@ -112,6 +112,8 @@
 #           the 1.5B benchmark with triton (TPOT at one stream, 64 streams offline)
 #   s19b:   the triton attention's GPU tests again (the cache marked static), the probe's configuration sweep, then the
 #           async 1.5B server (64 streams staggered 10 ms, static prefill) with int8_batch1 + decode_attention triton
+#   s20a:   (next session) the whole slot-engine GPU test file with the engine's new defaults (triton attention,
+#           gemv_fused) in every test that does not name its options — not run in session 18 (no device time left)
 #   s19c:   s19b's server twice more, with the sweep's block of 64 positions for steps of 2+ rows
 #   s17a:   (session 17) all inductor GPU tests (fp16+bf16: fast_start warming only the config's shapes and capturing
 #           every bucket in its upgrade; the capture-stream fix), then BERT-base at every shape (the 32x128 row again)
@@ -533,6 +535,11 @@ case $stage in
     done
     timeout 200 python3 benchmarks/bench_generation_gpu.py --models qwen1.5b --int8-batch1 --int8-kernel gemv_fused \
       --out "$OUT" 2>&1 | grep -E "TPOT|graph step|tok/s|agreement" | tail -8
+    ;;
+  s20a)
+    timeout 450 python3 -m pytest -q tests/gpu/test_slot_engine_gpu.py -p no:cacheprovider -rA \
+      > "$OUT/gpu_tests_slot_engine_s20a.txt" 2>&1
+    grep -E "passed|failed|PASSED|FAILED|Error" "$OUT/gpu_tests_slot_engine_s20a.txt" | tail -20
     ;;
   s19c)
     for i in 1 2; do
