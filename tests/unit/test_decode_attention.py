@@ -6,13 +6,9 @@ The interpreter must be on before Triton is imported, so that check runs in a ch
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
-from tests.triton_compile import compile_for_h200
+from tests.triton_checks import compile_for_h200, run_interpreted
 
 from miaohui.generation import decode_attention as da
 from miaohui.generation.decode_attention import BLOCK_T, BLOCK_T_BATCHED, TARGET_PROGRAMS, decode_attention_op, plan
@@ -47,10 +43,7 @@ print("ok", len(cases))
 
 
 def test_kernels_match_the_matmul_attention_under_the_interpreter() -> None:
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-c", CHECK], env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.strip() == "ok 4"
+    assert run_interpreted(CHECK) == "ok 4"
 
 
 @pytest.mark.parametrize(("dtype", "block"), [("bf16", BLOCK_T), ("bf16", BLOCK_T_BATCHED), ("fp16", 32), ("fp32", 32)])

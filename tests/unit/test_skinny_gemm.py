@@ -4,13 +4,9 @@ tanh). The interpreter must be on before Triton is imported, so the check runs i
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
-from tests.triton_compile import compile_for_h200
+from tests.triton_checks import compile_for_h200, run_interpreted
 
 from miaohui.models.skinny_gemm import SKINNY_SWEEP, skinny_linear
 
@@ -43,10 +39,7 @@ print("ok", len(cases))
 
 
 def test_kernel_matches_linear_under_the_interpreter() -> None:
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-c", CHECK], env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.strip() == "ok 4"
+    assert run_interpreted(CHECK) == "ok 4"
 
 
 def test_bad_operands_are_named() -> None:

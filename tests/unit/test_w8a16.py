@@ -6,13 +6,9 @@ arithmetic; on the GPU ``scripts/gpu/decode_quant_probe.py`` checks bf16 against
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
-from tests.triton_compile import compile_for_h200
+from tests.triton_checks import compile_for_h200, run_interpreted
 
 from miaohui.generation.static_kv import quantize_int8
 from miaohui.generation.w8a16 import GEMV_BEST, best_from_sweeps, gemv_config, w8_gemv, w8a16_linear
@@ -47,10 +43,7 @@ print("ok", len(cases))
 
 
 def test_kernel_matches_the_dequantized_linear_under_the_interpreter() -> None:
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-c", CHECK], env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.strip() == "ok 5"
+    assert run_interpreted(CHECK) == "ok 5"
 
 
 def test_triton_is_installed() -> None:
@@ -100,10 +93,7 @@ print("ok", len(cases))
 def test_one_row_kernel_matches_the_dequantized_linear_under_the_interpreter() -> None:
     """``w8_gemv`` (the one-row kernel the decode step's int8 weights take with ``int8_kernel: gemv``), with
     and without split K, against the dequantized ``F.linear``."""
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-c", GEMV_CHECK], env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.strip() == "ok 5"
+    assert run_interpreted(GEMV_CHECK) == "ok 5"
 
 
 def test_one_row_kernel_refuses_more_rows() -> None:
@@ -162,10 +152,7 @@ print("ok", len(cases))
 def test_fused_one_row_kernel_folds_the_rms_norm_and_adds_the_residual_under_the_interpreter() -> None:
     """``int8_kernel: gemv_fused``'s kernel forms: the RMS of x taken from the GEMV's own loads (the norm weight
     folded into the int8 weight) and the residual added in the epilogue, with and without split K."""
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-c", FUSED_CHECK], env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.strip() == "ok 4"
+    assert run_interpreted(FUSED_CHECK) == "ok 4"
 
 
 def test_fused_op_on_the_cpu_computes_the_same_arithmetic() -> None:
@@ -193,7 +180,7 @@ def test_residual_of_the_wrong_size_is_named() -> None:
 @pytest.mark.parametrize("fused", [False, True])
 def test_one_row_kernels_compile_for_the_h200(fused: bool) -> None:
     """``_gemv_kernel`` (plain and with the RMS / residual of ``gemv_fused``) and its split-K reduction, compiled down
-    to a cubin for compute capability 9.0 on the CPU (``tests/triton_compile.py``)."""
+    to a cubin for compute capability 9.0 on the CPU (``tests/triton_checks.py``)."""
     from miaohui.generation import w8a16
 
     flags = {"HAS_BIAS": not fused, "HAS_RES": fused}

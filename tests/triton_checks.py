@@ -1,0 +1,42 @@
+"""Checking miaohui's Triton kernels without a GPU, two ways:
+
+* :func:`run_interpreted`: a script run in a child process under Triton's interpreter (``TRITON_INTERPRET=1`` must be
+  set before Triton is imported), which runs a kernel's arithmetic on the CPU;
+* :func:`compile_for_h200`: Triton's whole pipeline (TTIR → TTGIR → LLVM IR → PTX → cubin with its bundled ptxas) for
+  the H200 (CUDA, compute capability 9.0), also on the CPU. The interpreter does not compile, and some mistakes only
+  show there (a global a ``@jit`` function may not read, a type ``tl.dot`` refuses): caught before GPU time is spent.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from typing import Any
+
+
+def run_interpreted(script: str) -> str:
+    """Run ``script`` (Python source) under Triton's interpreter in a child process; its stdout, stripped. Fails the
+    calling test with the child's stderr when it exits non-zero."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout.strip()
+
+
+def compile_for_h200(fn: Any, types: list[str], constexprs: dict[str, Any]) -> Any:
+    """``fn``'s runtime arguments typed in order by ``types`` (``*bf16``, ``i32``, ``fp32``, ...), then
+    ``constexprs`` by name; returns the compiled kernel (its ``asm`` holds the cubin)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    runtime = [name for name in fn.arg_names if name not in constexprs]
+    if len(runtime) != len(types):
+        raise ValueError(f"{fn.__name__}: {len(runtime)} runtime arguments {runtime}, {len(types)} types given")
+    signature = dict(zip(runtime, types, strict=True)) | dict.fromkeys(constexprs, "constexpr")
+    kernel = triton.compile(
+        ASTSource(fn=fn, signature=signature, constexprs=constexprs), target=GPUTarget("cuda", 90, 32)
+    )
+    assert "cubin" in kernel.asm, list(kernel.asm)
+    return kernel
