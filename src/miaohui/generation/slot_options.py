@@ -35,7 +35,7 @@ class SlotEngineOptions(Frozen):
     ``scaled_dot_product_attention`` call (``sdpa``) or FlexAttention (``flex``: compiled, Inductor's
     flash-decoding kernel). H200, 1.5B shape, CUDA graphs at (batch 64, 256 positions), session 10
     (``decode_whole_step_h200_s10a.json``): matmul 2.68 ms, sdpa 2.71 (cuDNN's kernel is faster than the two matmuls
-    and the softmax, 268 vs 393 µs, but the step is not), flex 4.83 (its kernel alone 2.5 ms); ``matmul`` stays.
+    and the softmax, 268 vs 393 µs, but the step is not), flex 4.83 (its kernel alone 2.5 ms); ``matmul`` stayed then.
     ``triton`` (the default since session 18): miaohui's split-KV decode kernels
     (:mod:`miaohui.generation.decode_attention`: two kernels instead of three, each row's cache read only up to its
     position; takes the fused layer; on the CPU, or a head size that is not a power of two, its op computes the matmul
