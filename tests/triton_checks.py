@@ -24,9 +24,13 @@ def run_interpreted(script: str) -> str:
     return done.stdout.strip()
 
 
-def compile_for_h200(fn: Any, types: list[str], constexprs: dict[str, Any]) -> Any:
+def compile_for_h200(fn: Any, types: list[str], constexprs: dict[str, Any], divisible: tuple[str, ...] = ()) -> Any:
     """``fn``'s runtime arguments typed in order by ``types`` (``*bf16``, ``i32``, ``fp32``, ...), then
-    ``constexprs`` by name; returns the compiled kernel (its ``asm`` holds the cubin)."""
+    ``constexprs`` by name; returns the compiled kernel (its ``asm`` holds the PTX and the cubin). Pointers and
+    ``stride*`` integers are marked divisible by 16, as a launch marks torch's allocations and the models' strides
+    (hidden sizes are multiples of 16), and so are the integers named in ``divisible`` (sizes that masks compare
+    against), so the loads are the vectorized ones the GPU compiles: without the marks the decode attention's K/V
+    loads compile to 2-byte loads, with them to 16-byte ones."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -35,8 +39,12 @@ def compile_for_h200(fn: Any, types: list[str], constexprs: dict[str, Any]) -> A
     if len(runtime) != len(types):
         raise ValueError(f"{fn.__name__}: {len(runtime)} runtime arguments {runtime}, {len(types)} types given")
     signature = dict(zip(runtime, types, strict=True)) | dict.fromkeys(constexprs, "constexpr")
-    kernel = triton.compile(
-        ASTSource(fn=fn, signature=signature, constexprs=constexprs), target=GPUTarget("cuda", 90, 32)
-    )
+    aligned = {
+        (fn.arg_names.index(name),): [["tt.divisibility", 16]]
+        for name, kind in zip(runtime, types, strict=True)
+        if kind.startswith("*") or name.startswith("stride") or name in divisible
+    }
+    source = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=aligned)
+    kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32))
     assert "cubin" in kernel.asm, list(kernel.asm)
     return kernel
