@@ -114,6 +114,8 @@
 #           async 1.5B server (64 streams staggered 10 ms, static prefill) with int8_batch1 + decode_attention triton
 #   s20a:   (next session) the whole slot-engine GPU test file with the engine's new defaults (triton attention,
 #           gemv_fused) in every test that does not name its options — not run in session 18 (no device time left)
+#   s20b:   (next session) the async 1.5B server (defaults + int8_batch1) with the GC freeze on / off / on: s19c's two
+#           slow runs had 14x the gen-0 collections of s19b's with the same decode step
 #   s19c:   s19b's server twice more, with the sweep's block of 64 positions for steps of 2+ rows
 #   s17a:   (session 17) all inductor GPU tests (fp16+bf16: fast_start warming only the config's shapes and capturing
 #           every bucket in its upgrade; the capture-stream fix), then BERT-base at every shape (the 32x128 row again)
@@ -540,6 +542,9 @@ case $stage in
     timeout 450 python3 -m pytest -q tests/gpu/test_slot_engine_gpu.py -p no:cacheprovider -rA \
       > "$OUT/gpu_tests_slot_engine_s20a.txt" 2>&1
     grep -E "passed|failed|PASSED|FAILED|Error" "$OUT/gpu_tests_slot_engine_s20a.txt" | tail -20
+    ;;
+  s20b)
+    gen_ab srv20_gc --gc-freeze "on off on" --int8-batch1
     ;;
   s19c)
     for i in 1 2; do
