@@ -15,7 +15,10 @@ Per model, in one process, bf16 everywhere except the fp32 reference:
 3. engine decode step at batch 1/8/32/64: CUDA-event time of one graph replay (GPU only), and the host-
    inclusive step (staging copy + replay + argmax back to the host); median and p99 over ``--iters``;
 4. engine through the scheduler (``LLMEngine``): TPOT at 1 stream and tokens/s with ``--streams`` streams of
-   ``--prompt-len`` prompt and ``--new-tokens`` output tokens (continuous batching, greedy, ignore_eos);
+   ``--prompt-len`` prompt and ``--new-tokens`` output tokens (continuous batching, greedy, ignore_eos), one
+   synchronous ``step()`` after another; then the same through the server's engine thread (``AsyncLLMEngine``) with
+   async scheduling — step N+1 launched before step N's tokens are read — streaming to an asyncio loop
+   (``engine_thread``: a served stream's TPOT without HTTP);
 5. ``--server`` (first model only): the artifact saved, ``miaohui serve`` started, and ``--streams`` streaming
    ``/v1/completions`` clients (``--client-procs`` processes) in a closed loop for ``--duration`` s:
    output tokens/s (counted from each stream's usage chunk), TTFT and inter-chunk latency ("ITL") p50/p99 — a
@@ -58,7 +61,7 @@ import torch
 
 from miaohui.bench.scrape import Snapshot, fetch_metrics, gc_pauses, parse_metrics, share_above, window_histogram
 from miaohui.gcpolicy import FREEZE_ENV
-from miaohui.generation.engine_loop import LLMEngine
+from miaohui.generation.engine_loop import AsyncLLMEngine, LLMEngine
 from miaohui.generation.params import SamplingParams
 from miaohui.generation.scheduler import SchedulerConfig
 from miaohui.generation.slot_engine import TorchSlotEngine
@@ -246,16 +249,39 @@ def decode_steps(engine: TorchSlotEngine, prompt_len: int, batches: list[int], i
     return rows
 
 
+def _stream_stats(n: int, stamps: dict[int, list[float]], t0: float, wall: float) -> dict[str, Any]:
+    """Tokens/s, TTFT and TPOT of ``n`` streams from each stream's token arrival times."""
+    total = sum(len(v) for v in stamps.values())
+    ttft = [v[0] - t0 for v in stamps.values()]
+    itl = [b - a for v in stamps.values() for a, b in itertools.pairwise(v)]
+    log(f"  {n} streams: {total / wall:.0f} tok/s, TPOT {statistics.median(itl) * 1e3:.3f} ms")
+    return {
+        "streams": n,
+        "output_tokens": total,
+        "wall_s": wall,
+        "tokens_per_s": total / wall,
+        "ttft_ms_median": statistics.median(ttft) * 1e3,
+        "ttft_ms_p99": pct(ttft, 99) * 1e3,
+        "tpot_ms_median": statistics.median(itl) * 1e3,
+        "tpot_ms_p99": pct(itl, 99) * 1e3,
+    }
+
+
+def _sched_config(engine: TorchSlotEngine, streams: int, n: int, prompt_len: int, chained: bool) -> SchedulerConfig:
+    return SchedulerConfig(
+        max_running_seqs=min(streams, engine.num_slots), max_batched_tokens=max(4096, n * prompt_len + n),
+        max_waiting=4 * streams, max_model_len=engine.max_len, async_scheduling=chained,
+    )  # fmt: skip
+
+
 def through_scheduler(engine: TorchSlotEngine, streams: int, prompt_len: int, new_tokens: int) -> dict[str, Any]:
+    """``LLMEngine.step()`` in a loop: schedule, run, collect, one step after another (no HTTP, no engine thread)."""
     vocab = engine.dims.vocab
     params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
     out: dict[str, Any] = {}
+    log("scheduler, synchronous steps:")
     for n in (1, streams):
-        sched = SchedulerConfig(
-            max_running_seqs=min(streams, engine.num_slots), max_batched_tokens=max(4096, n * prompt_len + n),
-            max_waiting=4 * streams, max_model_len=engine.max_len,
-        )  # fmt: skip
-        llm = LLMEngine(engine, None, sched)
+        llm = LLMEngine(engine, None, _sched_config(engine, streams, n, prompt_len, False))
         llm.generate(random_prompts(min(n, 4), prompt_len, vocab, 7), params.model_copy(update={"max_tokens": 4}))
         prompts = random_prompts(n, prompt_len, vocab, 11)
         for p in prompts:
@@ -268,21 +294,42 @@ def through_scheduler(engine: TorchSlotEngine, streams: int, prompt_len: int, ne
             for up in ups:
                 if up.token_id is not None:
                     stamps.setdefault(up.seq_id, []).append(now)
-        wall = time.perf_counter() - t0
-        total = sum(len(v) for v in stamps.values())
-        ttft = [v[0] - t0 for v in stamps.values()]
-        itl = [b - a for v in stamps.values() for a, b in itertools.pairwise(v)]
-        out[f"streams{n}"] = {
-            "streams": n,
-            "output_tokens": total,
-            "wall_s": wall,
-            "tokens_per_s": total / wall,
-            "ttft_ms_median": statistics.median(ttft) * 1e3,
-            "ttft_ms_p99": pct(ttft, 99) * 1e3,
-            "tpot_ms_median": statistics.median(itl) * 1e3,
-            "tpot_ms_p99": pct(itl, 99) * 1e3,
-        }
-        log(f"scheduler {n} streams: {total / wall:.0f} tok/s, TPOT {statistics.median(itl) * 1e3:.3f} ms")
+        out[f"streams{n}"] = _stream_stats(n, stamps, t0, time.perf_counter() - t0)
+    return out
+
+
+def through_async_engine(engine: TorchSlotEngine, streams: int, prompt_len: int, new_tokens: int) -> dict[str, Any]:
+    """The server's engine thread (``AsyncLLMEngine``) with async scheduling — step N+1 launched before step N's
+    tokens are read, so the host's per-step work overlaps the GPU's — and the tokens streamed to an asyncio loop: a
+    served stream's TPOT without HTTP."""
+    vocab = engine.dims.vocab
+    params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
+    out: dict[str, Any] = {}
+    log("engine thread, async scheduling:")
+    for n in (1, streams):
+        llm = LLMEngine(engine, None, _sched_config(engine, streams, n, prompt_len, True))
+        prompts = random_prompts(n, prompt_len, vocab, 11)
+
+        async def run(llm: LLMEngine, prompts: list[list[int]]) -> tuple[dict[int, list[float]], float, float]:
+            stamps: dict[int, list[float]] = {}
+            eng = AsyncLLMEngine(llm)
+            await eng.start(warmup=False)  # warm already (its warm-up prompt is the EOS id: -1 here, no EOS)
+
+            async def one(i: int, prompt: list[int]) -> None:
+                async for event in eng.generate(prompt, params):
+                    if event.token_id is not None:
+                        stamps.setdefault(i, []).append(time.perf_counter())
+
+            try:
+                t0 = time.perf_counter()
+                await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+                return stamps, t0, time.perf_counter() - t0
+            finally:
+                await eng.stop()
+
+        stamps, t0, wall = asyncio.run(run(llm, prompts))
+        out[f"streams{n}"] = _stream_stats(n, stamps, t0, wall)
+    engine.chaining = False  # the engine thread switched it on
     return out
 
 
@@ -616,6 +663,7 @@ def bench_model(name: str, args: argparse.Namespace, server: bool) -> dict[str, 
     if DEVICE == "cuda":
         torch.cuda.empty_cache()
     res["scheduler"] = through_scheduler(engine, args.streams, args.prompt_len, args.new_tokens)
+    res["engine_thread"] = through_async_engine(engine, args.streams, args.prompt_len, args.new_tokens)
     hf16 = copy.deepcopy(hf32).to(torch.bfloat16)
     res["hf_eager"] = hf_eager(hf16, random_prompts(args.streams, args.prompt_len, vocab, 5), args.hf_tokens, 2)
     del hf16
@@ -722,7 +770,7 @@ def main() -> None:
     )
     ap.add_argument(
         "--int8-kernel",
-        choices=["inductor", "gemv", "gemv_fused"],
+        choices=["inductor", "gemv", "gemv_fused", "gemv_layer"],
         default=None,
         help="the kernel of --int8-batch1's steps (default: the engine's, gemv_fused; gemv with --int8-batched)",
     )
@@ -833,6 +881,17 @@ def main() -> None:
             ("HF eager TPOT b=1 (ms)", m["hf_eager"]["batch1"]["tpot_ms"]),
             ("engine TPOT 1 stream (ms)", m["scheduler"]["streams1"]["tpot_ms_median"]),
             ("speed-up vs eager", m["tpot_speedup_vs_eager"]),
+            *(
+                [
+                    ("engine thread async TPOT 1 (ms)", m["engine_thread"]["streams1"]["tpot_ms_median"]),
+                    (
+                        f"engine thread async tok/s {args.streams}",
+                        m["engine_thread"][f"streams{args.streams}"]["tokens_per_s"],
+                    ),
+                ]
+                if "engine_thread" in m
+                else []
+            ),
             ("graph step b=1 (ms)", m["decode_steps"][0]["gpu_step_ms_median"]),
             ("HBM floor b=1 (ms)", m["decode_steps"][0]["hbm_floor_ms"]),
             (f"engine tok/s {args.streams} streams", m["scheduler"][f"streams{args.streams}"]["tokens_per_s"]),

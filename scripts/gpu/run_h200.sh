@@ -112,9 +112,12 @@
 #           the 1.5B benchmark with triton (TPOT at one stream, 64 streams offline)
 #   s19b:   the triton attention's GPU tests again (the cache marked static), the probe's configuration sweep, then the
 #           async 1.5B server (64 streams staggered 10 ms, static prefill) with int8_batch1 + decode_attention triton
-#   s20a:   (next session) the whole slot-engine GPU test file with the engine's new defaults (triton attention,
-#           gemv_fused) in every test that does not name its options — not run in session 18 (no device time left)
-#   s20b:   (next session) the async 1.5B server (defaults + int8_batch1) with the GC freeze on / off / on: s19c's two
+#   s20a:   (session 19) int8_kernel gemv_layer (QKV+RoPE+cache write and gate/up+SwiGLU in the one-row kernels):
+#           its kernel and engine GPU tests, then the batch-1 step's profile with gemv_fused and gemv_layer
+#   s20b:   the 1.5B benchmark with gemv_layer: TPOT at one stream, synchronous steps and the async engine thread
+#   s20c:   the whole slot-engine GPU test file with the engine's defaults (triton attention, gemv_fused) in every test
+#           that does not name its options — not run in session 18 (no device time left)
+#   s20d:   the async 1.5B server (defaults + int8_batch1) with the GC freeze on / off / on: s19c's two
 #           slow runs had 14x the gen-0 collections of s19b's with the same decode step
 #   s19c:   s19b's server twice more, with the sweep's block of 64 positions for steps of 2+ rows
 #   s17a:   (session 17) all inductor GPU tests (fp16+bf16: fast_start warming only the config's shapes and capturing
@@ -539,11 +542,25 @@ case $stage in
       --out "$OUT" 2>&1 | grep -E "TPOT|graph step|tok/s|agreement" | tail -8
     ;;
   s20a)
-    timeout 450 python3 -m pytest -q tests/gpu/test_slot_engine_gpu.py -p no:cacheprovider -rA \
-      > "$OUT/gpu_tests_slot_engine_s20a.txt" 2>&1
-    grep -E "passed|failed|PASSED|FAILED|Error" "$OUT/gpu_tests_slot_engine_s20a.txt" | tail -20
+    timeout 200 python3 -m pytest -q tests/gpu/test_w8_layer_gpu.py tests/gpu/test_slot_engine_gpu.py -k "w8_layer or gemv_layer" \
+      -p no:cacheprovider -rA > "$OUT/gpu_tests_gemv_layer_s20a.txt" 2>&1
+    grep -E "passed|failed|PASSED|FAILED|Error" "$OUT/gpu_tests_gemv_layer_s20a.txt" | tail -8
+    for k in gemv_fused gemv_layer; do
+      mkdir -p "$OUT/$k"
+      timeout 150 python3 scripts/gpu/profile_decode.py --batches 1 --int8-batch1 --int8-kernel $k --decode-attention triton \
+        --out "$OUT/$k" 2>&1 | grep -E "graph step|Error" | tail -3
+    done
     ;;
   s20b)
+    timeout 280 python3 benchmarks/bench_generation_gpu.py --models qwen1.5b --int8-batch1 --int8-kernel gemv_layer \
+      --out "$OUT" 2>&1 | grep -E "TPOT|graph step|tok/s|streams|agreement|decode b=|Error" | tail -16
+    ;;
+  s20c)
+    timeout 450 python3 -m pytest -q tests/gpu/test_slot_engine_gpu.py -p no:cacheprovider -rA \
+      > "$OUT/gpu_tests_slot_engine_s20c.txt" 2>&1
+    grep -E "passed|failed|PASSED|FAILED|Error" "$OUT/gpu_tests_slot_engine_s20c.txt" | tail -20
+    ;;
+  s20d)
     gen_ab srv20_gc --gc-freeze "on off on" --int8-batch1
     ;;
   s19c)

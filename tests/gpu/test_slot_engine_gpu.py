@@ -90,6 +90,8 @@ def test_fused_decode_layer_in_graphs_matches_eager_split_tokens(attention: str)
         ("fused", True, "inductor"),
         ("fused", False, "gemv"),
         ("fused", False, "gemv_fused"),
+        ("fused", False, "gemv_layer"),
+        ("split", False, "gemv_layer"),
     ],
 )
 def test_int8_graphs_match_the_eager_int8_engine(layer: str, batched: bool, kernel: str) -> None:
@@ -98,7 +100,8 @@ def test_int8_graphs_match_the_eager_int8_engine(layer: str, batched: bool, kern
     graphs of 2+ rows, against the eager engine on the same int8 weights (its one-row products the dequantizing
     ``F.linear``, so the gemv kernel is checked against another computation): one stream, then three. ``gemv_fused``
     folds the norms' weights into its own int8 copy, so its eager twin runs ``gemv_fused`` too (eager on CUDA: the same
-    kernel outside graphs); the CPU test checks its arithmetic against the dequantized model."""
+    kernel outside graphs), and so does ``gemv_layer``'s; the CPU test checks their arithmetic against the dequantized
+    model, ``test_w8_layer_gpu.py`` gemv_layer's kernels against their torch form."""
     hf = tiny_qwen("cuda")
     fast = _engine(hf, graphs=True, layer=layer, int8_batch1=True, int8_batched=batched, int8_kernel=kernel)
     slow = _engine(
@@ -106,7 +109,7 @@ def test_int8_graphs_match_the_eager_int8_engine(layer: str, batched: bool, kern
         graphs=False,
         int8_batch1=True,
         int8_batched=batched,
-        int8_kernel=kernel if kernel == "gemv_fused" else "inductor",
+        int8_kernel=kernel if kernel in ("gemv_fused", "gemv_layer") else "inductor",
     )
     assert fast.graphs_on and fast.model._q8 is not None
     params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)

@@ -146,6 +146,8 @@ def test_fused_decode_layer_gives_the_split_layers_logits_and_cache(attention: s
         ("fused", True, False, "gemv"),
         ("fused", True, False, "gemv_fused"),
         ("split", True, False, "gemv_fused"),
+        ("fused", True, False, "gemv_layer"),
+        ("split", True, False, "gemv_layer"),
     ],
 )
 def test_int8_steps_decode_with_the_int8_weights_and_the_others_without(
@@ -155,7 +157,8 @@ def test_int8_steps_decode_with_the_int8_weights_and_the_others_without(
     whose GEMM weights and LM head are replaced by their int8 values × scale (so it really reads the int8 copy; steps of
     2+ rows, and one-row steps with ``int8_kernel: gemv``, go through the ``miaohui::w8a16_linear`` op, its CPU
     fallback here); a step that does not gives the unquantized model's logits."""
-    from miaohui.generation.static_kv import FusedGemvWeight, GemvWeight, _Layer
+    from miaohui.generation.static_kv import FusedGemvWeight, GemvWeight, GluGemvWeight, RopeGemvWeight, _Layer
+    from miaohui.generation.w8_layer import unpair_halves
 
     hf = tiny_qwen()
     opts = SlotEngineOptions(
@@ -167,15 +170,26 @@ def test_int8_steps_decode_with_the_int8_weights_and_the_others_without(
     dequant = StaticKVDecoder.from_hf(hf, num_slots=8, max_len=256, dtype=torch.float32)
     q8 = engine.model._q8
     assert q8 is not None and engine.model._q8_head is not None and engine.model.int8_steps == (batch1, batched)
-    assert all(q.dtype == torch.int8 for per_layer in q8 for q, _ in per_layer.values())
+    assert all(w[0].dtype == torch.int8 for per_layer in q8 for w in per_layer.values())
     assert all(isinstance(w, GemvWeight) == (kernel == "gemv") for per_layer in q8 for w in per_layer.values())
-    assert all(isinstance(w, FusedGemvWeight) == (kernel == "gemv_fused") for lay in q8 for w in lay.values())
+    if kernel != "gemv_layer":
+        assert all(isinstance(w, FusedGemvWeight) == (kernel == "gemv_fused") for lay in q8 for w in lay.values())
+    else:  # QKV rows paired per head, gate/up interleaved; O and down as gemv_fused's
+        assert all(isinstance(lay["qkv"], RopeGemvWeight) and isinstance(lay["gate_up"], GluGemvWeight) for lay in q8)
+        assert all(isinstance(lay[n], FusedGemvWeight) for lay in q8 for n in ("o", "down"))
     with torch.no_grad():
         for lay, per_layer in zip(dequant.layers, q8, strict=True):
             assert isinstance(lay, _Layer)
-            for name, (q, s) in per_layer.items():
-                getattr(lay, name).copy_(q.float() * s[:, None])
-            if kernel == "gemv_fused":  # the norms' weights live in the int8 QKV and gate/up copies
+            for name, (q, s, *bias) in per_layer.items():
+                w = q.float() * s[:, None]
+                if isinstance(per_layer[name], RopeGemvWeight):
+                    w = unpair_halves(w.T, dequant.dims.head_dim).T
+                    if lay.qkv_bias is not None:  # the paired copy of the same bias
+                        assert torch.equal(unpair_halves(bias[0], dequant.dims.head_dim), lay.qkv_bias)
+                elif isinstance(per_layer[name], GluGemvWeight):
+                    w = w.reshape(-1, 2, w.shape[1]).transpose(0, 1).reshape(w.shape)
+                getattr(lay, name).copy_(w)
+            if kernel in ("gemv_fused", "gemv_layer"):  # the norms' weights live in the int8 QKV and gate/up copies
                 lay.in_norm.fill_(1.0)
                 lay.post_norm.fill_(1.0)
         q, s = engine.model._q8_head

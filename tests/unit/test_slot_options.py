@@ -32,10 +32,12 @@ def test_the_default_layer_is_fused_unless_the_attention_needs_split() -> None:
     assert SlotEngineOptions(decode_attention="triton").decode_layer == "fused"
 
 
-def test_gemv_fused_refuses_int8_batched() -> None:
-    """gemv_fused folds the RMSNorm weights into the int8 copy; int8_batched's steps read that copy unnormed."""
-    with pytest.raises(ConfigError, match="int8_kernel 'gemv_fused' folds the RMSNorm weights") as err:
-        SlotEngineOptions(int8_batch1=True, int8_kernel="gemv_fused", int8_batched=True)
+@pytest.mark.parametrize("kernel", ["gemv_fused", "gemv_layer"])
+def test_folded_kernels_refuse_int8_batched(kernel: str) -> None:
+    """gemv_fused and gemv_layer fold the RMSNorm weights into the int8 copy; int8_batched's steps read that copy
+    unnormed."""
+    with pytest.raises(ConfigError, match=f"int8_kernel '{kernel}' folds the RMSNorm weights") as err:
+        SlotEngineOptions(int8_batch1=True, int8_kernel=kernel, int8_batched=True)
     assert err.value.fix == "use int8_kernel gemv with int8_batched, or int8_batched false"
     assert SlotEngineOptions(int8_batch1=True, int8_kernel="gemv", int8_batched=True).int8_kernel == "gemv"
     assert SlotEngineOptions().int8_kernel == "gemv_fused"

@@ -61,7 +61,7 @@ class SlotEngineOptions(Frozen):
     (``decode_quant_probe_h200_s11d.json``): 1.27 ms cuBLAS bf16 → 0.87 ms (Inductor), 0.78 (gemv). Steps of 2+ rows
     keep the model-dtype weights (int8 there was 2× slower), so a sequence's tokens may differ with whether it decoded
     alone. Off by default."""
-    int8_kernel: Literal["inductor", "gemv", "gemv_fused"] = "gemv_fused"
+    int8_kernel: Literal["inductor", "gemv", "gemv_fused", "gemv_layer"] = "gemv_fused"
     """Which kernel reads the int8 copy in steps of one row: ``gemv_fused`` (the default; ``gemv`` when
     ``int8_batched`` is on, whose steps would read the folded copies), ``gemv`` or ``inductor``. ``gemv`` is miaohui's
     matrix-vector kernel (:func:`miaohui.generation.w8a16.w8_gemv`, one configuration per weight shape measured by
@@ -114,10 +114,10 @@ class SlotEngineOptions(Frozen):
                 f"decode_layer 'fused' does not take decode_attention {self.decode_attention!r}",
                 "use decode_attention matmul or triton with the fused layer, or decode_layer split",
             )
-        if self.int8_kernel == "gemv_fused" and self.int8_batched:
+        if self.int8_kernel in ("gemv_fused", "gemv_layer") and self.int8_batched:
             raise ConfigError(
-                "int8_kernel 'gemv_fused' folds the RMSNorm weights into the int8 copy that int8_batched's steps "
-                "would also read",
+                f"int8_kernel {self.int8_kernel!r} folds the RMSNorm weights into the int8 copy that int8_batched's "
+                "steps would also read",
                 "use int8_kernel gemv with int8_batched, or int8_batched false",
             )
         return self

@@ -33,6 +33,7 @@ from torch.nn import functional as F
 from miaohui.errors import ArtifactError
 from miaohui.generation.decode_attention import decode_attention_op
 from miaohui.generation.dims import DecoderDims
+from miaohui.generation.w8_layer import interleave_glu, pair_halves, w8_gemv_glu_op, w8_gemv_rope_op
 from miaohui.generation.w8a16 import w8_gemv_fused_op, w8a16_op
 
 if TYPE_CHECKING:
@@ -68,7 +69,27 @@ class FusedGemvWeight(NamedTuple):
     scale: torch.Tensor
 
 
-Weight = torch.Tensor | tuple[torch.Tensor, torch.Tensor] | GemvWeight | FusedGemvWeight
+class RopeGemvWeight(NamedTuple):
+    """``int8_kernel: gemv_layer``'s QKV weight: :class:`FusedGemvWeight`'s RMSNorm fold, its rows (and bias) stored
+    pair-wise per head (:func:`~miaohui.generation.w8_layer.pair_halves`) for the kernel that also applies RoPE and
+    writes the key and value into the cache (:func:`~miaohui.generation.w8_layer.w8_gemv_rope`)."""
+
+    q: torch.Tensor
+    scale: torch.Tensor
+    bias: torch.Tensor | None
+
+
+class GluGemvWeight(NamedTuple):
+    """``int8_kernel: gemv_layer``'s gate/up weight: the RMSNorm fold, rows stored gate, up, gate, up…
+    (:func:`~miaohui.generation.w8_layer.interleave_glu`) for the kernel whose epilogue writes ``silu(gate) · up``."""
+
+    q: torch.Tensor
+    scale: torch.Tensor
+
+
+Weight = (
+    torch.Tensor | tuple[torch.Tensor, torch.Tensor] | GemvWeight | FusedGemvWeight | RopeGemvWeight | GluGemvWeight
+)
 """A weight ``[out, in]`` in the model dtype, or int8 values with one scale per output row (weight-only int8)."""
 
 
@@ -220,6 +241,8 @@ def attn_out_mlp_flex(
 
 def mlp_block(x: torch.Tensor, post_norm: torch.Tensor, gate_up: Weight, down: Weight, eps: float) -> torch.Tensor:
     """Residual SwiGLU MLP: ``x + down(silu(gate) * up)`` of the RMS-normed ``x``."""
+    if isinstance(gate_up, GluGemvWeight):
+        return residual_linear(x, w8_gemv_glu_op(x, gate_up.q, gate_up.scale, eps), down)
     gate, up = norm_linear(x, post_norm, gate_up, None, eps).chunk(2, dim=-1)
     return residual_linear(x, F.silu(gate) * up, down)
 
@@ -488,7 +511,7 @@ class StaticKVDecoder(nn.Module):
                 else:
                     p.copy_(torch.randn(p.shape, generator=gen, device=p.device, dtype=torch.float32) * std)
 
-    _q8: list[dict[str, tuple[torch.Tensor, torch.Tensor]]] | None = None
+    _q8: list[dict[str, Weight]] | None = None
     _q8_head: tuple[torch.Tensor, torch.Tensor] | None = None
 
     int8_steps: tuple[bool, bool] = (False, False)
@@ -504,7 +527,8 @@ class StaticKVDecoder(nn.Module):
         :func:`~miaohui.generation.w8a16.w8_gemv`; ``gemv_fused`` also folds each RMSNorm's weight into the QKV and
         gate/up copies (so only one-row steps may read them: the options refuse it with ``int8_batched``)."""
         self.int8_steps = (batch1, batched)
-        fused = kernel == "gemv_fused"
+        fused = kernel in ("gemv_fused", "gemv_layer")
+        d = self.dims.head_dim
 
         def pack(w: torch.Tensor, norm: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
             if fused:  # the norm's weight multiplied in before rounding to int8
@@ -512,14 +536,17 @@ class StaticKVDecoder(nn.Module):
                 return FusedGemvWeight(q, scale.to(w.dtype))
             return GemvWeight(*quantize_int8(w)) if kernel == "gemv" else quantize_int8(w)
 
+        def pack_layer(layer: _Layer) -> dict[str, Weight]:
+            qkv: Weight = pack(layer.qkv, layer.in_norm)
+            gate_up: Weight = pack(layer.gate_up, layer.post_norm)
+            if kernel == "gemv_layer":  # rows reordered for the kernels' RoPE / SwiGLU epilogues
+                bias = None if layer.qkv_bias is None else pair_halves(layer.qkv_bias, d)
+                qkv = RopeGemvWeight(pair_halves(qkv[0], d), pair_halves(qkv[1], d), bias)
+                gate_up = GluGemvWeight(interleave_glu(gate_up[0]), interleave_glu(gate_up[1]))
+            return {"qkv": qkv, "o": pack(layer.o), "gate_up": gate_up, "down": pack(layer.down)}
+
         with torch.no_grad():
-            self._q8 = []
-            for layer in self.layers:
-                assert isinstance(layer, _Layer)
-                self._q8.append(
-                    {"qkv": pack(layer.qkv, layer.in_norm), "o": pack(layer.o),
-                     "gate_up": pack(layer.gate_up, layer.post_norm), "down": pack(layer.down)}
-                )  # fmt: skip
+            self._q8 = [pack_layer(layer) for layer in self.layers if isinstance(layer, _Layer)]
             self._q8_head = GemvWeight(*quantize_int8(self.head)) if fused else pack(self.head)
 
     def _decode_weights(self, b: int) -> tuple[list[tuple[Weight, Weight, Weight, Weight]], Weight]:
@@ -582,6 +609,9 @@ class StaticKVDecoder(nn.Module):
             run = self._decode_layer or make_decode_layer(attend)
             for i, (layer, (qkv, o, gate_up, down)) in enumerate(zip(self.layers, weights, strict=True)):
                 assert isinstance(layer, _Layer)
+                if isinstance(qkv, RopeGemvWeight):
+                    x = self._rope_gemv_layer(i, x, positions, mask, qkv, o, gate_up, down, attend, kv_len)
+                    continue
                 x = run(
                     x, self.k_cache[i], self.v_cache[i], rows, positions, mask, layer.in_norm, qkv,
                     layer.qkv_bias, cos, sin, o, layer.post_norm, gate_up, down, d.rms_eps, d.num_heads, kv_len,
@@ -593,6 +623,9 @@ class StaticKVDecoder(nn.Module):
         dest = ((rows[:, None] * d.num_kv_heads + heads[None, :]) * self.max_len + positions[:, None]).reshape(-1)
         for i, (layer, (qkv, o, gate_up, down)) in enumerate(zip(self.layers, weights, strict=True)):
             assert isinstance(layer, _Layer)
+            if isinstance(qkv, RopeGemvWeight):
+                x = self._rope_gemv_layer(i, x, positions, mask, qkv, o, gate_up, down, attend, kv_len)
+                continue
             q, k, v = self._attn_in(
                 x, layer.in_norm, qkv, layer.qkv_bias, cos, sin, d.rms_eps, d.num_heads, d.num_kv_heads
             )
@@ -604,6 +637,32 @@ class StaticKVDecoder(nn.Module):
                 o, layer.post_norm, gate_up, down, d.rms_eps,
             )  # fmt: skip
         return self._final(x, self.norm, head, d.rms_eps)
+
+    def _rope_gemv_layer(
+        self,
+        i: int,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        mask: torch.Tensor,
+        qkv: RopeGemvWeight,
+        o: Weight,
+        gate_up: Weight,
+        down: Weight,
+        attend: Any,
+        kv_len: int,
+    ) -> torch.Tensor:
+        """Layer ``i`` of a one-row step with ``int8_kernel: gemv_layer``: one kernel for RMSNorm → QKV → RoPE →
+        cache write (:func:`~miaohui.generation.w8_layer.w8_gemv_rope`, a custom op that writes the cache in place,
+        so it runs outside the compiled graphs; the step's CUDA graph captures it), then ``attend``'s compiled half."""
+        d, layer = self.dims, self.layers[i]
+        assert isinstance(layer, _Layer)
+        kc, vc = self.k_cache[i], self.v_cache[i]
+        q = w8_gemv_rope_op(
+            x, qkv.q, qkv.scale, qkv.bias, positions, self.cos_table, self.sin_table, kc, vc, d.num_heads, d.rms_eps
+        )
+        if self.decode_attention == "flex":
+            q = q[:, :, None, :]
+        return attend(x, q, kc[:1, :, :kv_len], vc[:1, :, :kv_len], mask, o, layer.post_norm, gate_up, down, d.rms_eps)
 
     def prefill(self, tokens: torch.Tensor, lengths: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         """Right-padded prompts ``tokens`` [n, S] with real ``lengths`` [n] into cache rows ``slots`` [n];
