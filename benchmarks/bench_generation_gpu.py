@@ -641,7 +641,7 @@ def bench_model(name: str, args: argparse.Namespace, server: bool) -> dict[str, 
         dtype=dtype,
         autotune=args.autotune,
         static_prefill=args.static_prefill,
-        decode_attention=args.decode_attention,
+        **({"decode_attention": args.decode_attention} if args.decode_attention else {}),
         decode_layer=args.decode_layer,
         int8_batch1=args.int8_batch1,
         int8_kernel=args.int8_kernel,
@@ -750,8 +750,8 @@ def main() -> None:
     ap.add_argument(
         "--decode-attention",
         choices=["matmul", "sdpa", "flex", "triton"],
-        default="matmul",
-        help="decode's attention kernel",
+        default=None,
+        help="decode's attention kernel (default: the engine's, triton; session 19's first run of s20b took matmul)",
     )
     ap.add_argument(
         "--gc-freeze",

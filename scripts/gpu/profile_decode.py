@@ -38,7 +38,7 @@ def main() -> None:
     ap.add_argument("--int8-batch1", action="store_true", help="the int8 weight copy for steps of one row (TPOT)")
     kernels = ("inductor", "gemv", "gemv_fused", "gemv_layer")
     ap.add_argument("--int8-kernel", choices=kernels, default=None, help="default: the engine's")
-    ap.add_argument("--decode-attention", choices=("matmul", "triton"), default="matmul")
+    ap.add_argument("--decode-attention", choices=("matmul", "triton"), default=None, help="default: the engine's")
     ap.add_argument("--gemv-table", type=Path, nargs="*", default=[], help="gemv_sweep.py JSONs: best config per shape")
     args = ap.parse_args()
     dims = QWEN_15B
@@ -51,7 +51,7 @@ def main() -> None:
         length_buckets=(256, 1024),
         int8_batch1=args.int8_batch1,
         int8_kernel=args.int8_kernel,
-        decode_attention=args.decode_attention,
+        **({"decode_attention": args.decode_attention} if args.decode_attention else {}),
     )
     if args.gemv_table:
         w8a16.GEMV_BEST.update(w8a16.best_from_sweeps([json.loads(p.read_text()) for p in args.gemv_table]))

@@ -114,7 +114,8 @@
 #           async 1.5B server (64 streams staggered 10 ms, static prefill) with int8_batch1 + decode_attention triton
 #   s20a:   (session 19) int8_kernel gemv_layer (QKV+RoPE+cache write and gate/up+SwiGLU in the one-row kernels):
 #           its kernel and engine GPU tests, then the batch-1 step's profile with gemv_fused and gemv_layer
-#   s20b:   the 1.5B benchmark with gemv_layer: TPOT at one stream, synchronous steps and the async engine thread
+#   s20b:   the 1.5B benchmark with gemv_layer, then gemv_fused: TPOT at one stream, synchronous steps and the async
+#           engine thread (its first run took the benchmark's old default attention, matmul: fixed, now the engine's)
 #   s20c:   the whole slot-engine GPU test file with the engine's defaults (triton attention, gemv_fused) in every test
 #           that does not name its options — not run in session 18 (no device time left)
 #   s20d:   the async 1.5B server (defaults + int8_batch1) with the GC freeze on / off / on: s19c's two
@@ -552,8 +553,11 @@ case $stage in
     done
     ;;
   s20b)
-    timeout 280 python3 benchmarks/bench_generation_gpu.py --models qwen1.5b --int8-batch1 --int8-kernel gemv_layer \
-      --out "$OUT" 2>&1 | grep -E "TPOT|graph step|tok/s|streams|agreement|decode b=|Error" | tail -16
+    for k in gemv_layer gemv_fused; do
+      mkdir -p "$OUT/$k"
+      timeout 250 python3 benchmarks/bench_generation_gpu.py --models qwen1.5b --int8-batch1 --int8-kernel $k \
+        --out "$OUT/$k" 2>&1 | grep -E "TPOT|graph step|tok/s|streams|agreement|decode b=|Error" | tail -16
+    done
     ;;
   s20c)
     timeout 450 python3 -m pytest -q tests/gpu/test_slot_engine_gpu.py -p no:cacheprovider -rA \
