@@ -118,6 +118,8 @@
 #           engine thread (its first run took the benchmark's old default attention, matmul: fixed, now the engine's)
 #   s20c:   the whole slot-engine GPU test file with the engine's defaults (triton attention, gemv_fused) in every test
 #           that does not name its options — not run in session 18 (no device time left)
+#   s20e:   scripts/gpu/decode_quant_probe.py: w8a16_swap (session 19's weight-first tensor-core int8 kernel with split K)
+#           against cuBLAS bf16 at 1/8/64 rows, and its configuration sweep at 8 and 64 rows
 #   s20d:   the async 1.5B server (defaults + int8_batch1) with the GC freeze on / off / on: s19c's two
 #           slow runs had 14x the gen-0 collections of s19b's with the same decode step
 #   s19c:   s19b's server twice more, with the sweep's block of 64 positions for steps of 2+ rows
@@ -563,6 +565,10 @@ case $stage in
     timeout 450 python3 -m pytest -q tests/gpu/test_slot_engine_gpu.py -p no:cacheprovider -rA \
       > "$OUT/gpu_tests_slot_engine_s20c.txt" 2>&1
     grep -E "passed|failed|PASSED|FAILED|Error" "$OUT/gpu_tests_slot_engine_s20c.txt" | tail -20
+    ;;
+  s20e)
+    timeout 500 python3 scripts/gpu/decode_quant_probe.py --variants cublas,int8_swap --swap-sweep --out "$OUT" 2>&1 \
+      | grep -E '"m": 64|per decode step|Error' | tail -16
     ;;
   s20d)
     gen_ab srv20_gc --gc-freeze "on off on" --int8-batch1

@@ -40,5 +40,5 @@ def test_folded_kernels_refuse_int8_batched(kernel: str) -> None:
         SlotEngineOptions(int8_batch1=True, int8_kernel=kernel, int8_batched=True)
     assert err.value.fix == "use int8_kernel gemv with int8_batched, or int8_batched false"
     assert SlotEngineOptions(int8_batch1=True, int8_kernel="gemv", int8_batched=True).int8_kernel == "gemv"
-    assert SlotEngineOptions().int8_kernel == "gemv_fused"
+    assert SlotEngineOptions().int8_kernel == "gemv_layer"
     assert SlotEngineOptions(int8_batch1=True, int8_batched=True).int8_kernel == "gemv"  # the default steps aside

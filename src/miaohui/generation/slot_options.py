@@ -61,18 +61,22 @@ class SlotEngineOptions(Frozen):
     (``decode_quant_probe_h200_s11d.json``): 1.27 ms cuBLAS bf16 → 0.87 ms (Inductor), 0.78 (gemv). Steps of 2+ rows
     keep the model-dtype weights (int8 there was 2× slower), so a sequence's tokens may differ with whether it decoded
     alone. Off by default."""
-    int8_kernel: Literal["inductor", "gemv", "gemv_fused", "gemv_layer"] = "gemv_fused"
-    """Which kernel reads the int8 copy in steps of one row: ``gemv_fused`` (the default; ``gemv`` when
-    ``int8_batched`` is on, whose steps would read the folded copies), ``gemv`` or ``inductor``. ``gemv`` is miaohui's
-    matrix-vector kernel (:func:`miaohui.generation.w8a16.w8_gemv`, one configuration per weight shape measured by
-    ``scripts/gpu/gemv_sweep.py``; opaque to Inductor, so the RMSNorm and SiLU·up before it are kernels of their own);
-    ``gemv_fused`` is the same kernel also taking the RMS of its input (the RMSNorm's weight folded into the QKV and
-    gate/up copies) and adding the residual after O and down; ``inductor`` is the coordinate-descent Triton reduction
-    above, with the norm and SiLU·up fused in. H200, 1.5B shape, batch-1 graph step: inductor 1.65 ms (its down
-    projection with SiLU·up fused 16.4 µs per layer, 0.84 TB/s; ``profile_decode_int8b1_graph_h200_s17c.json``), gemv
-    1.37 / 1.36 ms (382 kernels; ``…_gemv_h200_s17d.json``, ``…_s18a``), gemv_fused **1.27 ms** (298 kernels;
-    ``profile_decode_int8b1_gemvfused_h200_s18a.json``); TPOT at one stream through the scheduler 1.64 → 1.43 →
-    **1.335 ms** (``generation_gpu_qwen1.5b_int8gemv_h200_s17f.json``, ``…_int8gemvfused_h200_s18a.json``)."""
+    int8_kernel: Literal["inductor", "gemv", "gemv_fused", "gemv_layer"] = "gemv_layer"
+    """Which kernel reads the int8 copy in steps of one row: ``gemv_layer`` (the default; ``gemv`` when
+    ``int8_batched`` is on, whose steps would read the folded copies), ``gemv_fused``, ``gemv`` or ``inductor``.
+    ``gemv`` is miaohui's matrix-vector kernel (:func:`miaohui.generation.w8a16.w8_gemv`, one configuration per weight
+    shape measured by ``scripts/gpu/gemv_sweep.py``; opaque to Inductor, so the RMSNorm and SiLU·up before it are
+    kernels of their own); ``gemv_fused`` is the same kernel also taking the RMS of its input (the RMSNorm's weight
+    folded into the QKV and gate/up copies) and adding the residual after O and down; ``gemv_layer`` is gemv_fused
+    with the QKV kernel also applying RoPE and writing the key/value into the cache and the gate/up kernel writing
+    ``silu(gate) · up`` (:mod:`miaohui.generation.w8_layer`: six kernels per layer, not nine); ``inductor`` is the
+    coordinate-descent Triton reduction above, with the norm and SiLU·up fused in. H200, 1.5B shape, batch-1 graph
+    step: inductor 1.65 ms (``profile_decode_int8b1_graph_h200_s17c.json``), gemv 1.37 / 1.36 ms (382 kernels;
+    ``…_gemv_h200_s17d.json``, ``…_s18a``), gemv_fused 1.27 ms (298 kernels; ``…_gemvfused_h200_s18a.json``); with
+    the triton attention (session 19, ``run_h200.sh s20a``, attended bucket 256) gemv_fused 1.115 ms (265 kernels) →
+    gemv_layer **0.999 ms** (181 kernels; ``profile_decode_int8b1_gemvlayer_h200_s20a.json``); TPOT at one stream
+    (``s20b``, ``generation_gpu_qwen1.5b_int8b1_gemv{fused,layer}_h200_s20b.json``) 1.283 → **1.084 ms** through
+    synchronous scheduler steps, 1.134 → **1.023 ms** through the async engine thread."""
     int8_batched: bool = False
     """Weight-only int8 for decode steps of 2+ rows: the same int8 copy, read through miaohui's Triton GEMM
     (``miaohui.generation.w8a16``; Inductor's int8 form was 2× slower than cuBLAS bf16 there). **Measured slower than
@@ -104,7 +108,7 @@ class SlotEngineOptions(Frozen):
             fusable = data.get("decode_attention", "triton") in FUSED_ATTENTIONS
             data = {**data, "decode_layer": "fused" if fusable else "split"}
         if data.get("int8_kernel") is None:
-            data = {**data, "int8_kernel": "gemv" if data.get("int8_batched") else "gemv_fused"}
+            data = {**data, "int8_kernel": "gemv" if data.get("int8_batched") else "gemv_layer"}
         return data
 
     @model_validator(mode="after")

@@ -92,6 +92,82 @@ if triton is not None:
     _w8a16_tuned = triton.autotune(configs=_configs(), key=["BLOCK_M", "N", "K"])(_w8a16_heur)
 
     @triton.jit
+    def _w8a16_swap_kernel(
+        x_ptr,
+        w_ptr,
+        s_ptr,
+        b_ptr,
+        out_ptr,
+        ws_ptr,
+        M,
+        N,
+        K,
+        stride_xm,
+        stride_wn,
+        stride_om,
+        K_ITERS: tl.constexpr,
+        SPLIT: tl.constexpr,
+        HAS_BIAS: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+    ) -> None:
+        """Program (output tile, slice of K): the transposed product ``w[rn] · x[rm]ᵀ`` ([BLOCK_N, BLOCK_M], the
+        weight as the MMA's first operand: its int8 tile, loaded along K, is widened in registers; the few rows of x
+        are the second) over ``K_ITERS`` blocks of K. SPLIT 1 stores the scaled (+ bias) tile; otherwise fp32
+        partials go to ``ws`` [SPLIT, M, N] for :func:`_w8a16_reduce`."""
+        pid_n = tl.program_id(0)
+        pid_k = tl.program_id(1)
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        rm = tl.arange(0, BLOCK_M)
+        nmask = rn < N
+        mmask = rm < M
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        k_start = pid_k * (K_ITERS * BLOCK_K)
+        for it in range(K_ITERS):
+            rk = k_start + it * BLOCK_K + tl.arange(0, BLOCK_K)
+            kmask = rk < K
+            w = tl.load(w_ptr + rn[:, None] * stride_wn + rk[None, :], mask=nmask[:, None] & kmask[None, :], other=0)
+            xt = tl.load(x_ptr + rm[None, :] * stride_xm + rk[:, None], mask=mmask[None, :] & kmask[:, None], other=0.0)
+            acc += tl.dot(w.to(xt.dtype), xt)
+        if SPLIT == 1:
+            acc = acc * tl.load(s_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[:, None]
+            if HAS_BIAS:
+                acc += tl.load(b_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[:, None]
+            tl.store(
+                out_ptr + rm[None, :] * stride_om + rn[:, None],
+                acc.to(out_ptr.dtype.element_ty),
+                mask=nmask[:, None] & mmask[None, :],
+            )
+        else:
+            tl.store(ws_ptr + (pid_k * M + rm[None, :]) * N + rn[:, None], acc, mask=nmask[:, None] & mmask[None, :])
+
+    @triton.jit
+    def _w8a16_reduce(
+        ws_ptr,
+        s_ptr,
+        b_ptr,
+        out_ptr,
+        M,
+        N,
+        stride_om,
+        SPLIT: tl.constexpr,
+        HAS_BIAS: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ) -> None:
+        """Program (row, block of N): the SPLIT partials summed, scaled (+ bias) and stored."""
+        m = tl.program_id(1)
+        rn = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        nmask = rn < N
+        row = tl.zeros((BLOCK,), dtype=tl.float32)
+        for i in tl.static_range(SPLIT):
+            row += tl.load(ws_ptr + (i * M + m) * N + rn, mask=nmask, other=0.0)
+        row = row * tl.load(s_ptr + rn, mask=nmask, other=0.0).to(tl.float32)
+        if HAS_BIAS:
+            row += tl.load(b_ptr + rn, mask=nmask, other=0.0).to(tl.float32)
+        tl.store(out_ptr + m * stride_om + rn, row.to(out_ptr.dtype.element_ty), mask=nmask)
+
+    @triton.jit
     def _gemv_kernel(
         x_ptr,
         w_ptr,
@@ -320,6 +396,77 @@ def w8a16_linear(
         BLOCK_M=block_m,
         **extra,
     )
+    return out.reshape(*lead, n)
+
+
+SwapConfig = tuple[int, int, int, int, int]
+"""(BLOCK_N, BLOCK_K, SPLIT, num_warps, num_stages) of the few-rows kernel :func:`w8a16_swap`."""
+
+SWAP_SWEEP: list[SwapConfig] = [
+    (bn, bk, split, 4, stages) for bn in (64, 128) for bk in (128, 256) for split in (1, 2, 4, 8) for stages in (3, 4)
+]
+"""What ``scripts/gpu/decode_quant_probe.py --swap-sweep`` times per weight shape and rows bucket."""
+
+SWAP_BEST: dict[tuple[int, int, int], SwapConfig] = {}
+"""(rows bucket, N, K) → the fastest configuration measured (none yet: :func:`swap_config`'s rule until then)."""
+
+
+def swap_config(rows: int, n: int, k: int) -> SwapConfig:
+    """The measured configuration, else 64 outputs × 128 of K per step with K split until the programs about fill
+    two waves of an H200's 132 SMs (at most 8 slices, none shorter than 256)."""
+    bucket = _rows_bucket(rows)
+    if (bucket, n, k) in SWAP_BEST:
+        return SWAP_BEST[(bucket, n, k)]
+    tiles = -(-n // 64)
+    split = max(1, min(8, 264 // tiles, k // 256))
+    return (64, 128, split, 4, 3)
+
+
+def _rows_bucket(m: int) -> int:
+    return 16 if m <= 16 else 32 if m <= 32 else 64
+
+
+def w8a16_swap(
+    x: torch.Tensor,
+    q: torch.Tensor,
+    scale: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    config: SwapConfig | None = None,
+) -> torch.Tensor:
+    """:func:`w8a16_linear` for 2–64 rows as the transposed product on tensor cores — the int8 weight tile is the
+    MMA's first operand (64+ outputs per program), the few rows its second — with K split over programs when the
+    output tiles alone would leave SMs idle (a second small kernel sums the fp32 slices). ``config`` (BLOCK_N,
+    BLOCK_K, SPLIT, num_warps, num_stages) defaults to :func:`swap_config`'s."""
+    if triton is None:
+        raise RuntimeError("w8a16_swap needs Triton (it comes with CUDA builds of torch)")
+    if q.dtype != torch.int8 or q.dim() != 2 or x.shape[-1] != q.shape[1] or scale.shape != (q.shape[0],):
+        raise ValueError(
+            f"w8a16_swap: x {tuple(x.shape)} {x.dtype}, q {tuple(q.shape)} {q.dtype}, scale {tuple(scale.shape)}: "
+            "need q int8 [N, K], x [..., K], scale [N]"
+        )
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, x.shape[-1])
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    m, k = x2.shape
+    n = q.shape[0]
+    if m > 64:
+        raise ValueError(f"w8a16_swap: {m} rows; it takes at most 64 (use F.linear on the dequantized weight)")
+    block_n, block_k, split, warps, stages = config or swap_config(m, n, k)
+    k_iters = triton.cdiv(triton.cdiv(k, split), block_k)
+    split = triton.cdiv(k, k_iters * block_k)  # no empty slices
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    ws = torch.empty((split, m, n), dtype=torch.float32, device=x.device) if split > 1 else out
+    b = bias if bias is not None else scale
+    _w8a16_swap_kernel[(triton.cdiv(n, block_n), split)](
+        x2, q, scale, b, out, ws, m, n, k, x2.stride(0), q.stride(0), out.stride(0),
+        K_ITERS=k_iters, SPLIT=split, HAS_BIAS=bias is not None, BLOCK_M=_rows_bucket(m), BLOCK_N=block_n,
+        BLOCK_K=block_k, num_warps=warps, num_stages=stages,
+    )  # fmt: skip
+    if split > 1:
+        _w8a16_reduce[(triton.cdiv(n, 1024), m)](
+            ws, scale, b, out, m, n, out.stride(0), SPLIT=split, HAS_BIAS=bias is not None, BLOCK=1024
+        )
     return out.reshape(*lead, n)
 
 
