@@ -120,6 +120,8 @@
 #           that does not name its options — not run in session 18 (no device time left)
 #   s20e:   scripts/gpu/decode_quant_probe.py: w8a16_swap (session 19's weight-first tensor-core int8 kernel with split K)
 #           against cuBLAS bf16 at 1/8/64 rows, and its configuration sweep at 8 and 64 rows
+#   s20f:   the async 1.5B server (defaults + int8_batch1) holding prompts for a joint prefill: at least 4 (≤ 8 ms
+#           wait), 8 (≤ 16 ms), then 4 again — s20d's server spent ~25 % of the GPU's time on prefills of ~1.7 prompts
 #   s20d:   the async 1.5B server (defaults + int8_batch1) with the GC freeze on / off / on: s19c's two
 #           slow runs had 14x the gen-0 collections of s19b's with the same decode step
 #   s19c:   s19b's server twice more, with the sweep's block of 64 positions for steps of 2+ rows
@@ -569,6 +571,14 @@ case $stage in
   s20e)
     timeout 500 python3 scripts/gpu/decode_quant_probe.py --variants cublas,int8_swap --swap-sweep --out "$OUT" 2>&1 \
       | grep -E '"m": 64|per decode step|Error' | tail -16
+    ;;
+  s20f)
+    for g in "4 8 1" "8 16 2" "4 8 3"; do
+      set -- $g
+      gen_server srv20f_group$1_$3 "" --stagger-ms 10 --static-prefill --async-scheduling --int8-batch1 \
+        --prefill-min-prompts $1 --prefill-max-wait-ms $2 2>&1 | grep -E "server:|Error" | head -4
+    done
+    rm -f "$OUT"/srv20f_*/*.png "$OUT/nvidia-smi.txt"
     ;;
   s20d)
     gen_ab srv20_gc --gc-freeze "on off on" --int8-batch1
