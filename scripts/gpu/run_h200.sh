@@ -122,6 +122,7 @@
 #           against cuBLAS bf16 at 1/8/64 rows, and its configuration sweep at 8 and 64 rows
 #   s20f:   the async 1.5B server (defaults + int8_batch1) holding prompts for a joint prefill: at least 4 (≤ 8 ms
 #           wait), 8 (≤ 16 ms), then 4 again — s20d's server spent ~25 % of the GPU's time on prefills of ~1.7 prompts
+#   s20g:   the e5-shaped intent server with the defaults (fast_start false) twice at c=32/40 (s17b: 3 of 4 levels met)
 #   s20d:   the async 1.5B server (defaults + int8_batch1) with the GC freeze on / off / on: s19c's two
 #           slow runs had 14x the gen-0 collections of s19b's with the same decode step
 #   s19c:   s19b's server twice more, with the sweep's block of 64 positions for steps of 2+ rows
@@ -621,11 +622,11 @@ case $stage in
     timeout 150 python3 scripts/gpu/decode_quant_probe.py --variants cublas,fp8_inductor --out "$OUT" 2>&1 \
       | grep -E '"m": 64|per decode step|Error' | tail -8
     ;;
-  s17b|s17g)
+  s17b|s17g|s20g)
     python3 scripts/gpu/e5_shape_model.py var/models/intent-e5-shape | tail -1
     MODEL=var/models/intent-e5-shape INDUCTOR_FORMAT=exported-program python3 scripts/gpu/build_intent_gpu.py /tmp/gpurepo 0 1 0 2>&1 | tail -1
     i=0
-    runs="false true false true"; [ "$stage" = s17g ] && runs="true true"
+    runs="false true false true"; [ "$stage" = s17g ] && runs="true true"; [ "$stage" = s20g ] && runs="false false"
     for v in $runs; do  # fast_start: ready after the config's warm-up shapes, compiled in the background
       i=$((i+1))
       sed -i -e "/^fast_start: /d" /tmp/gpurepo/intent/config.yaml && echo "fast_start: $v" >> /tmp/gpurepo/intent/config.yaml
