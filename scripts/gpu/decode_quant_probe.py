@@ -14,14 +14,15 @@ Session 10 found the batch-1 step's GEMMs take 1.26 ms in cuBLAS (0.7–3.2 TB/s
   (autotuned per rows bucket; added after the session-11 run, so not in ``decode_quant_probe_h200_s11d.json``);
 * ``fp8_inductor``: :func:`fp8_linear` compiled (W8A8 float8 e4m3, per-row scales, ``torch._scaled_mm``, vLLM's fp8
   scheme; ``run_h200.sh s18c`` → ``decode_quant_probe_fp8_h200_s18c.json``: slower than cuBLAS bf16 at 1, 8 and 64
-  rows on the H200, so the engine option built for it, ``fp8_batched``, was removed);
-* ``int8_swap``: :func:`miaohui.generation.w8a16.w8a16_swap` (session 19), the weight-first tensor-core kernel with
-  split K for 2–64 rows, at :func:`~miaohui.generation.w8a16.swap_config`'s configuration; ``--swap-sweep`` also times
-  every configuration of ``SWAP_SWEEP`` per shape at 8 and 64 rows and reports the best (``swap_best``).
+  rows on the H200, so the engine option built for it, ``fp8_batched``, was removed).
+
+(Session 19's ``int8_swap`` — a weight-first tensor-core int8 kernel with split K for 2–64 rows, and ``--swap-sweep``
+over its configurations — lives at commit ee45b4d: ``run_h200.sh s20e`` → ``decode_quant_probe_swap_h200_s20e.json``,
+the 64-row step's GEMMs 1,544 µs at the best configuration per shape vs cuBLAS bf16 1,282; removed.)
 
 Per row: µs per call, the bytes' TB/s, and max |error| against the dequantized weights in fp32.
 
-    python3 scripts/gpu/decode_quant_probe.py --out /tmp/quant [--variants cublas,int8_swap] [--swap-sweep]
+    python3 scripts/gpu/decode_quant_probe.py --out /tmp/quant [--variants cublas,int8_triton]
     python3 scripts/gpu/decode_quant_probe.py --device cpu --tiny --out /tmp/quant   # smoke test, no timing
 """
 
@@ -38,7 +39,7 @@ from decode_kernel_probe import HEADS, HIDDEN, INTER, KV_HEADS, VOCAB, D, _rotat
 from torch.nn import functional as F
 
 from miaohui.generation.static_kv import quantize_int8
-from miaohui.generation.w8a16 import SWAP_SWEEP, w8a16_linear, w8a16_swap
+from miaohui.generation.w8a16 import w8a16_linear
 
 GROUP = 128
 FP8_MAX = 448.0
@@ -93,7 +94,6 @@ def variants(cuda: bool) -> dict[str, tuple[Callable[..., Any], Callable[[torch.
     }
     if cuda:  # tinygemm's packing is CUDA-only; the Triton kernel needs a GPU (or the interpreter)
         out["int8_triton"] = (lambda x, w: w8a16_linear(x, w[0], w[1]), quantize_int8)
-        out["int8_swap"] = (lambda x, w: w8a16_swap(x, w[0], w[1]), quantize_int8)
         out["int4_tinygemm"] = (
             lambda x, w: torch.ops.aten._weight_int4pack_mm(x, w[0], GROUP, w[1]),
             lambda w: quant_int4(w)[:2],
@@ -149,33 +149,6 @@ def probe(device: str, dtype: torch.dtype, scale: int, only: set[str] | None = N
     return rows
 
 
-def swap_sweep(shapes: dict[str, tuple[int, int]]) -> dict[str, Any]:
-    """Every ``SWAP_SWEEP`` configuration of :func:`w8a16_swap` per weight shape at 8 and 64 rows (CUDA graphs of 40
-    calls over rotated weights); the best per (rows, N, K) and the step's GEMM µs with the best of each."""
-    best: dict[str, Any] = {}
-    for name, (n, k) in shapes.items():
-        copies = max(1, min(40, (400 << 20) // (n * k)))
-        packed = [quantize_int8(torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02) for _ in range(copies)]
-        for m in (8, 64):
-            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-            timed = []
-            for cfg in SWAP_SWEEP:
-
-                def fn(x: torch.Tensor, w: tuple[torch.Tensor, torch.Tensor], cfg: Any = cfg) -> torch.Tensor:
-                    return w8a16_swap(x, w[0], w[1], config=cfg)
-
-                try:
-                    timed.append((_time_graph(_rotating(fn, x, packed), 40, True), cfg))
-                except Exception as exc:  # a configuration the compiler refuses is a finding, not a stop
-                    print(f"{name} m={m} {cfg}: {exc!r}"[:200], flush=True)
-            us, cfg = min(timed)
-            best[f"{m}x{n}x{k}"] = {"gemm": name, "m": m, "n": n, "k": k, "config": list(cfg), "us": us,
-                                    "tb_s": n * k / (us * 1e-6) / 1e12}  # fmt: skip
-            print(json.dumps(best[f"{m}x{n}x{k}"]), flush=True)
-        del packed
-    return best
-
-
 def per_layer_table(rows: list[dict[str, Any]], layers: int = 28) -> dict[str, dict[int, float]]:
     """µs per decode step spent in GEMMs, by variant and M: 28 layers × (qkv + o + gate_up + down) + LM head."""
     out: dict[str, dict[int, float]] = {}
@@ -194,7 +167,6 @@ def main() -> None:
     ap.add_argument("--tiny", action="store_true", help="small shapes (smoke test)")
     ap.add_argument("--out", type=Path, default=Path("/tmp/quant"))
     ap.add_argument("--variants", default="", help="comma-separated subset (default: all)")
-    ap.add_argument("--swap-sweep", action="store_true", help="every w8a16_swap configuration at 8 and 64 rows")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     dtype = torch.bfloat16
@@ -203,12 +175,6 @@ def main() -> None:
         only = set(args.variants.split(",")) if args.variants else None
         report["gemms"] = probe(args.device, dtype, 16 if args.tiny else 1, only)
     report["step_gemm_us"] = per_layer_table(report["gemms"])
-    if args.swap_sweep:
-        shapes = {"qkv": (HIDDEN + 2 * KV_HEADS * D, HIDDEN), "o": (HIDDEN, HEADS * D), "gate_up": (2 * INTER, HIDDEN),
-                  "down": (HIDDEN, INTER), "lm_head": (VOCAB, HIDDEN)}  # fmt: skip
-        report["swap_best"] = swap_sweep(shapes)
-        rows = [{"variant": "int8_swap_best", **v} for v in report["swap_best"].values()]
-        report["step_gemm_us"] |= per_layer_table(rows)
     print("GEMM µs per decode step (28 layers + LM head):", json.dumps(report["step_gemm_us"]), flush=True)
     if args.device == "cuda":
         report["gpu"] = torch.cuda.get_device_name()

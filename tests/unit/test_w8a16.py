@@ -6,8 +6,6 @@ arithmetic; on the GPU ``scripts/gpu/decode_quant_probe.py`` checks bf16 against
 
 from __future__ import annotations
 
-import re
-
 import pytest
 import torch
 from tests.triton_checks import compile_for_h200, run_interpreted
@@ -202,64 +200,3 @@ def test_one_row_kernels_compile_for_the_h200(fused: bool) -> None:
     )
     assert reduce and tiles
     assert "ld.global.v4.b32" in gemv.asm["ptx"]  # int8 weights 16 bytes per thread per load (8 rows × 512)
-
-
-SWAP_CHECK = """
-import torch
-from torch.nn import functional as F
-from miaohui.generation.static_kv import quantize_int8
-from miaohui.generation.w8a16 import w8a16_swap
-
-torch.manual_seed(0)
-cases = [  # x shape, N, K, bias, (BLOCK_N, BLOCK_K, SPLIT, warps, stages)
-    ((2, 256), 64, 256, False, (64, 64, 1, 4, 2)),  # one tile, K in 4 blocks, no split
-    ((5, 200), 100, 200, True, (64, 64, 2, 4, 2)),  # ragged N and K, split 2 (each slice ragged), bias
-    ((3, 7, 130), 40, 130, True, (64, 32, 4, 4, 2)),  # 21 rows (bucket 32), leading dims, split 4 of ragged K
-    ((64, 384), 130, 384, False, (128, 128, 8, 4, 2)),  # 64 rows; 8 slices asked, 3 blocks of K: 3 slices
-]
-for shape, n, k, bias, cfg in cases:
-    q, s = quantize_int8(torch.randn(n, k) * 0.02)
-    x = torch.randn(*shape)
-    b = torch.randn(n) if bias else None
-    got = w8a16_swap(x, q, s, b, config=cfg)
-    want = F.linear(x, q.float() * s[:, None], b)
-    err = float((got - want).abs().max())
-    assert got.shape == (*shape[:-1], n) and err < 1e-4 * max(1.0, float(want.abs().max())), (shape, n, k, cfg, err)
-print("ok", len(cases))
-"""
-
-
-def test_few_rows_swap_kernel_matches_the_dequantized_linear_under_the_interpreter() -> None:
-    """The transposed (weight-first) tensor-core kernel for 2–64 rows, with and without split K (its reduce kernel),
-    against ``F.linear`` on the dequantized weight."""
-    assert run_interpreted(SWAP_CHECK) == "ok 4"
-
-
-def test_swap_config_splits_k_until_the_programs_fill_the_gpu() -> None:
-    from miaohui.generation.w8a16 import swap_config
-
-    assert swap_config(64, 17920, 1536) == (64, 128, 1, 4, 3)  # 280 output tiles: no split
-    assert swap_config(64, 1536, 8960) == (64, 128, 8, 4, 3)  # 24 tiles: K in 8 slices
-    assert swap_config(8, 2048, 1536) == (64, 128, 6, 4, 3)  # 32 tiles: 1,536 / 256 = 6 slices at most
-
-
-def test_swap_kernel_compiles_to_tensor_core_mmas_for_the_h200() -> None:
-    """``_w8a16_swap_kernel`` (64 rows, split K) and its reduce, compiled for compute capability 9.0: Hopper's
-    warp-group MMA over the widened int8 tile, whose copies into shared memory (pipelined, ``cp.async``) are 16 bytes
-    wide."""
-    from miaohui.generation import w8a16
-
-    swap = compile_for_h200(
-        w8a16._w8a16_swap_kernel,
-        ["*bf16", "*i8", "*bf16", "*bf16", "*bf16", "*fp32", "i32", "i32", "i32", "i32", "i32", "i32"],
-        {"K_ITERS": 9, "SPLIT": 8, "HAS_BIAS": False, "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128},
-        divisible=("N", "K"),
-    )
-    reduce = compile_for_h200(
-        w8a16._w8a16_reduce, ["*fp32", "*bf16", "*bf16", "*bf16", "i32", "i32", "i32"],
-        {"SPLIT": 8, "HAS_BIAS": True, "BLOCK": 1024},
-    )  # fmt: skip
-    assert reduce
-    ptx = swap.asm["ptx"]
-    assert "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16" in ptx
-    assert re.search(r"cp\.async\.cg\.shared\.global .*, 0x10,", ptx)  # tiles copied to shared memory 16 B at a time
