@@ -38,7 +38,7 @@ import torch
 from decode_kernel_probe import HEADS, HIDDEN, INTER, KV_HEADS, VOCAB, D, _rotating, _time_graph
 from torch.nn import functional as F
 
-from miaohui.generation.static_kv import quantize_int8
+from miaohui.generation.int8_weights import quantize_int8
 from miaohui.generation.w8a16 import w8a16_linear
 
 GROUP = 128

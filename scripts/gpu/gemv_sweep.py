@@ -28,7 +28,7 @@ import torch
 from decode_kernel_probe import HEADS, HIDDEN, INTER, KV_HEADS, VOCAB, D, _rotating, _time_graph
 from torch.nn import functional as F
 
-from miaohui.generation.static_kv import quantize_int8
+from miaohui.generation.int8_weights import quantize_int8
 from miaohui.generation.w8a16 import GEMV_SWEEP, GemvConfig, w8_gemv
 
 SHAPES = {"qkv": (HIDDEN + 2 * KV_HEADS * D, HIDDEN), "o": (HIDDEN, HEADS * D), "gate_up": (2 * INTER, HIDDEN),

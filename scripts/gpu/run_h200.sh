@@ -123,6 +123,9 @@
 #   s20f:   the async 1.5B server (defaults + int8_batch1) holding prompts for a joint prefill: at least 4 (≤ 8 ms
 #           wait), 8 (≤ 16 ms), then 4 again — s20d's server spent ~25 % of the GPU's time on prefills of ~1.7 prompts
 #   s20g:   the e5-shaped intent server with the defaults (fast_start false) twice at c=32/40 (s17b: 3 of 4 levels met)
+#   s21a:   (next session) the async 1.5B server (defaults + int8_batch1, static prefill) three times with session 19's
+#           prefill fixes: prefills capped at the largest static bucket (8) and padding rows that repeat the first
+#           prompt (no eager fallback when every slot is busy). Did the TTFT tail (runs with a 9+-prompt prefill) go?
 #   s20d:   the async 1.5B server (defaults + int8_batch1) with the GC freeze on / off / on: s19c's two
 #           slow runs had 14x the gen-0 collections of s19b's with the same decode step
 #   s19c:   s19b's server twice more, with the sweep's block of 64 positions for steps of 2+ rows
@@ -576,6 +579,13 @@ case $stage in
         --prefill-min-prompts $1 --prefill-max-wait-ms $2 2>&1 | grep -E "server:|Error" | head -4
     done
     rm -f "$OUT"/srv20f_*/*.png "$OUT/nvidia-smi.txt"
+    ;;
+  s21a)
+    for i in 1 2 3; do
+      gen_server srv21a_$i "" --stagger-ms 10 --static-prefill --async-scheduling --int8-batch1 2>&1 \
+        | grep -E "server:|Error" | head -4
+    done
+    rm -f "$OUT"/srv21a_*/*.png "$OUT/nvidia-smi.txt"
     ;;
   s20d)
     gen_ab srv20_gc --gc-freeze "on off on" --int8-batch1

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from miaohui.generation.static_kv import quantize_int8
+from miaohui.generation.int8_weights import quantize_int8
 from miaohui.generation.w8_layer import interleave_glu, pair_halves, w8_gemv_glu_op, w8_gemv_rope_op
 
 pytestmark = pytest.mark.gpu

@@ -157,7 +157,8 @@ def test_int8_steps_decode_with_the_int8_weights_and_the_others_without(
     whose GEMM weights and LM head are replaced by their int8 values × scale (so it really reads the int8 copy; steps of
     2+ rows, and one-row steps with ``int8_kernel: gemv``, go through the ``miaohui::w8a16_linear`` op, its CPU
     fallback here); a step that does not gives the unquantized model's logits."""
-    from miaohui.generation.static_kv import FusedGemvWeight, GemvWeight, GluGemvWeight, RopeGemvWeight, _Layer
+    from miaohui.generation.int8_weights import FusedGemvWeight, GemvWeight, GluGemvWeight, RopeGemvWeight
+    from miaohui.generation.static_kv import _Layer
     from miaohui.generation.w8_layer import unpair_halves
 
     hf = tiny_qwen()

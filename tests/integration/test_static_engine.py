@@ -112,13 +112,14 @@ def _recording_prefill(engine: TorchSlotEngine) -> list[tuple[int, ...]]:
     return shapes
 
 
-@pytest.mark.parametrize(("slots", "padded"), [(4, True), (3, False)])
+@pytest.mark.parametrize("slots", [4, 3])
 def test_static_prefill_pads_to_buckets_and_keeps_hf_tokens(
-    smollm: tuple[Any, Any], prompts: list[list[int]], hf_greedy: list[list[int]], slots: int, padded: bool
+    smollm: tuple[Any, Any], prompts: list[list[int]], hf_greedy: list[list[int]], slots: int
 ) -> None:
     """The GPU engine's static (CUDA-graph) prefill path, run eagerly: three prompts are padded to the
-    4-prompt bucket and a length bucket, the padding row writes into the free slot — and the tokens stay HF's.
-    With 3 slots for 3 prompts no slot is free for the padding row: that prefill runs unpadded instead."""
+    4-prompt bucket and a length bucket, the padding row repeating the first prompt into its own slot — and the
+    tokens stay HF's. With 3 slots for 3 prompts (none free) too: before session 19 the padding row needed a free
+    slot, and without one the prefill ran unpadded and eagerly (on the GPU: no graph)."""
     dec = StaticKVDecoder.from_hf(smollm[0], num_slots=slots, max_len=256)
     options = SlotEngineOptions(num_slots=slots, max_len=256, dtype="fp32", static_prefill=True)
     engine = TorchSlotEngine(dec, [smollm[1].eos_token_id], 0, options)
@@ -127,7 +128,37 @@ def test_static_prefill_pads_to_buckets_and_keeps_hf_tokens(
     got = LLMEngine(engine, None).generate(prompts, GREEDY)
     assert [g[0] for g in got] == hf_greedy
     width = max(map(len, prompts))
-    assert shapes == ([(4, next(b for b in engine.prefill_lengths if b >= width))] if padded else [(3, width)])
+    assert shapes == [(4, next(b for b in engine.prefill_lengths if b >= width))]
+
+
+def test_prefills_are_capped_at_the_largest_static_bucket() -> None:
+    """With static prefill the engine tells the scheduler how many prompts one prefill takes at full speed (its
+    largest prefill bucket): ten prompts at once are prefilled 8 + 2 over two steps, both through the static path,
+    instead of one eager prefill of 10; a scheduler that names its own ``max_prefill_seqs`` keeps it."""
+    from tests.tiny_llm import tiny_qwen
+
+    hf = tiny_qwen()
+    dec = StaticKVDecoder.from_hf(hf, num_slots=16, max_len=256)
+    options = SlotEngineOptions(num_slots=16, max_len=256, dtype="fp32", static_prefill=True)
+    engine = TorchSlotEngine(dec, [999], 0, options)
+    assert engine.max_prefill_prompts == 8
+    shapes = _recording_prefill(engine)
+    prompts = [list(range(10 + i, 30 + i)) for i in range(10)]
+    llm = LLMEngine(engine, None)
+    assert llm.config.max_prefill_seqs == 8
+    got = llm.generate(prompts, GREEDY.model_copy(update={"max_tokens": 3}))
+    assert [s[0] for s in shapes] == [8, 2]
+    unpadded = TorchSlotEngine(StaticKVDecoder.from_hf(hf, num_slots=16, max_len=256), [999], 0,
+                               SlotEngineOptions(num_slots=16, max_len=256, dtype="fp32"))  # fmt: skip
+    assert unpadded.max_prefill_prompts is None
+    assert [g[0] for g in got] == [w[0] for w in LLMEngine(unpadded, None).generate(prompts, GREEDY.model_copy(
+        update={"max_tokens": 3}))]  # fmt: skip
+    assert engine.eager_prefills == 0
+    own = LLMEngine(engine, None, SchedulerConfig(max_prefill_seqs=16))
+    assert own.config.max_prefill_seqs == 16
+    shapes.clear()
+    own.generate(prompts, GREEDY.model_copy(update={"max_tokens": 2}))
+    assert [s[0] for s in shapes] == [10] and engine.eager_prefills == 1  # past the buckets: the eager path
 
 
 def test_bf16_prefill_logits_are_as_close_to_fp32_as_hf_bf16() -> None:

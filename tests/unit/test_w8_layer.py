@@ -9,7 +9,7 @@ import pytest
 import torch
 from tests.triton_checks import compile_for_h200, run_interpreted
 
-from miaohui.generation.static_kv import quantize_int8
+from miaohui.generation.int8_weights import quantize_int8
 from miaohui.generation.w8_layer import (
     interleave_glu,
     pair_halves,
@@ -24,7 +24,8 @@ from miaohui.generation.w8_layer import (
 REFERENCE = """
 import torch
 from torch.nn import functional as F
-from miaohui.generation.static_kv import _rope, quantize_int8
+from miaohui.generation.int8_weights import quantize_int8
+from miaohui.generation.static_kv import _rope
 from miaohui.generation.w8_layer import interleave_glu, pair_halves
 
 def qkv_reference(x, q, s, b, pos, cos, sin, heads, kv_heads, d):

@@ -10,13 +10,13 @@ import pytest
 import torch
 from tests.triton_checks import compile_for_h200, run_interpreted
 
-from miaohui.generation.static_kv import quantize_int8
+from miaohui.generation.int8_weights import quantize_int8
 from miaohui.generation.w8a16 import GEMV_BEST, best_from_sweeps, gemv_config, w8_gemv, w8a16_linear
 
 CHECK = """
 import torch
 from torch.nn import functional as F
-from miaohui.generation.static_kv import quantize_int8
+from miaohui.generation.int8_weights import quantize_int8
 from miaohui.generation.w8a16 import w8a16_linear
 
 torch.manual_seed(0)
@@ -64,7 +64,7 @@ def test_bad_operands_are_named() -> None:
 GEMV_CHECK = """
 import torch
 from torch.nn import functional as F
-from miaohui.generation.static_kv import quantize_int8
+from miaohui.generation.int8_weights import quantize_int8
 from miaohui.generation.w8a16 import w8_gemv
 
 torch.manual_seed(0)
@@ -122,7 +122,7 @@ def test_best_from_sweeps_keeps_the_fastest_per_shape() -> None:
 FUSED_CHECK = """
 import torch
 from torch.nn import functional as F
-from miaohui.generation.static_kv import quantize_int8
+from miaohui.generation.int8_weights import quantize_int8
 from miaohui.generation.w8a16 import w8_gemv
 
 torch.manual_seed(0)

@@ -143,6 +143,9 @@ class LLMEngine:
             config = config.model_copy(update={"max_running_seqs": engine.num_slots})
         if config.max_model_len > engine.max_positions:
             config = config.model_copy(update={"max_model_len": engine.max_positions})
+        cap = engine.max_prefill_prompts if isinstance(engine, SlotCausalLMEngine) else None
+        if cap is not None and config.max_prefill_seqs is None:  # more prompts would take the engine's slow path
+            config = config.model_copy(update={"max_prefill_seqs": max(cap, config.prefill_min_prompts)})
         self.config = config
         factory = detokenizer_factory(tokenizer) if tokenizer is not None else None
         self.scheduler = Scheduler(self.config, engine.eos_token_ids, factory)

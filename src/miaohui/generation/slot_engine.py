@@ -218,6 +218,9 @@ class TorchSlotEngine(SlotCausalLMEngine):
         self._graphs: dict[tuple[int, int], _Graph] = {}
         self._launched = {"decode": 0, "prefill": 0}
         self.prefill_batches, self.prefill_lengths = options.prefill_buckets()
+        self.max_prefill_prompts = max(self.prefill_batches) if options.static_prefill else None
+        self.eager_prefills = 0
+        """Prefills that fell back to the eager path with ``static_prefill`` on (the first one is logged)."""
         if options.static_prefill:
             pb, ps = max(self.prefill_batches), max(self.prefill_lengths)
             self._pf_host = [_PrefillBuffers(pb, ps, "cpu", pin) for _ in range(2)]
@@ -348,26 +351,25 @@ class TorchSlotEngine(SlotCausalLMEngine):
 
     def _static_prefill(self, slots: list[int], prompts: list[list[int]]) -> StepLogits | None:
         """Prefill through the padded static buffers (a CUDA graph replay when captured); None when the prompts
-        fit no bucket, or padding rows are needed and no free slot can take their (discarded) K/V."""
+        fit no bucket (more prompts than the largest prefill bucket, or a longer one).
+
+        Padding rows repeat the first prompt into its own slot: they write the same keys and values to the same
+        places, and their logits are dropped. (Before session 19 they wrote into a free slot, and when every slot
+        held a sequence the step fell back to an eager prefill: ~280 launches from Python while every stream
+        waits.)"""
         n, width = len(prompts), max(len(p) for p in prompts)
         if n > self.prefill_batches[-1] or width > self.prefill_lengths[-1]:
             return None
         nb, sb = bucket_for(n, self.prefill_batches), bucket_for(width, self.prefill_lengths)
-        scratch = 0
-        if nb > n:  # padding rows write their K/V into a slot that holds no sequence (overwritten when reused)
-            free = np.flatnonzero(self.lengths == 0)
-            free = free[~np.isin(free, slots)]
-            if free.size == 0:
-                return None
-            scratch = int(free[0])
         turn, valid = self._next_turn("prefill")
         host, dev = self._pf_host[turn], self._pf_dev
         tok, lens, rows = host.tokens.numpy(), host.lengths.numpy(), host.slots.numpy()
         tok[:nb, :sb] = self.pad_token_id
-        lens[:nb], rows[:nb] = 1, scratch
         for r, p in enumerate(prompts):
             tok[r, : len(p)] = p
+        tok[n:nb, : len(prompts[0])] = prompts[0]
         lens[:n], rows[:n] = [len(p) for p in prompts], slots
+        lens[n:nb], rows[n:nb] = len(prompts[0]), slots[0]
         dev.all[:nb].copy_(host.all[:nb], non_blocking=True)
         logits, best = _replay_or_run(
             self._prefill_graphs.get((nb, sb)),
@@ -380,6 +382,14 @@ class TorchSlotEngine(SlotCausalLMEngine):
             out = self._static_prefill(slots, prompts)
             if out is not None:
                 return out
+            self.eager_prefills += 1
+            if self.eager_prefills == 1:
+                logger.warning(
+                    "a prefill of %d prompts (longest %d tokens) is past the static prefill buckets %s x %s and runs "
+                    "eagerly (slow: every stream waits); raise prefill_batch_buckets / prefill_length_buckets or cap "
+                    "the scheduler's max_prefill_seqs",
+                    len(prompts), max(map(len, prompts)), self.prefill_batches, self.prefill_lengths,
+                )  # fmt: skip
         width = max(2, *(len(p) for p in prompts))
         ids = np.full((len(prompts), width), self.pad_token_id, dtype=np.int64)
         for r, p in enumerate(prompts):

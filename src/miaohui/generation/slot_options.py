@@ -92,8 +92,11 @@ class SlotEngineOptions(Frozen):
     static_prefill: bool = False
     """Prefill on static buffers padded to (prompts, prompt length) buckets, one CUDA graph per bucket on a GPU:
     one replay instead of ~20 kernel launches per layer from Python (an eager prefill of one 128-token prompt kept
-    the 1.5B engine's thread launching kernels for 17 % of its time under 64 streams). Off by default: built
-    without GPU time, so not yet measured there. On a CPU the same padded path runs eagerly (tests)."""
+    the 1.5B engine's thread launching kernels for 17 % of its time under 64 streams). Every 1.5B server figure since
+    session 7 has it on (``bench_generation_gpu.py --static-prefill``); off by default, where it costs padding and
+    capture time for nothing (CPU engines, batch jobs). With it the engine caps the scheduler's prefills at the largest
+    prompts bucket (:attr:`~miaohui.generation.base.SlotCausalLMEngine.max_prefill_prompts`). On a CPU the same
+    padded path runs eagerly (tests)."""
     prefill_batch_buckets: tuple[int, ...] = (1, 2, 4, 8)
     """Prompts per static prefill; more new prompts in one step are prefilled eagerly."""
     prefill_length_buckets: tuple[int, ...] = ()

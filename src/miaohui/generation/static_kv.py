@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -33,8 +33,18 @@ from torch.nn import functional as F
 from miaohui.errors import ArtifactError
 from miaohui.generation.decode_attention import decode_attention_op
 from miaohui.generation.dims import DecoderDims
-from miaohui.generation.w8_layer import interleave_glu, pair_halves, w8_gemv_glu_op, w8_gemv_rope_op
-from miaohui.generation.w8a16 import w8_gemv_fused_op, w8a16_op
+from miaohui.generation.int8_weights import (
+    GluGemvWeight,
+    RopeGemvWeight,
+    Weight,
+    int8_head,
+    int8_layer,
+    linear,
+    norm_linear,
+    residual_linear,
+    rms_norm,
+)
+from miaohui.generation.w8_layer import w8_gemv_glu_op, w8_gemv_rope_op
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -50,89 +60,6 @@ _LAYER_KEYS = (
     "input_layernorm.weight",
     "post_attention_layernorm.weight",
 )
-
-
-class GemvWeight(NamedTuple):
-    """An int8 weight whose one-row products go to miaohui's matrix-vector kernel (``int8_kernel: gemv``) rather
-    than to Inductor's rewrite of the dequantizing ``F.linear``."""
-
-    q: torch.Tensor
-    scale: torch.Tensor
-
-
-class FusedGemvWeight(NamedTuple):
-    """``int8_kernel: gemv_fused``: an int8 weight read by miaohui's one-row kernel with the layer's neighbours folded
-    in — for QKV and gate/up the preceding RMSNorm (its weight multiplied into the columns before quantization, the
-    RMS taken inside the kernel), for O and down the residual add after them."""
-
-    q: torch.Tensor
-    scale: torch.Tensor
-
-
-class RopeGemvWeight(NamedTuple):
-    """``int8_kernel: gemv_layer``'s QKV weight: :class:`FusedGemvWeight`'s RMSNorm fold, its rows (and bias) stored
-    pair-wise per head (:func:`~miaohui.generation.w8_layer.pair_halves`) for the kernel that also applies RoPE and
-    writes the key and value into the cache (:func:`~miaohui.generation.w8_layer.w8_gemv_rope`)."""
-
-    q: torch.Tensor
-    scale: torch.Tensor
-    bias: torch.Tensor | None
-
-
-class GluGemvWeight(NamedTuple):
-    """``int8_kernel: gemv_layer``'s gate/up weight: the RMSNorm fold, rows stored gate, up, gate, up…
-    (:func:`~miaohui.generation.w8_layer.interleave_glu`) for the kernel whose epilogue writes ``silu(gate) · up``."""
-
-    q: torch.Tensor
-    scale: torch.Tensor
-
-
-Weight = (
-    torch.Tensor | tuple[torch.Tensor, torch.Tensor] | GemvWeight | FusedGemvWeight | RopeGemvWeight | GluGemvWeight
-)
-"""A weight ``[out, in]`` in the model dtype, or int8 values with one scale per output row (weight-only int8)."""
-
-
-def linear(x: torch.Tensor, w: Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear`` for either kind of :data:`Weight`. An int8 tuple at one row takes gpt-fast's form, ``F.linear(x,
-    q.to(x.dtype)) * scale``: compiled with coordinate-descent tuning, Inductor turns it into one Triton reduction that
-    reads the int8 bytes (``int8_kernel: inductor``). A :class:`GemvWeight`, and an int8 tuple at 2+ rows
-    (``int8_batched``), go to the custom op :func:`miaohui.generation.w8a16.w8a16_op`: miaohui's one-row GEMV or its
-    Triton GEMM for up to 64 rows (measures in that module)."""
-    if isinstance(w, tuple):
-        # a decode step of 2+ rows (int8_batched) or int8_kernel gemv: miaohui's Triton kernels (a custom op)
-        if isinstance(w, GemvWeight) or (x.dim() == 2 and x.shape[0] > 1):
-            return w8a16_op(x, w[0], w[1], bias)
-        out = F.linear(x, w[0].to(x.dtype)) * w[1]
-        return out if bias is None else out + bias
-    return F.linear(x, w, bias)
-
-
-def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric per-output-row int8 of a ``[out, in]`` weight: (int8 values, scales in the weight's dtype)."""
-    scale = w.float().abs().amax(dim=1).clamp(min=1e-8) / 127.0
-    q = torch.round(w.float() / scale[:, None]).clamp(-127, 127).to(torch.int8)
-    return q, scale.to(w.dtype)
-
-
-def norm_linear(x: torch.Tensor, norm: torch.Tensor, w: Weight, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """``linear(RMSNorm(x), w, bias)``; a :class:`FusedGemvWeight` (norm weight already in it) in one kernel."""
-    if isinstance(w, FusedGemvWeight):
-        return w8_gemv_fused_op(x, w.q, w.scale, bias, None, eps)
-    return linear(_rms_norm(x, norm, eps), w, bias)
-
-
-def residual_linear(x: torch.Tensor, h: torch.Tensor, w: Weight) -> torch.Tensor:
-    """``x + linear(h, w)``; a :class:`FusedGemvWeight` adds ``x`` in the kernel's epilogue."""
-    if isinstance(w, FusedGemvWeight):
-        return w8_gemv_fused_op(h, w.q, w.scale, None, x, 0.0)
-    return x + linear(h, w)
-
-
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(x.dtype)
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -337,7 +264,7 @@ def make_decode_layer(attend: Any) -> Any:
 
 
 def final_logits(x: torch.Tensor, norm: torch.Tensor, head: Weight, eps: float) -> torch.Tensor:
-    return linear(_rms_norm(x, norm, eps), head).float()
+    return linear(rms_norm(x, norm, eps), head).float()
 
 
 class _Layer(nn.Module):
@@ -512,7 +439,7 @@ class StaticKVDecoder(nn.Module):
                     p.copy_(torch.randn(p.shape, generator=gen, device=p.device, dtype=torch.float32) * std)
 
     _q8: list[dict[str, Weight]] | None = None
-    _q8_head: tuple[torch.Tensor, torch.Tensor] | None = None
+    _q8_head: Weight | None = None
 
     int8_steps: tuple[bool, bool] = (False, False)
     """Which decode steps read the int8 copy: (steps of one row, steps of 2+ rows); set by :meth:`add_int8`."""
@@ -523,31 +450,17 @@ class StaticKVDecoder(nn.Module):
         token) and/or of 2+ rows (``int8_batched``, through :func:`~miaohui.generation.w8a16.w8a16_op`). Steps that
         do not read it keep the model-dtype weights, so with one flag alone a sequence's tokens can differ depending
         on how many sequences shared its steps. Prefill always reads the model-dtype weights. ``kernel``
-        (``SlotEngineOptions.int8_kernel``): ``gemv`` / ``gemv_fused`` tag the copy for
-        :func:`~miaohui.generation.w8a16.w8_gemv`; ``gemv_fused`` also folds each RMSNorm's weight into the QKV and
-        gate/up copies (so only one-row steps may read them: the options refuse it with ``int8_batched``)."""
+        (``SlotEngineOptions.int8_kernel``) decides the copies' form
+        (:func:`~miaohui.generation.int8_weights.int8_layer`)."""
         self.int8_steps = (batch1, batched)
-        fused = kernel in ("gemv_fused", "gemv_layer")
-        d = self.dims.head_dim
-
-        def pack(w: torch.Tensor, norm: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-            if fused:  # the norm's weight multiplied in before rounding to int8
-                q, scale = quantize_int8(w.float() if norm is None else w.float() * norm.float()[None, :])
-                return FusedGemvWeight(q, scale.to(w.dtype))
-            return GemvWeight(*quantize_int8(w)) if kernel == "gemv" else quantize_int8(w)
-
-        def pack_layer(layer: _Layer) -> dict[str, Weight]:
-            qkv: Weight = pack(layer.qkv, layer.in_norm)
-            gate_up: Weight = pack(layer.gate_up, layer.post_norm)
-            if kernel == "gemv_layer":  # rows reordered for the kernels' RoPE / SwiGLU epilogues
-                bias = None if layer.qkv_bias is None else pair_halves(layer.qkv_bias, d)
-                qkv = RopeGemvWeight(pair_halves(qkv[0], d), pair_halves(qkv[1], d), bias)
-                gate_up = GluGemvWeight(interleave_glu(gate_up[0]), interleave_glu(gate_up[1]))
-            return {"qkv": qkv, "o": pack(layer.o), "gate_up": gate_up, "down": pack(layer.down)}
-
         with torch.no_grad():
-            self._q8 = [pack_layer(layer) for layer in self.layers if isinstance(layer, _Layer)]
-            self._q8_head = GemvWeight(*quantize_int8(self.head)) if fused else pack(self.head)
+            self._q8 = [
+                int8_layer(kernel, self.dims.head_dim, lay.qkv, lay.qkv_bias, lay.in_norm, lay.o, lay.gate_up,
+                           lay.post_norm, lay.down)
+                for lay in self.layers
+                if isinstance(lay, _Layer)
+            ]  # fmt: skip
+            self._q8_head = int8_head(kernel, self.head)
 
     def _decode_weights(self, b: int) -> tuple[list[tuple[Weight, Weight, Weight, Weight]], Weight]:
         """Per layer (qkv, o, gate_up, down), and the LM head, for a decode step of ``b`` rows."""
