@@ -1,8 +1,9 @@
 """On the GPU: where a decode step of the static-KV engine spends its time (kernel table), and how long a
-CUDA-graph step takes, for the 1.5B Qwen-shaped model with random weights.
+CUDA-graph step takes, for the 1.5B Qwen-shaped model with random weights; with ``--prefills``, the same for the
+static prefill graphs of those (prompts × length) buckets.
 
     python3 scripts/gpu/profile_decode.py [--batches 1,64] [--int8-batch1 [--int8-kernel gemv --gemv-table JSON]]
-        [--out DIR]
+        [--prefills 1x128,2x128,8x128] [--out DIR]
 
 ``--gemv-table``: ``scripts/gpu/gemv_sweep.py``'s JSON; its fastest configuration per weight shape goes into
 ``w8a16.GEMV_BEST`` before the engine is built.
@@ -31,6 +32,33 @@ QWEN_15B = DecoderDims(
 )  # fmt: skip
 
 
+def _profile(graph: torch.cuda.CUDAGraph, label: str, table_path: Path) -> dict[str, float]:
+    """A captured graph's replay: median time of 200 (CUDA events), and its kernels (count, device time) over 10."""
+    times = []
+    for _ in range(200):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        graph.replay()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e))
+    # the graph's own kernels: calling the compiled step outside the graph ran another variant with int8_batch1
+    # (s15e: 2.95 ms of kernels per step against a 1.61 ms replay, bf16 GEMMs after int8→bf16 weight copies)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(10):
+            graph.replay()
+        torch.cuda.synchronize()
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=30)
+    events = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    n_kernels = sum(e.count for e in events) / 10
+    gpu_us = sum(e.device_time_total for e in events) / 10
+    step = statistics.median(times)
+    print(f"{label}: graph step {step:.3f} ms; {n_kernels:.0f} kernels/step, kernel time {gpu_us:.0f} us")
+    print(table)
+    table_path.write_text(table)
+    return {"graph_step_ms": step, "kernels_per_step": n_kernels, "kernel_us_per_step": gpu_us}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--batches", default="1,64")
@@ -40,9 +68,11 @@ def main() -> None:
     ap.add_argument("--int8-kernel", choices=kernels, default=None, help="default: the engine's")
     ap.add_argument("--decode-attention", choices=("matmul", "triton"), default=None, help="default: the engine's")
     ap.add_argument("--gemv-table", type=Path, nargs="*", default=[], help="gemv_sweep.py JSONs: best config per shape")
+    ap.add_argument("--prefills", default="", help="static prefill buckets to profile, e.g. 1x128,2x128,8x128")
     args = ap.parse_args()
     dims = QWEN_15B
-    batches = [int(b) for b in args.batches.split(",")]
+    batches = [int(b) for b in args.batches.split(",") if b]
+    prefills = [(int(n), int(t)) for n, t in (p.split("x") for p in args.prefills.split(",") if p)]
     opts = SlotEngineOptions(
         num_slots=64,
         max_len=1024,
@@ -52,6 +82,9 @@ def main() -> None:
         int8_batch1=args.int8_batch1,
         int8_kernel=args.int8_kernel,
         **({"decode_attention": args.decode_attention} if args.decode_attention else {}),
+        static_prefill=bool(prefills),
+        prefill_batch_buckets=tuple(sorted({n for n, _ in prefills})) or (1, 2, 4, 8),
+        prefill_length_buckets=tuple(sorted({t for _, t in prefills})),
     )
     if args.gemv_table:
         w8a16.GEMV_BEST.update(w8a16.best_from_sweeps([json.loads(p.read_text()) for p in args.gemv_table]))
@@ -62,40 +95,19 @@ def main() -> None:
     t = time.perf_counter()
     engine.warmup(log=print)
     print(f"warm-up {time.perf_counter() - t:.1f}s")
-    report = {}
+    report: dict[str, object] = {}
     for b in batches:
         slots = list(range(b))
         engine.prefill(slots, [[5] * 128] * b)
         graph, _ = engine._graphs[(b, 256)]
-        times = []
-        for _ in range(200):
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            graph.replay()
-            e.record()
-            e.synchronize()
-            times.append(s.elapsed_time(e))
-        # the graph's own kernels: calling the compiled step outside the graph ran another variant with int8_batch1
-        # (s15e: 2.95 ms of kernels per step against a 1.61 ms replay, bf16 GEMMs after int8→bf16 weight copies)
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            for _ in range(10):
-                graph.replay()
-            torch.cuda.synchronize()
-        table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=30)
-        events = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
-        n_kernels = sum(e.count for e in events) / 10
-        gpu_us = sum(e.device_time_total for e in events) / 10
-        report[b] = {
-            "graph_step_ms": statistics.median(times),
-            "kernels_per_step": n_kernels,
-            "kernel_us_per_step": gpu_us,
-        }
-        step = statistics.median(times)
-        print(f"batch {b}: graph step {step:.3f} ms; {n_kernels:.0f} kernels/step, kernel time {gpu_us:.0f} us")
-        print(table)
-        (args.out / f"profile_decode_b{b}.txt").write_text(table)
+        report[str(b)] = _profile(graph, f"batch {b}", args.out / f"profile_decode_b{b}.txt")
         for slot in slots:
             engine.release(slot)
+    for n, length in prefills:
+        graph, _ = engine._prefill_graphs[(n, length)]
+        report[f"prefill_{n}x{length}"] = _profile(
+            graph, f"prefill {n}x{length}", args.out / f"profile_prefill_{n}x{length}.txt"
+        )
     report["options"] = {"int8_batch1": args.int8_batch1, "int8_kernel": opts.int8_kernel,
                          "decode_attention": opts.decode_attention,
                          "gemv_configs": {f"{n}x{k}": c for (n, k), c in w8a16.GEMV_BEST.items()}}  # fmt: skip

@@ -126,6 +126,9 @@
 #   s21a:   (next session) the async 1.5B server (defaults + int8_batch1, static prefill) three times with session 19's
 #           prefill fixes: prefills capped at the largest static bucket (8) and padding rows that repeat the first
 #           prompt (no eager fallback when every slot is busy). Did the TTFT tail (runs with a 9+-prompt prefill) go?
+#   s21b:   (next session) kernel tables of the batch-64 decode step (triton attention) and of the static prefill graphs
+#           at 1/2/8 prompts x 128: where the server's GPU time goes (decode ~2.2 ms at 64 rows, prefill ~2.5 ms for
+#           ~1.7 prompts)
 #   s20d:   the async 1.5B server (defaults + int8_batch1) with the GC freeze on / off / on: s19c's two
 #           slow runs had 14x the gen-0 collections of s19b's with the same decode step
 #   s19c:   s19b's server twice more, with the sweep's block of 64 positions for steps of 2+ rows
@@ -586,6 +589,10 @@ case $stage in
         | grep -E "server:|Error" | head -4
     done
     rm -f "$OUT"/srv21a_*/*.png "$OUT/nvidia-smi.txt"
+    ;;
+  s21b)
+    timeout 300 python3 scripts/gpu/profile_decode.py --batches 64 --prefills 1x128,2x128,8x128 --out "$OUT" 2>&1 \
+      | grep -E "graph step|Error" | tail -6
     ;;
   s20d)
     gen_ab srv20_gc --gc-freeze "on off on" --int8-batch1
