@@ -174,3 +174,11 @@ def test_kernels_compile_for_the_h200() -> None:
     )
     for kernel in (rope, glu):
         assert "ld.global.v4.b32" in kernel.asm["ptx"]
+
+
+def test_tiles_hold_whole_pairs_in_a_power_of_two() -> None:
+    from miaohui.generation.w8_layer import ROPE_BEST, _tile
+
+    assert _tile(2048, 1536, None, ROPE_BEST) == (4, 512, 4)  # the measured QKV tile
+    assert _tile(17920, 1536, None, {}) == (8, 512, 4)  # the one-row kernel's gate/up tile
+    assert [_tile(64, 64, (b, 64, 1, 4), {})[0] for b in (1, 3, 5, 16)] == [2, 4, 8, 16]

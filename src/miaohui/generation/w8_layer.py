@@ -190,9 +190,10 @@ if triton is not None:
 
 
 def _tile(n: int, k: int, config: GemvConfig | None, best: dict[tuple[int, int], GemvConfig]) -> tuple[int, int, int]:
-    """(BLOCK_N, BLOCK_K, num_warps): ``config`` or the measured tile, BLOCK_N made even (whole pairs)."""
+    """(BLOCK_N, BLOCK_K, num_warps): ``config`` or the measured tile, BLOCK_N a power of two of at least 2 (whole
+    pairs; ``tl.arange`` takes powers of two)."""
     block_n, block_k, _, warps = config or best.get((n, k)) or gemv_config(n, k)
-    return max(2, block_n + block_n % 2), block_k, warps
+    return max(2, 1 << (block_n - 1).bit_length()), block_k, warps
 
 
 def _check(name: str, x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> tuple[int, int]:
