@@ -647,6 +647,8 @@ def bench_model(name: str, args: argparse.Namespace, server: bool) -> dict[str, 
         int8_kernel=args.int8_kernel,
         int8_batched=args.int8_batched,
         prefill_batch_buckets=tuple(2**i for i in range(args.prefill_batch_max.bit_length())),
+        mixed_prefill_tokens=tuple(int(v) for v in args.mixed_prefill.split(",") if v),
+        mixed_prefill_prompts=args.mixed_prefill_prompts,
     )
     res["engine_options"] = options.model_dump(mode="json")
     if args.server_only:
@@ -747,6 +749,12 @@ def main() -> None:
         default=8,
         help="static prefill buckets 1, 2, 4 … up to this many prompts (more in one step are prefilled eagerly)",
     )
+    ap.add_argument(
+        "--mixed-prefill",
+        default="",
+        help="mixed steps: token buckets (e.g. 128,256,512) of prompts run as extra rows of a decode step (A/B)",
+    )
+    ap.add_argument("--mixed-prefill-prompts", type=int, default=4, help="the most prompts one mixed step takes")
     ap.add_argument(
         "--decode-attention",
         choices=["matmul", "sdpa", "flex", "triton"],

@@ -123,10 +123,12 @@
 #   s20f:   the async 1.5B server (defaults + int8_batch1) holding prompts for a joint prefill: at least 4 (≤ 8 ms
 #           wait), 8 (≤ 16 ms), then 4 again — s20d's server spent ~25 % of the GPU's time on prefills of ~1.7 prompts
 #   s20g:   the e5-shaped intent server with the defaults (fast_start false) twice at c=32/40 (s17b: 3 of 4 levels met)
-#   s21a:   (next session) the async 1.5B server (defaults + int8_batch1, static prefill) three times with session 19's
+#   s21c:   mixed steps (prompts' tokens as extra rows of the decode step, --mixed-prefill 128,256,512): the GPU
+#           tests, then the async 1.5B server mixed / plain / mixed
+#   s21a:   (session 20) the async 1.5B server (defaults + int8_batch1, static prefill) three times with session 19's
 #           prefill fixes: prefills capped at the largest static bucket (8) and padding rows that repeat the first
 #           prompt (no eager fallback when every slot is busy). Did the TTFT tail (runs with a 9+-prompt prefill) go?
-#   s21b:   (next session) kernel tables of the batch-64 decode step (triton attention) and of the static prefill graphs
+#   s21b:   (session 20) kernel tables of the batch-64 decode step (triton attention) and of the static prefill graphs
 #           at 1/2/8 prompts x 128: where the server's GPU time goes (decode ~2.2 ms at 64 rows, prefill ~2.5 ms for
 #           ~1.7 prompts)
 #   s20d:   the async 1.5B server (defaults + int8_batch1) with the GC freeze on / off / on: s19c's two
@@ -582,6 +584,17 @@ case $stage in
         --prefill-min-prompts $1 --prefill-max-wait-ms $2 2>&1 | grep -E "server:|Error" | head -4
     done
     rm -f "$OUT"/srv20f_*/*.png "$OUT/nvidia-smi.txt"
+    ;;
+  s21c)
+    timeout 200 python3 -X faulthandler -m pytest -q -x tests/gpu/test_slot_engine_gpu.py -k "mixed or test_graphs_match_eager_tokens" \
+      -p no:cacheprovider 2>&1 | tail -15 | tee "$OUT/gpu_tests_mixed_h200_s21c.txt"
+    for run in mixed_1 plain mixed_2; do
+      mixed=""
+      [ "${run%_*}" = mixed ] && mixed="--mixed-prefill 128,256,512"
+      gen_server srv21c_$run "" --stagger-ms 10 --static-prefill --async-scheduling --int8-batch1 $mixed 2>&1 \
+        | grep -E "server:|Error|mixed" | head -6
+    done
+    rm -f "$OUT"/srv21c_*/*.png "$OUT/nvidia-smi.txt"
     ;;
   s21a)
     for i in 1 2 3; do

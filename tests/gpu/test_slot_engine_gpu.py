@@ -181,3 +181,29 @@ async def test_async_scheduling_on_the_gpu_matches_the_eager_synchronous_engine(
         got = [[e.token_id async for e in st if e.token_id is not None] for st in streams]
         assert len([e async for e in sampled if e.token_id is not None]) == 12
     assert got == want
+
+
+async def test_mixed_step_graphs_match_the_eager_engine() -> None:
+    """Mixed steps in CUDA graphs (decode rows + prompt tokens in one pass; cache writes and the triton attention by
+    cache row) under async scheduling, requests of different lengths admitted two per step through 8 slots: the
+    eager synchronous engine's greedy tokens; most prompts ran mixed."""
+    from miaohui.generation.engine_loop import AsyncLLMEngine
+    from miaohui.generation.scheduler import SchedulerConfig
+
+    hf = tiny_qwen("cuda")
+    opts = SlotEngineOptions(num_slots=8, max_len=256, dtype="fp32", static_prefill=True,
+                             mixed_prefill_tokens=(32, 64), mixed_prefill_prompts=2)  # fmt: skip
+    fast = TorchSlotEngine(StaticKVDecoder.from_hf(hf, num_slots=8, max_len=256, dtype=torch.float32), [999], 0, opts)
+    fast.warmup()
+    assert len(fast._mixed_graphs) == len(fast.batch_buckets) * len(fast.length_buckets) * 2
+    slow = _engine(hf, graphs=False)
+    prompts = [[5 + i, 6, 7, 8 + i] * (1 + i % 4) for i in range(16)]
+    lengths = [10 + 7 * (i % 4) for i in range(16)]
+    greedy = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in lengths]
+    want = [LLMEngine(slow, None).generate([p], sp)[0][0] for p, sp in zip(prompts, greedy, strict=True)]
+    sched = SchedulerConfig(max_running_seqs=8, max_batched_tokens=512, max_model_len=256, max_prefill_seqs=2)
+    async with AsyncLLMEngine(LLMEngine(fast, None, sched), async_scheduling=True) as loop:
+        streams = [loop.add(p, sp) for p, sp in zip(prompts, greedy, strict=True)]
+        got = [[e.token_id async for e in st if e.token_id is not None] for st in streams]
+    assert got == want
+    assert fast.mixed_steps >= 4, fast.mixed_steps

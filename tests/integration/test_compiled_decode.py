@@ -215,3 +215,35 @@ def test_int8_steps_decode_with_the_int8_weights_and_the_others_without(
             assert err < 1e-4, f"{layer} batch {b} int8={int8}: relative logit error {err:.2e}"
             # the int8 weights change the logits (else the test could not tell the paths apart)
             assert float((want_int8 - want_plain).norm() / want_plain.norm()) > 1e-4
+
+
+def test_compiled_mixed_step_matches_the_eager_mixed_step() -> None:
+    """The mixed step's layer (cache writes by row and position, attention by cache row) compiled by Inductor, as the
+    GPU engine compiles it, against the same step eager: logits of the decode rows and the prompts' last tokens."""
+    from miaohui.generation import mixed_step
+
+    hf = tiny_qwen()
+    opts = SlotEngineOptions(num_slots=8, max_len=256, dtype="fp32", compile=True, cuda_graphs=False,
+                             mixed_prefill_tokens=(32, 64))  # fmt: skip
+    engine = TorchSlotEngine(StaticKVDecoder.from_hf(hf, num_slots=8, max_len=256, dtype=torch.float32), [999], 0, opts)
+    model = engine.model
+    assert model._mixed_layer is not None
+    gen = torch.Generator().manual_seed(3)
+    scratch = model.scratch_row
+    # 4 decode rows (row 2 padding), then a 20-token and an 11-token prompt into slots 5 and 6, then 1 padding row
+    tokens = torch.randint(5, 1000, (36,), generator=gen)
+    positions = torch.cat((torch.tensor([40, 7, 0, 99]), torch.arange(20), torch.arange(11), torch.tensor([0])))
+    rows = torch.cat((torch.tensor([0, 1, scratch, 3]), torch.full((20,), 5), torch.full((11,), 6), torch.tensor([8])))
+    out_rows = torch.tensor([0, 1, 2, 3, 23, 34])
+    with torch.inference_mode():
+        for c in (*model.k_cache, *model.v_cache):
+            c.normal_(generator=gen)
+        saved = [c.clone() for c in (*model.k_cache, *model.v_cache)]
+        got = mixed_step.mixed_forward(model, tokens, positions, rows, out_rows, 128)
+        for c, s in zip((*model.k_cache, *model.v_cache), saved, strict=True):
+            c.copy_(s)
+        compiled, model._mixed_layer = model._mixed_layer, None
+        want = mixed_step.mixed_forward(model, tokens, positions, rows, out_rows, 128)
+        model._mixed_layer = compiled
+    err = float((got - want).norm() / want.norm())
+    assert got.shape == (6, hf.config.vocab_size) and err < 1e-4, err

@@ -10,8 +10,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import openai
 import pytest
+import torch
 from tests.integration.conftest import SMOLLM_CACHE as MODEL_CACHE
 from tests.integration.conftest import hf_greedy_tokens
 from tests.servers import UvicornThread
@@ -282,3 +284,56 @@ def test_logits_overwritten_by_a_later_step_are_refused(smollm: tuple[Any, Any])
     with pytest.raises(RuntimeError, match="a later step overwrote these logits"):
         first.rows([0])
     assert first.argmax() == picked and later.rows([0]).shape == (1, engine.dims.vocab)
+
+
+def _mixed_engine(smollm: tuple[Any, Any], slots: int) -> TorchSlotEngine:
+    dec = StaticKVDecoder.from_hf(smollm[0], num_slots=slots, max_len=256)
+    options = SlotEngineOptions(num_slots=slots, max_len=256, dtype="fp32", mixed_prefill_tokens=(64, 128))
+    return TorchSlotEngine(dec, [smollm[1].eos_token_id], 0, options)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async-scheduling"])
+async def test_mixed_steps_keep_hf_greedy_tokens(
+    smollm: tuple[Any, Any], prompts: list[list[int]], hf_greedy: list[list[int]], async_scheduling: bool
+) -> None:
+    """Mixed steps (a decode step and new prompts' tokens as one batch of rows): prompts admitted one per step, so
+    steps 2 and 3 decode the running sequences and prefill the next prompt together — HF's tokens still, with
+    the slots of the finished sequences reused (3 slots, 6 requests); with async scheduling the decode rows take the
+    device's own picks, and a prompt's first token is its mixed step's pick."""
+    engine = _mixed_engine(smollm, slots=3)
+    sched = SchedulerConfig(max_running_seqs=3, max_batched_tokens=512, max_model_len=256, max_prefill_seqs=1)
+    llm = LLMEngine(engine, smollm[1].backend_tokenizer, sched)
+    if async_scheduling:
+        async with AsyncLLMEngine(llm, async_scheduling=True) as loop:
+            streams = [loop.add(p, GREEDY) for p in prompts * 2]
+            events = [[e async for e in st] for st in streams]
+        ids = [[e.token_id for e in ev if e.token_id is not None] for ev in events]
+    else:
+        ids = [g[0] for g in llm.generate(prompts * 2, GREEDY)]
+    assert ids == hf_greedy * 2
+    assert engine.mixed_steps >= 4  # the 2nd and 3rd prompts of each round at least
+    assert engine._launched["prefill"] <= 2  # only prompts that met no running sequence prefill alone
+
+
+def test_mixed_step_equals_a_decode_then_a_prefill(smollm: tuple[Any, Any], prompts: list[list[int]]) -> None:
+    """One mixed step against the same decode and prefill run separately from the same cache: the same logits
+    (fp32) for every decode row and prompt, the same keys and values in the slots; prompts that fit no token bucket
+    (or more prompts than ``mixed_prefill_prompts``) are not run mixed (None: the runner takes two steps)."""
+    mixed, plain = _mixed_engine(smollm, slots=4), _engine(smollm, slots=4)
+    for e in (mixed, plain):
+        e.prefill([0, 2], prompts[:2])
+    for e in (mixed, plain):
+        e.decode([0, 2], [11, 12])  # a decode step before: the rows' positions differ from the prompts' lengths
+    out = mixed.decode_and_prefill([0, 2], [13, 14], [1, 3], [prompts[2], prompts[0][:5]])
+    assert out is not None and mixed.mixed_steps == 1
+    want_decode = plain.decode([0, 2], [13, 14])
+    want_prefill = plain.prefill([1, 3], [prompts[2], prompts[0][:5]])
+    assert np.allclose(out[0].rows([0, 1]), want_decode.rows([0, 1]), atol=2e-4)
+    assert np.allclose(out[1].rows([0, 1]), want_prefill.rows([0, 1]), atol=2e-4)
+    assert list(mixed.lengths) == list(plain.lengths)
+    for a, b in zip(mixed.model.k_cache, plain.model.k_cache, strict=True):
+        for slot, n in enumerate(plain.lengths):  # each slot's tokens (past them: stale rows, never attended)
+            assert torch.allclose(a[slot, :, :n], b[slot, :, :n], atol=2e-4), slot
+    too_long = [list(range(1, 100)), list(range(1, 60))]  # 159 tokens > the largest bucket (128)
+    assert mixed.decode_and_prefill([0, 2], [1, 2], [1, 3], too_long) is None
+    assert mixed.mixed_steps == 1

@@ -38,24 +38,43 @@ for b, h, kvh, d, t, (slots, max_len), dtype in cases:
     assert got.dtype == dtype and got.shape == (b, h, d), (got.dtype, got.shape)
     err = float((got.float() - want).abs().max())
     assert err < (1e-4 if dtype == torch.float32 else 5e-3), (b, h, kvh, d, t, dtype, err)
-print("ok", len(cases))
+# cache_rows: each row attends in a named cache row (mixed steps: prompt tokens in their slot, padding in a scratch row)
+kc, vc = torch.randn(5, 2, 128, 64), torch.randn(5, 2, 128, 64)
+rows = torch.tensor([3, 0, 3, 3, 4, 1])
+positions = torch.tensor([40, 127, 0, 1, 0, 64])
+q = torch.randn(6, 12, 64)
+got = triton_decode_attention(q, kc[:, :, :128], vc[:, :, :128], positions, rows)
+want = matmul_decode_attention(q, kc[rows], vc[rows], positions)
+assert float((got - want).abs().max()) < 1e-4
+print("ok", len(cases) + 1)
 """
 
 
 def test_kernels_match_the_matmul_attention_under_the_interpreter() -> None:
-    assert run_interpreted(CHECK) == "ok 4"
+    assert run_interpreted(CHECK) == "ok 5"
 
 
-@pytest.mark.parametrize(("dtype", "block"), [("bf16", BLOCK_T), ("bf16", BLOCK_T_BATCHED), ("fp16", 32), ("fp32", 32)])
-def test_kernels_compile_for_the_h200(dtype: str, block: int) -> None:
+@pytest.mark.parametrize(
+    ("dtype", "block", "indirect"),
+    [("bf16", BLOCK_T, False), ("bf16", BLOCK_T_BATCHED, False), ("bf16", BLOCK_T_BATCHED, True), ("fp16", 32, False),
+     ("fp32", 32, False)],
+)  # fmt: skip
+def test_kernels_compile_for_the_h200(dtype: str, block: int, indirect: bool) -> None:
     """Triton's whole pipeline down to a cubin for compute capability 9.0, on the CPU: a kernel that only the
     interpreter has run can still fail to compile for the GPU (as session 17's skinny GEMM did)."""
 
     ptr, dims = f"*{dtype}", {"KVH": 2, "GROUP": 6, "G_PAD": 16, "D": 128}
     partial = compile_for_h200(
         da._partial_kernel,
-        [ptr, ptr, ptr, "*i64", "*fp32", "*fp32", "*fp32", *["i32"] * 8, "fp32"],
-        {**dims, "CHUNK": 2 * block, "SPLITS": 8, "BLOCK": block, "PRECISION": "ieee" if dtype == "fp32" else "tf32"},
+        [ptr, ptr, ptr, "*i64", "*i64", "*fp32", "*fp32", "*fp32", *["i32"] * 8, "fp32"],
+        {
+            **dims,
+            "CHUNK": 2 * block,
+            "SPLITS": 8,
+            "BLOCK": block,
+            "PRECISION": "ieee" if dtype == "fp32" else "tf32",
+            "INDIRECT": indirect,
+        },
     )
     merge = compile_for_h200(da._merge_kernel, ["*fp32", "*fp32", "*fp32", ptr, "i32", "i32"],
                              {**dims, "SPLITS": 8, "S_PAD": 8})  # fmt: skip
@@ -73,6 +92,10 @@ def test_the_op_runs_the_matmul_form_on_the_cpu() -> None:
     # row 0 sees only position 0: its output is that position's value for every head of the group
     assert torch.allclose(got[0], vc[0, :, 0].repeat_interleave(3, dim=0), atol=1e-6)
     assert torch.allclose(got, reference(q, kc[:3], vc[:3], positions), atol=1e-6)
+    rows = torch.tensor([2, 2, 0])
+    by_row = da.rows_attention_op(q, kc, vc, positions, rows)
+    assert torch.allclose(by_row, reference(q, kc[rows], vc[rows], positions), atol=1e-6)
+    assert not torch.allclose(by_row[:2], got[:2], atol=1e-3)  # rows 0 and 1 read slot 2 here, not slots 0 and 1
 
 
 def test_the_plan_fills_the_gpu_with_slices_of_whole_blocks() -> None:

@@ -257,6 +257,42 @@ class SlotCausalLMEngine(abc.ABC):
 
     def prefill(self, slots: Sequence[int], prompts: Sequence[Sequence[int]]) -> StepLogits:
         """Run ``prompts`` into ``slots`` (one each); logits of each prompt's last token."""
+        self._check_prompts(slots, prompts)
+        out = self._prefill(list(slots), [list(p) for p in prompts])
+        self.lengths[list(slots)] = [len(p) for p in prompts]
+        return out
+
+    def decode(self, slots: Sequence[int], tokens: Sequence[int | None]) -> StepLogits:
+        """One new token per slot; logits for the following token. Grows each slot's length by one. A ``None``
+        token (engines that :attr:`feeds_tokens`) is the slot's previous greedy pick, still on the device."""
+        pos = self._decode_positions(slots, tokens)
+        out = self._decode(list(slots), list(tokens), pos)
+        self.lengths[list(slots)] += 1
+        return out
+
+    def decode_and_prefill(
+        self,
+        slots: Sequence[int],
+        tokens: Sequence[int | None],
+        new_slots: Sequence[int],
+        prompts: Sequence[Sequence[int]],
+    ) -> tuple[StepLogits, StepLogits] | None:
+        """:meth:`decode` of ``slots`` and :meth:`prefill` of ``prompts`` into ``new_slots`` as one step where the
+        engine runs them together (a *mixed* step; :mod:`miaohui.generation.mixed_step`); None where it does not (or
+        not for these prompts): then call the two."""
+        pos = self._decode_positions(slots, tokens)
+        self._check_prompts(new_slots, prompts)
+        if set(slots) & set(new_slots):
+            raise InputError(
+                f"slots {sorted(set(slots) & set(new_slots))} both decode and take a prompt", "report this (runner bug)"
+            )
+        out = self._mixed(list(slots), list(tokens), pos, list(new_slots), [list(p) for p in prompts])
+        if out is not None:
+            self.lengths[list(slots)] += 1
+            self.lengths[list(new_slots)] = [len(p) for p in prompts]
+        return out
+
+    def _check_prompts(self, slots: Sequence[int], prompts: Sequence[Sequence[int]]) -> None:
         if not prompts or len(slots) != len(prompts):
             raise InputError(f"prefill got {len(prompts)} prompts for {len(slots)} slots", "pass one slot per prompt")
         if min(len(p) for p in prompts) == 0:
@@ -270,13 +306,9 @@ class SlotCausalLMEngine(abc.ABC):
         self._check_slots(slots)
         for p in prompts:
             self._check_ids(p)
-        out = self._prefill(list(slots), [list(p) for p in prompts])
-        self.lengths[list(slots)] = [len(p) for p in prompts]
-        return out
 
-    def decode(self, slots: Sequence[int], tokens: Sequence[int | None]) -> StepLogits:
-        """One new token per slot; logits for the following token. Grows each slot's length by one. A ``None``
-        token (engines that :attr:`feeds_tokens`) is the slot's previous greedy pick, still on the device."""
+    def _decode_positions(self, slots: Sequence[int], tokens: Sequence[int | None]) -> np.ndarray:
+        """Each slot's position for a decode of ``tokens`` (checked)."""
         if len(slots) != len(tokens) or not slots:
             raise ShapeError(f"decode got {len(tokens)} tokens for {len(slots)} slots", "pass one token per slot")
         self._check_slots(slots)
@@ -292,9 +324,7 @@ class SlotCausalLMEngine(abc.ABC):
                 f"a sequence reached this engine's slot length of {self.max_len} tokens",
                 "finish the sequence (max_tokens / max_model_len) before the slot is full",
             )
-        out = self._decode(list(slots), list(tokens), pos)
-        self.lengths[list(slots)] += 1
-        return out
+        return pos
 
     def release(self, slot: int) -> None:
         """The slot's sequence is gone (its cache rows are simply overwritten by the next prefill)."""
@@ -314,6 +344,17 @@ class SlotCausalLMEngine(abc.ABC):
 
     @abc.abstractmethod
     def _decode(self, slots: list[int], tokens: list[int | None], positions: np.ndarray) -> StepLogits: ...
+
+    def _mixed(
+        self,
+        slots: list[int],
+        tokens: list[int | None],
+        positions: np.ndarray,
+        new_slots: list[int],
+        prompts: list[list[int]],
+    ) -> tuple[StepLogits, StepLogits] | None:
+        """Engines with mixed steps override this; None: this engine (or these prompts) takes two steps."""
+        return None
 
     def close(self) -> None:  # noqa: B027 — optional hook
         """Release device memory. Idempotent."""

@@ -46,6 +46,7 @@ if triton is not None:
         k_ptr,
         v_ptr,
         pos_ptr,
+        rows_ptr,
         m_ptr,
         l_ptr,
         acc_ptr,
@@ -66,10 +67,12 @@ if triton is not None:
         SPLITS: tl.constexpr,
         BLOCK: tl.constexpr,
         PRECISION: tl.constexpr,
+        INDIRECT: tl.constexpr,
     ) -> None:
         """Program (row · KVH + kv head, slice): the GROUP query heads of that KV head against cache positions
         [slice · CHUNK, min((slice + 1) · CHUNK, position + 1)); writes the slice's max score, exp-sum and
-        exp-weighted values (an empty slice writes -inf, 0, 0)."""
+        exp-weighted values (an empty slice writes -inf, 0, 0). ``INDIRECT``: the row's cache row is
+        ``rows_ptr[row]`` (mixed steps: prompt tokens attend in their slot's rows), else the row itself."""
         pid = tl.program_id(0)
         split = tl.program_id(1)
         row = pid // KVH
@@ -88,8 +91,12 @@ if triton is not None:
         acc = tl.zeros((G_PAD, D), tl.float32)
         start = split * CHUNK
         end = tl.minimum(start + CHUNK, pos + 1)
-        k_base = k_ptr + row * stride_kb + head * stride_kh
-        v_base = v_ptr + row * stride_vb + head * stride_vh
+        if INDIRECT:  # noqa: SIM108 — a compile-time branch: only the taken one is generated
+            crow = tl.load(rows_ptr + row)
+        else:
+            crow = row
+        k_base = k_ptr + crow * stride_kb + head * stride_kh
+        v_base = v_ptr + crow * stride_vb + head * stride_vh
         for it in range(CHUNK // BLOCK):  # a compile-time trip count; blocks past `end` load nothing (masked)
             t0 = start + it * BLOCK
             t = t0 + tl.arange(0, BLOCK)
@@ -162,23 +169,27 @@ def triton_decode_attention(
     keys: torch.Tensor,
     values: torch.Tensor,
     positions: torch.Tensor,
+    cache_rows: torch.Tensor | None = None,
     *,
     block: int | None = None,
     target: int = TARGET_PROGRAMS,
     warps: int = 4,
 ) -> torch.Tensor:
     """``q`` [b, H, D] (one token per row) over ``keys``/``values`` [b, KVH, T, D] (cache views; row r attends to
-    positions 0..positions[r]) → [b, H, D] in q's dtype. ``block`` (default :data:`BLOCK_T` at one row,
-    :data:`BLOCK_T_BATCHED` above), ``target`` (see :func:`plan`) and ``warps`` (of the first kernel) are what
-    ``scripts/gpu/decode_attention_probe.py --sweep`` varies."""
+    positions 0..positions[r]) → [b, H, D] in q's dtype. With ``cache_rows`` [b] (int64), row r attends in cache row
+    ``cache_rows[r]`` of ``keys``/``values`` [S, KVH, T, D] instead (mixed steps). ``block`` (default
+    :data:`BLOCK_T` at one row, :data:`BLOCK_T_BATCHED` above), ``target`` (see :func:`plan`) and ``warps`` (of the
+    first kernel) are what ``scripts/gpu/decode_attention_probe.py --sweep`` varies."""
     if triton is None:
         raise RuntimeError("triton_decode_attention needs Triton (it comes with CUDA builds of torch)")
     b, heads, d = q.shape
     kv_heads, length = keys.shape[1], keys.shape[2]
-    if keys.shape != values.shape or keys.shape[0] != b or keys.shape[3] != d or heads % kv_heads:
+    rows_ok = keys.shape[0] == b if cache_rows is None else tuple(cache_rows.shape) == (b,)
+    if keys.shape != values.shape or not rows_ok or keys.shape[3] != d or heads % kv_heads:
         raise ValueError(
             f"decode attention: q {tuple(q.shape)}, keys {tuple(keys.shape)}, values {tuple(values.shape)}: need "
-            "q [b, H, D] and keys = values [b, KVH, T, D] with H a multiple of KVH"
+            "q [b, H, D] and keys = values [b, KVH, T, D] (or [S, KVH, T, D] with cache_rows [b]) with H a multiple "
+            "of KVH"
         )
     if not supported(q, keys) or values.stride(-1) != 1 or q.stride(-1) != 1:
         raise ValueError(f"decode attention: head size {d} must be a power of two ≥ 16, with contiguous last dims")
@@ -193,10 +204,11 @@ def triton_decode_attention(
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     precision = "ieee" if q.dtype == torch.float32 else "tf32"  # fp32 engines stay exact; 16-bit inputs ignore it
     _partial_kernel[(b * kv_heads, splits)](
-        q, keys, values, positions, m, s, acc, q.stride(0), q.stride(1), keys.stride(0), keys.stride(1),
-        keys.stride(2), values.stride(0), values.stride(1), values.stride(2), d**-0.5,
+        q, keys, values, positions, positions if cache_rows is None else cache_rows, m, s, acc, q.stride(0),
+        q.stride(1), keys.stride(0), keys.stride(1), keys.stride(2), values.stride(0), values.stride(1),
+        values.stride(2), d**-0.5,
         KVH=kv_heads, GROUP=group, G_PAD=g_pad, D=d, CHUNK=chunk, SPLITS=splits, BLOCK=block, PRECISION=precision,
-        num_warps=warps,
+        INDIRECT=cache_rows is not None, num_warps=warps,
     )  # fmt: skip
     _merge_kernel[(b * heads,)](
         m, s, acc, out, out.stride(0), out.stride(1),
@@ -206,10 +218,16 @@ def triton_decode_attention(
 
 
 def matmul_decode_attention(
-    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    positions: torch.Tensor,
+    cache_rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The same attention with matmuls and a softmax (the ``matmul`` decode path's arithmetic): the op's fallback and
     the tests' reference."""
+    if cache_rows is not None:
+        keys, values = keys.index_select(0, cache_rows), values.index_select(0, cache_rows)
     b, heads, d = q.shape
     kv_heads, length = keys.shape[1], keys.shape[2]
     allowed = torch.arange(length, device=q.device)[None, :] <= positions[:, None]
@@ -232,5 +250,23 @@ def decode_attention_op(
 @decode_attention_op.register_fake
 def _decode_attention_fake(
     q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor
+) -> torch.Tensor:
+    return torch.empty_like(q)
+
+
+@torch.library.custom_op("miaohui::rows_attention", mutates_args=())
+def rows_attention_op(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor, cache_rows: torch.Tensor
+) -> torch.Tensor:
+    """:func:`decode_attention_op` for rows that each name their cache row (``cache_rows`` [b] into ``keys``/``values``
+    [S, KVH, T, D]): a mixed step's decode rows and prompt tokens, each attending in its slot up to its position."""
+    if q.is_cuda and supported(q, keys):
+        return triton_decode_attention(q, keys, values, positions, cache_rows)
+    return matmul_decode_attention(q, keys, values, positions, cache_rows)
+
+
+@rows_attention_op.register_fake
+def _rows_attention_fake(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor, cache_rows: torch.Tensor
 ) -> torch.Tensor:
     return torch.empty_like(q)

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from miaohui.errors import ConfigError
+from miaohui.generation import mixed_step
 from miaohui.generation.base import SlotCausalLMEngine, StepLogits
 from miaohui.generation.slot_options import SlotEngineOptions, bucket_for
 from miaohui.generation.static_kv import StaticKVDecoder
@@ -203,7 +204,10 @@ class TorchSlotEngine(SlotCausalLMEngine):
         if self.compiled:
             _allow_specialisations()
             mode = "max-autotune-no-cudagraphs" if options.autotune else None
-            model.use_compiled(functools.partial(torch.compile, dynamic=True, fullgraph=True, mode=mode))
+            compile_fn = functools.partial(torch.compile, dynamic=True, fullgraph=True, mode=mode)
+            model.use_compiled(compile_fn)
+            if options.mixed_prefill_tokens:
+                mixed_step.use_compiled(model, compile_fn)
         top = max(self.batch_buckets)
         pin = cuda
         # a decode step's inputs, one host→device copy per step: row 0 the host's token ids, row 1 positions,
@@ -212,11 +216,12 @@ class TorchSlotEngine(SlotCausalLMEngine):
         # copy is still queued).
         self._io_host = [torch.zeros((3, top), dtype=torch.int64, pin_memory=pin) for _ in range(2)]
         self._io_dev = torch.zeros((3, top), dtype=torch.int64, device=self.device)
-        self._picked = torch.zeros(top, dtype=torch.int64, device=self.device)
-        """Per slot, the greedy token its last decode or prefill picked (written inside the step's graph)."""
+        self._picked = torch.zeros(top + 1, dtype=torch.int64, device=self.device)
+        """Per slot, the greedy token its last decode or prefill picked (written inside the step's graph); the last
+        entry takes a mixed step's padding prompts' picks."""
         self._decode_tokens = _HostTokens(top, self.device)
         self._graphs: dict[tuple[int, int], _Graph] = {}
-        self._launched = {"decode": 0, "prefill": 0}
+        self._launched = {"decode": 0, "prefill": 0, "mixed": 0}
         self.prefill_batches, self.prefill_lengths = options.prefill_buckets()
         self.max_prefill_prompts = max(self.prefill_batches) if options.static_prefill else None
         self.eager_prefills = 0
@@ -227,6 +232,17 @@ class TorchSlotEngine(SlotCausalLMEngine):
             self._pf_dev = _PrefillBuffers(pb, ps, self.device, False)
         self._prefill_tokens = _HostTokens(model.num_slots, self.device)  # a prefill fills at most every slot
         self._prefill_graphs: dict[tuple[int, int], _Graph] = {}
+        self.mixed_tokens = tuple(sorted(set(options.mixed_prefill_tokens)))
+        self.mixed_prompts = options.mixed_prefill_prompts
+        self.mixed_steps = 0
+        """Steps that ran as mixed steps (decode and prompts in one pass)."""
+        if self.mixed_tokens:
+            # a mixed step's inputs (one copy): rows token, position, cache row, given (as the decode step's row 2)
+            # over decode rows then prompt tokens; then the rows the head reads and the slots of the prompts
+            width = top + max(self.mixed_tokens)
+            self._mx_host = [torch.zeros((6, width), dtype=torch.int64, pin_memory=pin) for _ in range(2)]
+            self._mx_dev = torch.zeros((6, width), dtype=torch.int64, device=self.device)
+        self._mixed_graphs: dict[tuple[int, int, int], _Graph] = {}
         self.warmup_seconds: float | None = None
 
     @classmethod
@@ -266,6 +282,8 @@ class TorchSlotEngine(SlotCausalLMEngine):
                 self._capture(log)
                 if self.options.static_prefill:
                     self._capture_prefill(log)
+                if self.mixed_tokens:
+                    self._capture_mixed(log)
             else:
                 self._decode_step(2, self.length_buckets[0])
         self.lengths[:] = 0
@@ -273,8 +291,8 @@ class TorchSlotEngine(SlotCausalLMEngine):
             torch.cuda.synchronize(self.device)
         self.warmup_seconds = time.perf_counter() - started
         log(
-            f"decode engine ready in {self.warmup_seconds:.1f}s: {len(self._graphs)} decode and "
-            f"{len(self._prefill_graphs)} prefill CUDA graphs, "
+            f"decode engine ready in {self.warmup_seconds:.1f}s: {len(self._graphs)} decode, "
+            f"{len(self._prefill_graphs)} prefill and {len(self._mixed_graphs)} mixed CUDA graphs, "
             f"compile={'on' if self.compiled else 'off'}"
         )
         return self.warmup_seconds
@@ -312,6 +330,19 @@ class TorchSlotEngine(SlotCausalLMEngine):
         self._picked.index_copy_(0, slots, best)
         return logits, best
 
+    def _mixed_step(self, b: int, p: int, t: int) -> _Outputs:
+        """A mixed step from the static inputs (:meth:`_mixed`): decode rows ``0..b-1`` (tokens as in
+        :meth:`_decode_step`), then ``p`` prompt-token rows; logits of the ``b`` decode rows and of each prompt's last
+        token; the picks stored per slot as decode and prefill store them."""
+        io, k = self._mx_dev, b + self.mixed_prompts
+        decode_tokens = torch.where(io[3, :b] != 0, io[0, :b], self._picked[:b])
+        tokens = torch.cat((decode_tokens, io[0, b : b + p]))
+        logits = mixed_step.mixed_forward(self.model, tokens, io[1, : b + p], io[2, : b + p], io[4, :k], t)
+        best = logits.argmax(dim=-1)
+        self._picked[:b].copy_(best[:b])
+        self._picked.index_copy_(0, io[5, : self.mixed_prompts], best[b:])
+        return logits, best
+
     def _capture_one(self, step: Callable[[], _Outputs], pool: Any) -> _Graph:
         """Run ``step()`` twice on a side stream (compiles on the first bucket, warms cuBLAS for the shape), then
         capture it into a CUDA graph from ``pool``; the graph and its static outputs."""
@@ -339,6 +370,23 @@ class TorchSlotEngine(SlotCausalLMEngine):
                 step = functools.partial(self._prefill_step, buf.tokens[:n, :s], buf.lengths[:n], buf.slots[:n])
                 self._prefill_graphs[(n, s)] = self._capture_one(step, pool)
         log(f"captured {len(self._prefill_graphs)} prefill graphs")
+
+    def _capture_mixed(self, log: Callable[[str], None]) -> None:
+        """One CUDA graph per (batch, length, prompt tokens) bucket over the static mixed-step inputs: every row a
+        padding row (pad token, position 0, the scratch cache row)."""
+        pool = torch.cuda.graph_pool_handle()
+        io = self._mx_dev
+        io.zero_()
+        io[0].fill_(self.pad_token_id)
+        io[2].fill_(self.model.scratch_row)
+        io[3].fill_(1)
+        io[5].fill_(self.model.scratch_row)
+        for b in sorted(self.batch_buckets, reverse=True):
+            for t in sorted(self.length_buckets, reverse=True):
+                for p in sorted(self.mixed_tokens, reverse=True):
+                    step = functools.partial(self._mixed_step, b, p, t)
+                    self._mixed_graphs[(b, p, t)] = self._capture_one(step, pool)
+        log(f"captured {len(self._mixed_graphs)} mixed-step graphs")
 
     def _next_turn(self, kind: str) -> tuple[int, Callable[[], bool]]:
         """Which of the two staging buffers this step of ``kind`` uses, and a check that its outputs were not
@@ -425,5 +473,51 @@ class TorchSlotEngine(SlotCausalLMEngine):
         logits, best = _replay_or_run(self._graphs.get((b, t)), lambda: self._decode_step(b, t))
         return TorchLogits(logits, slots, self._decode_tokens.start(best, self.chaining), valid)
 
+    def _mixed(
+        self,
+        slots: list[int],
+        tokens: list[int | None],
+        positions: np.ndarray,
+        new_slots: list[int],
+        prompts: list[list[int]],
+    ) -> tuple[StepLogits, StepLogits] | None:
+        """The decode and the prefill as one mixed step (:mod:`~miaohui.generation.mixed_step`); None when mixed steps
+        are off, the prompts fit no token bucket, or (with CUDA graphs) the bucket has no graph."""
+        n, total = len(prompts), sum(len(p) for p in prompts)
+        if not self.mixed_tokens or n > self.mixed_prompts or total > self.mixed_tokens[-1]:
+            return None
+        b = bucket_for(max(slots) + 1, self.batch_buckets)
+        p = bucket_for(total, self.mixed_tokens)
+        t = bucket_for(max(int(positions.max()) + 1, max(len(q) for q in prompts)), self.length_buckets)
+        graph = self._mixed_graphs.get((b, p, t))
+        if graph is None and self.graphs_on:
+            return None
+        turn, valid = self._next_turn("mixed")
+        tok, pos, rows, given, out_rows, prompt_slots = self._mx_host[turn].numpy()
+        scratch, k = self.model.scratch_row, b + self.mixed_prompts
+        tok[: b + p], pos[: b + p], rows[: b + p], given[:b] = self.pad_token_id, 0, scratch, 1
+        for i, v in enumerate(tokens):
+            if v is None:
+                given[slots[i]] = 0
+            else:
+                tok[slots[i]] = v
+        pos[slots], rows[slots] = positions, slots
+        out_rows[:k], prompt_slots[: self.mixed_prompts] = 0, scratch
+        out_rows[:b] = np.arange(b)
+        at = b
+        for i, (slot, prompt) in enumerate(zip(new_slots, prompts, strict=True)):
+            end = at + len(prompt)
+            tok[at:end], pos[at:end], rows[at:end] = prompt, np.arange(len(prompt)), slot
+            out_rows[b + i], prompt_slots[i] = end - 1, slot
+            at = end
+        self._mx_dev.copy_(self._mx_host[turn], non_blocking=True)
+        logits, best = _replay_or_run(graph, lambda: self._mixed_step(b, p, t))
+        self.mixed_steps += 1
+        decode = TorchLogits(logits, slots, self._decode_tokens.start(best[:b], self.chaining), valid)
+        prefill = TorchLogits(logits[b:], range(n), self._prefill_tokens.start(best[b : b + n], self.chaining), valid)
+        return decode, prefill
+
     def close(self) -> None:
         self._graphs.clear()
+        self._prefill_graphs.clear()
+        self._mixed_graphs.clear()

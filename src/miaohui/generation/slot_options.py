@@ -102,6 +102,14 @@ class SlotEngineOptions(Frozen):
     prefill_length_buckets: tuple[int, ...] = ()
     """Padded prompt lengths (default: 16, 32, ... up to max_len); longer prompts are prefilled eagerly."""
 
+    mixed_prefill_tokens: tuple[int, ...] = ()
+    """Mixed steps (:mod:`miaohui.generation.mixed_step`): when a step both decodes and takes new prompts, the
+    prompts' tokens run as extra rows of the decode step (one pass over the weights, not two), padded to the
+    smallest of these token counts that holds them; one CUDA graph per (batch, length, token) bucket. Empty (the
+    default): off; prompts that fit no bucket (or more than ``mixed_prefill_prompts``) take the separate prefill."""
+    mixed_prefill_prompts: int = Field(default=4, ge=1, le=64)
+    """The most prompts one mixed step takes."""
+
     @model_validator(mode="before")
     @classmethod
     def _defaults(cls, data: object) -> object:

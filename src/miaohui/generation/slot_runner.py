@@ -88,21 +88,26 @@ class SlotModelRunner(SeededRows):
         t0 = time.perf_counter()
         decode: _Rows | None = None
         prefill: _Rows | None = None
-        if out.decode:
-            slots = [self._slot[d.seq_id] for d in out.decode]
-            logits = self.engine.decode(slots, [d.token_id for d in out.decode])
-            decode = _Rows([d.seq_id for d in out.decode], [d.params for d in out.decode], logits)
+        slots = [self._slot[d.seq_id] for d in out.decode]
+        tokens = [d.token_id for d in out.decode]
+        new_slots: list[int] = []
         if out.prefill:
             if len(out.prefill) > len(self._free):
                 raise QueueFullError(
                     f"{len(out.prefill)} new sequences but {len(self._free)} free KV slots",
                     f"set max_running_seqs <= {self.engine.num_slots} (the engine's num_slots)",
                 )
-            slots = [heapq.heappop(self._free) for _ in out.prefill]
-            for p, slot in zip(out.prefill, slots, strict=True):
+            new_slots = [heapq.heappop(self._free) for _ in out.prefill]
+            for p, slot in zip(out.prefill, new_slots, strict=True):
                 self._slot[p.seq_id] = slot
                 self._rngs[p.seq_id] = make_rng(p.params.seed)
-            logits = self.engine.prefill(slots, [p.prompt_ids for p in out.prefill])
+        prompts = [p.prompt_ids for p in out.prefill]
+        both = self.engine.decode_and_prefill(slots, tokens, new_slots, prompts) if slots and prompts else None
+        if out.decode:
+            logits = both[0] if both else self.engine.decode(slots, tokens)
+            decode = _Rows([d.seq_id for d in out.decode], [d.params for d in out.decode], logits)
+        if out.prefill:
+            logits = both[1] if both else self.engine.prefill(new_slots, prompts)
             prefill = _Rows([p.seq_id for p in out.prefill], [p.params for p in out.prefill], logits)
         return lambda: self._collect(out.step, t0, decode, prefill)
 

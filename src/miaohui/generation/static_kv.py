@@ -13,6 +13,8 @@ its tokens sit at positions ``0 .. length-1`` of that row, and nothing is ever c
   positions, masked to ``<= position``. Rows that hold no sequence compute harmless garbage (the engine
   pads a batch to a bucket this way; a later prefill overwrites what they wrote). Every shape depends
   only on ``(b, kv_len)``, so one CUDA graph per bucket replays it.
+* :func:`miaohui.generation.mixed_step.mixed_forward` runs a decode step and prompts' tokens as one batch of rows
+  (the cache has one spare *scratch* row, past the slots, for its padding rows).
 
 Numerics follow HF: RMSNorm and softmax in fp32, weights and cache in the model dtype (bf16/fp16 on the
 GPU, fp32 on the CPU). Weights keep HF's ``[out, in]`` layout (``F.linear``), with Q/K/V and gate/up
@@ -314,7 +316,9 @@ class StaticKVDecoder(nn.Module):
         self.layers = nn.ModuleList([_Layer(dims, qkv_bias, dtype, dev) for _ in range(dims.num_layers)])
         self.norm = nn.Parameter(torch.empty(dims.hidden, dtype=dtype, device=dev), requires_grad=False)
         self.head = nn.Parameter(torch.empty(dims.vocab, dims.hidden, dtype=dtype, device=dev), requires_grad=False)
-        cache = (num_slots, dims.num_kv_heads, max_len, dims.head_dim)
+        # one row past the slots: the scratch row that padding rows of a mixed step write into (mixed_step.py)
+        self.scratch_row = num_slots
+        cache = (num_slots + 1, dims.num_kv_heads, max_len, dims.head_dim)
         self.k_cache: list[torch.Tensor] = []
         self.v_cache: list[torch.Tensor] = []
         for i in range(dims.num_layers):  # buffers, so that the compiler sees them as the module's state
@@ -495,6 +499,7 @@ class StaticKVDecoder(nn.Module):
     function per layer (``SlotEngineOptions`` allows it with the matmul attention only). Set before
     :meth:`use_compiled` / the first decode."""
     _decode_layer: Any = None  # make_decode_layer(...) for decode_layer "fused", compiled by use_compiled
+    _mixed_layer: Any = None  # mixed_step.mixed_layer, compiled by mixed_step.use_compiled
     _attn_in: Any = staticmethod(attn_in)
     _attn_out_mlp: Any = None  # DECODE_ATTENTION[decode_attention] unless compiled
     _attn_proj_mlp: Any = staticmethod(attn_proj_mlp)

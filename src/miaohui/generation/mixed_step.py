@@ -1,0 +1,90 @@
+"""Mixed steps: a decode step and new prompts' tokens as one batch of rows (``SlotEngineOptions.mixed_prefill_tokens``).
+
+A separate prefill reads every weight once more for a handful of prompts: on the H200 (1.5B shape, bf16) one
+128-token prompt's prefill graph takes 2.4 ms, about as long as a 64-row decode step (2.1 ms), because both are
+bound by reading the 3 GB of weights (``profile_decode_h200_s21b.json``). Here the prompts' tokens become extra
+rows of the decode step — vLLM's chunked-prefill / Sarathi idea on a static cache: every row is one token with a
+position and a cache row, so
+
+* the GEMMs, norms and MLP run once over ``decode rows + prompt tokens``;
+* each row writes its key/value at ``(cache_rows[r], positions[r])``, then attends in its cache row up to its
+  position (:func:`~miaohui.generation.decode_attention.rows_attention_op`): a prompt's tokens attend causally to the
+  prompt, whose keys this layer has just written;
+* the LM head runs on the rows named by ``out_rows`` only (each decode row and each prompt's last token).
+
+Padding rows (decode rows of slots that hold no sequence, prompt rows past the prompts' tokens) write into the
+cache's scratch row (:attr:`StaticKVDecoder.scratch_row`), never into a slot: a slot prefilled in this step is also
+a padding row of its decode half.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.nn import functional as F
+
+from miaohui.generation.decode_attention import rows_attention_op
+from miaohui.generation.int8_weights import Weight, residual_linear
+from miaohui.generation.static_kv import StaticKVDecoder, _Layer, attn_in, mlp_block
+
+
+def mixed_layer(
+    x: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache_rows: torch.Tensor,
+    positions: torch.Tensor,
+    in_norm: torch.Tensor,
+    qkv: Weight,
+    qkv_bias: torch.Tensor | None,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    o: Weight,
+    post_norm: torch.Tensor,
+    gate_up: Weight,
+    down: Weight,
+    eps: float,
+    heads: int,
+    kv_len: int,
+) -> torch.Tensor:
+    """One layer over rows ``x`` [R, hidden], row r at ``positions[r]`` of cache row ``cache_rows[r]``: RMSNorm → QKV →
+    RoPE, the keys/values written (``index_put_`` into the cache passed in, as the fused decode layer does), the
+    attention of each row over its cache row's first ``kv_len`` positions up to its own, then O, residual and MLP.
+    A pure function of its tensors (the cache writes aside), so one compiled graph serves every layer."""
+    rows, kv_heads = x.shape[0], k_cache.shape[1]
+    q, k, v = attn_in(x, in_norm, qkv, qkv_bias, cos, sin, eps, heads, kv_heads)
+    k_cache[cache_rows, :, positions] = k  # [R, KVH, D] at (cache row, every head, position)
+    v_cache[cache_rows, :, positions] = v
+    attn = rows_attention_op(q, k_cache[:, :, :kv_len], v_cache[:, :, :kv_len], positions, cache_rows)
+    return mlp_block(residual_linear(x, attn.reshape(rows, -1), o), post_norm, gate_up, down, eps)
+
+
+def use_compiled(model: StaticKVDecoder, compile_fn: Any) -> None:
+    """Run ``model``'s mixed steps through ``compile_fn(mixed_layer)`` (as :meth:`StaticKVDecoder.use_compiled`)."""
+    model._mixed_layer = compile_fn(mixed_layer)
+
+
+def mixed_forward(
+    model: StaticKVDecoder,
+    tokens: torch.Tensor,
+    positions: torch.Tensor,
+    cache_rows: torch.Tensor,
+    out_rows: torch.Tensor,
+    kv_len: int,
+) -> torch.Tensor:
+    """Rows ``tokens``/``positions``/``cache_rows`` [R] (int64) through every layer; fp32 logits [len(out_rows),
+    vocab] of the rows ``out_rows``. ``kv_len``: attended cache positions (above every row's position)."""
+    d = model.dims
+    run = model._mixed_layer or mixed_layer
+    x = F.embedding(tokens, model.embed)  # [R, hidden]
+    cos = model.cos_table[positions][:, None, :]  # [R, 1, D]
+    sin = model.sin_table[positions][:, None, :]
+    weights, head = model._decode_weights(tokens.shape[0])
+    for i, (layer, (qkv, o, gate_up, down)) in enumerate(zip(model.layers, weights, strict=True)):
+        assert isinstance(layer, _Layer)
+        x = run(
+            x, model.k_cache[i], model.v_cache[i], cache_rows, positions, layer.in_norm, qkv, layer.qkv_bias, cos,
+            sin, o, layer.post_norm, gate_up, down, d.rms_eps, d.num_heads, kv_len,
+        )  # fmt: skip
+    return model._final(x.index_select(0, out_rows), model.norm, head, d.rms_eps)
