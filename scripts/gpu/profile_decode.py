@@ -69,10 +69,12 @@ def main() -> None:
     ap.add_argument("--decode-attention", choices=("matmul", "triton"), default=None, help="default: the engine's")
     ap.add_argument("--gemv-table", type=Path, nargs="*", default=[], help="gemv_sweep.py JSONs: best config per shape")
     ap.add_argument("--prefills", default="", help="static prefill buckets to profile, e.g. 1x128,2x128,8x128")
+    ap.add_argument("--mixed", default="", help="mixed-step token buckets to profile at batch 64, e.g. 128,256,512")
     args = ap.parse_args()
     dims = QWEN_15B
     batches = [int(b) for b in args.batches.split(",") if b]
     prefills = [(int(n), int(t)) for n, t in (p.split("x") for p in args.prefills.split(",") if p)]
+    mixed = [int(v) for v in args.mixed.split(",") if v]
     opts = SlotEngineOptions(
         num_slots=64,
         max_len=1024,
@@ -85,6 +87,7 @@ def main() -> None:
         static_prefill=bool(prefills),
         prefill_batch_buckets=tuple(sorted({n for n, _ in prefills})) or (1, 2, 4, 8),
         prefill_length_buckets=tuple(sorted({t for _, t in prefills})),
+        mixed_prefill_tokens=tuple(mixed),
     )
     if args.gemv_table:
         w8a16.GEMV_BEST.update(w8a16.best_from_sweeps([json.loads(p.read_text()) for p in args.gemv_table]))
@@ -108,6 +111,14 @@ def main() -> None:
         report[f"prefill_{n}x{length}"] = _profile(
             graph, f"prefill {n}x{length}", args.out / f"profile_prefill_{n}x{length}.txt"
         )
+    for p in mixed:
+        # 64 decode rows at position 200 of their slots, then p / 128 prompts of 128 tokens (into the scratch row)
+        io = engine._mx_dev
+        io[1, :64], io[2, :64], io[3, :64] = 200, torch.arange(64), 1
+        io[1, 64 : 64 + p] = torch.arange(p) % 128
+        io[2, 64 : 64 + p] = dec.scratch_row
+        graph, _ = engine._mixed_graphs[(64, p, 256)]
+        report[f"mixed_64+{p}"] = _profile(graph, f"mixed 64+{p}", args.out / f"profile_mixed_64+{p}.txt")
     report["options"] = {"int8_batch1": args.int8_batch1, "int8_kernel": opts.int8_kernel,
                          "decode_attention": opts.decode_attention,
                          "gemv_configs": {f"{n}x{k}": c for (n, k), c in w8a16.GEMV_BEST.items()}}  # fmt: skip

@@ -123,6 +123,7 @@
 #   s20f:   the async 1.5B server (defaults + int8_batch1) holding prompts for a joint prefill: at least 4 (≤ 8 ms
 #           wait), 8 (≤ 16 ms), then 4 again — s20d's server spent ~25 % of the GPU's time on prefills of ~1.7 prompts
 #   s20g:   the e5-shaped intent server with the defaults (fast_start false) twice at c=32/40 (s17b: 3 of 4 levels met)
+#   s21d:   kernel tables of the mixed step (64 decode rows + 128/256/512 prompt tokens), then the mixed server twice more
 #   s21c:   mixed steps (prompts' tokens as extra rows of the decode step, --mixed-prefill 128,256,512): the GPU
 #           tests, then the async 1.5B server mixed / plain / mixed
 #   s21a:   (session 20) the async 1.5B server (defaults + int8_batch1, static prefill) three times with session 19's
@@ -584,6 +585,15 @@ case $stage in
         --prefill-min-prompts $1 --prefill-max-wait-ms $2 2>&1 | grep -E "server:|Error" | head -4
     done
     rm -f "$OUT"/srv20f_*/*.png "$OUT/nvidia-smi.txt"
+    ;;
+  s21d)
+    timeout 300 python3 scripts/gpu/profile_decode.py --batches 64 --mixed 128,256,512 --out "$OUT" 2>&1 \
+      | grep -E "graph step|Error" | tail -6
+    for i in 3 4; do
+      gen_server srv21c_mixed_$i "" --stagger-ms 10 --static-prefill --async-scheduling --int8-batch1 \
+        --mixed-prefill 128,256,512 2>&1 | grep -E "server:|Error" | head -4
+    done
+    rm -f "$OUT"/srv21c_*/*.png "$OUT/nvidia-smi.txt"
     ;;
   s21c)
     timeout 200 python3 -X faulthandler -m pytest -q -x tests/gpu/test_slot_engine_gpu.py -k "mixed or test_graphs_match_eager_tokens" \
