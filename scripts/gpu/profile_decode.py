@@ -118,7 +118,7 @@ def main() -> None:
         io[1, 64 : 64 + p] = torch.arange(p) % 128
         io[2, 64 : 64 + p] = dec.scratch_row
         graph, _ = engine._mixed_graphs[(64, p, 256)]
-        report[f"mixed_64+{p}"] = _profile(graph, f"mixed 64+{p}", args.out / f"profile_mixed_64+{p}.txt")
+        report[f"mixed_64_{p}"] = _profile(graph, f"mixed 64+{p}", args.out / f"profile_mixed_64_{p}.txt")
     report["options"] = {"int8_batch1": args.int8_batch1, "int8_kernel": opts.int8_kernel,
                          "decode_attention": opts.decode_attention,
                          "gemv_configs": {f"{n}x{k}": c for (n, k), c in w8a16.GEMV_BEST.items()}}  # fmt: skip

@@ -123,6 +123,8 @@
 #   s20f:   the async 1.5B server (defaults + int8_batch1) holding prompts for a joint prefill: at least 4 (≤ 8 ms
 #           wait), 8 (≤ 16 ms), then 4 again — s20d's server spent ~25 % of the GPU's time on prefills of ~1.7 prompts
 #   s20g:   the e5-shaped intent server with the defaults (fast_start false) twice at c=32/40 (s17b: 3 of 4 levels met)
+#   s21e:   the mixed step's kernel table at 64+128 / 64+256; the mixed server with the scheduler capped at the mixed step's
+#           prompts (4 prompts, up to 512 tokens ×2; 2 prompts, up to 256 tokens ×1)
 #   s21d:   kernel tables of the mixed step (64 decode rows + 128/256/512 prompt tokens), then the mixed server twice more
 #   s21c:   mixed steps (prompts' tokens as extra rows of the decode step, --mixed-prefill 128,256,512): the GPU
 #           tests, then the async 1.5B server mixed / plain / mixed
@@ -585,6 +587,16 @@ case $stage in
         --prefill-min-prompts $1 --prefill-max-wait-ms $2 2>&1 | grep -E "server:|Error" | head -4
     done
     rm -f "$OUT"/srv20f_*/*.png "$OUT/nvidia-smi.txt"
+    ;;
+  s21e)
+    timeout 300 python3 scripts/gpu/profile_decode.py --batches 64 --mixed 128,256 --out "$OUT" 2>&1 \
+      | grep -E "graph step|Error" | tail -6
+    for run in "mixed4_1 128,256,512 4" "mixed2_1 128,256 2" "mixed4_2 128,256,512 4"; do
+      set -- $run
+      gen_server srv21e_$1 "" --stagger-ms 10 --static-prefill --async-scheduling --int8-batch1 \
+        --mixed-prefill $2 --mixed-prefill-prompts $3 2>&1 | grep -E "server:|Error" | head -4
+    done
+    rm -f "$OUT"/srv21e_*/*.png "$OUT/nvidia-smi.txt"
     ;;
   s21d)
     timeout 300 python3 scripts/gpu/profile_decode.py --batches 64 --mixed 128,256,512 --out "$OUT" 2>&1 \

@@ -320,6 +320,7 @@ def test_mixed_step_equals_a_decode_then_a_prefill(smollm: tuple[Any, Any], prom
     (fp32) for every decode row and prompt, the same keys and values in the slots; prompts that fit no token bucket
     (or more prompts than ``mixed_prefill_prompts``) are not run mixed (None: the runner takes two steps)."""
     mixed, plain = _mixed_engine(smollm, slots=4), _engine(smollm, slots=4)
+    assert mixed.max_prefill_prompts == 4 and plain.max_prefill_prompts is None  # the scheduler's cap per step
     for e in (mixed, plain):
         e.prefill([0, 2], prompts[:2])
     for e in (mixed, plain):

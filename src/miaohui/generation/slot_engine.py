@@ -236,7 +236,8 @@ class TorchSlotEngine(SlotCausalLMEngine):
         self.mixed_prompts = options.mixed_prefill_prompts
         self.mixed_steps = 0
         """Steps that ran as mixed steps (decode and prompts in one pass)."""
-        if self.mixed_tokens:
+        if self.mixed_tokens:  # more prompts in a step would take the separate (slower) prefill
+            self.max_prefill_prompts = min(self.max_prefill_prompts or self.mixed_prompts, self.mixed_prompts)
             # a mixed step's inputs (one copy): rows token, position, cache row, given (as the decode step's row 2)
             # over decode rows then prompt tokens; then the rows the head reads and the slots of the prompts
             width = top + max(self.mixed_tokens)
