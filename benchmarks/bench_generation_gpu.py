@@ -647,7 +647,11 @@ def bench_model(name: str, args: argparse.Namespace, server: bool) -> dict[str, 
         int8_kernel=args.int8_kernel,
         int8_batched=args.int8_batched,
         prefill_batch_buckets=tuple(2**i for i in range(args.prefill_batch_max.bit_length())),
-        mixed_prefill_tokens=tuple(int(v) for v in args.mixed_prefill.split(",") if v),
+        **(
+            {"mixed_prefill_tokens": tuple(int(v) for v in args.mixed_prefill.split(",") if v.isdigit())}
+            if args.mixed_prefill is not None
+            else {}
+        ),
         mixed_prefill_prompts=args.mixed_prefill_prompts,
     )
     res["engine_options"] = options.model_dump(mode="json")
@@ -751,8 +755,9 @@ def main() -> None:
     )
     ap.add_argument(
         "--mixed-prefill",
-        default="",
-        help="mixed steps: token buckets (e.g. 128,256,512) of prompts run as extra rows of a decode step (A/B)",
+        default=None,
+        help="mixed steps' token buckets (prompts as extra rows of a decode step), e.g. 128,256; off: none; "
+        "default: the engine's (128,256,512)",
     )
     ap.add_argument("--mixed-prefill-prompts", type=int, default=4, help="the most prompts one mixed step takes")
     ap.add_argument(

@@ -47,10 +47,12 @@ def hf_greedy(smollm: tuple[Any, Any], prompts: list[list[int]]) -> list[list[in
     return hf_greedy_tokens(smollm[0], prompts, NEW_TOKENS)
 
 
-def _engine(smollm: tuple[Any, Any], slots: int) -> TorchSlotEngine:
+def _engine(smollm: tuple[Any, Any], slots: int, mixed: tuple[int, ...] | None = None) -> TorchSlotEngine:
+    """Default options (mixed steps on), or ``mixed`` token buckets (``()``: off)."""
     dec = StaticKVDecoder.from_hf(smollm[0], num_slots=slots, max_len=256)
+    extra = {} if mixed is None else {"mixed_prefill_tokens": mixed}
     return TorchSlotEngine(
-        dec, [smollm[1].eos_token_id], 0, SlotEngineOptions(num_slots=slots, max_len=256, dtype="fp32")
+        dec, [smollm[1].eos_token_id], 0, SlotEngineOptions(num_slots=slots, max_len=256, dtype="fp32", **extra)
     )
 
 
@@ -141,7 +143,7 @@ def test_prefills_are_capped_at_the_largest_static_bucket() -> None:
 
     hf = tiny_qwen()
     dec = StaticKVDecoder.from_hf(hf, num_slots=16, max_len=256)
-    options = SlotEngineOptions(num_slots=16, max_len=256, dtype="fp32", static_prefill=True)
+    options = SlotEngineOptions(num_slots=16, max_len=256, dtype="fp32", static_prefill=True, mixed_prefill_tokens=())
     engine = TorchSlotEngine(dec, [999], 0, options)
     assert engine.max_prefill_prompts == 8
     shapes = _recording_prefill(engine)
@@ -151,7 +153,7 @@ def test_prefills_are_capped_at_the_largest_static_bucket() -> None:
     got = llm.generate(prompts, GREEDY.model_copy(update={"max_tokens": 3}))
     assert [s[0] for s in shapes] == [8, 2]
     unpadded = TorchSlotEngine(StaticKVDecoder.from_hf(hf, num_slots=16, max_len=256), [999], 0,
-                               SlotEngineOptions(num_slots=16, max_len=256, dtype="fp32"))  # fmt: skip
+                               SlotEngineOptions(num_slots=16, max_len=256, dtype="fp32", mixed_prefill_tokens=()))  # fmt: skip
     assert unpadded.max_prefill_prompts is None
     assert [g[0] for g in got] == [w[0] for w in LLMEngine(unpadded, None).generate(prompts, GREEDY.model_copy(
         update={"max_tokens": 3}))]  # fmt: skip
@@ -286,12 +288,6 @@ def test_logits_overwritten_by_a_later_step_are_refused(smollm: tuple[Any, Any])
     assert first.argmax() == picked and later.rows([0]).shape == (1, engine.dims.vocab)
 
 
-def _mixed_engine(smollm: tuple[Any, Any], slots: int) -> TorchSlotEngine:
-    dec = StaticKVDecoder.from_hf(smollm[0], num_slots=slots, max_len=256)
-    options = SlotEngineOptions(num_slots=slots, max_len=256, dtype="fp32", mixed_prefill_tokens=(64, 128))
-    return TorchSlotEngine(dec, [smollm[1].eos_token_id], 0, options)
-
-
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async-scheduling"])
 async def test_mixed_steps_keep_hf_greedy_tokens(
     smollm: tuple[Any, Any], prompts: list[list[int]], hf_greedy: list[list[int]], async_scheduling: bool
@@ -300,7 +296,7 @@ async def test_mixed_steps_keep_hf_greedy_tokens(
     steps 2 and 3 decode the running sequences and prefill the next prompt together — HF's tokens still, with
     the slots of the finished sequences reused (3 slots, 6 requests); with async scheduling the decode rows take the
     device's own picks, and a prompt's first token is its mixed step's pick."""
-    engine = _mixed_engine(smollm, slots=3)
+    engine = _engine(smollm, slots=3, mixed=(64, 128))
     sched = SchedulerConfig(max_running_seqs=3, max_batched_tokens=512, max_model_len=256, max_prefill_seqs=1)
     llm = LLMEngine(engine, smollm[1].backend_tokenizer, sched)
     if async_scheduling:
@@ -319,7 +315,7 @@ def test_mixed_step_equals_a_decode_then_a_prefill(smollm: tuple[Any, Any], prom
     """One mixed step against the same decode and prefill run separately from the same cache: the same logits
     (fp32) for every decode row and prompt, the same keys and values in the slots; prompts that fit no token bucket
     (or more prompts than ``mixed_prefill_prompts``) are not run mixed (None: the runner takes two steps)."""
-    mixed, plain = _mixed_engine(smollm, slots=4), _engine(smollm, slots=4)
+    mixed, plain = _engine(smollm, slots=4, mixed=(64, 128)), _engine(smollm, slots=4, mixed=())
     assert mixed.max_prefill_prompts == 4 and plain.max_prefill_prompts is None  # the scheduler's cap per step
     for e in (mixed, plain):
         e.prefill([0, 2], prompts[:2])
