@@ -234,8 +234,8 @@ class SlotCausalLMEngine(abc.ABC):
     previous step (decode or prefill), so a step can be launched before the previous one's tokens reach the host."""
     max_prefill_prompts: int | None = None
     """The most prompts one prefill runs at full speed (a static prefill's largest bucket, or the most prompts of a
-    mixed step); more fall back to a slower path. :class:`~miaohui.generation.engine_loop.LLMEngine` caps its scheduler's prefills there unless the scheduler
-    config names its own ``max_prefill_seqs``. None: no such limit."""
+    mixed step); more fall back to a slower path. :class:`~miaohui.generation.engine_loop.LLMEngine` caps its
+    scheduler's prefills there unless the scheduler config names its own ``max_prefill_seqs``. None: no such limit."""
     chaining: bool = False
     """Set (by :meth:`SlotModelRunner.enable_chaining`) when steps are launched before the previous one was read:
     each step's tokens must then be copied to the host right behind it, before a later step overwrites them."""
