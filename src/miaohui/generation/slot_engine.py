@@ -145,6 +145,32 @@ def _replay_or_run(graph: _Graph | None, run: Callable[[], _Outputs]) -> _Output
         return run()
 
 
+def _fill_decode_rows(
+    tok: np.ndarray,
+    pos: np.ndarray,
+    given: np.ndarray,
+    b: int,
+    pad: int,
+    slots: list[int],
+    tokens: list[int | None],
+    positions: np.ndarray,
+) -> None:
+    """Host inputs of a decode step's rows ``0..b-1`` (row = slot): the token (``pad`` where the row holds no
+    sequence), the position, and ``given`` 1 where the host names the token, 0 where the step feeds the slot's previous
+    greedy pick (``None`` in ``tokens``)."""
+    tok[:b] = pad
+    pos[:b] = 0
+    given[:b] = 1
+    if None in tokens:
+        known = [i for i, v in enumerate(tokens) if v is not None]
+        fed = [slots[i] for i, v in enumerate(tokens) if v is None]
+        tok[[slots[i] for i in known]] = [tokens[i] for i in known]
+        given[fed] = 0
+    else:
+        tok[slots] = tokens
+    pos[slots] = positions
+
+
 class _PrefillBuffers:
     """Static prefill inputs in one tensor (one host→device copy): per prompt row, ``length`` token ids, then its
     real length, then its cache row (slot)."""
@@ -458,18 +484,7 @@ class TorchSlotEngine(SlotCausalLMEngine):
         t = bucket_for(int(positions.max()) + 1, self.length_buckets)
         turn, valid = self._next_turn("decode")
         io = self._io_host[turn].numpy()
-        tok, pos, given = io[0], io[1], io[2]
-        tok[:b] = self.pad_token_id
-        pos[:b] = 0
-        given[:b] = 1
-        if None in tokens:
-            known = [i for i, v in enumerate(tokens) if v is not None]
-            fed = [slots[i] for i, v in enumerate(tokens) if v is None]
-            tok[[slots[i] for i in known]] = [tokens[i] for i in known]
-            given[fed] = 0
-        else:
-            tok[slots] = tokens
-        pos[slots] = positions
+        _fill_decode_rows(io[0], io[1], io[2], b, self.pad_token_id, slots, tokens, positions)
         self._io_dev.copy_(self._io_host[turn], non_blocking=True)  # whole (contiguous) buffer: 1.5 KB at 64 slots
         logits, best = _replay_or_run(self._graphs.get((b, t)), lambda: self._decode_step(b, t))
         return TorchLogits(logits, slots, self._decode_tokens.start(best, self.chaining), valid)
@@ -496,13 +511,9 @@ class TorchSlotEngine(SlotCausalLMEngine):
         turn, valid = self._next_turn("mixed")
         tok, pos, rows, given, out_rows, prompt_slots = self._mx_host[turn].numpy()
         scratch, k = self.model.scratch_row, b + self.mixed_prompts
-        tok[: b + p], pos[: b + p], rows[: b + p], given[:b] = self.pad_token_id, 0, scratch, 1
-        for i, v in enumerate(tokens):
-            if v is None:
-                given[slots[i]] = 0
-            else:
-                tok[slots[i]] = v
-        pos[slots], rows[slots] = positions, slots
+        tok[b : b + p], pos[b : b + p], rows[: b + p] = self.pad_token_id, 0, scratch
+        _fill_decode_rows(tok, pos, given, b, self.pad_token_id, slots, tokens, positions)
+        rows[slots] = slots
         out_rows[:k], prompt_slots[: self.mixed_prompts] = 0, scratch
         out_rows[:b] = np.arange(b)
         at = b
