@@ -311,6 +311,17 @@ async def test_mixed_steps_keep_hf_greedy_tokens(
     assert engine._launched["prefill"] <= 2  # only prompts that met no running sequence prefill alone
 
 
+def test_sampled_rows_of_mixed_steps_match_separate_steps(smollm: tuple[Any, Any], prompts: list[list[int]]) -> None:
+    """Seeded sampling (temperature, top-p) where prompts join running sequences: the rows' logits come from the mixed
+    step's buffers (decode rows, then each prompt's last token) and give the tokens separate steps give."""
+    params = SamplingParams(max_tokens=8, temperature=0.8, top_p=0.9, seed=7)
+    sched = SchedulerConfig(max_running_seqs=3, max_batched_tokens=512, max_model_len=256, max_prefill_seqs=1)
+    mixed, plain = _engine(smollm, slots=3, mixed=(64, 128)), _engine(smollm, slots=3, mixed=())
+    got = [g[0] for g in LLMEngine(mixed, None, sched).generate(prompts, params)]
+    want = [g[0] for g in LLMEngine(plain, None, sched).generate(prompts, params)]
+    assert got == want and mixed.mixed_steps == 2 and plain.mixed_steps == 0
+
+
 def test_mixed_step_equals_a_decode_then_a_prefill(smollm: tuple[Any, Any], prompts: list[list[int]]) -> None:
     """One mixed step against the same decode and prefill run separately from the same cache: the same logits
     (fp32) for every decode row and prompt, the same keys and values in the slots; prompts that fit no token bucket
