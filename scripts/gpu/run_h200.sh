@@ -123,6 +123,8 @@
 #   s20f:   the async 1.5B server (defaults + int8_batch1) holding prompts for a joint prefill: at least 4 (≤ 8 ms
 #           wait), 8 (≤ 16 ms), then 4 again — s20d's server spent ~25 % of the GPU's time on prefills of ~1.7 prompts
 #   s20g:   the e5-shaped intent server with the defaults (fast_start false) twice at c=32/40 (s17b: 3 of 4 levels met)
+#   s22a:   (next session) the whole slot-engine GPU test file with mixed steps on by default (s21f ran out of device time)
+#   s22b:   (next session) the async 1.5B server with today's defaults (mixed steps) three times
 #   s21f:   the whole slot-engine GPU test file with mixed steps on by default, then the server with the defaults
 #   s21e:   the mixed step's kernel table at 64+128 / 64+256; the mixed server with the scheduler capped at the mixed step's
 #           prompts (4 prompts, up to 512 tokens ×2; 2 prompts, up to 256 tokens ×1)
@@ -588,6 +590,17 @@ case $stage in
         --prefill-min-prompts $1 --prefill-max-wait-ms $2 2>&1 | grep -E "server:|Error" | head -4
     done
     rm -f "$OUT"/srv20f_*/*.png "$OUT/nvidia-smi.txt"
+    ;;
+  s22a)
+    timeout 330 python3 -X faulthandler -m pytest -q -x tests/gpu/test_slot_engine_gpu.py -p no:cacheprovider -rA \
+      2>&1 | grep -E "PASSED|FAILED|ERROR|passed|failed|Error" | tail -25 | tee "$OUT/gpu_tests_slot_engine_mixed_h200_s22a.txt"
+    ;;
+  s22b)
+    for i in 1 2 3; do
+      gen_server srv22b_defaults_$i "" --stagger-ms 10 --static-prefill --async-scheduling --int8-batch1 2>&1 \
+        | grep -E "server:|Error" | head -4
+    done
+    rm -f "$OUT"/srv22b_*/*.png "$OUT/nvidia-smi.txt"
     ;;
   s21f)
     timeout 250 python3 -X faulthandler -m pytest -q -x tests/gpu/test_slot_engine_gpu.py -p no:cacheprovider -rA \
