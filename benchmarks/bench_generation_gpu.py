@@ -546,7 +546,8 @@ def step_breakdown(before: Snapshot | None, after: Snapshot) -> dict[str, float]
     """Where the generation loop's time went between two scrapes: steps per second, and per step kind the
     count, mean and p99 ms (``decode`` / ``prefill`` model time, ``loop``: the loop's own host time between model
     calls), from ``miaohui_stage_duration_seconds``; sequences per step from ``miaohui_batch_size``; prompts per
-    prefill step (mean, p99, share over 8) from ``miaohui_prefill_sequences``; a prompt's wait for its prefill
+    prefill step (mean, p99, share over 8) from ``miaohui_prefill_sequences``, the share of those steps that ran
+    mixed (``miaohui_mixed_steps_total``); a prompt's wait for its prefill
     step p50 / p99; the server's own TTFT p50 / p99 and the share over 50 ms."""
     if before is None or not before.at:
         return {}
@@ -574,6 +575,9 @@ def step_breakdown(before: Snapshot | None, after: Snapshot) -> dict[str, float]
         out["prompts_per_prefill"], out["prompts_per_prefill_p99"] = prefills["mean"], prefills["p99"]
         # more than the largest static prefill bucket (8) in one step: prefilled eagerly
         out["prefills_over_8_prompts"] = share_above(before, after, "miaohui_prefill_sequences", 8, model="llm")
+        prefill_steps = delta("miaohui_prefill_sequences_count", model="llm")
+        mixed = delta("miaohui_mixed_steps_total", model="llm")
+        out["mixed_share_of_prefill_steps"] = mixed / prefill_steps if prefill_steps else 0.0
     # how long prompts waited for their prefill step (TTFT's queue part)
     if queue := window_histogram(before, after, "miaohui_queue_duration_seconds", 1e3, model="llm"):
         out["queue_ms_p50"], out["queue_ms_p99"] = queue["p50"], queue["p99"]

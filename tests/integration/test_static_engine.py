@@ -275,6 +275,34 @@ def test_served_by_the_real_server_to_the_openai_client(
         assert "smol" in models
 
 
+def test_a_prompt_joining_a_running_stream_runs_mixed(
+    server: str, smollm: tuple[Any, Any], prompts: list[list[int]], hf_greedy: list[list[int]]
+) -> None:
+    """Through the real server: a request sent while another streams joins it in a mixed step (its prompt as extra
+    rows of the running decode step, the default); both answers stay HF's greedy text and ``/metrics`` counts the
+    mixed step."""
+    import httpx
+
+    def mixed_steps() -> float:
+        line = next(
+            x for x in httpx.get(f"{server}/metrics").text.splitlines() if x.startswith("miaohui_mixed_steps_total{")
+        )
+        return float(line.rsplit(" ", 1)[1])
+
+    before = mixed_steps()
+    decode = smollm[1].decode
+    with openai.OpenAI(base_url=f"{server}/v1", api_key="x", max_retries=0, timeout=60) as client:
+        chunks = iter(client.completions.create(
+            model="smol", prompt=prompts[0], max_tokens=NEW_TOKENS, temperature=0, stream=True,
+        ))  # fmt: skip
+        first = next(c for c in chunks if c.choices).choices[0].text  # the first request is decoding now
+        joined = client.completions.create(model="smol", prompt=prompts[1], max_tokens=NEW_TOKENS, temperature=0)
+        rest = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert first + rest == decode(hf_greedy[0], skip_special_tokens=True)
+    assert joined.choices[0].text == decode(hf_greedy[1], skip_special_tokens=True)
+    assert mixed_steps() >= before + 1
+
+
 def test_logits_overwritten_by_a_later_step_are_refused(smollm: tuple[Any, Any]) -> None:
     """A step's logits live in static buffers the next step of its kind overwrites: reading sampled rows after that
     is an error, not silently another step's numbers (greedy picks were copied at launch and stay readable)."""

@@ -508,6 +508,7 @@ class AsyncLLMEngine:
             timing.prefill_s,
             loop_s,
             tuple(item.queued_s for item in out.prefill),
+            timing.mixed,
         )
 
     def _fail_step(self, loop: asyncio.AbstractEventLoop, exc: Exception) -> bool:

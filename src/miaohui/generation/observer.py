@@ -34,6 +34,8 @@ class StepReport:
     step's update and detokenization, waiting for the scheduler lock or the GIL); None after the loop sat idle."""
     queue_s: tuple[float, ...] = ()
     """How long each prompt this step prefilled had waited for it (arrival → scheduled): TTFT's queue part."""
+    mixed: bool = False
+    """The prefill ran as extra rows of the decode step (a mixed step)."""
 
 
 class GenerationObserver:

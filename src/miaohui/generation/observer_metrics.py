@@ -4,7 +4,8 @@ Per model: TTFT, inter-token latency and end-to-end latency histograms, prompt a
 counters, running and waiting sequence gauges; per step: sequences in the batch, budgeted tokens and the
 step's wall time (the batch-size, batch-token and compute histograms the dynamic batcher also feeds), and where
 the step's time went: ``miaohui_stage_duration_seconds{stage="decode"|"prefill"|"loop"}`` (``loop``: the loop's
-own host time between model calls); prompts per prefill in ``miaohui_prefill_sequences``; how long each prompt
+own host time between model calls); prompts per prefill in ``miaohui_prefill_sequences``, of those steps the mixed ones
+in ``miaohui_mixed_steps_total``; how long each prompt
 waited for its prefill step in ``miaohui_queue_duration_seconds`` (the batcher's queue histogram: TTFT's queue part).
 Label children are bound once here, so a hook costs one ``observe``/``inc``/``set``.
 """
@@ -32,6 +33,7 @@ class MetricsObserver(GenerationObserver):
         self._compute = metrics.compute_seconds.labels(model, v)
         self._queue = metrics.queue_seconds.labels(model, v)
         self._prefills = metrics.prefill_seqs.labels(model)
+        self._mixed = metrics.mixed_steps.labels(model)
         stage = metrics.serving_stage_seconds
         self._decode, self._prefill, self._loop = (stage.labels(model, v, s) for s in ("decode", "prefill", "loop"))
 
@@ -62,6 +64,8 @@ class MetricsObserver(GenerationObserver):
         if step.prefill_seqs:
             self._prefill.observe(step.prefill_s)
             self._prefills.observe(step.prefill_seqs)
+            if step.mixed:
+                self._mixed.inc()
         if step.loop_s is not None:
             self._loop.observe(step.loop_s)
         if step.queue_s:

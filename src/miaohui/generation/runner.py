@@ -28,6 +28,8 @@ class StepTiming:
     prefill_s: float
     batch_rows: int
     kv_length: int
+    mixed: bool = False
+    """The step's prefill ran as extra rows of its decode step (a mixed step; then ``prefill_s`` is sampling only)."""
 
 
 class SeededRows:

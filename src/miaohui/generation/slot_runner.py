@@ -109,9 +109,9 @@ class SlotModelRunner(SeededRows):
         if out.prefill:
             logits = both[1] if both else self.engine.prefill(new_slots, prompts)
             prefill = _Rows([p.seq_id for p in out.prefill], [p.params for p in out.prefill], logits)
-        return lambda: self._collect(out.step, t0, decode, prefill)
+        return lambda: self._collect(out.step, t0, decode, prefill, both is not None)
 
-    def _collect(self, step: int, t0: float, decode: _Rows | None, prefill: _Rows | None) -> RunnerOutput:
+    def _collect(self, step: int, t0: float, decode: _Rows | None, prefill: _Rows | None, mixed: bool) -> RunnerOutput:
         """Sample the launched rows (decode first). ``decode_s``: launch until the decode tokens are on the host;
         on a GPU the prefill was queued behind the decode on the same stream, so in a step with both this includes
         the prefill's GPU time and ``prefill_s`` is what is left (sampling its rows)."""
@@ -123,7 +123,7 @@ class SlotModelRunner(SeededRows):
             tokens.update(self._sample(prefill))
         t2 = time.perf_counter()
         longest = int(self.engine.lengths.max()) if self._slot else 0
-        self.last_timing = StepTiming(t1 - t0, t2 - t1, len(self._slot), longest)
+        self.last_timing = StepTiming(t1 - t0, t2 - t1, len(self._slot), longest, mixed)
         return RunnerOutput(step, tokens)
 
     def _sample(self, rows: _Rows) -> zip[tuple[int, int]]:

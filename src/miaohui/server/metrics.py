@@ -324,6 +324,13 @@ class Metrics:
             buckets=BATCH_BUCKETS,
             registry=r,
         )
+        self.mixed_steps = Counter(
+            "miaohui_mixed_steps_total",
+            "Generation steps whose prompts ran as extra rows of the decode step (mixed steps); of the steps with a "
+            "prefill (miaohui_prefill_sequences_count) the rest took a separate prefill",
+            ["model"],
+            registry=r,
+        )
         # dialogue pipelines
         self.stage_seconds = Histogram(
             "miaohui_pipeline_stage_seconds",
