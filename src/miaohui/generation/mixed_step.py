@@ -2,9 +2,9 @@
 
 A separate prefill reads every weight once more for a handful of prompts: on the H200 (1.5B shape, bf16) one
 128-token prompt's prefill graph takes 2.4 ms, about as long as a 64-row decode step (2.1 ms), because both are
-bound by reading the 3 GB of weights (``profile_decode_h200_s21b.json``). Here the prompts' tokens become extra
-rows of the decode step — vLLM's chunked-prefill / Sarathi idea on a static cache: every row is one token with a
-position and a cache row, so
+bound by reading the 3 GB of weights (``profile_decode_b64_prefills_h200_s21b.json``); the two as one mixed step
+take 2.8 ms (``profile_decode_mixed_h200_s21e.json``). Here the prompts' tokens become extra rows of the decode step —
+vLLM's chunked-prefill / Sarathi idea on a static cache: every row is one token with a position and a cache row, so
 
 * the GEMMs, norms and MLP run once over ``decode rows + prompt tokens``;
 * each row writes its key/value at ``(cache_rows[r], positions[r])``, then attends in its cache row up to its
