@@ -339,6 +339,18 @@ async def test_mixed_steps_keep_hf_greedy_tokens(
     assert engine._launched["prefill"] <= 2  # only prompts that met no running sequence prefill alone
 
 
+def test_prompts_past_the_mixed_buckets_take_separate_steps(
+    smollm: tuple[Any, Any], prompts: list[list[int]], hf_greedy: list[list[int]]
+) -> None:
+    """Prompts longer than the largest mixed token bucket (16 here) never run mixed: the runner falls back to a decode
+    step and a separate prefill, with HF's tokens."""
+    assert min(map(len, prompts)) > 16
+    engine = _engine(smollm, slots=3, mixed=(16,))
+    sched = SchedulerConfig(max_running_seqs=3, max_batched_tokens=512, max_model_len=256, max_prefill_seqs=1)
+    got = [g[0] for g in LLMEngine(engine, None, sched).generate(prompts, GREEDY)]
+    assert got == hf_greedy and engine.mixed_steps == 0 and engine._launched["prefill"] == 3
+
+
 def test_sampled_rows_of_mixed_steps_match_separate_steps(smollm: tuple[Any, Any], prompts: list[list[int]]) -> None:
     """Seeded sampling (temperature, top-p) where prompts join running sequences: the rows' logits come from the mixed
     step's buffers (decode rows, then each prompt's last token) and give the tokens separate steps give."""
