@@ -592,8 +592,8 @@ case $stage in
     rm -f "$OUT"/srv20f_*/*.png "$OUT/nvidia-smi.txt"
     ;;
   s22a)
-    timeout 330 python3 -X faulthandler -m pytest -q -x tests/gpu/test_slot_engine_gpu.py -p no:cacheprovider -rA \
-      2>&1 | grep -E "PASSED|FAILED|ERROR|passed|failed|Error" | tail -25 | tee "$OUT/gpu_tests_slot_engine_mixed_h200_s22a.txt"
+    timeout 480 python3 -X faulthandler -m pytest -q -x tests/gpu/test_slot_engine_gpu.py -p no:cacheprovider -rA --durations=12 \
+      2>&1 | grep -E "PASSED|FAILED|ERROR|passed|failed|Error|s call|s setup" | tail -40 | tee "$OUT/gpu_tests_slot_engine_mixed_h200_s22a.txt"
     ;;
   s22b)
     for i in 1 2 3; do
