@@ -392,13 +392,15 @@ def _client_proc(
 
     async def main() -> dict[str, list[float]]:
         res: dict[str, list[float]] = {
-            "ttft": [], "itl": [], "tokens": [], "chunks": [], "errors": [], "done_at": [], "start": []
+            "ttft": [], "itl": [], "tokens": [], "chunks": [], "errors": [], "done_at": [], "start": [], "cpu": []
         }  # fmt: skip
         res["start"].append(measure_from)
+        cpu, wall = time.process_time(), time.perf_counter()
         conn = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=600)) as session:
             delays = first_delays or [0.0] * len(prompts)
             await asyncio.gather(*(one_stream(session, p, res, d) for p, d in zip(prompts, delays, strict=True)))
+        res["cpu"].append((time.process_time() - cpu) / (time.perf_counter() - wall))  # cores this client used
         return res
 
     q.put(asyncio.run(main()))
@@ -481,8 +483,11 @@ def server_load(
         for p in procs:
             p.start()
         before: list[Snapshot | None] = []
+        steady: list[Snapshot | None] = []  # at the end of the clients' window: every stream still in its loop
         grab = threading.Timer(args.client_warmup + 1.0, lambda: before.append(fetch_metrics(base)))
+        grab_steady = threading.Timer(args.client_warmup + args.duration, lambda: steady.append(fetch_metrics(base)))
         grab.start()
+        grab_steady.start()
         host = server_cpu(server.pid, args.client_warmup + 1.5, 0.8 * args.duration)
         results = [q.get(timeout=args.client_warmup + args.duration + 300) for _ in procs]
         for p in procs:
@@ -494,6 +499,7 @@ def server_load(
         if not tokens or wall <= 0:
             raise RuntimeError(f"no tokens came back ({len(merged['errors'])} errors); see {repo / 'serve.log'}")
         grab.join()
+        grab_steady.join()
         metrics = urllib.request.urlopen(f"{base}/metrics", timeout=5).read().decode()
         after = parse_metrics(metrics)
         steps = step_breakdown(before[0] if before else None, after)
@@ -521,9 +527,14 @@ def server_load(
             "server_main_thread_cores": host["main_thread_cores"],
             "server_cpu_us_per_token": 1e6 * host["cores"] / (tokens / wall),
             "server_main_thread_us_per_token": 1e6 * host["main_thread_cores"] / (tokens / wall),
+            # CPU cores each client process used (a client near 1.0 delays its streams' next requests)
+            "client_cpu_cores": [round(c, 3) for c in merged["cpu"]],
             # the engine loop's steps over the measured window (server metrics; empty for --serve-workers, whose
             # engine process does not export them)
             "steps": steps,
+            # the same from the first scrape to the end of the clients' window, before any stream stops: the server's
+            # steady state at the full concurrency (``generated_tokens_per_s``: tokens the engine generated per second)
+            "steady": step_breakdown(before[0] if before else None, steady[0]) if steady and steady[0] else {},
             # the server's garbage-collector pauses over the measured window, per generation (miaohui.gcpolicy)
             "gc_freeze": args.gc_freeze,
             "gc_frozen_objects": int(frozen.group(1)) if frozen else 0,
@@ -551,7 +562,7 @@ def step_breakdown(before: Snapshot | None, after: Snapshot) -> dict[str, float]
     step p50 / p99; the server's own TTFT p50 / p99 and the share over 50 ms."""
     if before is None or not before.at:
         return {}
-    window = time.time() - before.at
+    window = (after.at or time.time()) - before.at
     out: dict[str, float] = {"window_s": window}
 
     def delta(name: str, **match: str) -> float:
@@ -561,6 +572,7 @@ def step_breakdown(before: Snapshot | None, after: Snapshot) -> dict[str, float]
     if steps <= 0:
         return {}
     out["steps_per_s"] = steps / window
+    out["generated_tokens_per_s"] = delta("miaohui_generated_tokens_total", model="llm") / window
     out["seqs_per_step"] = delta("miaohui_batch_size_sum", model="llm") / steps
     out["model_ms_per_step"] = 1e3 * delta("miaohui_compute_duration_seconds_sum", model="llm") / steps
     for stage in ("decode", "prefill", "loop"):
@@ -686,7 +698,13 @@ def bench_model(name: str, args: argparse.Namespace, server: bool) -> dict[str, 
     if server:
         try:
             res["server"] = server_load(hf32, eos, args, vocab, options)
-            log(f"server: {res['server']['tokens_per_s']:.0f} tok/s, TTFT p99 {res['server']['ttft_ms_p99']:.1f} ms")
+            srv = res["server"]
+            steady = srv["steady"]
+            log(
+                f"server: {srv['tokens_per_s']:.0f} tok/s, TTFT p99 {srv['ttft_ms_p99']:.1f} ms; steady window "
+                f"{steady.get('generated_tokens_per_s', 0):.0f} tok/s, {steady.get('steps_per_s', 0):.0f} steps/s x "
+                f"{steady.get('seqs_per_step', 0):.1f} rows; client cores max {max(srv['client_cpu_cores']):.2f}"
+            )
         except Exception as exc:  # report, keep the other results
             res["server"] = {"error": repr(exc)}
             log(f"server phase failed: {exc!r}")

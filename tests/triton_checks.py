@@ -14,12 +14,30 @@ import subprocess
 import sys
 from typing import Any
 
+INTERPRETER_FIX = """
+import triton.runtime.interpreter as _interp
+
+_patch_tensor = _interp._patch_lang_tensor
+
+
+def _with_scalar_index(tensor, scope):
+    _patch_tensor(tensor, scope)
+    scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+
+_interp._patch_lang_tensor = _with_scalar_index
+"""
+"""Triton 3.6's interpreter turns a scalar into a Python int with ``int(array)``, which numpy 2.x refuses for the
+one-element 1-D arrays the interpreter keeps scalars in: a loop whose bounds are runtime values (``range(lo, hi)``,
+as the prompt attention's) fails there, not on the GPU. Prepended to every interpreted script."""
+
 
 def run_interpreted(script: str) -> str:
     """Run ``script`` (Python source) under Triton's interpreter in a child process; its stdout, stripped. Fails the
     calling test with the child's stderr when it exits non-zero."""
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    source = INTERPRETER_FIX + script
+    done = subprocess.run([sys.executable, "-c", source], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout.strip()
 

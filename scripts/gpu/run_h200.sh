@@ -123,7 +123,10 @@
 #   s20f:   the async 1.5B server (defaults + int8_batch1) holding prompts for a joint prefill: at least 4 (≤ 8 ms
 #           wait), 8 (≤ 16 ms), then 4 again — s20d's server spent ~25 % of the GPU's time on prefills of ~1.7 prompts
 #   s20g:   the e5-shaped intent server with the defaults (fast_start false) twice at c=32/40 (s17b: 3 of 4 levels met)
-#   s22a:   (next session) the whole slot-engine GPU test file with mixed steps on by default (s21f ran out of device time)
+#   s23a:   mixed steps with the packed-prompt attention kernel (prompt rows attend to their prompt's own keys, not
+#           the cache): the mixed step's kernel table at 64+128/256/512 (session 20: 2.78 / 3.68 / 4.62 ms), then the
+#           server with the defaults: 4, 8, 4 client processes (do the clients delay their streams?)
+#   s22a:   (session 21) the whole slot-engine GPU test file with mixed steps on by default (s21f ran out of device time)
 #   s22b:   (next session) the async 1.5B server with today's defaults (mixed steps) three times
 #   s21f:   the whole slot-engine GPU test file with mixed steps on by default, then the server with the defaults
 #   s21e:   the mixed step's kernel table at 64+128 / 64+256; the mixed server with the scheduler capped at the mixed step's
@@ -590,6 +593,16 @@ case $stage in
         --prefill-min-prompts $1 --prefill-max-wait-ms $2 2>&1 | grep -E "server:|Error" | head -4
     done
     rm -f "$OUT"/srv20f_*/*.png "$OUT/nvidia-smi.txt"
+    ;;
+  s23a)
+    timeout 240 python3 scripts/gpu/profile_decode.py --batches 64 --mixed 128,256,512 --out "$OUT" 2>&1 \
+      | grep -E "graph step|Error" | tail -6
+    for run in "c4_1 4" "c8 8" "c4_2 4"; do
+      set -- $run
+      gen_server srv23a_$1 "" --stagger-ms 10 --static-prefill --async-scheduling --int8-batch1 --client-procs $2 \
+        2>&1 | grep -E "server:|Error" | head -4
+    done
+    rm -f "$OUT"/srv23a_*/*.png "$OUT/nvidia-smi.txt"
     ;;
   s22a)
     timeout 480 python3 -X faulthandler -m pytest -q -x tests/gpu/test_slot_engine_gpu.py -p no:cacheprovider -rA --durations=12 \

@@ -36,3 +36,9 @@ def test_generation_benchmark_smoke_with_staggered_streams(tmp_path: Path) -> No
     assert steps["decode_ms_p99"] > 0 and steps["server_ttft_ms_p99"] >= steps["server_ttft_ms_p50"] > 0
     assert 0.0 <= steps["server_ttft_share_over_50ms"] <= 1.0
     assert steps["queue_ms_p99"] >= steps["queue_ms_p50"] >= 0
+    # the server's steady state (first scrape → end of the clients' window) and the clients' own CPU use
+    steady = server["steady"]
+    assert steady["window_s"] > 0 and steady["generated_tokens_per_s"] > 0 and steady["steps_per_s"] > 0
+    assert steady["window_s"] < steps["window_s"]
+    assert len(server["client_cpu_cores"]) == server["client_processes"]
+    assert all(0 < c < 2 for c in server["client_cpu_cores"])

@@ -239,11 +239,11 @@ def test_compiled_mixed_step_matches_the_eager_mixed_step() -> None:
         for c in (*model.k_cache, *model.v_cache):
             c.normal_(generator=gen)
         saved = [c.clone() for c in (*model.k_cache, *model.v_cache)]
-        got = mixed_step.mixed_forward(model, tokens, positions, rows, out_rows, 128)
+        got = mixed_step.mixed_forward(model, tokens, positions, rows, out_rows, 128, 4)
         for c, s in zip((*model.k_cache, *model.v_cache), saved, strict=True):
             c.copy_(s)
         compiled, model._mixed_layer = model._mixed_layer, None
-        want = mixed_step.mixed_forward(model, tokens, positions, rows, out_rows, 128)
+        want = mixed_step.mixed_forward(model, tokens, positions, rows, out_rows, 128, 4)
         model._mixed_layer = compiled
     err = float((got - want).norm() / want.norm())
     assert got.shape == (6, hf.config.vocab_size) and err < 1e-4, err

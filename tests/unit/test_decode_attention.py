@@ -93,7 +93,7 @@ def test_the_op_runs_the_matmul_form_on_the_cpu() -> None:
     assert torch.allclose(got[0], vc[0, :, 0].repeat_interleave(3, dim=0), atol=1e-6)
     assert torch.allclose(got, reference(q, kc[:3], vc[:3], positions), atol=1e-6)
     rows = torch.tensor([2, 2, 0])
-    by_row = da.rows_attention_op(q, kc, vc, positions, rows)
+    by_row = da.decode_attention(q, kc, vc, positions, rows)
     assert torch.allclose(by_row, reference(q, kc[rows], vc[rows], positions), atol=1e-6)
     assert not torch.allclose(by_row[:2], got[:2], atol=1e-3)  # rows 0 and 1 read slot 2 here, not slots 0 and 1
 

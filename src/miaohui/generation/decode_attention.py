@@ -170,6 +170,7 @@ def triton_decode_attention(
     values: torch.Tensor,
     positions: torch.Tensor,
     cache_rows: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
     *,
     block: int | None = None,
     target: int = TARGET_PROGRAMS,
@@ -177,7 +178,8 @@ def triton_decode_attention(
 ) -> torch.Tensor:
     """``q`` [b, H, D] (one token per row) over ``keys``/``values`` [b, KVH, T, D] (cache views; row r attends to
     positions 0..positions[r]) → [b, H, D] in q's dtype. With ``cache_rows`` [b] (int64), row r attends in cache row
-    ``cache_rows[r]`` of ``keys``/``values`` [S, KVH, T, D] instead (mixed steps). ``block`` (default
+    ``cache_rows[r]`` of ``keys``/``values`` [S, KVH, T, D] instead (mixed steps). Written into ``out`` when given.
+    ``block`` (default
     :data:`BLOCK_T` at one row, :data:`BLOCK_T_BATCHED` above), ``target`` (see :func:`plan`) and ``warps`` (of the
     first kernel) are what ``scripts/gpu/decode_attention_probe.py --sweep`` varies."""
     if triton is None:
@@ -201,7 +203,7 @@ def triton_decode_attention(
     m = torch.empty((parts, g_pad), dtype=torch.float32, device=q.device)
     s = torch.empty((parts, g_pad), dtype=torch.float32, device=q.device)
     acc = torch.empty((parts, g_pad, d), dtype=torch.float32, device=q.device)
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if out is None else out
     precision = "ieee" if q.dtype == torch.float32 else "tf32"  # fp32 engines stay exact; 16-bit inputs ignore it
     _partial_kernel[(b * kv_heads, splits)](
         q, keys, values, positions, positions if cache_rows is None else cache_rows, m, s, acc, q.stride(0),
@@ -237,36 +239,31 @@ def matmul_decode_attention(
     return torch.matmul(torch.softmax(scores, dim=-1).to(values.dtype), values).reshape(b, heads, d)
 
 
+def decode_attention(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    positions: torch.Tensor,
+    cache_rows: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The Triton kernels on CUDA where they take the shapes, the matmul form elsewhere (into ``out`` when given)."""
+    if q.is_cuda and supported(q, keys):
+        return triton_decode_attention(q, keys, values, positions, cache_rows, out)
+    got = matmul_decode_attention(q, keys, values, positions, cache_rows)
+    return got if out is None else out.copy_(got)
+
+
 @torch.library.custom_op("miaohui::decode_attention", mutates_args=())
 def decode_attention_op(
     q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor
 ) -> torch.Tensor:
-    """The engine's entry: the Triton kernels on CUDA where they take the shapes, the matmul form elsewhere."""
-    if q.is_cuda and supported(q, keys):
-        return triton_decode_attention(q, keys, values, positions)
-    return matmul_decode_attention(q, keys, values, positions)
+    """The engine's entry (:func:`decode_attention`), opaque to ``torch.compile``."""
+    return decode_attention(q, keys, values, positions)
 
 
 @decode_attention_op.register_fake
 def _decode_attention_fake(
     q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor
-) -> torch.Tensor:
-    return torch.empty_like(q)
-
-
-@torch.library.custom_op("miaohui::rows_attention", mutates_args=())
-def rows_attention_op(
-    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor, cache_rows: torch.Tensor
-) -> torch.Tensor:
-    """:func:`decode_attention_op` for rows that each name their cache row (``cache_rows`` [b] into ``keys``/``values``
-    [S, KVH, T, D]): a mixed step's decode rows and prompt tokens, each attending in its slot up to its position."""
-    if q.is_cuda and supported(q, keys):
-        return triton_decode_attention(q, keys, values, positions, cache_rows)
-    return matmul_decode_attention(q, keys, values, positions, cache_rows)
-
-
-@rows_attention_op.register_fake
-def _rows_attention_fake(
-    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor, cache_rows: torch.Tensor
 ) -> torch.Tensor:
     return torch.empty_like(q)

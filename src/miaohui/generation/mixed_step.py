@@ -7,9 +7,10 @@ take 2.8 ms (``profile_decode_mixed_h200_s21e.json``). Here the prompts' tokens 
 vLLM's chunked-prefill / Sarathi idea on a static cache: every row is one token with a position and a cache row, so
 
 * the GEMMs, norms and MLP run once over ``decode rows + prompt tokens``;
-* each row writes its key/value at ``(cache_rows[r], positions[r])``, then attends in its cache row up to its
-  position (:func:`~miaohui.generation.decode_attention.rows_attention_op`): a prompt's tokens attend causally to the
-  prompt, whose keys this layer has just written;
+* each row writes its key/value at ``(cache_rows[r], positions[r])``; a decode row then attends in its cache row up
+  to its position (the decode kernel, :func:`~miaohui.generation.decode_attention.decode_attention`), and a prompt's
+  tokens attend causally to the prompt's keys and values that the layer has just computed
+  (:mod:`~miaohui.generation.prompt_attention`), as one op, :func:`mixed_attention_op`;
 * the LM head runs on the rows named by ``out_rows`` only (each decode row and each prompt's last token).
 
 Padding rows (decode rows of slots that hold no sequence, prompt rows past the prompts' tokens) write into the
@@ -24,9 +25,45 @@ from typing import Any
 import torch
 from torch.nn import functional as F
 
-from miaohui.generation.decode_attention import rows_attention_op
+from miaohui.generation.decode_attention import decode_attention
 from miaohui.generation.int8_weights import Weight, residual_linear
+from miaohui.generation.prompt_attention import prompt_attention
 from miaohui.generation.static_kv import StaticKVDecoder, _Layer, attn_in, mlp_block
+
+
+@torch.library.custom_op("miaohui::mixed_attention", mutates_args=())
+def mixed_attention_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    positions: torch.Tensor,
+    cache_rows: torch.Tensor,
+    decode_rows: int,
+) -> torch.Tensor:
+    """A mixed step's attention, rows ``q`` [R, H, D]: the first ``decode_rows`` attend in their cache rows
+    (``cache_rows`` into ``keys``/``values`` [S, KVH, T, D]) up to their positions; the rest are packed prompts
+    attending to their prompt's rows of ``k``/``v`` [R, KVH, D] (positions from 0 per prompt)."""
+    out = torch.empty_like(q)
+    b = decode_rows
+    decode_attention(q[:b], keys, values, positions[:b], cache_rows[:b], out[:b])
+    prompt_attention(q[b:], k[b:], v[b:], positions[b:], out[b:])
+    return out
+
+
+@mixed_attention_op.register_fake
+def _mixed_attention_fake(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    positions: torch.Tensor,
+    cache_rows: torch.Tensor,
+    decode_rows: int,
+) -> torch.Tensor:
+    return torch.empty_like(q)
 
 
 def mixed_layer(
@@ -47,16 +84,19 @@ def mixed_layer(
     eps: float,
     heads: int,
     kv_len: int,
+    decode_rows: int,
 ) -> torch.Tensor:
     """One layer over rows ``x`` [R, hidden], row r at ``positions[r]`` of cache row ``cache_rows[r]``: RMSNorm → QKV →
     RoPE, the keys/values written (``index_put_`` into the cache passed in, as the fused decode layer does), the
-    attention of each row over its cache row's first ``kv_len`` positions up to its own, then O, residual and MLP.
+    attention (:func:`mixed_attention_op`: the first ``decode_rows`` over their cache row's first ``kv_len``
+    positions up to their own, the prompt rows within their prompt), then O, residual and MLP.
     A pure function of its tensors (the cache writes aside), so one compiled graph serves every layer."""
     rows, kv_heads = x.shape[0], k_cache.shape[1]
     q, k, v = attn_in(x, in_norm, qkv, qkv_bias, cos, sin, eps, heads, kv_heads)
     k_cache[cache_rows, :, positions] = k  # [R, KVH, D] at (cache row, every head, position)
     v_cache[cache_rows, :, positions] = v
-    attn = rows_attention_op(q, k_cache[:, :, :kv_len], v_cache[:, :, :kv_len], positions, cache_rows)
+    keys, values = k_cache[:, :, :kv_len], v_cache[:, :, :kv_len]
+    attn = mixed_attention_op(q, k, v, keys, values, positions, cache_rows, decode_rows)
     return mlp_block(residual_linear(x, attn.reshape(rows, -1), o), post_norm, gate_up, down, eps)
 
 
@@ -72,9 +112,11 @@ def mixed_forward(
     cache_rows: torch.Tensor,
     out_rows: torch.Tensor,
     kv_len: int,
+    decode_rows: int,
 ) -> torch.Tensor:
     """Rows ``tokens``/``positions``/``cache_rows`` [R] (int64) through every layer; fp32 logits [len(out_rows),
-    vocab] of the rows ``out_rows``. ``kv_len``: attended cache positions (above every row's position)."""
+    vocab] of the rows ``out_rows``. The first ``decode_rows`` are decode rows; ``kv_len``: the cache positions they
+    attend (above each one's position). The other rows are packed prompts, each from position 0."""
     d = model.dims
     run = model._mixed_layer or mixed_layer
     x = F.embedding(tokens, model.embed)  # [R, hidden]
@@ -85,6 +127,6 @@ def mixed_forward(
         assert isinstance(layer, _Layer)
         x = run(
             x, model.k_cache[i], model.v_cache[i], cache_rows, positions, layer.in_norm, qkv, layer.qkv_bias, cos,
-            sin, o, layer.post_norm, gate_up, down, d.rms_eps, d.num_heads, kv_len,
+            sin, o, layer.post_norm, gate_up, down, d.rms_eps, d.num_heads, kv_len, decode_rows,
         )  # fmt: skip
     return model._final(x.index_select(0, out_rows), model.norm, head, d.rms_eps)

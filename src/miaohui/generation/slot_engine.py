@@ -364,7 +364,7 @@ class TorchSlotEngine(SlotCausalLMEngine):
         io, k = self._mx_dev, b + self.mixed_prompts
         decode_tokens = torch.where(io[3, :b] != 0, io[0, :b], self._picked[:b])
         tokens = torch.cat((decode_tokens, io[0, b : b + p]))
-        logits = mixed_step.mixed_forward(self.model, tokens, io[1, : b + p], io[2, : b + p], io[4, :k], t)
+        logits = mixed_step.mixed_forward(self.model, tokens, io[1, : b + p], io[2, : b + p], io[4, :k], t, b)
         best = logits.argmax(dim=-1)
         self._picked[:b].copy_(best[:b])
         self._picked.index_copy_(0, io[5, : self.mixed_prompts], best[b:])
