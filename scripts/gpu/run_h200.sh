@@ -123,6 +123,8 @@
 #   s20f:   the async 1.5B server (defaults + int8_batch1) holding prompts for a joint prefill: at least 4 (≤ 8 ms
 #           wait), 8 (≤ 16 ms), then 4 again — s20d's server spent ~25 % of the GPU's time on prefills of ~1.7 prompts
 #   s20g:   the e5-shaped intent server with the defaults (fast_start false) twice at c=32/40 (s17b: 3 of 4 levels met)
+#   s23b:   the packed-prompt kernel reading its keys from the cache (no copies of k/v): the GPU mixed tests, the
+#           attention probe (rows vs split, prompt block sizes), the mixed step's kernel table, the server twice
 #   s23a:   mixed steps with the packed-prompt attention kernel (prompt rows attend to their prompt's own keys, not
 #           the cache): the mixed step's kernel table at 64+128/256/512 (session 20: 2.78 / 3.68 / 4.62 ms), then the
 #           server with the defaults: 4, 8, 4 client processes (do the clients delay their streams?)
@@ -593,6 +595,18 @@ case $stage in
         --prefill-min-prompts $1 --prefill-max-wait-ms $2 2>&1 | grep -E "server:|Error" | head -4
     done
     rm -f "$OUT"/srv20f_*/*.png "$OUT/nvidia-smi.txt"
+    ;;
+  s23b)
+    timeout 200 python3 -X faulthandler -m pytest -q -x tests/gpu/test_slot_engine_gpu.py -k "mixed or test_graphs_match_eager_tokens" \
+      -p no:cacheprovider 2>&1 | tail -4 | tee "$OUT/gpu_tests_mixed_h200_s23b.txt"
+    (cd scripts/gpu && PYTHONPATH=../../src timeout 120 python3 prompt_attention_probe.py --out "$OUT") 2>&1 | tail -4
+    timeout 240 python3 scripts/gpu/profile_decode.py --batches 64 --mixed 128,256,512 --out "$OUT" 2>&1 \
+      | grep -E "graph step|Error" | tail -6
+    for i in 1 2; do
+      gen_server srv23b_$i "" --stagger-ms 10 --static-prefill --async-scheduling --int8-batch1 2>&1 \
+        | grep -E "server:|Error" | head -4
+    done
+    rm -f "$OUT"/srv23b_*/*.png "$OUT/nvidia-smi.txt"
     ;;
   s23a)
     timeout 240 python3 scripts/gpu/profile_decode.py --batches 64 --mixed 128,256,512 --out "$OUT" 2>&1 \

@@ -9,8 +9,8 @@ vLLM's chunked-prefill / Sarathi idea on a static cache: every row is one token 
 * the GEMMs, norms and MLP run once over ``decode rows + prompt tokens``;
 * each row writes its key/value at ``(cache_rows[r], positions[r])``; a decode row then attends in its cache row up
   to its position (the decode kernel, :func:`~miaohui.generation.decode_attention.decode_attention`), and a prompt's
-  tokens attend causally to the prompt's keys and values that the layer has just computed
-  (:mod:`~miaohui.generation.prompt_attention`), as one op, :func:`mixed_attention_op`;
+  tokens attend causally to the prompt's tokens, whose keys the layer has just written
+  (:mod:`~miaohui.generation.prompt_attention`): one op, :func:`mixed_attention_op`;
 * the LM head runs on the rows named by ``out_rows`` only (each decode row and each prompt's last token).
 
 Padding rows (decode rows of slots that hold no sequence, prompt rows past the prompts' tokens) write into the
@@ -34,29 +34,25 @@ from miaohui.generation.static_kv import StaticKVDecoder, _Layer, attn_in, mlp_b
 @torch.library.custom_op("miaohui::mixed_attention", mutates_args=())
 def mixed_attention_op(
     q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
     keys: torch.Tensor,
     values: torch.Tensor,
     positions: torch.Tensor,
     cache_rows: torch.Tensor,
     decode_rows: int,
 ) -> torch.Tensor:
-    """A mixed step's attention, rows ``q`` [R, H, D]: the first ``decode_rows`` attend in their cache rows
-    (``cache_rows`` into ``keys``/``values`` [S, KVH, T, D]) up to their positions; the rest are packed prompts
-    attending to their prompt's rows of ``k``/``v`` [R, KVH, D] (positions from 0 per prompt)."""
+    """A mixed step's attention, rows ``q`` [R, H, D], each row's key and value already at ``(cache_rows[r],
+    positions[r])`` of ``keys``/``values`` [S, KVH, T, D]: the first ``decode_rows`` attend in their cache rows up to
+    their positions; the rest are packed prompts (positions from 0 per prompt) attending within their prompt."""
     out = torch.empty_like(q)
     b = decode_rows
     decode_attention(q[:b], keys, values, positions[:b], cache_rows[:b], out[:b])
-    prompt_attention(q[b:], k[b:], v[b:], positions[b:], out[b:])
+    prompt_attention(q[b:], keys, values, positions[b:], cache_rows[b:], out[b:])
     return out
 
 
 @mixed_attention_op.register_fake
 def _mixed_attention_fake(
     q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
     keys: torch.Tensor,
     values: torch.Tensor,
     positions: torch.Tensor,
@@ -96,7 +92,7 @@ def mixed_layer(
     k_cache[cache_rows, :, positions] = k  # [R, KVH, D] at (cache row, every head, position)
     v_cache[cache_rows, :, positions] = v
     keys, values = k_cache[:, :, :kv_len], v_cache[:, :, :kv_len]
-    attn = mixed_attention_op(q, k, v, keys, values, positions, cache_rows, decode_rows)
+    attn = mixed_attention_op(q, keys, values, positions, cache_rows, decode_rows)
     return mlp_block(residual_linear(x, attn.reshape(rows, -1), o), post_norm, gate_up, down, eps)
 
 
