@@ -123,6 +123,7 @@
 #   s20f:   the async 1.5B server (defaults + int8_batch1) holding prompts for a joint prefill: at least 4 (≤ 8 ms
 #           wait), 8 (≤ 16 ms), then 4 again — s20d's server spent ~25 % of the GPU's time on prefills of ~1.7 prompts
 #   s20g:   the e5-shaped intent server with the defaults (fast_start false) twice at c=32/40 (s17b: 3 of 4 levels met)
+#   s23c:   the async 1.5B server with the defaults (packed-prompt mixed steps), 20 s windows, three times
 #   s23b:   the packed-prompt kernel reading its keys from the cache (no copies of k/v): the GPU mixed tests, the
 #           attention probe (rows vs split, prompt block sizes), the mixed step's kernel table, the server twice
 #   s23a:   mixed steps with the packed-prompt attention kernel (prompt rows attend to their prompt's own keys, not
@@ -595,6 +596,13 @@ case $stage in
         --prefill-min-prompts $1 --prefill-max-wait-ms $2 2>&1 | grep -E "server:|Error" | head -4
     done
     rm -f "$OUT"/srv20f_*/*.png "$OUT/nvidia-smi.txt"
+    ;;
+  s23c)
+    for i in 1 2 3; do
+      gen_server srv23c_$i "" --stagger-ms 10 --static-prefill --async-scheduling --int8-batch1 --duration 20 2>&1 \
+        | grep -E "server:|Error" | head -4
+    done
+    rm -f "$OUT"/srv23c_*/*.png "$OUT/nvidia-smi.txt"
     ;;
   s23b)
     timeout 200 python3 -X faulthandler -m pytest -q -x tests/gpu/test_slot_engine_gpu.py -k "mixed or test_graphs_match_eager_tokens" \
