@@ -70,6 +70,8 @@ from miaohui.generation.static_kv import StaticKVDecoder
 from miaohui.gil import GENERATION_SWITCH_US, switch_interval_us
 
 HBM_BYTES_PER_S = 4.3e12
+CLIENT_SPAWN_S = 3.0
+"""Seconds from spawning the client processes to their common start (``client_late_s`` says if one was later)."""
 DEVICE = "cuda"
 TINY = {  # --smoke: a tiny Qwen2-shaped model on the CPU, to check this script end to end without a GPU
     "hidden_size": 64,
@@ -345,13 +347,17 @@ def _client_proc(
     warmup: float,
     q: Any,
     first_delays: list[float] | None = None,
+    start_at: float | None = None,
 ) -> None:
-    """One client process: ``len(prompts)`` streams in a closed loop for ``warmup + duration`` s (from its own
-    start); only requests that start after the warm-up are recorded. ``first_delays``: seconds each stream waits
-    before its first request (staggered starts; none = all at once)."""
+    """One client process: ``len(prompts)`` streams in a closed loop for ``warmup + duration`` s from ``start_at``
+    (``time.time()``, the same for every client process, so that all measure one window; default: its own start);
+    only requests that start after the warm-up are recorded. ``first_delays``: seconds each stream waits before its
+    first request (staggered starts; none = all at once)."""
     import aiohttp
 
-    measure_from = time.time() + warmup
+    late = max(0.0, time.time() - start_at) if start_at else 0.0  # the process started after the common start
+    start_at = max(start_at or 0.0, time.time())
+    measure_from = start_at + warmup
     until = measure_from + duration
 
     async def one_stream(
@@ -391,10 +397,11 @@ def _client_proc(
                 res["done_at"].append(time.time())
 
     async def main() -> dict[str, list[float]]:
-        res: dict[str, list[float]] = {
-            "ttft": [], "itl": [], "tokens": [], "chunks": [], "errors": [], "done_at": [], "start": [], "cpu": []
-        }  # fmt: skip
+        keys = ("ttft", "itl", "tokens", "chunks", "errors", "done_at", "start", "cpu", "late")
+        res: dict[str, list[float]] = {k: [] for k in keys}
         res["start"].append(measure_from)
+        res["late"].append(late)
+        await asyncio.sleep(start_at - time.time())
         cpu, wall = time.process_time(), time.perf_counter()
         conn = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=600)) as session:
@@ -464,6 +471,7 @@ def server_load(
         ctx = mp.get_context("spawn")
         q = ctx.Queue()
         per = args.streams // args.client_procs
+        start_at = time.time() + CLIENT_SPAWN_S  # every client's window starts here (spawned processes import first)
         procs = [
             ctx.Process(
                 target=_client_proc,
@@ -476,6 +484,7 @@ def server_load(
                     args.client_warmup,
                     q,
                     [(i * per + j) * args.stagger_ms / 1e3 for j in range(per)],
+                    start_at,
                 ),
             )
             for i in range(args.client_procs)
@@ -484,12 +493,13 @@ def server_load(
             p.start()
         before: list[Snapshot | None] = []
         steady: list[Snapshot | None] = []  # at the end of the clients' window: every stream still in its loop
-        grab = threading.Timer(args.client_warmup + 1.0, lambda: before.append(fetch_metrics(base)))
-        grab_steady = threading.Timer(args.client_warmup + args.duration, lambda: steady.append(fetch_metrics(base)))
+        measure_in = start_at + args.client_warmup - time.time()  # seconds until the clients' window
+        grab = threading.Timer(measure_in, lambda: before.append(fetch_metrics(base)))
+        grab_steady = threading.Timer(measure_in + args.duration, lambda: steady.append(fetch_metrics(base)))
         grab.start()
         grab_steady.start()
-        host = server_cpu(server.pid, args.client_warmup + 1.5, 0.8 * args.duration)
-        results = [q.get(timeout=args.client_warmup + args.duration + 300) for _ in procs]
+        host = server_cpu(server.pid, measure_in + 0.5, 0.8 * args.duration)
+        results = [q.get(timeout=measure_in + args.duration + 300) for _ in procs]
         for p in procs:
             p.join()
         t0 = min(r["start"][0] for r in results)
@@ -529,6 +539,8 @@ def server_load(
             "server_main_thread_us_per_token": 1e6 * host["main_thread_cores"] / (tokens / wall),
             # CPU cores each client process used (a client near 1.0 delays its streams' next requests)
             "client_cpu_cores": [round(c, 3) for c in merged["cpu"]],
+            # seconds a client process started after the common start (its streams began that much late)
+            "client_late_s": max(merged["late"]),
             # the engine loop's steps over the measured window (server metrics; empty for --serve-workers, whose
             # engine process does not export them)
             "steps": steps,
