@@ -123,6 +123,8 @@
 #   s20f:   the async 1.5B server (defaults + int8_batch1) holding prompts for a joint prefill: at least 4 (≤ 8 ms
 #           wait), 8 (≤ 16 ms), then 4 again — s20d's server spent ~25 % of the GPU's time on prefills of ~1.7 prompts
 #   s20g:   the e5-shaped intent server with the defaults (fast_start false) twice at c=32/40 (s17b: 3 of 4 levels met)
+#   s24a:   (next session) is the TTFT tail the GIL shared by the event loop and the engine loop thread? The defaults
+#           in one process vs --serve-workers 2 (two HTTP worker processes + one engine process), alternating, twice
 #   s23c:   the async 1.5B server with the defaults (packed-prompt mixed steps), 20 s windows, three times
 #   s23b:   the packed-prompt kernel reading its keys from the cache (no copies of k/v): the GPU mixed tests, the
 #           attention probe (rows vs split, prompt block sizes), the mixed step's kernel table, the server twice
@@ -596,6 +598,14 @@ case $stage in
         --prefill-min-prompts $1 --prefill-max-wait-ms $2 2>&1 | grep -E "server:|Error" | head -4
     done
     rm -f "$OUT"/srv20f_*/*.png "$OUT/nvidia-smi.txt"
+    ;;
+  s24a)
+    for run in "one_1 1" "w2_1 2" "one_2 1" "w2_2 2"; do
+      set -- $run
+      gen_server srv24a_$1 "" --stagger-ms 10 --static-prefill --async-scheduling --int8-batch1 --serve-workers $2 \
+        2>&1 | grep -E "server:|Error" | head -4
+    done
+    rm -f "$OUT"/srv24a_*/*.png "$OUT/nvidia-smi.txt"
     ;;
   s23c)
     for i in 1 2 3; do
