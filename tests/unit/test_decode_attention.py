@@ -38,7 +38,7 @@ for b, h, kvh, d, t, (slots, max_len), dtype in cases:
     assert got.dtype == dtype and got.shape == (b, h, d), (got.dtype, got.shape)
     err = float((got.float() - want).abs().max())
     assert err < (1e-4 if dtype == torch.float32 else 5e-3), (b, h, kvh, d, t, dtype, err)
-# cache_rows: each row attends in a named cache row (mixed steps: prompt tokens in their slot, padding in a scratch row)
+# cache_rows: each row attends in a named cache row (mixed steps: decode rows in their slot, idle rows in a scratch row)
 kc, vc = torch.randn(5, 2, 128, 64), torch.randn(5, 2, 128, 64)
 rows = torch.tensor([3, 0, 3, 3, 4, 1])
 positions = torch.tensor([40, 127, 0, 1, 0, 64])

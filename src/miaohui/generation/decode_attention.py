@@ -72,7 +72,7 @@ if triton is not None:
         """Program (row · KVH + kv head, slice): the GROUP query heads of that KV head against cache positions
         [slice · CHUNK, min((slice + 1) · CHUNK, position + 1)); writes the slice's max score, exp-sum and
         exp-weighted values (an empty slice writes -inf, 0, 0). ``INDIRECT``: the row's cache row is
-        ``rows_ptr[row]`` (mixed steps: prompt tokens attend in their slot's rows), else the row itself."""
+        ``rows_ptr[row]`` (a mixed step's decode rows: idle ones read the scratch row), else the row itself."""
         pid = tl.program_id(0)
         split = tl.program_id(1)
         row = pid // KVH
