@@ -25,6 +25,9 @@ Per model, in one process, bf16 everywhere except the fp32 reference:
    chunk carries every token that queued up while its stream waited for the event loop (session 9 on: under
    load, ``tokens_per_chunk`` > 1; before, one chunk per token and tokens were counted as chunks) — and the server
    process's CPU (all threads, and its main thread — the event loop that runs HTTP and SSE) per streamed token;
+   every client process measures one common window (``CLIENT_SPAWN_S``) and reports its own CPU; from the server's
+   metrics, ``steps`` (the window until the last stream ends) and ``steady`` (until the window's end, while every
+   stream is still in its loop: ``generated_tokens_per_s`` is the server's steady output rate);
 6. ``--cpu-hostpath`` (no GPU): phase 5 with the tiny random model on the CPU, whose steps cost little, so
    the figures are the server's host path: how much CPU one streamed token costs it
    (→ ``generation_cpu_hostpath.json``).

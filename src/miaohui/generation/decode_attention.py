@@ -179,9 +179,8 @@ def triton_decode_attention(
     """``q`` [b, H, D] (one token per row) over ``keys``/``values`` [b, KVH, T, D] (cache views; row r attends to
     positions 0..positions[r]) → [b, H, D] in q's dtype. With ``cache_rows`` [b] (int64), row r attends in cache row
     ``cache_rows[r]`` of ``keys``/``values`` [S, KVH, T, D] instead (mixed steps). Written into ``out`` when given.
-    ``block`` (default
-    :data:`BLOCK_T` at one row, :data:`BLOCK_T_BATCHED` above), ``target`` (see :func:`plan`) and ``warps`` (of the
-    first kernel) are what ``scripts/gpu/decode_attention_probe.py --sweep`` varies."""
+    ``block`` (default :data:`BLOCK_T` at one row, :data:`BLOCK_T_BATCHED` above), ``target`` (see :func:`plan`) and
+    ``warps`` (of the first kernel) are what ``scripts/gpu/decode_attention_probe.py --sweep`` varies."""
     if triton is None:
         raise RuntimeError("triton_decode_attention needs Triton (it comes with CUDA builds of torch)")
     b, heads, d = q.shape
