@@ -544,8 +544,8 @@ def server_load(
             "client_cpu_cores": [round(c, 3) for c in merged["cpu"]],
             # seconds a client process started after the common start (its streams began that much late)
             "client_late_s": max(merged["late"]),
-            # the engine loop's steps over the measured window (server metrics; empty for --serve-workers, whose
-            # engine process does not export them)
+            # the engine loop's steps over the measured window (server metrics; with --serve-workers the engine
+            # process's, shown on every worker's /metrics)
             "steps": steps,
             # the same from the first scrape to the end of the clients' window, before any stream stops: the server's
             # steady state at the full concurrency (``generated_tokens_per_s``: tokens the engine generated per second)
