@@ -25,7 +25,8 @@ Per model, in one process, bf16 everywhere except the fp32 reference:
    chunk carries every token that queued up while its stream waited for the event loop (session 9 on: under
    load, ``tokens_per_chunk`` > 1; before, one chunk per token and tokens were counted as chunks) — and the server
    process's CPU (all threads, and its main thread — the event loop that runs HTTP and SSE) per streamed token;
-   every client process measures one common window (``CLIENT_SPAWN_S``) and reports its own CPU; from the server's
+   the client processes start together once all have imported (``CLIENT_START_S``) and measure one common window;
+   each counts the tokens that arrived in it (``window_tokens_per_s``) and reports its own CPU; from the server's
    metrics, ``steps`` (the window until the last stream ends) and ``steady`` (until the window's end, while every
    stream is still in its loop: ``generated_tokens_per_s`` is the server's steady output rate);
 6. ``--cpu-hostpath`` (no GPU): phase 5 with the tiny random model on the CPU, whose steps cost little, so
@@ -73,8 +74,10 @@ from miaohui.generation.static_kv import StaticKVDecoder
 from miaohui.gil import GENERATION_SWITCH_US, switch_interval_us
 
 HBM_BYTES_PER_S = 4.3e12
-CLIENT_SPAWN_S = 3.0
-"""Seconds from spawning the client processes to their common start (``client_late_s`` says if one was later)."""
+CLIENT_START_S = 0.5
+"""Seconds from the last client process's report that it has imported to the clients' common start. (Session 21 gave
+the processes a fixed 3 s from their spawn instead; on the H200 host one of them then started 2.5 s late in every
+run of ``s24a``, ``client_late_s``: spawned processes import this module, torch included, first.)"""
 DEVICE = "cuda"
 TINY = {  # --smoke: a tiny Qwen2-shaped model on the CPU, to check this script end to end without a GPU
     "hidden_size": 64,
@@ -350,16 +353,23 @@ def _client_proc(
     warmup: float,
     q: Any,
     first_delays: list[float] | None = None,
-    start_at: float | None = None,
+    barrier: tuple[Any, Any] | None = None,
 ) -> None:
-    """One client process: ``len(prompts)`` streams in a closed loop for ``warmup + duration`` s from ``start_at``
-    (``time.time()``, the same for every client process, so that all measure one window; default: its own start);
-    only requests that start after the warm-up are recorded. ``first_delays``: seconds each stream waits before its
-    first request (staggered starts; none = all at once)."""
+    """One client process: ``len(prompts)`` streams in a closed loop for ``warmup + duration`` s from a common start
+    (``time.time()``: with ``barrier`` = (ready queue, start queue) the process reports that it has imported and takes
+    the start from the parent, which sends it once every client is ready, so all measure one window; default: its own
+    start). Only requests that start after the warm-up are recorded; ``window_tokens``: the tokens that arrived within
+    the window, whichever request they belong to (a chunk of several tokens counts as the request's mean tokens per
+    chunk). ``first_delays``: seconds each stream waits before its first request (staggered starts; none = all at
+    once)."""
     import aiohttp
 
-    late = max(0.0, time.time() - start_at) if start_at else 0.0  # the process started after the common start
-    start_at = max(start_at or 0.0, time.time())
+    start_at = 0.0
+    if barrier is not None:
+        barrier[0].put(os.getpid())
+        start_at = barrier[1].get()
+    late = max(0.0, time.time() - start_at) if start_at else 0.0  # the process got the start after it had passed
+    start_at = max(start_at, time.time())
     measure_from = start_at + warmup
     until = measure_from + duration
 
@@ -372,9 +382,10 @@ def _client_proc(
         while time.time() < until:
             record = time.time() >= measure_from
             start = time.perf_counter()
-            last, n, chunks = None, 0, 0
+            last, n = None, 0
             ttft: list[float] = []
             itl: list[float] = []
+            arrived: list[float] = []  # time.time() of each chunk
             async with session.post(url, json=body) as resp:
                 if resp.status != 200:
                     res["errors"].append(float(resp.status))
@@ -391,7 +402,11 @@ def _client_proc(
                         ttft.append(now - start)
                     else:
                         itl.append(now - last)
-                    last, chunks = now, chunks + 1
+                    last = now
+                    arrived.append(time.time())
+            chunks = len(arrived)
+            if chunks:
+                res["window_tokens"].append(n / chunks * sum(measure_from <= t < until for t in arrived))
             if record:
                 res["ttft"] += ttft
                 res["itl"] += itl
@@ -400,11 +415,11 @@ def _client_proc(
                 res["done_at"].append(time.time())
 
     async def main() -> dict[str, list[float]]:
-        keys = ("ttft", "itl", "tokens", "chunks", "errors", "done_at", "start", "cpu", "late")
+        keys = ("ttft", "itl", "tokens", "chunks", "errors", "done_at", "start", "cpu", "late", "window_tokens")
         res: dict[str, list[float]] = {k: [] for k in keys}
         res["start"].append(measure_from)
         res["late"].append(late)
-        await asyncio.sleep(start_at - time.time())
+        await asyncio.sleep(max(0.0, start_at - time.time()))
         cpu, wall = time.process_time(), time.perf_counter()
         conn = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=600)) as session:
@@ -472,9 +487,8 @@ def server_load(
         frozen = re.search(r"froze (\d+) objects", (repo / "serve.log").read_text())  # miaohui.gcpolicy's log line
         log(f"server ready after {ready_s:.0f}s; load: {args.streams} streams, {args.client_procs} client processes")
         ctx = mp.get_context("spawn")
-        q = ctx.Queue()
+        q, ready, go = ctx.Queue(), ctx.Queue(), ctx.Queue()
         per = args.streams // args.client_procs
-        start_at = time.time() + CLIENT_SPAWN_S  # every client's window starts here (spawned processes import first)
         procs = [
             ctx.Process(
                 target=_client_proc,
@@ -487,13 +501,18 @@ def server_load(
                     args.client_warmup,
                     q,
                     [(i * per + j) * args.stagger_ms / 1e3 for j in range(per)],
-                    start_at,
+                    (ready, go),
                 ),
             )
             for i in range(args.client_procs)
         ]
         for p in procs:
             p.start()
+        for _ in procs:  # spawned processes import this module (torch included) before they can start
+            ready.get(timeout=300)
+        start_at = time.time() + CLIENT_START_S  # every client's window starts here
+        for _ in procs:
+            go.put(start_at)
         before: list[Snapshot | None] = []
         steady: list[Snapshot | None] = []  # at the end of the clients' window: every stream still in its loop
         measure_in = start_at + args.client_warmup - time.time()  # seconds until the clients' window
@@ -532,6 +551,9 @@ def server_load(
             "tokens_per_chunk": tokens / max(1.0, sum(merged["chunks"])),  # > 1: tokens coalesced under load
             "wall_s": wall,
             "tokens_per_s": tokens / wall,
+            # tokens that arrived within the common window [warm-up end, + duration) / duration: the steady rate as
+            # the clients saw it (tokens_per_s above also waits for the last stream's last request to end)
+            "window_tokens_per_s": sum(merged["window_tokens"]) / args.duration,
             "ttft_ms_median": statistics.median(merged["ttft"]) * 1e3,
             "ttft_ms_p99": pct(merged["ttft"], 99) * 1e3,
             "itl_ms_median": statistics.median(merged["itl"]) * 1e3,
@@ -952,6 +974,7 @@ def main() -> None:
         if "server" in m and "tokens_per_s" in m["server"]:
             rows += [
                 ("server tok/s", m["server"]["tokens_per_s"]),
+                ("server window tok/s", m["server"]["window_tokens_per_s"]),
                 ("server TTFT p99 (ms)", m["server"]["ttft_ms_p99"]),
             ]
         for what, v in rows:
