@@ -56,7 +56,19 @@ def _profile(graph: torch.cuda.CUDAGraph, label: str, table_path: Path) -> dict[
     print(f"{label}: graph step {step:.3f} ms; {n_kernels:.0f} kernels/step, kernel time {gpu_us:.0f} us")
     print(table)
     table_path.write_text(table)
+    _write_order(prof, round(n_kernels), table_path.with_suffix(".order.txt"))
     return {"graph_step_ms": step, "kernels_per_step": n_kernels, "kernel_us_per_step": gpu_us}
+
+
+def _write_order(prof: torch.profiler.profile, n: int, path: Path) -> None:
+    """The first replay's kernels in the order they ran (start offset, µs, name): what precedes what, e.g. which
+    operation a graph's memcpy nodes (``memcpy32_post``) belong to."""
+    kernels = sorted(
+        (e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA), key=lambda e: e.time_range.start
+    )[:n]
+    t0 = kernels[0].time_range.start if kernels else 0
+    lines = [f"{e.time_range.start - t0:9.1f} {e.device_time_total:7.2f}  {e.name[:120]}" for e in kernels]
+    path.write_text("start_us  dur_us  kernel\n" + "\n".join(lines) + "\n")
 
 
 def main() -> None:
