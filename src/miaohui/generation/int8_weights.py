@@ -87,11 +87,24 @@ def norm_linear(x: torch.Tensor, norm: torch.Tensor, w: Weight, bias: torch.Tens
     return linear(rms_norm(x, norm, eps), w, bias)
 
 
-def residual_linear(x: torch.Tensor, h: torch.Tensor, w: Weight) -> torch.Tensor:
-    """``x + linear(h, w)``; a :class:`FusedGemvWeight` adds ``x`` in the kernel's epilogue."""
+def residual_linear(x: torch.Tensor, h: torch.Tensor, w: Weight, *, addmm: bool = True) -> torch.Tensor:
+    """``x + linear(h, w)``; a :class:`FusedGemvWeight` adds ``x`` in the kernel's epilogue.
+
+    ``addmm=False``: the product is rounded to x's dtype, then added in fp32 (HF's arithmetic), so Inductor cannot
+    make the sum cuBLAS's addmm with ``x`` as C. PyTorch's addmm first copies a full C into its output: one memcpy
+    node per call in a CUDA graph (1.2 µs at 64 rows on the H200, ``profile_decode_b64_h200_s25a.order.txt``).
+    Unfused, the add goes into the kernel of the RMSNorm that follows (the attention's output projection)."""
     if isinstance(w, FusedGemvWeight):
         return w8_gemv_fused_op(h, w.q, w.scale, None, x, 0.0)
+    if not addmm:
+        return add_residual(x, linear(h, w))
     return x + linear(h, w)
+
+
+def add_residual(x: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+    """``x + delta`` in fp32, rounded to x's dtype once (what a bf16 add does). A layer that begins with it and then
+    an RMSNorm gets both in one kernel: how the fused layers take the previous layer's MLP output (``carry``)."""
+    return (x.float() + delta.float()).to(x.dtype)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

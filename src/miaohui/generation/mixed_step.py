@@ -26,9 +26,9 @@ import torch
 from torch.nn import functional as F
 
 from miaohui.generation.decode_attention import decode_attention
-from miaohui.generation.int8_weights import Weight, residual_linear
+from miaohui.generation.int8_weights import Weight, add_residual, residual_linear
 from miaohui.generation.prompt_attention import prompt_attention
-from miaohui.generation.static_kv import StaticKVDecoder, _Layer, attn_in, mlp_block
+from miaohui.generation.static_kv import Carry, StaticKVDecoder, _Layer, attn_in, mlp_block
 
 
 @torch.library.custom_op("miaohui::mixed_attention", mutates_args=())
@@ -64,6 +64,7 @@ def _mixed_attention_fake(
 
 def mixed_layer(
     x: torch.Tensor,
+    delta: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     cache_rows: torch.Tensor,
@@ -81,19 +82,22 @@ def mixed_layer(
     heads: int,
     kv_len: int,
     decode_rows: int,
-) -> torch.Tensor:
-    """One layer over rows ``x`` [R, hidden], row r at ``positions[r]`` of cache row ``cache_rows[r]``: RMSNorm → QKV →
+) -> Carry:
+    """One layer over rows ``x + delta`` [R, hidden] (the residual stream and the previous layer's MLP output, as the
+    fused decode layer takes them), row r at ``positions[r]`` of cache row ``cache_rows[r]``: RMSNorm → QKV →
     RoPE, the keys/values written (``index_put_`` into the cache passed in, as the fused decode layer does), the
     attention (:func:`mixed_attention_op`: the first ``decode_rows`` over their cache row's first ``kv_len``
-    positions up to their own, the prompt rows within their prompt), then O, residual and MLP.
-    A pure function of its tensors (the cache writes aside), so one compiled graph serves every layer."""
+    positions up to their own, the prompt rows within their prompt), then O, residual and MLP, whose output it
+    returns unadded (``mlp_block``'s ``carry``). A pure function of its tensors (the cache writes aside), so one
+    compiled graph serves every layer."""
     rows, kv_heads = x.shape[0], k_cache.shape[1]
+    x = add_residual(x, delta)
     q, k, v = attn_in(x, in_norm, qkv, qkv_bias, cos, sin, eps, heads, kv_heads)
     k_cache[cache_rows, :, positions] = k  # [R, KVH, D] at (cache row, every head, position)
     v_cache[cache_rows, :, positions] = v
     keys, values = k_cache[:, :, :kv_len], v_cache[:, :, :kv_len]
     attn = mixed_attention_op(q, keys, values, positions, cache_rows, decode_rows)
-    return mlp_block(residual_linear(x, attn.reshape(rows, -1), o), post_norm, gate_up, down, eps)
+    return mlp_block(residual_linear(x, attn.reshape(rows, -1), o, addmm=False), post_norm, gate_up, down, eps, True)
 
 
 def use_compiled(model: StaticKVDecoder, compile_fn: Any) -> None:
@@ -119,10 +123,11 @@ def mixed_forward(
     cos = model.cos_table[positions][:, None, :]  # [R, 1, D]
     sin = model.sin_table[positions][:, None, :]
     weights, head = model._decode_weights(tokens.shape[0])
+    delta = torch.zeros_like(x)  # the last layer's MLP output, added by the next one
     for i, (layer, (qkv, o, gate_up, down)) in enumerate(zip(model.layers, weights, strict=True)):
         assert isinstance(layer, _Layer)
-        x = run(
-            x, model.k_cache[i], model.v_cache[i], cache_rows, positions, layer.in_norm, qkv, layer.qkv_bias, cos,
-            sin, o, layer.post_norm, gate_up, down, d.rms_eps, d.num_heads, kv_len, decode_rows,
+        x, delta = run(
+            x, delta, model.k_cache[i], model.v_cache[i], cache_rows, positions, layer.in_norm, qkv, layer.qkv_bias,
+            cos, sin, o, layer.post_norm, gate_up, down, d.rms_eps, d.num_heads, kv_len, decode_rows,
         )  # fmt: skip
-    return model._final(x.index_select(0, out_rows), model.norm, head, d.rms_eps)
+    return model._final(add_residual(x, delta).index_select(0, out_rows), model.norm, head, d.rms_eps)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import torch
 from torch import nn
@@ -36,9 +36,11 @@ from miaohui.errors import ArtifactError
 from miaohui.generation.decode_attention import decode_attention_op
 from miaohui.generation.dims import DecoderDims
 from miaohui.generation.int8_weights import (
+    FusedGemvWeight,
     GluGemvWeight,
     RopeGemvWeight,
     Weight,
+    add_residual,
     int8_head,
     int8_layer,
     linear,
@@ -47,6 +49,7 @@ from miaohui.generation.int8_weights import (
     rms_norm,
 )
 from miaohui.generation.w8_layer import w8_gemv_glu_op, w8_gemv_rope_op
+from miaohui.generation.w8a16 import w8_gemv_fused_op
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -95,6 +98,10 @@ def attn_in(
     return q, k, v
 
 
+Carry = tuple[torch.Tensor, torch.Tensor]
+"""A layer's output as (residual stream, MLP output not yet added): the fused layers' ``carry`` form."""
+
+
 def attn_out_mlp(
     x: torch.Tensor,
     q: torch.Tensor,
@@ -106,7 +113,8 @@ def attn_out_mlp(
     gate_up: Weight,
     down: Weight,
     eps: float,
-) -> torch.Tensor:
+    carry: bool = False,
+) -> torch.Tensor | Carry:
     """Decode, second half of a layer: grouped-query attention of q [b, H, D] over the cache view
     ``keys``/``values`` [b, KVH, T, D] (``bias`` [b, 1, 1, T] masks slots past each row's position),
     output projection, residual, RMSNorm, SwiGLU MLP, residual."""
@@ -116,7 +124,7 @@ def attn_out_mlp(
     scores = torch.matmul(q4, keys.transpose(-1, -2)).float() * (d**-0.5) + bias  # [b, KVH, G, T]
     probs = torch.softmax(scores, dim=-1).to(values.dtype)
     attn = torch.matmul(probs, values).reshape(b, heads * d)
-    return mlp_block(residual_linear(x, attn, o), post_norm, gate_up, down, eps)
+    return mlp_block(residual_linear(x, attn, o, addmm=False), post_norm, gate_up, down, eps, carry)
 
 
 def attn_out_mlp_sdpa(
@@ -130,14 +138,15 @@ def attn_out_mlp_sdpa(
     gate_up: Weight,
     down: Weight,
     eps: float,
-) -> torch.Tensor:
+    carry: bool = False,
+) -> torch.Tensor | Carry:
     """:func:`attn_out_mlp` with the attention as one ``scaled_dot_product_attention`` call (a fused kernel where
     the backend has one for a float mask) instead of two batched matmuls and a softmax."""
     b, heads, d = q.shape
     attn = F.scaled_dot_product_attention(
         q[:, :, None, :], keys, values, attn_mask=bias.to(q.dtype), enable_gqa=True
     ).reshape(b, heads * d)
-    return mlp_block(residual_linear(x, attn, o), post_norm, gate_up, down, eps)
+    return mlp_block(residual_linear(x, attn, o, addmm=False), post_norm, gate_up, down, eps, carry)
 
 
 def attn_out_mlp_flex(
@@ -151,7 +160,8 @@ def attn_out_mlp_flex(
     gate_up: Weight,
     down: Weight,
     eps: float,
-) -> torch.Tensor:
+    carry: bool = False,
+) -> torch.Tensor | Carry:
     """:func:`attn_out_mlp` with the attention as FlexAttention (compiled: one Triton kernel, Inductor's
     flash-decoding template for a one-token query), masked by ``kv <= positions[row]`` in a score modifier.
     ``q`` is [b, H, 1, D] here: made 4-d before the call (as a view inside the compiled graph, Inductor's CPU
@@ -165,15 +175,42 @@ def attn_out_mlp_flex(
 
     attn = flex_attention(q, keys, values, score_mod=causal, enable_gqa=True)
     assert isinstance(attn, torch.Tensor)
-    return mlp_block(x + linear(attn.reshape(b, heads * d), o), post_norm, gate_up, down, eps)
+    return mlp_block(
+        residual_linear(x, attn.reshape(b, heads * d), o, addmm=False), post_norm, gate_up, down, eps, carry
+    )
 
 
-def mlp_block(x: torch.Tensor, post_norm: torch.Tensor, gate_up: Weight, down: Weight, eps: float) -> torch.Tensor:
-    """Residual SwiGLU MLP: ``x + down(silu(gate) * up)`` of the RMS-normed ``x``."""
+@overload
+def mlp_block(
+    x: torch.Tensor, post_norm: torch.Tensor, gate_up: Weight, down: Weight, eps: float, carry: Literal[False] = ...
+) -> torch.Tensor: ...
+@overload
+def mlp_block(
+    x: torch.Tensor, post_norm: torch.Tensor, gate_up: Weight, down: Weight, eps: float, carry: Literal[True]
+) -> Carry: ...
+@overload
+def mlp_block(
+    x: torch.Tensor, post_norm: torch.Tensor, gate_up: Weight, down: Weight, eps: float, carry: bool
+) -> torch.Tensor | Carry: ...
+def mlp_block(
+    x: torch.Tensor, post_norm: torch.Tensor, gate_up: Weight, down: Weight, eps: float, carry: bool = False
+) -> torch.Tensor | Carry:
+    """Residual SwiGLU MLP: ``x + down(silu(gate) * up)`` of the RMS-normed ``x``.
+
+    ``carry``: ``(x, down(...))`` instead, for the next layer to add (:func:`add_residual`) in its first kernel.
+    Added here, the sum is cuBLAS's addmm with ``x`` as C, which PyTorch begins with a copy of ``x`` into its output:
+    one memcpy node per layer in a CUDA graph (1.4–1.8 µs with its gap at 64 rows on the H200,
+    ``profile_decode_b64_h200_s25b.order.txt``)."""
     if isinstance(gate_up, GluGemvWeight):
-        return residual_linear(x, w8_gemv_glu_op(x, gate_up.q, gate_up.scale, eps), down)
-    gate, up = norm_linear(x, post_norm, gate_up, None, eps).chunk(2, dim=-1)
-    return residual_linear(x, F.silu(gate) * up, down)
+        h = w8_gemv_glu_op(x, gate_up.q, gate_up.scale, eps)
+    else:
+        gate, up = norm_linear(x, post_norm, gate_up, None, eps).chunk(2, dim=-1)
+        h = F.silu(gate) * up
+    if not carry:
+        return residual_linear(x, h, down)
+    if isinstance(down, FusedGemvWeight):  # its one-row kernel without the residual it would add in its epilogue
+        return x, w8_gemv_fused_op(h, down.q, down.scale, None, None, 0.0)
+    return x, linear(h, down)
 
 
 def attn_proj_mlp(
@@ -188,7 +225,8 @@ def attn_proj_mlp(
     """Prefill, second half of a layer after attention: output projection of ``attn`` [n, H, S, D] (SDPA's
     layout), residual, RMSNorm, SwiGLU MLP, residual; ``x`` [n, S, hidden]."""
     n, heads, s, d = attn.shape
-    return mlp_block(x + linear(attn.transpose(1, 2).reshape(n, s, heads * d), o), post_norm, gate_up, down, eps)
+    h = attn.transpose(1, 2).reshape(n, s, heads * d)
+    return mlp_block(residual_linear(x, h, o, addmm=False), post_norm, gate_up, down, eps)
 
 
 def attn_out_mlp_triton(
@@ -202,13 +240,14 @@ def attn_out_mlp_triton(
     gate_up: Weight,
     down: Weight,
     eps: float,
-) -> torch.Tensor:
+    carry: bool = False,
+) -> torch.Tensor | Carry:
     """:func:`attn_out_mlp` with the attention as miaohui's split-KV decode kernels
     (:mod:`miaohui.generation.decode_attention`, a custom op: two Triton kernels that read each row's cache only up
     to its position), masked by ``positions`` [b] rather than an additive mask."""
     b, heads, d = q.shape
     attn = decode_attention_op(q, keys, values, positions).reshape(b, heads * d)
-    return mlp_block(residual_linear(x, attn, o), post_norm, gate_up, down, eps)
+    return mlp_block(residual_linear(x, attn, o, addmm=False), post_norm, gate_up, down, eps, carry)
 
 
 DECODE_ATTENTION: dict[str, Any] = {
@@ -237,6 +276,7 @@ def make_decode_layer(attend: Any) -> Any:
 
     def decode_layer(
         x: torch.Tensor,
+        delta: torch.Tensor,
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         rows: torch.Tensor,
@@ -254,13 +294,14 @@ def make_decode_layer(attend: Any) -> Any:
         eps: float,
         heads: int,
         kv_len: int,
-    ) -> torch.Tensor:
+    ) -> Carry:
         b, kv_heads = x.shape[0], k_cache.shape[1]
+        x = add_residual(x, delta)  # the previous layer's MLP output (its carry), in the RMSNorm's kernel
         q, k, v = attn_in(x, in_norm, qkv, qkv_bias, cos, sin, eps, heads, kv_heads)
         k_cache[rows, :, positions] = k  # [b, KVH, D] at (row, every head, position)
         v_cache[rows, :, positions] = v
         keys, values = k_cache[:b, :, :kv_len], v_cache[:b, :, :kv_len]
-        return attend(x, q, keys, values, mask, o, post_norm, gate_up, down, eps)
+        return attend(x, q, keys, values, mask, o, post_norm, gate_up, down, eps, carry=True)
 
     return decode_layer
 
@@ -525,16 +566,18 @@ class StaticKVDecoder(nn.Module):
             if flex:  # SlotEngineOptions refuses it; sdpa runs here (CPU tests) but failed compiled on the H200
                 raise ValueError("decode_layer 'fused' takes the matmul decode attention, not flex")
             run = self._decode_layer or make_decode_layer(attend)
+            delta = None  # the last fused layer's MLP output, added by the next one (one-row int8 steps: none)
             for i, (layer, (qkv, o, gate_up, down)) in enumerate(zip(self.layers, weights, strict=True)):
                 assert isinstance(layer, _Layer)
                 if isinstance(qkv, RopeGemvWeight):
                     x = self._rope_gemv_layer(i, x, positions, mask, qkv, o, gate_up, down, attend, kv_len)
                     continue
-                x = run(
-                    x, self.k_cache[i], self.v_cache[i], rows, positions, mask, layer.in_norm, qkv,
-                    layer.qkv_bias, cos, sin, o, layer.post_norm, gate_up, down, d.rms_eps, d.num_heads, kv_len,
+                x, delta = run(
+                    x, torch.zeros_like(x) if delta is None else delta, self.k_cache[i], self.v_cache[i], rows,
+                    positions, mask, layer.in_norm, qkv, layer.qkv_bias, cos, sin, o, layer.post_norm, gate_up, down,
+                    d.rms_eps, d.num_heads, kv_len,
                 )  # fmt: skip
-            return self._final(x, self.norm, head, d.rms_eps)
+            return self._final(x if delta is None else add_residual(x, delta), self.norm, head, d.rms_eps)
         # where each row's new key/value goes in a cache seen as [slots * KVH * max_len, D]: one
         # index_copy_ kernel per tensor and layer (row r = slot r, at position positions[r])
         heads = torch.arange(d.num_kv_heads, device=tokens.device)
