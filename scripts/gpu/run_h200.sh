@@ -123,7 +123,13 @@
 #   s20f:   the async 1.5B server (defaults + int8_batch1) holding prompts for a joint prefill: at least 4 (≤ 8 ms
 #           wait), 8 (≤ 16 ms), then 4 again — s20d's server spent ~25 % of the GPU's time on prefills of ~1.7 prompts
 #   s20g:   the e5-shaped intent server with the defaults (fast_start false) twice at c=32/40 (s17b: 3 of 4 levels met)
-#   s24a:   (next session) is the TTFT tail the GIL shared by the event loop and the engine loop thread? The defaults
+#   s25c:   the MLP's output carried to the next layer's RMSNorm kernel (no addmm for the down projection either): the
+#           GPU tests of the fused, mixed and graph paths, the 64-row step's kernels in order, one s25a server
+#   s25b:   the attention's output projection added by the next RMSNorm kernel (no addmm, so no memcpy node): the
+#           64-row step's kernels in order with Inductor's output code, then s25a's two servers
+#   s25a:   (session 22) the 64-row decode step's kernels in order (where its memcpy nodes come from), then the
+#           server with --serve-workers 2 (the engine in its own process) twice, 20 s windows, clients started together
+#   s24a:   (session 22) is the TTFT tail the GIL shared by the event loop and the engine loop thread? The defaults
 #           in one process vs --serve-workers 2 (two HTTP worker processes + one engine process), alternating, twice
 #   s23c:   the async 1.5B server with the defaults (packed-prompt mixed steps), 20 s windows, three times
 #   s23b:   the packed-prompt kernel reading its keys from the cache (no copies of k/v): the GPU mixed tests, the
@@ -598,6 +604,33 @@ case $stage in
         --prefill-min-prompts $1 --prefill-max-wait-ms $2 2>&1 | grep -E "server:|Error" | head -4
     done
     rm -f "$OUT"/srv20f_*/*.png "$OUT/nvidia-smi.txt"
+    ;;
+  s25c)
+    timeout 200 python3 -X faulthandler -m pytest -q -x tests/gpu/test_slot_engine_gpu.py -p no:cacheprovider \
+      -k "mixed or test_graphs_match_eager_tokens or fused_decode_layer or gemv_fused" 2>&1 | tail -3 \
+      | tee "$OUT/gpu_tests_carry_h200_s25c.txt"
+    timeout 150 python3 scripts/gpu/profile_decode.py --batches 64 --out "$OUT" 2>&1 | grep -E "graph step|Error" | tail -3
+    gen_server srv25c_w2 "" --stagger-ms 10 --static-prefill --async-scheduling --int8-batch1 --serve-workers 2 \
+      --duration 20 2>&1 | grep -E "server|Error" | head -6
+    rm -f "$OUT"/srv25c_*/*.png "$OUT/nvidia-smi.txt"
+    ;;
+  s25b)
+    TORCH_LOGS=output_code timeout 240 python3 scripts/gpu/profile_decode.py --batches 64 --out "$OUT" 2>/tmp/oc.log \
+      | grep -E "graph step|Error" | tail -3
+    gzip -c /tmp/oc.log > "$OUT/profile_decode_output_code.log.gz"
+    for i in 1 2; do
+      gen_server srv25b_w2_$i "" --stagger-ms 10 --static-prefill --async-scheduling --int8-batch1 --serve-workers 2 \
+        --duration 20 2>&1 | grep -E "server|Error" | head -6
+    done
+    rm -f "$OUT"/srv25b_*/*.png "$OUT/nvidia-smi.txt"
+    ;;
+  s25a)
+    timeout 240 python3 scripts/gpu/profile_decode.py --batches 64 --out "$OUT" 2>&1 | grep -E "graph step|Error" | tail -3
+    for i in 1 2; do
+      gen_server srv25a_w2_$i "" --stagger-ms 10 --static-prefill --async-scheduling --int8-batch1 --serve-workers 2 \
+        --duration 20 2>&1 | grep -E "server|Error" | head -6
+    done
+    rm -f "$OUT"/srv25a_*/*.png "$OUT/nvidia-smi.txt"
     ;;
   s24a)
     for run in "one_1 1" "w2_1 2" "one_2 1" "w2_2 2"; do
