@@ -272,7 +272,11 @@ def make_decode_layer(attend: Any) -> Any:
     layout's two ``index_copy_`` launches per layer go away (H200, batch 64: 1,045 → 933 kernels per step, 2.54 →
     2.41 ms; ``decode_fused_layer_h200_s10e.json``). (A write through a *view* of the
     cache, ``index_copy_`` on ``cache.view(-1, D)``, is what made session 9's whole-step graph copy every layer's
-    cache twice per step: 2.5 of its 4.3 ms at batch 1, ``decode_whole_step_h200_s10a.json``.)"""
+    cache twice per step: 2.5 of its 4.3 ms at batch 1, ``decode_whole_step_h200_s10a.json``.)
+
+    The layer takes the residual stream and the previous layer's MLP output (``x``, ``delta``: zeros for the first)
+    and returns the pair for the next (:data:`Carry`, ``mlp_block``'s ``carry``): the sum happens in its first
+    RMSNorm's kernel instead of as an addmm, whose copy of ``x`` was a memcpy node per layer (session 22)."""
 
     def decode_layer(
         x: torch.Tensor,
