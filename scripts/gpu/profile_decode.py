@@ -83,6 +83,7 @@ def main() -> None:
     ap.add_argument("--prefills", default="", help="static prefill buckets to profile, e.g. 1x128,2x128,8x128")
     ap.add_argument("--mixed", default="", help="mixed-step token buckets to profile at batch 64, e.g. 128,256,512")
     args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
     dims = QWEN_15B
     batches = [int(b) for b in args.batches.split(",") if b]
     prefills = [(int(n), int(t)) for n, t in (p.split("x") for p in args.prefills.split(",") if p)]

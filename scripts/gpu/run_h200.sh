@@ -125,6 +125,9 @@
 #   s20g:   the e5-shaped intent server with the defaults (fast_start false) twice at c=32/40 (s17b: 3 of 4 levels met)
 #   s25c:   the MLP's output carried to the next layer's RMSNorm kernel (no addmm for the down projection either): the
 #           GPU tests of the fused, mixed and graph paths, the 64-row step's kernels in order, one s25a server
+#   s26b:   (next session) programmatic dependent launch: pdl_probe.py (48 chained skinny GEMMs of BERT-base at 16 /
+#           128 rows, cuBLAS vs Triton vs Triton with PDL), then the decode steps (1 and 64 rows) with Inductor's PDL
+#           off / on (TORCHINDUCTOR_ENABLE_PDL; its Triton kernels only)
 #   s25b:   the attention's output projection added by the next RMSNorm kernel (no addmm, so no memcpy node): the
 #           64-row step's kernels in order with Inductor's output code, then s25a's two servers
 #   s25a:   (session 22) the 64-row decode step's kernels in order (where its memcpy nodes come from), then the
@@ -613,6 +616,15 @@ case $stage in
     gen_server srv25c_w2 "" --stagger-ms 10 --static-prefill --async-scheduling --int8-batch1 --serve-workers 2 \
       --duration 20 2>&1 | grep -E "server|Error" | head -6
     rm -f "$OUT"/srv25c_*/*.png "$OUT/nvidia-smi.txt"
+    ;;
+  s26b)
+    (cd scripts/gpu && PYTHONPATH=../../src timeout 150 python3 pdl_probe.py --out "$OUT") 2>&1 | tail -8
+    for pdl in 0 1; do
+      TORCHINDUCTOR_ENABLE_PDL=$pdl TORCH_LOGS=output_code timeout 200 python3 scripts/gpu/profile_decode.py \
+        --batches 1,64 --int8-batch1 --out "$OUT/pdl$pdl" 2>/tmp/oc$pdl.log | grep -E "graph step|Error" | tail -3
+      echo "TORCHINDUCTOR_ENABLE_PDL=$pdl: gdc_wait in Inductor's output code $(grep -c gdc_wait /tmp/oc$pdl.log) times"
+      rm -f "$OUT/pdl$pdl/profile_decode_b1.txt" "$OUT/pdl$pdl/profile_decode_b64.txt"
+    done
     ;;
   s25b)
     TORCH_LOGS=output_code timeout 240 python3 scripts/gpu/profile_decode.py --batches 64 --out "$OUT" 2>/tmp/oc.log \

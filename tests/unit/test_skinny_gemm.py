@@ -4,6 +4,12 @@ tanh). The interpreter must be on before Triton is imported, so the check runs i
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from tests.triton_checks import compile_for_h200, run_interpreted
@@ -78,20 +84,44 @@ def test_table_from_sweep_keeps_only_the_products_that_beat_cublas() -> None:
     assert table_from_sweep(report) == {(128, 2304, 768): (32, 64, 64, 1, 4)}
 
 
-@pytest.mark.parametrize("gelu", [False, True])
-def test_kernels_compile_for_the_h200(gelu: bool) -> None:
+@pytest.mark.parametrize(("gelu", "pdl"), [(False, False), (True, False), (True, True)])
+def test_kernels_compile_for_the_h200(gelu: bool, pdl: bool) -> None:
     """The tile kernel and the split-K reduction with and without the GELU epilogue, compiled down to a cubin for
     compute capability 9.0 on the CPU: with GELU both failed on the H200 in session 18 (the epilogue helper's type
-    annotations read as globals by ``@jit``), which the interpreter tests above never saw."""
+    annotations read as globals by ``@jit``), which the interpreter tests above never saw. With ``PDL`` both begin
+    with Hopper's grid-dependency instructions (and only then)."""
     from miaohui.models import skinny_gemm as sk
 
     tile = compile_for_h200(
         sk._skinny_kernel,
         ["*fp16", "*fp16", "*fp16", "*fp16", "*fp32", *["i32"] * 6],
-        {"K_ITERS": 6, "SPLIT": 1, "HAS_BIAS": True, "GELU": gelu, "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 128},
-    )
+        {"K_ITERS": 6, "SPLIT": 1, "HAS_BIAS": True, "GELU": gelu, "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 128,
+         "PDL": pdl},
+    )  # fmt: skip
     reduce = compile_for_h200(
         sk._skinny_reduce, ["*fp32", "*fp16", "*fp16", "i32", "i32", "i32"],
-        {"SPLIT": 4, "HAS_BIAS": True, "GELU": gelu, "BLOCK": 1024},
+        {"SPLIT": 4, "HAS_BIAS": True, "GELU": gelu, "BLOCK": 1024, "PDL": pdl},
     )  # fmt: skip
-    assert tile and reduce
+    for kernel in (tile, reduce):
+        ptx = kernel.asm["ptx"]
+        assert ("griddepcontrol.wait" in ptx) is pdl and ("griddepcontrol.launch_dependents" in ptx) is pdl
+
+
+def test_pdl_probe_smoke_runs_on_the_cpu(tmp_path: Path) -> None:
+    """``scripts/gpu/pdl_probe.py``'s CPU mode (one layer under Triton's interpreter, no timing, no PDL): the chain of
+    skinny GEMMs gives cuBLAS's (here ``F.linear``'s) output, so a script error shows here, not in device time."""
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(root / "src")}
+    done = subprocess.run(
+        [sys.executable, "pdl_probe.py", "--device", "cpu", "--out", str(tmp_path)],
+        cwd=root / "scripts" / "gpu", env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads((tmp_path / "pdl_probe.json").read_text())["rows"]
+    assert {(r["rows"], r["variant"]) for r in rows} == {
+        (16, "cublas"),
+        (16, "skinny"),
+        (128, "cublas"),
+        (128, "skinny"),
+    }
+    assert all(r["max_rel_err_vs_cublas"] < 1e-5 for r in rows)

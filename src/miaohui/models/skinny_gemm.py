@@ -62,9 +62,14 @@ if triton is not None:
         BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr,
+        PDL: tl.constexpr,
     ) -> None:
         """A [BLOCK_M, BLOCK_N] output tile over one of SPLIT slices of K; SPLIT 1 applies bias/GELU and stores,
-        otherwise fp32 partials go to ``ws`` [SPLIT, M, N] for :func:`_skinny_reduce`."""
+        otherwise fp32 partials go to ``ws`` [SPLIT, M, N] for :func:`_skinny_reduce`. ``PDL``: launched as a
+        programmatic dependent of the kernel before it (see :func:`skinny_linear`)."""
+        if PDL:
+            tl.extra.cuda.gdc_launch_dependents()  # the next kernel may launch now; it waits as this one does
+            tl.extra.cuda.gdc_wait()  # the previous kernel's writes (x) are complete and visible
         pid_m = tl.program_id(0)
         pid_n = tl.program_id(1)
         pid_k = tl.program_id(2)
@@ -103,7 +108,11 @@ if triton is not None:
         HAS_BIAS: tl.constexpr,
         GELU: tl.constexpr,
         BLOCK: tl.constexpr,
+        PDL: tl.constexpr,
     ) -> None:
+        if PDL:
+            tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_wait()
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         mask = offs < M * N
         acc = tl.zeros((BLOCK,), dtype=tl.float32)
@@ -123,9 +132,16 @@ def skinny_linear(
     bias: torch.Tensor | None,
     config: SkinnyConfig,
     gelu: bool = False,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """``F.linear(x, w, bias)`` (then tanh GELU when ``gelu``) for ``x`` [..., K] and ``w`` [N, K] of one dtype, with
-    ``config`` (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT, num_warps); SPLIT > 1 adds a kernel that sums fp32 partials."""
+    ``config`` (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT, num_warps); SPLIT > 1 adds a kernel that sums fp32 partials.
+
+    ``pdl``: Hopper's programmatic dependent launch. The kernels are launched with
+    ``CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`` and begin with ``griddepcontrol.launch_dependents`` then
+    ``griddepcontrol.wait``: a kernel may be launched while the one before it still runs, and waits on the GPU for
+    that one's writes, instead of launching after it has ended (a latency of each of the ~120 kernels of a 1×128
+    BERT-base call; ``scripts/gpu/pdl_probe.py`` measures it)."""
     if triton is None:
         raise RuntimeError("skinny_linear needs Triton (it comes with CUDA builds of torch)")
     if w.dim() != 2 or x.shape[-1] != w.shape[1] or x.dtype != w.dtype:
@@ -148,10 +164,13 @@ def skinny_linear(
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n), split)
     _skinny_kernel[grid](
         x2, w, b, out, ws, m, n, k, x2.stride(0), w.stride(0), out.stride(0),
-        K_ITERS=k_iters, SPLIT=split, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, **flags,
+        K_ITERS=k_iters, SPLIT=split, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, PDL=pdl,
+        launch_pdl=pdl, **flags,
     )  # fmt: skip
     if split > 1:
-        _skinny_reduce[(triton.cdiv(m * n, 1024),)](ws, b, out, m, n, out.stride(0), SPLIT=split, BLOCK=1024, **flags)
+        _skinny_reduce[(triton.cdiv(m * n, 1024),)](
+            ws, b, out, m, n, out.stride(0), SPLIT=split, BLOCK=1024, PDL=pdl, launch_pdl=pdl, **flags
+        )
     return out.reshape(*lead, n)
 
 

@@ -1,0 +1,165 @@
+"""On the GPU: does Hopper's programmatic dependent launch (PDL) take the per-kernel latency out of a chain of small
+GEMMs? BERT-base's four GEMMs per layer × 12 layers at M = 16 and 128 rows (1×16, 1×128), fp16, random weights, each
+GEMM reading the one before it (QKV → its first 768 columns → attention out → FFN in + GELU → FFN out → next layer),
+captured as one CUDA graph:
+
+* ``cublas``: ``F.linear`` / ``torch._addmm_activation`` with its GELU epilogue (what the engine runs today);
+* ``skinny``: :func:`miaohui.models.skinny_gemm.skinny_linear` with session 18's best configuration per product
+  (``encoder_gemm_sweep_h200_s18b.json``; FFN in, which did not compile then, a guess);
+* ``skinny_pdl``: the same kernels launched as programmatic dependents (``pdl=True``): each may be launched while
+  the one before it runs and waits on the GPU for its writes.
+
+Session 18 found every GEMM of 16–128 rows costs ~4.4 µs whoever writes it (``NOTES_gpu.md``), i.e. latency, and the
+1×128 call is ~120 kernels. If PDL takes a microsecond or more off each, the (1,128) ≤ 0.35 ms goal needs all of
+a layer's kernels to be PDL-launched Triton kernels; if not, it needs fewer kernels. Per row: µs per chain (median
+of 30 replays), µs per GEMM, kernels per chain, and the largest relative error against cuBLAS (PDL must give the
+``skinny`` output exactly).
+
+    python3 scripts/gpu/pdl_probe.py --out /tmp/pdl
+    TRITON_INTERPRET=1 python3 scripts/gpu/pdl_probe.py --device cpu --out /tmp/pdl   # smoke test: no timing, no PDL
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import platform
+import statistics
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.nn import functional as F
+
+from miaohui.models.skinny_gemm import SkinnyConfig, skinny_linear
+
+HIDDEN, INTER, LAYERS = 768, 3072, 12
+SHAPES = {
+    "qkv": (3 * HIDDEN, HIDDEN),
+    "attn_out": (HIDDEN, HIDDEN),
+    "ffn_in": (INTER, HIDDEN),
+    "ffn_out": (HIDDEN, INTER),
+}
+"""GEMM → (N, K) of its weight."""
+CONFIGS: dict[int, dict[str, SkinnyConfig]] = {
+    16: {"qkv": (16, 32, 128, 1, 4), "attn_out": (16, 32, 128, 4, 4), "ffn_in": (16, 32, 128, 1, 4),
+         "ffn_out": (16, 32, 128, 4, 4)},
+    128: {"qkv": (64, 64, 128, 1, 4), "attn_out": (64, 32, 128, 1, 4), "ffn_in": (64, 64, 128, 1, 4),
+          "ffn_out": (64, 32, 128, 4, 4)},
+}  # fmt: skip
+"""Rows → GEMM → (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT, num_warps)."""
+
+Weights = list[dict[str, tuple[torch.Tensor, torch.Tensor]]]
+
+
+def _weights(layers: int, device: str, dtype: torch.dtype) -> Weights:
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    return [
+        {name: (torch.randn(n, k, generator=gen) * k**-0.5, torch.randn(n, generator=gen) * 0.02) for name, (n, k) in
+         SHAPES.items()}
+        for _ in range(layers)
+    ]  # fmt: skip
+
+
+def _chain(x: torch.Tensor, weights: Weights, gemm: Callable[[str, torch.Tensor, Any], torch.Tensor]) -> torch.Tensor:
+    for layer in weights:
+        h = gemm("qkv", x, layer["qkv"])[:, :HIDDEN]
+        h = gemm("attn_out", h, layer["attn_out"])
+        h = gemm("ffn_in", h, layer["ffn_in"])
+        x = gemm("ffn_out", h, layer["ffn_out"])
+    return x
+
+
+def _cublas(name: str, x: torch.Tensor, wb: Any) -> torch.Tensor:
+    if name == "ffn_in":
+        if x.is_cuda:
+            return torch._addmm_activation(wb[1], x, wb[0].t(), use_gelu=True)
+        return F.gelu(F.linear(x, wb[0], wb[1]), approximate="tanh")
+    return F.linear(x, wb[0], wb[1])
+
+
+def _skinny(rows: int, pdl: bool) -> Callable[[str, torch.Tensor, Any], torch.Tensor]:
+    def run(name: str, x: torch.Tensor, wb: Any) -> torch.Tensor:
+        return skinny_linear(x, wb[0], wb[1], CONFIGS[rows][name], gelu=name == "ffn_in", pdl=pdl)
+
+    return run
+
+
+def _time_chain(fn: Callable[[], torch.Tensor]) -> tuple[float, float]:
+    """(median µs of 30 replays of a graph holding one chain, kernels per chain)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    times = []
+    for _ in range(30):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        graph.replay()
+        torch.cuda.synchronize()
+    kernels = sum(e.count for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA)
+    return statistics.median(times), float(kernels)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--rows", default="16,128")
+    ap.add_argument("--out", type=Path, default=Path("/tmp"))
+    args = ap.parse_args()
+    cuda = args.device == "cuda"
+    dtype = torch.float16 if cuda else torch.float32
+    layers = LAYERS if cuda else 1
+    weights = [{k: (w.to(args.device, dtype), b.to(args.device, dtype)) for k, (w, b) in layer.items()}
+               for layer in _weights(layers, args.device, dtype)]  # fmt: skip
+    gpu = torch.cuda.get_device_name() if cuda else platform.processor()
+    report: dict[str, Any] = {"gpu": gpu, "torch": torch.__version__, "layers": layers, "dtype": str(dtype), "rows": []}
+    try:
+        import triton
+
+        report["triton"] = triton.__version__
+    except ImportError:
+        pass
+    variants = {"cublas": lambda rows: _cublas, "skinny": lambda rows: _skinny(rows, False)}
+    if cuda:
+        variants["skinny_pdl"] = lambda rows: _skinny(rows, True)
+    for rows in (int(r) for r in args.rows.split(",")):
+        x = torch.randn(rows, HIDDEN, generator=torch.Generator().manual_seed(rows)).to(args.device, dtype)
+        outs: dict[str, torch.Tensor] = {}
+        for name, make in variants.items():
+            gemm = make(rows)
+            try:
+                outs[name] = _chain(x, weights, gemm).float()
+                us, kernels = _time_chain(functools.partial(_chain, x, weights, gemm)) if cuda else (float("nan"), 0.0)
+            except Exception as e:  # a variant that cannot run here (PDL on an older Triton) is reported, not fatal
+                report["rows"].append({"rows": rows, "variant": name, "error": f"{type(e).__name__}: {e}"[:300]})
+                print(f"{rows} rows {name}: {type(e).__name__}: {e}"[:300])
+                continue
+            ref = outs["cublas"]
+            err = float((outs[name] - ref).abs().max() / ref.abs().max())
+            gemms = 4 * layers
+            row = {"rows": rows, "variant": name, "us_per_chain": us, "us_per_gemm": us / gemms,
+                   "kernels_per_chain": kernels, "max_rel_err_vs_cublas": err}  # fmt: skip
+            if name == "skinny_pdl" and "skinny" in outs:
+                row["equals_skinny"] = bool(torch.equal(outs[name], outs["skinny"]))
+            report["rows"].append(row)
+            print(f"{rows:4d} rows {name:11s} {us:8.1f} us/chain {us / gemms:6.2f} us/GEMM {kernels:5.0f} kernels "
+                  f"err {err:.1e}")  # fmt: skip
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "pdl_probe.json").write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
