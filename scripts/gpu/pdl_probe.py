@@ -25,12 +25,12 @@ import argparse
 import functools
 import json
 import platform
-import statistics
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+from decode_kernel_probe import _time_graph
 from torch.nn import functional as F
 
 from miaohui.models.skinny_gemm import SkinnyConfig, skinny_linear
@@ -88,29 +88,13 @@ def _skinny(rows: int, pdl: bool) -> Callable[[str, torch.Tensor, Any], torch.Te
 
 
 def _time_chain(fn: Callable[[], torch.Tensor]) -> tuple[float, float]:
-    """(median µs of 30 replays of a graph holding one chain, kernels per chain)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    times = []
-    for _ in range(30):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000)
+    """(median µs of 30 replays of a graph holding one chain, kernels per chain: one call profiled)."""
+    us = _time_graph(fn, 1, True)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        graph.replay()
+        fn()
         torch.cuda.synchronize()
     kernels = sum(e.count for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA)
-    return statistics.median(times), float(kernels)
+    return us, float(kernels)
 
 
 def main() -> None:
