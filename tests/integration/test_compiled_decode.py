@@ -233,17 +233,27 @@ def test_compiled_mixed_step_matches_the_eager_mixed_step() -> None:
     # 4 decode rows (row 2 padding), then a 20-token and an 11-token prompt into slots 5 and 6, then 1 padding row
     tokens = torch.randint(5, 1000, (36,), generator=gen)
     positions = torch.cat((torch.tensor([40, 7, 0, 99]), torch.arange(20), torch.arange(11), torch.tensor([0])))
-    rows = torch.cat((torch.tensor([0, 1, scratch, 3]), torch.full((20,), 5), torch.full((11,), 6), torch.tensor([8])))
+    rows = torch.cat(
+        (torch.tensor([0, 1, scratch, 3]), torch.full((20,), 5), torch.full((11,), 6), torch.tensor([scratch]))
+    )
     out_rows = torch.tensor([0, 1, 2, 3, 23, 34])
     with torch.inference_mode():
         for c in (*model.k_cache, *model.v_cache):
             c.normal_(generator=gen)
         saved = [c.clone() for c in (*model.k_cache, *model.v_cache)]
         got = mixed_step.mixed_forward(model, tokens, positions, rows, out_rows, 128, 4)
+        got_cache = [c.clone() for c in (*model.k_cache, *model.v_cache)]
         for c, s in zip((*model.k_cache, *model.v_cache), saved, strict=True):
             c.copy_(s)
         compiled, model._mixed_layer = model._mixed_layer, None
         want = mixed_step.mixed_forward(model, tokens, positions, rows, out_rows, 128, 4)
         model._mixed_layer = compiled
-    err = float((got - want).norm() / want.norm())
-    assert got.shape == (6, hf.config.vocab_size) and err < 1e-4, err
+    assert got.shape == (6, hf.config.vocab_size)
+    # Both padding rows (decode row 2 and the last row) write the scratch row's position 0, and which write lands
+    # is up to the kernel's threads, so the padding row's logits (out row 2) and the scratch row are not compared:
+    # the engine discards both. Every slot's rows of the cache are.
+    real = [0, 1, 3, 4, 5]
+    err = float((got[real] - want[real]).norm() / want[real].norm())
+    assert err < 1e-4, err
+    for mine, theirs in zip(got_cache, (*model.k_cache, *model.v_cache), strict=True):
+        assert torch.allclose(mine[:scratch], theirs[:scratch], rtol=1e-4, atol=1e-4)
