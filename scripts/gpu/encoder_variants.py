@@ -12,7 +12,11 @@
   cuBLAS, for these exact sizes; the dynamic-shape autotune lost to cuBLAS in session 6);
 * ``static_skinny``: ``static_gelu_epi`` with the four GEMMs through ``miaohui::skinny_linear``
   (:mod:`miaohui.models.skinny_gemm`, session 17): the small-tile split-K Triton GEMM for the products
-  ``--skinny-table`` (``encoder_gemm_sweep.py``'s JSON) found faster than cuBLAS, cuBLAS for the rest.
+  ``--skinny-table`` (``encoder_gemm_sweep.py``'s JSON) found faster than cuBLAS, cuBLAS for the rest; without the
+  table, every product at 16 and 128 rows with ``pdl_probe.py``'s configurations (session 18's best);
+* ``static_skinny_pdl``: ``static_skinny`` with Hopper's programmatic dependent launch for the skinny GEMMs
+  (``skinny_gemm.SKINNY_PDL``) and for Inductor's own Triton kernels (``triton.enable_pdl``; not its GEMM
+  templates, nor SDPA's attention): with the table of every product, all but the attention are PDL launches.
 
 Each variant: a CUDA graph of one call, CUDA events, median/p99 of ``--iters`` replays; relative error against fp32
 eager; the graph's kernel table (kernels per call, top kernels). Then a "floor": each of a layer's four GEMMs and
@@ -31,13 +35,15 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch._inductor.config
 import torch.nn.functional as F
 
-from miaohui.models import fast_bert
+from miaohui.models import fast_bert, skinny_gemm
 from miaohui.models.intent import IntentClassifier, random_bert
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
@@ -107,6 +113,14 @@ def floor(
     return out
 
 
+def probe_table() -> dict[tuple[int, int, int], tuple[int, int, int, int, int]]:
+    """(M, N, K) → skinny configuration for each of BERT-base's four products at 16 and 128 rows, from
+    ``pdl_probe.py`` (the configurations its PDL chain is timed with)."""
+    from pdl_probe import CONFIGS, SHAPES
+
+    return {(rows, n, k): configs[name] for rows, configs in CONFIGS.items() for name, (n, k) in SHAPES.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda")
@@ -117,10 +131,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("/tmp/encvar"))
     ap.add_argument("--skinny-table", type=Path, help="encoder_gemm_sweep.py's JSON (static_skinny)")
     args = ap.parse_args()
-    if args.skinny_table:
-        from miaohui.models import skinny_gemm
-
-        skinny_gemm.SKINNY_BEST.update(skinny_gemm.table_from_sweep(json.loads(args.skinny_table.read_text())))
+    if "skinny" in args.variants:
+        table = skinny_gemm.table_from_sweep(json.loads(args.skinny_table.read_text())) if args.skinny_table else None
+        skinny_gemm.SKINNY_BEST.update(table or probe_table())
         print("skinny products:", skinny_gemm.SKINNY_BEST, flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     cuda = args.device == "cuda"
@@ -143,8 +156,10 @@ def main() -> None:
     for variant in args.variants.split(","):
         for b, s in shapes:
             torch._dynamo.reset()
-            fast_bert.use_fused_gelu(model, variant in ("static_gelu_epi", "static_skinny"))
-            fast_bert.use_skinny(model, variant == "static_skinny")
+            fast_bert.use_fused_gelu(model, variant in ("static_gelu_epi", "static_skinny", "static_skinny_pdl"))
+            fast_bert.use_skinny(model, variant in ("static_skinny", "static_skinny_pdl"))
+            pdl = variant == "static_skinny_pdl"
+            skinny_gemm.SKINNY_PDL = pdl
             mode = "max-autotune-no-cudagraphs" if variant == "static_autotune" else None
             compiled = torch.compile(model, dynamic=variant == "dynamic", fullgraph=True, mode=mode)
             fn: Callable[..., torch.Tensor] = compiled
@@ -159,7 +174,8 @@ def main() -> None:
             row: dict[str, Any] = {"variant": variant, "batch": b, "seq": s}
             try:
                 t0 = time.perf_counter()
-                with torch.inference_mode():
+                inductor_pdl = torch._inductor.config.patch({"triton.enable_pdl": True}) if pdl else nullcontext()
+                with torch.inference_mode(), inductor_pdl:
                     out = fn(ids, mask)
                     row["compile_s"] = round(time.perf_counter() - t0, 1)
                     row["rel_err"] = float((out.float() - ref).norm() / ref.norm())
@@ -183,6 +199,7 @@ def main() -> None:
                     print(f"    {k['per_call']:5.1f}x {k['us_per_call']:8.2f} us  {k['kernel']}", flush=True)
     fast_bert.use_fused_gelu(model, False)
     fast_bert.use_skinny(model, False)
+    skinny_gemm.SKINNY_PDL = False
     with torch.inference_mode():
         report["floor"] = {f"{b}x{s}": floor(h, inter, heads, layers, b, s, dtype, cuda) for b, s in shapes}
     print("floor:", json.dumps(report["floor"]), flush=True)

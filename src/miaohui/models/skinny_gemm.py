@@ -179,6 +179,11 @@ SKINNY_BEST: dict[tuple[int, int, int], SkinnyConfig] = {}
 product keeps cuBLAS. Empty until measured (``scripts/gpu/encoder_gemm_sweep.py``; :func:`table_from_sweep`)."""
 
 
+SKINNY_PDL = False
+"""Launch the table's kernels as programmatic dependents (:func:`skinny_linear`'s ``pdl``); bench-only, like the
+table (``scripts/gpu/encoder_variants.py``'s ``static_skinny_pdl``)."""
+
+
 def table_from_sweep(report: dict[str, Any]) -> dict[tuple[int, int, int], SkinnyConfig]:
     """``encoder_gemm_sweep.py``'s ``best`` entries that beat cuBLAS, as :data:`SKINNY_BEST` entries."""
     out: dict[tuple[int, int, int], SkinnyConfig] = {}
@@ -197,7 +202,7 @@ def skinny_op(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor, gelu: bool) 
     m = x.numel() // k
     cfg = SKINNY_BEST.get((m, w.shape[0], k)) if x.is_cuda and triton is not None else None
     if cfg is not None:
-        return skinny_linear(x, w, bias, cfg, gelu=gelu)
+        return skinny_linear(x, w, bias, cfg, gelu=gelu, pdl=SKINNY_PDL)
     if gelu:
         if x.is_cuda:  # cuBLASLt's GEMM + bias + GELU (tanh) epilogue, as fast_bert's fused_gelu
             out = torch._addmm_activation(bias, x.reshape(m, k), w.t(), use_gelu=True)
