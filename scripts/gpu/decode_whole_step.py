@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from miaohui.generation.constants import with_constants
 from miaohui.generation.dims import DecoderDims
 from miaohui.generation.slot_engine import TorchSlotEngine
 from miaohui.generation.slot_options import SlotEngineOptions
@@ -199,9 +200,11 @@ def main() -> None:
     attentions = {n: torch.compile(DECODE_ATTENTION[n], dynamic=True, fullgraph=True) if cuda else DECODE_ATTENTION[n]
                   for n in names[1:]}  # fmt: skip
     attentions = {"matmul": pieces._attn_out_mlp, **attentions}
+    heads = pieces.dims.num_heads
     fused = {
-        n: (torch.compile(make_decode_layer(DECODE_ATTENTION[n]), dynamic=True, fullgraph=True) if cuda
-            else make_decode_layer(DECODE_ATTENTION[n]))
+        n: (torch.compile(with_constants(make_decode_layer(DECODE_ATTENTION[n]), heads=heads), dynamic=True,
+                          fullgraph=True) if cuda
+            else with_constants(make_decode_layer(DECODE_ATTENTION[n]), heads=heads))
         for n in filter(None, args.fused.split(","))
     }  # fmt: skip
     for b in batches:

@@ -123,6 +123,8 @@
 #   s20f:   the async 1.5B server (defaults + int8_batch1) holding prompts for a joint prefill: at least 4 (≤ 8 ms
 #           wait), 8 (≤ 16 ms), then 4 again — s20d's server spent ~25 % of the GPU's time on prefills of ~1.7 prompts
 #   s20g:   the e5-shaped intent server with the defaults (fast_start false) twice at c=32/40 (s17b: 3 of 4 levels met)
+#   s26a:   (branch s26-static-heads, next session) the head count a constant of the fused decode and mixed layers'
+#           graphs (generation/constants.py): GPU tests, the 64-row and 64+128 steps' kernels in order, two servers
 #   s25c:   the MLP's output carried to the next layer's RMSNorm kernel (no addmm for the down projection either): the
 #           GPU tests of the fused, mixed and graph paths, the 64-row step's kernels in order, one s25a server
 #   s26b:   (next session) programmatic dependent launch: pdl_probe.py (48 chained skinny GEMMs of BERT-base at 16 /
@@ -608,6 +610,18 @@ case $stage in
         --prefill-min-prompts $1 --prefill-max-wait-ms $2 2>&1 | grep -E "server:|Error" | head -4
     done
     rm -f "$OUT"/srv20f_*/*.png "$OUT/nvidia-smi.txt"
+    ;;
+  s26a)
+    timeout 200 python3 -X faulthandler -m pytest -q -x tests/gpu/test_slot_engine_gpu.py -p no:cacheprovider \
+      -k "mixed or test_graphs_match_eager_tokens or fused_decode_layer" 2>&1 | tail -3 \
+      | tee "$OUT/gpu_tests_constants_h200_s26a.txt"
+    timeout 200 python3 scripts/gpu/profile_decode.py --batches 64 --mixed 128 --out "$OUT" 2>&1 \
+      | grep -E "graph step|Error" | tail -3
+    for i in 1 2; do
+      gen_server srv26a_w2_$i "" --stagger-ms 10 --static-prefill --async-scheduling --int8-batch1 --serve-workers 2 \
+        --duration 20 2>&1 | grep -E "server|Error" | head -6
+    done
+    rm -f "$OUT"/srv26a_*/*.png "$OUT/nvidia-smi.txt"
     ;;
   s25c)
     timeout 200 python3 -X faulthandler -m pytest -q -x tests/gpu/test_slot_engine_gpu.py -p no:cacheprovider \

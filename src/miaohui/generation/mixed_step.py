@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch.nn import functional as F
 
+from miaohui.generation.constants import with_constants
 from miaohui.generation.decode_attention import decode_attention
 from miaohui.generation.int8_weights import Weight, add_residual, residual_linear
 from miaohui.generation.prompt_attention import prompt_attention
@@ -79,9 +80,10 @@ def mixed_layer(
     gate_up: Weight,
     down: Weight,
     eps: float,
-    heads: int,
     kv_len: int,
     decode_rows: int,
+    *,
+    heads: int,
 ) -> Carry:
     """One layer over rows ``x + delta`` [R, hidden] (the residual stream and the previous layer's MLP output, as the
     fused decode layer takes them), row r at ``positions[r]`` of cache row ``cache_rows[r]``: RMSNorm → QKV →
@@ -102,7 +104,7 @@ def mixed_layer(
 
 def use_compiled(model: StaticKVDecoder, compile_fn: Any) -> None:
     """Run ``model``'s mixed steps through ``compile_fn(mixed_layer)`` (as :meth:`StaticKVDecoder.use_compiled`)."""
-    model._mixed_layer = compile_fn(mixed_layer)
+    model._mixed_layer = compile_fn(with_constants(mixed_layer, heads=model.dims.num_heads))
 
 
 def mixed_forward(
@@ -118,7 +120,7 @@ def mixed_forward(
     vocab] of the rows ``out_rows``. The first ``decode_rows`` are decode rows; ``kv_len``: the cache positions they
     attend (above each one's position). The other rows are packed prompts, each from position 0."""
     d = model.dims
-    run = model._mixed_layer or mixed_layer
+    run = model._mixed_layer or with_constants(mixed_layer, heads=d.num_heads)
     x = F.embedding(tokens, model.embed)  # [R, hidden]
     cos = model.cos_table[positions][:, None, :]  # [R, 1, D]
     sin = model.sin_table[positions][:, None, :]
@@ -128,6 +130,6 @@ def mixed_forward(
         assert isinstance(layer, _Layer)
         x, delta = run(
             x, delta, model.k_cache[i], model.v_cache[i], cache_rows, positions, layer.in_norm, qkv, layer.qkv_bias,
-            cos, sin, o, layer.post_norm, gate_up, down, d.rms_eps, d.num_heads, kv_len, decode_rows,
+            cos, sin, o, layer.post_norm, gate_up, down, d.rms_eps, kv_len, decode_rows,
         )  # fmt: skip
     return model._final(add_residual(x, delta).index_select(0, out_rows), model.norm, head, d.rms_eps)

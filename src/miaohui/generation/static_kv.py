@@ -33,6 +33,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from miaohui.errors import ArtifactError
+from miaohui.generation.constants import with_constants
 from miaohui.generation.decode_attention import decode_attention_op
 from miaohui.generation.dims import DecoderDims
 from miaohui.generation.int8_weights import (
@@ -296,8 +297,9 @@ def make_decode_layer(attend: Any) -> Any:
         gate_up: Weight,
         down: Weight,
         eps: float,
-        heads: int,
         kv_len: int,
+        *,
+        heads: int,
     ) -> Carry:
         b, kv_heads = x.shape[0], k_cache.shape[1]
         x = add_residual(x, delta)  # the previous layer's MLP output (its carry), in the RMSNorm's kernel
@@ -533,7 +535,8 @@ class StaticKVDecoder(nn.Module):
         self._attn_in = compile_fn(attn_in)
         self._attn_out_mlp = compile_fn(DECODE_ATTENTION[self.decode_attention])
         if self.decode_layer == "fused":
-            self._decode_layer = compile_fn(make_decode_layer(DECODE_ATTENTION[self.decode_attention]))
+            layer = make_decode_layer(DECODE_ATTENTION[self.decode_attention])
+            self._decode_layer = compile_fn(with_constants(layer, heads=self.dims.num_heads))
         self._attn_proj_mlp = compile_fn(attn_proj_mlp)
         self._final = compile_fn(final_logits)
 
@@ -569,7 +572,7 @@ class StaticKVDecoder(nn.Module):
         if self.decode_layer == "fused":
             if flex:  # SlotEngineOptions refuses it; sdpa runs here (CPU tests) but failed compiled on the H200
                 raise ValueError("decode_layer 'fused' takes the matmul decode attention, not flex")
-            run = self._decode_layer or make_decode_layer(attend)
+            run = self._decode_layer or with_constants(make_decode_layer(attend), heads=d.num_heads)
             delta = None  # the last fused layer's MLP output, added by the next one (one-row int8 steps: none)
             for i, (layer, (qkv, o, gate_up, down)) in enumerate(zip(self.layers, weights, strict=True)):
                 assert isinstance(layer, _Layer)
@@ -579,7 +582,7 @@ class StaticKVDecoder(nn.Module):
                 x, delta = run(
                     x, torch.zeros_like(x) if delta is None else delta, self.k_cache[i], self.v_cache[i], rows,
                     positions, mask, layer.in_norm, qkv, layer.qkv_bias, cos, sin, o, layer.post_norm, gate_up, down,
-                    d.rms_eps, d.num_heads, kv_len,
+                    d.rms_eps, kv_len,
                 )  # fmt: skip
             return self._final(x if delta is None else add_residual(x, delta), self.norm, head, d.rms_eps)
         # where each row's new key/value goes in a cache seen as [slots * KVH * max_len, D]: one
