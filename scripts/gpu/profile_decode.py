@@ -3,7 +3,11 @@ CUDA-graph step takes, for the 1.5B Qwen-shaped model with random weights; with 
 static prefill graphs of those (prompts × length) buckets.
 
     python3 scripts/gpu/profile_decode.py [--batches 1,64] [--int8-batch1 [--int8-kernel gemv --gemv-table JSON]]
-        [--prefills 1x128,2x128,8x128] [--out DIR]
+        [--prefills 1x128,2x128,8x128] [--symbolic-heads] [--out DIR]
+
+``--symbolic-heads``: the fused decode and mixed layers get the head count as before session 23, bound by
+``functools.partial``, so that ``dynamic=True`` makes it a symbol of their graphs (the engine binds it with
+:func:`~miaohui.generation.constants.with_constants`, a constant): the same call can time both.
 
 ``--gemv-table``: ``scripts/gpu/gemv_sweep.py``'s JSON; its fastest configuration per weight shape goes into
 ``w8a16.GEMV_BEST`` before the engine is built.
@@ -12,6 +16,7 @@ static prefill graphs of those (prompts × length) buckets.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import time
@@ -19,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from miaohui.generation import w8a16
+from miaohui.generation import mixed_step, static_kv, w8a16
 from miaohui.generation.dims import DecoderDims
 from miaohui.generation.slot_engine import TorchSlotEngine
 from miaohui.generation.slot_options import SlotEngineOptions
@@ -82,7 +87,10 @@ def main() -> None:
     ap.add_argument("--gemv-table", type=Path, nargs="*", default=[], help="gemv_sweep.py JSONs: best config per shape")
     ap.add_argument("--prefills", default="", help="static prefill buckets to profile, e.g. 1x128,2x128,8x128")
     ap.add_argument("--mixed", default="", help="mixed-step token buckets to profile at batch 64, e.g. 128,256,512")
+    ap.add_argument("--symbolic-heads", action="store_true", help="the head count a symbol of the layers' graphs")
     args = ap.parse_args()
+    if args.symbolic_heads:  # partial: Dynamo makes the bound int a symbol (tests/unit/test_constants.py)
+        static_kv.with_constants = mixed_step.with_constants = functools.partial  # type: ignore[assignment]
     args.out.mkdir(parents=True, exist_ok=True)
     dims = QWEN_15B
     batches = [int(b) for b in args.batches.split(",") if b]
@@ -133,7 +141,7 @@ def main() -> None:
         graph, _ = engine._mixed_graphs[(64, p, 256)]
         report[f"mixed_64_{p}"] = _profile(graph, f"mixed 64+{p}", args.out / f"profile_mixed_64_{p}.txt")
     report["options"] = {"int8_batch1": args.int8_batch1, "int8_kernel": opts.int8_kernel,
-                         "decode_attention": opts.decode_attention,
+                         "decode_attention": opts.decode_attention, "symbolic_heads": args.symbolic_heads,
                          "gemv_configs": {f"{n}x{k}": c for (n, k), c in w8a16.GEMV_BEST.items()}}  # fmt: skip
     (args.out / "profile_decode.json").write_text(json.dumps(report, indent=1))
 

@@ -123,8 +123,9 @@
 #   s20f:   the async 1.5B server (defaults + int8_batch1) holding prompts for a joint prefill: at least 4 (≤ 8 ms
 #           wait), 8 (≤ 16 ms), then 4 again — s20d's server spent ~25 % of the GPU's time on prefills of ~1.7 prompts
 #   s20g:   the e5-shaped intent server with the defaults (fast_start false) twice at c=32/40 (s17b: 3 of 4 levels met)
-#   s26a:   (branch s26-static-heads, next session) the head count a constant of the fused decode and mixed layers'
-#           graphs (generation/constants.py): GPU tests, the 64-row and 64+128 steps' kernels in order, two servers
+#   s26a:   (next session) the head count a constant of the fused decode and mixed layers' graphs
+#           (generation/constants.py): their GPU tests, the 64-row and 64+128 steps with the head count a constant
+#           and a symbol (profile_decode.py --symbolic-heads, as before session 23), then one server
 #   s25c:   the MLP's output carried to the next layer's RMSNorm kernel (no addmm for the down projection either): the
 #           GPU tests of the fused, mixed and graph paths, the 64-row step's kernels in order, one s25a server
 #   s26b:   (next session) programmatic dependent launch: pdl_probe.py (48 chained skinny GEMMs of BERT-base at 16 /
@@ -615,12 +616,14 @@ case $stage in
     timeout 200 python3 -X faulthandler -m pytest -q -x tests/gpu/test_slot_engine_gpu.py -p no:cacheprovider \
       -k "mixed or test_graphs_match_eager_tokens or fused_decode_layer" 2>&1 | tail -3 \
       | tee "$OUT/gpu_tests_constants_h200_s26a.txt"
-    timeout 200 python3 scripts/gpu/profile_decode.py --batches 64 --mixed 128 --out "$OUT" 2>&1 \
-      | grep -E "graph step|Error" | tail -3
-    for i in 1 2; do
-      gen_server srv26a_w2_$i "" --stagger-ms 10 --static-prefill --async-scheduling --int8-batch1 --serve-workers 2 \
-        --duration 20 2>&1 | grep -E "server|Error" | head -6
+    for heads in constant symbolic; do  # the same call times both (profile_decode.py --symbolic-heads)
+      flag=""; if [ "$heads" = symbolic ]; then flag=--symbolic-heads; fi
+      timeout 150 python3 scripts/gpu/profile_decode.py --batches 64 --mixed 128 $flag --out "$OUT/heads_$heads" 2>&1 \
+        | grep -E "graph step|Error" | tail -3
+      rm -f "$OUT/heads_$heads"/*.order.txt "$OUT/heads_$heads/profile_mixed_64_128.txt"
     done
+    gen_server srv26a_w2 "" --stagger-ms 10 --static-prefill --async-scheduling --int8-batch1 --serve-workers 2 \
+      --duration 20 2>&1 | grep -E "server|Error" | head -6
     rm -f "$OUT"/srv26a_*/*.png "$OUT/nvidia-smi.txt"
     ;;
   s25c)
@@ -640,7 +643,7 @@ case $stage in
       TORCHINDUCTOR_ENABLE_PDL=$pdl TORCH_LOGS=output_code timeout 200 python3 scripts/gpu/profile_decode.py \
         --batches 1,64 --int8-batch1 --out "$OUT/pdl$pdl" 2>/tmp/oc$pdl.log | grep -E "graph step|Error" | tail -3
       echo "TORCHINDUCTOR_ENABLE_PDL=$pdl: gdc_wait in Inductor's output code $(grep -c gdc_wait /tmp/oc$pdl.log) times"
-      rm -f "$OUT/pdl$pdl/profile_decode_b1.txt" "$OUT/pdl$pdl/profile_decode_b64.txt"
+      rm -f "$OUT/pdl$pdl"/profile_decode_b*.txt  # the tables and orders (≤ 8 files come back)
     done
     ;;
   s25b)
