@@ -16,7 +16,9 @@
   table, every product at 16 and 128 rows with ``pdl_probe.py``'s configurations (session 18's best);
 * ``static_skinny_pdl``: ``static_skinny`` with Hopper's programmatic dependent launch for the skinny GEMMs
   (``skinny_gemm.SKINNY_PDL``) and for Inductor's own Triton kernels (``triton.enable_pdl``; not its GEMM
-  templates, nor SDPA's attention): with the table of every product, all but the attention are PDL launches.
+  templates, nor SDPA's attention): with the table of every product, all but the attention are PDL launches;
+* ``static_triton_attn``: ``static_gelu_epi`` with the attention as miaohui's Triton kernel reading q, k, v from the
+  QKV output (:mod:`miaohui.models.encoder_attention`) instead of the permutes, cuDNN's kernel and its memsets.
 
 Each variant: a CUDA graph of one call, CUDA events, median/p99 of ``--iters`` replays; relative error against fp32
 eager; the graph's kernel table (kernels per call, top kernels). Then a "floor": each of a layer's four GEMMs and
@@ -156,7 +158,10 @@ def main() -> None:
     for variant in args.variants.split(","):
         for b, s in shapes:
             torch._dynamo.reset()
-            fast_bert.use_fused_gelu(model, variant in ("static_gelu_epi", "static_skinny", "static_skinny_pdl"))
+            fast_bert.use_fused_gelu(
+                model, variant in ("static_gelu_epi", "static_skinny", "static_skinny_pdl", "static_triton_attn")
+            )
+            fast_bert.use_triton_attention(model, variant == "static_triton_attn")
             fast_bert.use_skinny(model, variant in ("static_skinny", "static_skinny_pdl"))
             pdl = variant == "static_skinny_pdl"
             skinny_gemm.SKINNY_PDL = pdl
@@ -199,6 +204,7 @@ def main() -> None:
                     print(f"    {k['per_call']:5.1f}x {k['us_per_call']:8.2f} us  {k['kernel']}", flush=True)
     fast_bert.use_fused_gelu(model, False)
     fast_bert.use_skinny(model, False)
+    fast_bert.use_triton_attention(model, False)
     skinny_gemm.SKINNY_PDL = False
     with torch.inference_mode():
         report["floor"] = {f"{b}x{s}": floor(h, inter, heads, layers, b, s, dtype, cuda) for b, s in shapes}

@@ -128,6 +128,8 @@
 #           and a symbol (profile_decode.py --symbolic-heads, as before session 23), then one server
 #   s25c:   the MLP's output carried to the next layer's RMSNorm kernel (no addmm for the down projection either): the
 #           GPU tests of the fused, mixed and graph paths, the 64-row step's kernels in order, one s25a server
+#   s26c:   (next session) the encoder's attention as one Triton kernel (models/encoder_attention.py) against the
+#           engine's kernels (cuDNN attention), BERT-base at 1x128, 32x128, 128x128 (encoder_variants.py)
 #   s26b:   (next session) programmatic dependent launch: pdl_probe.py (48 chained skinny GEMMs of BERT-base at 16 /
 #           128 rows, cuBLAS vs Triton vs Triton with PDL), the whole BERT-base encoder at 1x16/1x128 with every GEMM
 #           skinny, without and with PDL (encoder_variants.py static_skinny(_pdl)), then the decode steps (1 and 64
@@ -634,6 +636,10 @@ case $stage in
     gen_server srv25c_w2 "" --stagger-ms 10 --static-prefill --async-scheduling --int8-batch1 --serve-workers 2 \
       --duration 20 2>&1 | grep -E "server|Error" | head -6
     rm -f "$OUT"/srv25c_*/*.png "$OUT/nvidia-smi.txt"
+    ;;
+  s26c)
+    timeout 330 python3 scripts/gpu/encoder_variants.py --variants static_gelu_epi,static_triton_attn \
+      --shapes 1x128,32x128,128x128 --out "$OUT" 2>&1 | grep -E '"variant"|kernels/call|Error' | tail -12
     ;;
   s26b)
     (cd scripts/gpu && PYTHONPATH=../../src timeout 150 python3 pdl_probe.py --out "$OUT") 2>&1 | tail -8

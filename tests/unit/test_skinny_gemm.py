@@ -128,19 +128,19 @@ def test_pdl_probe_smoke_runs_on_the_cpu(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_encoder_variants_smoke_runs_the_pdl_variant_on_the_cpu(tmp_path: Path) -> None:
-    """``scripts/gpu/encoder_variants.py``'s CPU mode (a tiny BERT, no timing) with the variant ``run_h200.sh s26b``
-    measures: the skinny table from ``pdl_probe.py`` and Inductor's PDL switch set, the compiled model's logits
-    still the fp32 eager ones, so a script error shows here, not in device time."""
+def test_encoder_variants_smoke_runs_the_new_variants_on_the_cpu(tmp_path: Path) -> None:
+    """``scripts/gpu/encoder_variants.py``'s CPU mode (a tiny BERT, no timing) with the variants ``run_h200.sh s26b``
+    and ``s26c`` measure (the skinny table from ``pdl_probe.py`` and Inductor's PDL switch set; the attention op):
+    the compiled model's logits still the fp32 eager ones, so a script error shows here, not in device time."""
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": str(root / "src")}
     done = subprocess.run(
         [sys.executable, "scripts/gpu/encoder_variants.py", "--device", "cpu", "--tiny", "--variants",
-         "static_skinny_pdl", "--shapes", "1x16", "--iters", "2", "--out", str(tmp_path)],
+         "static_skinny_pdl,static_triton_attn", "--shapes", "1x16", "--iters", "2", "--out", str(tmp_path)],
         cwd=root, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert "(128, 2304, 768)" in done.stdout  # the probe's table was installed
-    (row,) = json.loads((tmp_path / "encoder_variants.json").read_text())["results"]
-    assert row["variant"] == "static_skinny_pdl" and "error" not in row, row
-    assert row["rel_err"] < 1e-4
+    rows = json.loads((tmp_path / "encoder_variants.json").read_text())["results"]
+    assert [r["variant"] for r in rows] == ["static_skinny_pdl", "static_triton_attn"]
+    assert all("error" not in r and r["rel_err"] < 1e-4 for r in rows), rows

@@ -40,6 +40,12 @@ class FastBertLayer(nn.Module):
     :func:`use_skinny`; only ``scripts/gpu/encoder_variants.py``'s ``static_skinny`` turns it on (not measured yet, not
     in the engine)."""
 
+    triton_attention: bool = False
+    """The attention through ``miaohui::encoder_attention`` (:mod:`miaohui.models.encoder_attention`: one Triton
+    kernel reading q, k, v from the QKV output, on CUDA; the same SDPA call elsewhere). Set by
+    :func:`use_triton_attention`; only ``scripts/gpu/encoder_variants.py``'s ``static_triton_attn`` turns it on (not
+    measured yet, not in the engine)."""
+
     def __init__(self, hidden: int, heads: int, intermediate: int, eps: float) -> None:
         super().__init__()
         self.heads, self.head_dim = heads, hidden // heads
@@ -52,9 +58,14 @@ class FastBertLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         b, s, h = x.shape
-        q, k, v = self._proj(self.qkv, x).view(b, s, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        a = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
-        x = self.ln1(x + self._proj(self.attn_out, a.transpose(1, 2).reshape(b, s, h)))
+        if self.triton_attention:
+            from miaohui.models.encoder_attention import encoder_attention_op  # Triton is imported only when asked for
+
+            a = encoder_attention_op(self._proj(self.qkv, x), bias, self.heads)  # [B, S, H]
+        else:
+            q, k, v = self._proj(self.qkv, x).view(b, s, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
+            a = F.scaled_dot_product_attention(q, k, v, attn_mask=bias).transpose(1, 2).reshape(b, s, h)
+        x = self.ln1(x + self._proj(self.attn_out, a))
         return self.ln2(x + self._proj(self.ffn_out, self._proj(self.ffn_in, x, gelu=True)))
 
     def _proj(self, lin: nn.Linear, x: torch.Tensor, gelu: bool = False) -> torch.Tensor:
@@ -115,6 +126,14 @@ def use_skinny(module: nn.Module, on: bool = True) -> nn.Module:
     for layer in module.modules():
         if isinstance(layer, FastBertLayer):
             layer.skinny = on
+    return module
+
+
+def use_triton_attention(module: nn.Module, on: bool = True) -> nn.Module:
+    """Switch every :class:`FastBertLayer` of ``module`` to ``miaohui::encoder_attention`` (``triton_attention``)."""
+    for layer in module.modules():
+        if isinstance(layer, FastBertLayer):
+            layer.triton_attention = on
     return module
 
 

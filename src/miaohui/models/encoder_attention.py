@@ -1,0 +1,152 @@
+"""The encoder's (:class:`~miaohui.models.fast_bert.FastBert`) bidirectional attention with a padding bias, as one
+flash-attention Triton kernel that reads q, k and v straight out of the QKV GEMM's output [B, S, 3·H·D] and writes
+[B, S, H·D], the output projection's input.
+
+Why: at BERT-base 32×128 fp16 on the H200, cuDNN's fused attention took 12.5 µs per layer (150 µs of a 1.63 ms call,
+``encoder_variants_h200_s11d.json``) for 1.6 GFLOP, ~2 µs at the measured peak, plus two memsets per layer and the
+permute copies around it; the (32,128) goal (≥ 60 % of peak) needs ~120 µs off that call. At ≤ 128 tokens one program
+holds a block of queries and the whole key range in one or two steps, so the kernel is short.
+
+One program takes ``BLOCK_M`` queries of one (sequence, head) and runs an online softmax over key blocks; a key's
+score gets ``bias[b, 0, 0, key]`` added (``FastBert``'s additive padding bias, ``MASK_BIAS`` on padding keys), as
+``F.scaled_dot_product_attention(q, k, v, attn_mask=bias)`` does. Behind the custom op
+``torch.ops.miaohui.encoder_attention``; elsewhere (the CPU, no Triton, a head size that is not a power of two ≥ 16)
+the op runs that SDPA call itself. Checked under Triton's interpreter and compiled for compute capability 9.0 on the
+CPU (``tests/unit/test_encoder_attention.py``); timed on the H200 by ``scripts/gpu/encoder_variants.py``'s
+``static_triton_attn`` (not yet run; not in the engine until it is).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+try:  # Triton comes with CUDA builds of torch; CPU installs may lack it
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - exercised only where triton is missing
+    triton = None
+
+BLOCK_N = 64
+"""Keys per inner step."""
+
+
+if triton is not None:
+
+    @triton.jit
+    def _encoder_kernel(
+        qkv_ptr,
+        bias_ptr,
+        out_ptr,
+        seq,
+        stride_qb,
+        stride_qs,
+        stride_bb,
+        stride_ob,
+        stride_os,
+        sm_scale,
+        HEADS: tl.constexpr,
+        D: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        PRECISION: tl.constexpr,
+    ) -> None:
+        """Program (block of queries, sequence × head): queries ``first .. first + BLOCK_M`` of sequence ``b`` attend
+        to all ``seq`` keys of head ``h``; q, k, v of token t sit at columns ``h·D``, ``(H + h)·D`` and ``(2H + h)·D``
+        of row t of ``qkv``."""
+        first = tl.program_id(0) * BLOCK_M
+        b = tl.program_id(1) // HEADS
+        h = tl.program_id(1) % HEADS
+        r = first + tl.arange(0, BLOCK_M)
+        rmask = r < seq
+        d = tl.arange(0, D)
+        row = qkv_ptr + b * stride_qb
+        q = tl.load(row + r[:, None] * stride_qs + h * D + d[None, :], mask=rmask[:, None], other=0.0)
+        m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+        l_i = tl.zeros((BLOCK_M,), tl.float32)
+        acc = tl.zeros((BLOCK_M, D), tl.float32)
+        for n0 in range(0, seq, BLOCK_N):
+            n = n0 + tl.arange(0, BLOCK_N)
+            nmask = n < seq
+            k = tl.load(row + n[:, None] * stride_qs + (HEADS + h) * D + d[None, :], mask=nmask[:, None], other=0.0)
+            bias = tl.load(bias_ptr + b * stride_bb + n, mask=nmask, other=0.0).to(tl.float32)
+            s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale + bias[None, :]
+            s = tl.where(nmask[None, :], s, float("-inf"))  # [BLOCK_M, BLOCK_N]
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))  # finite: every block holds at least one key
+            alpha = tl.exp(m_i - m_new)
+            p = tl.exp(s - m_new[:, None])
+            v = tl.load(row + n[:, None] * stride_qs + (2 * HEADS + h) * D + d[None, :], mask=nmask[:, None], other=0.0)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            m_i = m_new
+        tl.store(
+            out_ptr + b * stride_ob + r[:, None] * stride_os + h * D + d[None, :],
+            (acc / l_i[:, None]).to(out_ptr.dtype.element_ty),
+            mask=rmask[:, None],
+        )
+
+
+def _check(qkv: torch.Tensor, bias: torch.Tensor, heads: int) -> int:
+    """The head size, after checking ``qkv`` [B, S, 3·H·D] and ``bias`` [B, 1, 1, S]."""
+    ok = qkv.dim() == 3 and heads > 0 and qkv.shape[2] % (3 * heads) == 0
+    if not ok or bias.shape != (qkv.shape[0], 1, 1, qkv.shape[1]):
+        raise ValueError(
+            f"encoder attention: qkv {tuple(qkv.shape)}, bias {tuple(bias.shape)}, heads {heads}: need qkv"
+            " [B, S, 3·H·D] (the QKV projection's output) and bias [B, 1, 1, S]"
+        )
+    return int(qkv.shape[2]) // (3 * heads)
+
+
+def supported(qkv: torch.Tensor, heads: int) -> bool:
+    """Whether the Triton kernel takes this input: CUDA, Triton, a head size that is a power of two ≥ 16."""
+    d = qkv.shape[-1] // (3 * heads)
+    return triton is not None and qkv.is_cuda and d >= 16 and d & (d - 1) == 0
+
+
+def block_m(batch: int, heads: int, seq: int) -> int:
+    """Queries per program: 64, or 32 when 64 would leave most of the H200's 132 SMs idle (one sequence of 12 heads:
+    24 programs at 128 tokens). A guess until ``encoder_variants.py`` has timed it."""
+    return 64 if batch * heads * -(-seq // 64) >= 132 else 32
+
+
+def triton_encoder_attention(qkv: torch.Tensor, bias: torch.Tensor, heads: int, *, warps: int = 4) -> torch.Tensor:
+    """``qkv`` [B, S, 3·H·D] (q | k | v, each heads × head size), ``bias`` [B, 1, 1, S] added to each key's score →
+    [B, S, H·D] in qkv's dtype."""
+    if triton is None:
+        raise RuntimeError("triton_encoder_attention needs Triton (it comes with CUDA builds of torch)")
+    d = _check(qkv, bias, heads)
+    if d < 16 or d & (d - 1):
+        raise ValueError(f"encoder attention: head size {d} must be a power of two ≥ 16")
+    qkv = qkv if qkv.stride(-1) == 1 else qkv.contiguous()
+    bias = bias if bias.stride(-1) == 1 else bias.contiguous()
+    b, s, _ = qkv.shape
+    out = torch.empty((b, s, heads * d), dtype=qkv.dtype, device=qkv.device)
+    bm = block_m(b, heads, s)
+    precision = "ieee" if qkv.dtype == torch.float32 else "tf32"  # fp32 stays exact; 16-bit inputs ignore it
+    _encoder_kernel[(triton.cdiv(s, bm), b * heads)](
+        qkv, bias, out, s, qkv.stride(0), qkv.stride(1), bias.stride(0), out.stride(0), out.stride(1), d**-0.5,
+        HEADS=heads, D=d, BLOCK_M=bm, BLOCK_N=BLOCK_N, PRECISION=precision, num_warps=warps,
+    )  # fmt: skip
+    return out
+
+
+def sdpa_encoder_attention(qkv: torch.Tensor, bias: torch.Tensor, heads: int) -> torch.Tensor:
+    """The same attention as :class:`FastBertLayer` computes it without the kernel (the op's fallback and the tests'
+    reference): ``F.scaled_dot_product_attention`` with ``bias`` as its mask."""
+    d = _check(qkv, bias, heads)
+    b, s, _ = qkv.shape
+    q, k, v = qkv.view(b, s, 3, heads, d).permute(2, 0, 3, 1, 4)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias).transpose(1, 2).reshape(b, s, heads * d)
+
+
+@torch.library.custom_op("miaohui::encoder_attention", mutates_args=())
+def encoder_attention_op(qkv: torch.Tensor, bias: torch.Tensor, heads: int) -> torch.Tensor:
+    """The Triton kernel where it takes the input (:func:`supported`), the SDPA form elsewhere."""
+    if supported(qkv, heads):
+        return triton_encoder_attention(qkv, bias, heads)
+    return sdpa_encoder_attention(qkv, bias, heads)
+
+
+@encoder_attention_op.register_fake
+def _encoder_attention_fake(qkv: torch.Tensor, bias: torch.Tensor, heads: int) -> torch.Tensor:
+    return qkv.new_empty((qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3))

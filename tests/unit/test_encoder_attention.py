@@ -1,0 +1,94 @@
+"""The encoder's Triton attention (``miaohui.models.encoder_attention``): under Triton's interpreter against the SDPA
+form FastBert runs today; compiled for the H200 on the CPU; the op's CPU path and FastBert with the flag on. The
+interpreter must be on before Triton is imported, so that check runs in a child process."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tests.triton_checks import compile_for_h200, run_interpreted
+
+from miaohui.models import encoder_attention as ea
+from miaohui.models import fast_bert
+from miaohui.models.intent import IntentClassifier, random_bert
+
+CHECK = """
+import torch
+from miaohui.models.encoder_attention import sdpa_encoder_attention, triton_encoder_attention
+from miaohui.models.fast_bert import MASK_BIAS
+
+torch.manual_seed(0)
+cases = [  # batch, sequence, heads, head size, dtype, padded keys per sequence
+    (1, 128, 12, 64, torch.float32, (0,)),          # BERT-base at 1x128: 32-query blocks, two key blocks
+    (3, 100, 12, 32, torch.float32, (0, 37, 99)),   # e5's head size; a sequence not a multiple of the blocks
+    (2, 16, 4, 64, torch.float16, (5, 0)),          # one short key block, fp16
+    (12, 64, 12, 64, torch.float16, (0,) * 11 + (63,)),  # 64-query blocks (144 programs); one key left unpadded
+]
+for b, s, h, d, dtype, padded in cases:
+    qkv = torch.randn(b, s, 3 * h * d).to(dtype)
+    mask = torch.ones(b, s)
+    for i, p in enumerate(padded):
+        if p:
+            mask[i, s - p :] = 0
+    bias = ((1.0 - mask[:, None, None, :]) * MASK_BIAS).to(dtype)
+    got = triton_encoder_attention(qkv, bias, h)
+    want = sdpa_encoder_attention(qkv.float(), bias.float(), h)
+    assert got.dtype == dtype and got.shape == (b, s, h * d), (got.dtype, got.shape)
+    err = float((got.float() - want).abs().max())
+    assert err < (1e-4 if dtype == torch.float32 else 5e-3), (b, s, h, d, dtype, err)
+    # the padded keys do not count: the same queries over the unpadded keys alone
+    kept = int(mask[-1].sum())
+    alone = sdpa_encoder_attention(
+        qkv[-1:].view(1, s, 3, h * d)[:, :kept].reshape(1, kept, 3 * h * d).float(),
+        torch.zeros(1, 1, 1, kept), h,
+    )
+    assert float((got[-1:, :kept].float() - alone).abs().max()) < (1e-4 if dtype == torch.float32 else 5e-3)
+# a strided qkv (a view of a wider buffer) is read as such
+wide = torch.randn(2, 40, 3 * 4 * 32 + 8)
+qkv, bias = wide[:, :, : 3 * 4 * 32], torch.zeros(2, 1, 1, 40)
+assert float((triton_encoder_attention(qkv, bias, 4) - sdpa_encoder_attention(qkv, bias, 4)).abs().max()) < 1e-4
+print("ok", len(cases) + 1)
+"""
+
+
+def test_kernel_matches_sdpa_under_the_interpreter() -> None:
+    assert run_interpreted(CHECK) == "ok 5"
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16", "fp32"])
+@pytest.mark.parametrize("d", [32, 64])
+def test_kernel_compiles_for_the_h200(dtype: str, d: int) -> None:
+    """Triton's whole pipeline down to a cubin for compute capability 9.0, on the CPU, for e5's and BERT-base's
+    head sizes."""
+    ptr = f"*{dtype}"
+    kernel = compile_for_h200(
+        ea._encoder_kernel,
+        [ptr, ptr, ptr, "i32", *["i32"] * 5, "fp32"],
+        {"HEADS": 12, "D": d, "BLOCK_M": 64, "BLOCK_N": ea.BLOCK_N, "PRECISION": "ieee" if dtype == "fp32" else "tf32"},
+        divisible=("seq",),
+    )
+    assert "cubin" in kernel.asm
+
+
+def test_bad_shapes_are_refused_with_the_shapes_named() -> None:
+    with pytest.raises(ValueError, match=r"qkv \(2, 8, 100\), bias \(2, 1, 1, 8\), heads 12: need qkv"):
+        ea.sdpa_encoder_attention(torch.zeros(2, 8, 100), torch.zeros(2, 1, 1, 8), 12)
+    with pytest.raises(ValueError, match=r"bias \(1, 8\)"):
+        ea.sdpa_encoder_attention(torch.zeros(2, 8, 36), torch.zeros(1, 8), 3)
+
+
+def test_fast_bert_with_the_op_gives_the_same_logits_on_the_cpu() -> None:
+    """On the CPU the op runs the SDPA form, so the flag changes nothing there: the encoder (eager and compiled, the
+    op opaque to Inductor) gives the logits it gave without it."""
+    enc = random_bert(hidden=64, layers=2, heads=4, vocab=500, intermediate=128, seed=0)
+    model = fast_bert.from_module(IntentClassifier(enc, 24).eval())
+    ids = torch.randint(5, 500, (3, 20))
+    mask = torch.ones(3, 20, dtype=torch.int64)
+    mask[1, 12:] = 0
+    with torch.inference_mode():
+        want = model(ids, mask)
+        fast_bert.use_triton_attention(model)
+        got = model(ids, mask)
+        compiled = torch.compile(model, fullgraph=True)(ids, mask)
+    assert torch.equal(got, want)
+    assert float((compiled - want).abs().max()) < 1e-4
