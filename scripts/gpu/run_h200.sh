@@ -129,7 +129,7 @@
 #   s25c:   the MLP's output carried to the next layer's RMSNorm kernel (no addmm for the down projection either): the
 #           GPU tests of the fused, mixed and graph paths, the 64-row step's kernels in order, one s25a server
 #   s26c:   (next session) the encoder's attention as one Triton kernel (models/encoder_attention.py) against the
-#           engine's kernels (cuDNN attention), BERT-base at 1x128, 32x128, 128x128 (encoder_variants.py)
+#           engine's kernels (cuDNN attention), BERT-base at 1x16, 1x128, 32x128, 128x128 (encoder_variants.py)
 #   s26b:   (next session) programmatic dependent launch: pdl_probe.py (48 chained skinny GEMMs of BERT-base at 16 /
 #           128 rows, cuBLAS vs Triton vs Triton with PDL), the whole BERT-base encoder at 1x16/1x128 with every GEMM
 #           skinny, without and with PDL (encoder_variants.py static_skinny(_pdl)), then the decode steps (1 and 64
@@ -639,7 +639,7 @@ case $stage in
     ;;
   s26c)
     timeout 330 python3 scripts/gpu/encoder_variants.py --variants static_gelu_epi,static_triton_attn \
-      --shapes 1x128,32x128,128x128 --out "$OUT" 2>&1 | grep -E '"variant"|kernels/call|Error' | tail -12
+      --shapes 1x16,1x128,32x128,128x128 --out "$OUT" 2>&1 | grep -E '"variant"|kernels/call|Error' | tail -12
     ;;
   s26b)
     (cd scripts/gpu && PYTHONPATH=../../src timeout 150 python3 pdl_probe.py --out "$OUT") 2>&1 | tail -8
