@@ -18,7 +18,8 @@
   (``skinny_gemm.SKINNY_PDL``) and for Inductor's own Triton kernels (``triton.enable_pdl``; not its GEMM
   templates, nor SDPA's attention): with the table of every product, all but the attention are PDL launches;
 * ``static_triton_attn``: ``static_gelu_epi`` with the attention as miaohui's Triton kernel reading q, k, v from the
-  QKV output (:mod:`miaohui.models.encoder_attention`) instead of the permutes, cuDNN's kernel and its memsets.
+  QKV output (:mod:`miaohui.models.encoder_attention`) instead of the permutes, cuDNN's kernel and its memsets;
+* ``static_skinny_pdl_attn``: both of the last two (what the prepared pieces give together at 1×16 / 1×128).
 
 Each variant: a CUDA graph of one call, CUDA events, median/p99 of ``--iters`` replays; relative error against fp32
 eager; the graph's kernel table (kernels per call, top kernels). Then a "floor": each of a layer's four GEMMs and
@@ -158,12 +159,10 @@ def main() -> None:
     for variant in args.variants.split(","):
         for b, s in shapes:
             torch._dynamo.reset()
-            fast_bert.use_fused_gelu(
-                model, variant in ("static_gelu_epi", "static_skinny", "static_skinny_pdl", "static_triton_attn")
-            )
-            fast_bert.use_triton_attention(model, variant == "static_triton_attn")
-            fast_bert.use_skinny(model, variant in ("static_skinny", "static_skinny_pdl"))
-            pdl = variant == "static_skinny_pdl"
+            fast_bert.use_fused_gelu(model, variant.startswith(("static_gelu_epi", "static_skinny", "static_triton")))
+            fast_bert.use_triton_attention(model, variant in ("static_triton_attn", "static_skinny_pdl_attn"))
+            fast_bert.use_skinny(model, variant.startswith("static_skinny"))
+            pdl = variant.startswith("static_skinny_pdl")
             skinny_gemm.SKINNY_PDL = pdl
             mode = "max-autotune-no-cudagraphs" if variant == "static_autotune" else None
             compiled = torch.compile(model, dynamic=variant == "dynamic", fullgraph=True, mode=mode)
