@@ -19,7 +19,11 @@
   templates, nor SDPA's attention): with the table of every product, all but the attention are PDL launches;
 * ``static_triton_attn``: ``static_gelu_epi`` with the attention as miaohui's Triton kernel reading q, k, v from the
   QKV output (:mod:`miaohui.models.encoder_attention`) instead of the permutes, cuDNN's kernel and its memsets;
-* ``static_skinny_pdl_attn``: both of the last two (what the prepared pieces give together at 1×16 / 1×128).
+* ``static_skinny_pdl_attn``: both of the last two (what the prepared pieces give together at 1×16 / 1×128);
+* ``static_skinny_ln``: ``static_skinny`` with the attention-output and FFN-output projections, their residual add and
+  LayerNorm as one kernel each (:mod:`miaohui.models.skinny_ln`, its own table of 16-row tiles): 36 fewer kernels
+  per call (24 LayerNorms, 12 split-K reduces) at 1×16 / 1×128; ``static_skinny_ln_pdl_attn``: with PDL and the
+  Triton attention too.
 
 Each variant: a CUDA graph of one call, CUDA events, median/p99 of ``--iters`` replays; relative error against fp32
 eager; the graph's kernel table (kernels per call, top kernels). Then a "floor": each of a layer's four GEMMs and
@@ -46,13 +50,27 @@ import torch
 import torch._inductor.config
 import torch.nn.functional as F
 
-from miaohui.models import fast_bert, skinny_gemm
+from miaohui.models import fast_bert, skinny_gemm, skinny_ln
 from miaohui.models.intent import IntentClassifier, random_bert
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from bench_gpu_encoder import kernel_table
 
 PEAK_TFLOPS = 790.0
+PARTS: dict[str, set[str]] = {
+    "dynamic": set(),
+    "static": set(),
+    "static_cudnn": set(),
+    "static_autotune": set(),
+    "static_gelu_epi": {"fused_gelu"},
+    "static_skinny": {"fused_gelu", "skinny"},
+    "static_skinny_pdl": {"fused_gelu", "skinny", "pdl"},
+    "static_triton_attn": {"fused_gelu", "triton_attention"},
+    "static_skinny_pdl_attn": {"fused_gelu", "skinny", "pdl", "triton_attention"},
+    "static_skinny_ln": {"fused_gelu", "skinny", "skinny_ln"},
+    "static_skinny_ln_pdl_attn": {"fused_gelu", "skinny", "skinny_ln", "pdl", "triton_attention"},
+}
+"""Variant → the model's switches (``fast_bert.use_*``) and PDL for the skinny kernels and Inductor's."""
 
 
 def flops(h: int, inter: int, layers: int, b: int, s: int) -> float:
@@ -134,6 +152,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("/tmp/encvar"))
     ap.add_argument("--skinny-table", type=Path, help="encoder_gemm_sweep.py's JSON (static_skinny)")
     args = ap.parse_args()
+    unknown = sorted(set(args.variants.split(",")) - set(PARTS))
+    if unknown:
+        ap.error(f"unknown variants {unknown}; choose from {sorted(PARTS)}")
     if "skinny" in args.variants:
         table = skinny_gemm.table_from_sweep(json.loads(args.skinny_table.read_text())) if args.skinny_table else None
         skinny_gemm.SKINNY_BEST.update(table or probe_table())
@@ -159,11 +180,13 @@ def main() -> None:
     for variant in args.variants.split(","):
         for b, s in shapes:
             torch._dynamo.reset()
-            fast_bert.use_fused_gelu(model, variant.startswith(("static_gelu_epi", "static_skinny", "static_triton")))
-            fast_bert.use_triton_attention(model, variant in ("static_triton_attn", "static_skinny_pdl_attn"))
-            fast_bert.use_skinny(model, variant.startswith("static_skinny"))
-            pdl = variant.startswith("static_skinny_pdl")
-            skinny_gemm.SKINNY_PDL = pdl
+            parts = PARTS[variant]
+            fast_bert.use_fused_gelu(model, "fused_gelu" in parts)
+            fast_bert.use_skinny(model, "skinny" in parts)
+            fast_bert.use_skinny_ln(model, "skinny_ln" in parts)
+            fast_bert.use_triton_attention(model, "triton_attention" in parts)
+            pdl = "pdl" in parts
+            skinny_gemm.SKINNY_PDL = skinny_ln.SKINNY_LN_PDL = pdl
             mode = "max-autotune-no-cudagraphs" if variant == "static_autotune" else None
             compiled = torch.compile(model, dynamic=variant == "dynamic", fullgraph=True, mode=mode)
             fn: Callable[..., torch.Tensor] = compiled
@@ -203,8 +226,9 @@ def main() -> None:
                     print(f"    {k['per_call']:5.1f}x {k['us_per_call']:8.2f} us  {k['kernel']}", flush=True)
     fast_bert.use_fused_gelu(model, False)
     fast_bert.use_skinny(model, False)
+    fast_bert.use_skinny_ln(model, False)
     fast_bert.use_triton_attention(model, False)
-    skinny_gemm.SKINNY_PDL = False
+    skinny_gemm.SKINNY_PDL = skinny_ln.SKINNY_LN_PDL = False
     with torch.inference_mode():
         report["floor"] = {f"{b}x{s}": floor(h, inter, heads, layers, b, s, dtype, cuda) for b, s in shapes}
     print("floor:", json.dumps(report["floor"]), flush=True)

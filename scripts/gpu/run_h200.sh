@@ -130,11 +130,12 @@
 #           GPU tests of the fused, mixed and graph paths, the 64-row step's kernels in order, one s25a server
 #   s26c:   (next session) the encoder's attention as one Triton kernel (models/encoder_attention.py) against the
 #           engine's kernels (cuDNN attention), BERT-base at 1x16, 1x128, 32x128, 128x128 (encoder_variants.py)
-#   s26b:   (next session) programmatic dependent launch: pdl_probe.py (48 chained skinny GEMMs of BERT-base at 16 /
-#           128 rows, cuBLAS vs Triton vs Triton with PDL), the whole BERT-base encoder at 1x16/1x128 with every GEMM
-#           skinny, without and with PDL, and with PDL + s26c's attention (encoder_variants.py static_skinny*), then
-#           the decode steps (1 and 64 rows) with Inductor's PDL off / on (TORCHINDUCTOR_ENABLE_PDL; its Triton
-#           kernels only)
+#   s26b:   (next session) the encoder at 1x16/1x128 with fewer or faster-launched kernels: the GPU test of the fused
+#           GEMM + LayerNorm kernel and the Triton attention, pdl_probe.py (48 chained skinny GEMMs of BERT-base at 16 /
+#           128 rows, cuBLAS vs Triton vs Triton with PDL), then encoder_variants.py: every GEMM skinny, with PDL, with
+#           PDL + s26c's attention, with GEMM + LayerNorm fused (models/skinny_ln.py), and all of them together
+#   s26d:   (next session) the decode steps (1 and 64 rows) with Inductor's PDL off / on (TORCHINDUCTOR_ENABLE_PDL;
+#           its Triton kernels only)
 #   s25b:   the attention's output projection added by the next RMSNorm kernel (no addmm, so no memcpy node): the
 #           64-row step's kernels in order with Inductor's output code, then s25a's two servers
 #   s25a:   (session 22) the 64-row decode step's kernels in order (where its memcpy nodes come from), then the
@@ -643,10 +644,14 @@ case $stage in
       --shapes 1x16,1x128,32x128,128x128 --out "$OUT" 2>&1 | grep -E '"variant"|kernels/call|Error' | tail -12
     ;;
   s26b)
-    (cd scripts/gpu && PYTHONPATH=../../src timeout 150 python3 pdl_probe.py --out "$OUT") 2>&1 | tail -8
-    timeout 300 python3 scripts/gpu/encoder_variants.py \
-      --variants static_gelu_epi,static_skinny,static_skinny_pdl,static_skinny_pdl_attn \
-      --shapes 1x16,1x128 --out "$OUT" 2>&1 | grep -E '"variant"|kernels/call|Error' | tail -12
+    timeout 120 python3 -X faulthandler -m pytest -q tests/gpu/test_skinny_ln_gpu.py -p no:cacheprovider 2>&1 | tail -3 \
+      | tee "$OUT/gpu_tests_skinny_ln_h200_s26b.txt"
+    (cd scripts/gpu && PYTHONPATH=../../src timeout 120 python3 pdl_probe.py --out "$OUT") 2>&1 | tail -8
+    timeout 330 python3 scripts/gpu/encoder_variants.py --shapes 1x16,1x128 --variants \
+      static_gelu_epi,static_skinny,static_skinny_pdl,static_skinny_pdl_attn,static_skinny_ln,static_skinny_ln_pdl_attn \
+      --out "$OUT" 2>&1 | grep -E '"variant"|kernels/call|Error' | tail -14
+    ;;
+  s26d)
     for pdl in 0 1; do
       TORCHINDUCTOR_ENABLE_PDL=$pdl TORCH_LOGS=output_code timeout 150 python3 scripts/gpu/profile_decode.py \
         --batches 1,64 --int8-batch1 --out "$OUT/pdl$pdl" 2>/tmp/oc$pdl.log | grep -E "graph step|Error" | tail -3

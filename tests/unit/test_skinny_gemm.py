@@ -136,11 +136,11 @@ def test_encoder_variants_smoke_runs_the_new_variants_on_the_cpu(tmp_path: Path)
     env = {**os.environ, "PYTHONPATH": str(root / "src")}
     done = subprocess.run(
         [sys.executable, "scripts/gpu/encoder_variants.py", "--device", "cpu", "--tiny", "--variants",
-         "static_skinny_pdl,static_triton_attn,static_skinny_pdl_attn", "--shapes", "1x16", "--iters", "2", "--out", str(tmp_path)],
+         "static_skinny_pdl,static_triton_attn,static_skinny_ln_pdl_attn", "--shapes", "1x16", "--iters", "2", "--out", str(tmp_path)],
         cwd=root, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert "(128, 2304, 768)" in done.stdout  # the probe's table was installed
     rows = json.loads((tmp_path / "encoder_variants.json").read_text())["results"]
-    assert [r["variant"] for r in rows] == ["static_skinny_pdl", "static_triton_attn", "static_skinny_pdl_attn"]
+    assert [r["variant"] for r in rows] == ["static_skinny_pdl", "static_triton_attn", "static_skinny_ln_pdl_attn"]
     assert all("error" not in r and r["rel_err"] < 1e-4 for r in rows), rows

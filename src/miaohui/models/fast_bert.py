@@ -46,6 +46,12 @@ class FastBertLayer(nn.Module):
     :func:`use_triton_attention`; only ``scripts/gpu/encoder_variants.py``'s ``static_triton_attn`` turns it on (not
     measured yet, not in the engine)."""
 
+    skinny_ln: bool = False
+    """The two projections a LayerNorm reads (attention output, FFN output) through ``miaohui::skinny_linear_ln``
+    (:mod:`miaohui.models.skinny_ln`: GEMM + bias + residual + LayerNorm as one Triton kernel where its table has the
+    product's rows, the three ops elsewhere). Set by :func:`use_skinny_ln`; only ``scripts/gpu/encoder_variants.py``'s
+    ``static_skinny_ln*`` variants turn it on (not measured yet, not in the engine)."""
+
     def __init__(self, hidden: int, heads: int, intermediate: int, eps: float) -> None:
         super().__init__()
         self.heads, self.head_dim = heads, hidden // heads
@@ -65,8 +71,16 @@ class FastBertLayer(nn.Module):
         else:
             q, k, v = self._proj(self.qkv, x).view(b, s, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
             a = F.scaled_dot_product_attention(q, k, v, attn_mask=bias).transpose(1, 2).reshape(b, s, h)
-        x = self.ln1(x + self._proj(self.attn_out, a))
-        return self.ln2(x + self._proj(self.ffn_out, self._proj(self.ffn_in, x, gelu=True)))
+        x = self._proj_ln(self.attn_out, a, x, self.ln1)
+        return self._proj_ln(self.ffn_out, self._proj(self.ffn_in, x, gelu=True), x, self.ln2)
+
+    def _proj_ln(self, lin: nn.Linear, h: torch.Tensor, residual: torch.Tensor, ln: nn.LayerNorm) -> torch.Tensor:
+        """``ln(residual + lin(h))``: one kernel with ``skinny_ln``, else the projection, the add and the LayerNorm."""
+        if self.skinny_ln:
+            from miaohui.models.skinny_ln import skinny_ln_op  # Triton is imported only when asked for
+
+            return skinny_ln_op(h, lin.weight, lin.bias, residual, ln.weight, ln.bias, ln.eps)
+        return ln(residual + self._proj(lin, h))
 
     def _proj(self, lin: nn.Linear, x: torch.Tensor, gelu: bool = False) -> torch.Tensor:
         """``lin(x)`` (then GELU when ``gelu``) by the kernel the flags choose: ``skinny_linear`` (tanh GELU),
@@ -121,28 +135,31 @@ def _embedding(n: int, dim: int, init: bool) -> nn.Embedding:
     return nn.Embedding(n, dim) if init else nn.Embedding(n, dim, _weight=torch.empty(n, dim))
 
 
-def use_skinny(module: nn.Module, on: bool = True) -> nn.Module:
-    """Switch every :class:`FastBertLayer` of ``module`` to ``miaohui::skinny_linear`` (see ``skinny``)."""
+def _set_layer_flag(module: nn.Module, flag: str, on: bool) -> nn.Module:
     for layer in module.modules():
         if isinstance(layer, FastBertLayer):
-            layer.skinny = on
+            setattr(layer, flag, on)
     return module
+
+
+def use_skinny(module: nn.Module, on: bool = True) -> nn.Module:
+    """Switch every :class:`FastBertLayer` of ``module`` to ``miaohui::skinny_linear`` (see ``skinny``)."""
+    return _set_layer_flag(module, "skinny", on)
+
+
+def use_skinny_ln(module: nn.Module, on: bool = True) -> nn.Module:
+    """Switch every :class:`FastBertLayer` of ``module`` to ``miaohui::skinny_linear_ln`` (``skinny_ln``)."""
+    return _set_layer_flag(module, "skinny_ln", on)
 
 
 def use_triton_attention(module: nn.Module, on: bool = True) -> nn.Module:
     """Switch every :class:`FastBertLayer` of ``module`` to ``miaohui::encoder_attention`` (``triton_attention``)."""
-    for layer in module.modules():
-        if isinstance(layer, FastBertLayer):
-            layer.triton_attention = on
-    return module
+    return _set_layer_flag(module, "triton_attention", on)
 
 
 def use_fused_gelu(module: nn.Module, on: bool = True) -> nn.Module:
     """Switch every :class:`FastBertLayer` of ``module`` to the fused GEMM+bias+GELU (see ``fused_gelu``)."""
-    for layer in module.modules():
-        if isinstance(layer, FastBertLayer):
-            layer.fused_gelu = on
-    return module
+    return _set_layer_flag(module, "fused_gelu", on)
 
 
 def _pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

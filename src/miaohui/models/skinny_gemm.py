@@ -43,6 +43,24 @@ if triton is not None:
         return 0.5 * v * (1.0 + t)
 
     @triton.jit
+    def _tile_product(
+        x_ptr, w_ptr, rm, rn, pid_k, M, N, K, stride_xm, stride_wn, K_ITERS, BLOCK_M, BLOCK_N, BLOCK_K
+    ):  # no annotations: a @jit function reads them as globals
+        """``x[rm, ks] @ w[rn, ks]ᵀ`` in fp32 over the ``pid_k``-th slice of K (``K_ITERS`` steps of ``BLOCK_K``)."""
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        k_start = pid_k * (K_ITERS * BLOCK_K)
+        for it in range(K_ITERS):
+            rk = k_start + it * BLOCK_K + tl.arange(0, BLOCK_K)
+            x = tl.load(
+                x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=(rm[:, None] < M) & (rk[None, :] < K), other=0.0
+            )
+            w = tl.load(
+                w_ptr + rn[None, :] * stride_wn + rk[:, None], mask=(rn[None, :] < N) & (rk[:, None] < K), other=0.0
+            )
+            acc += tl.dot(x, w)
+        return acc
+
+    @triton.jit
     def _skinny_kernel(
         x_ptr,
         w_ptr,
@@ -75,17 +93,9 @@ if triton is not None:
         pid_k = tl.program_id(2)
         rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        k_start = pid_k * (K_ITERS * BLOCK_K)
-        for it in range(K_ITERS):
-            rk = k_start + it * BLOCK_K + tl.arange(0, BLOCK_K)
-            x = tl.load(
-                x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=(rm[:, None] < M) & (rk[None, :] < K), other=0.0
-            )
-            w = tl.load(
-                w_ptr + rn[None, :] * stride_wn + rk[:, None], mask=(rn[None, :] < N) & (rk[:, None] < K), other=0.0
-            )
-            acc += tl.dot(x, w)
+        acc = _tile_product(
+            x_ptr, w_ptr, rm, rn, pid_k, M, N, K, stride_xm, stride_wn, K_ITERS, BLOCK_M, BLOCK_N, BLOCK_K
+        )
         mask = (rm[:, None] < M) & (rn[None, :] < N)
         if SPLIT == 1:
             if HAS_BIAS:
