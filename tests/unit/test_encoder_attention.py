@@ -1,5 +1,5 @@
 """The encoder's Triton attention (``miaohui.models.encoder_attention``): under Triton's interpreter against the SDPA
-form FastBert runs today; compiled for the H200 on the CPU; the op's CPU path and FastBert with the flag on. The
+form FastBert runs today; compiled for the H200 on the CPU; refused shapes (FastBert with the switch on: ``test_fast_bert_switches.py``). The
 interpreter must be on before Triton is imported, so that check runs in a child process."""
 
 from __future__ import annotations
@@ -9,8 +9,6 @@ import torch
 from tests.triton_checks import compile_for_h200, run_interpreted
 
 from miaohui.models import encoder_attention as ea
-from miaohui.models import fast_bert
-from miaohui.models.intent import IntentClassifier, random_bert
 
 CHECK = """
 import torch
@@ -75,20 +73,3 @@ def test_bad_shapes_are_refused_with_the_shapes_named() -> None:
         ea.sdpa_encoder_attention(torch.zeros(2, 8, 100), torch.zeros(2, 1, 1, 8), 12)
     with pytest.raises(ValueError, match=r"bias \(1, 8\)"):
         ea.sdpa_encoder_attention(torch.zeros(2, 8, 36), torch.zeros(1, 8), 3)
-
-
-def test_fast_bert_with_the_op_gives_the_same_logits_on_the_cpu() -> None:
-    """On the CPU the op runs the SDPA form, so the flag changes nothing there: the encoder (eager and compiled, the
-    op opaque to Inductor) gives the logits it gave without it."""
-    enc = random_bert(hidden=64, layers=2, heads=4, vocab=500, intermediate=128, seed=0)
-    model = fast_bert.from_module(IntentClassifier(enc, 24).eval())
-    ids = torch.randint(5, 500, (3, 20))
-    mask = torch.ones(3, 20, dtype=torch.int64)
-    mask[1, 12:] = 0
-    with torch.inference_mode():
-        want = model(ids, mask)
-        fast_bert.use_triton_attention(model)
-        got = model(ids, mask)
-        compiled = torch.compile(model, fullgraph=True)(ids, mask)
-    assert torch.equal(got, want)
-    assert float((compiled - want).abs().max()) < 1e-4

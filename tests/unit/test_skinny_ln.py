@@ -1,7 +1,8 @@
 """``miaohui.models.skinny_ln``: GEMM + bias + residual + LayerNorm in one kernel. Under Triton's interpreter (which runs
 the programs one after another, so the last program of a row block does the fix-up) against the unfused torch form,
 twice in a row on the same counters (each call must leave them at zero); compiled for the H200 on the CPU; the op's
-CPU path. How the programs order their writes on a real GPU is a GPU test's job (``tests/gpu/test_skinny_ln_gpu.py``)."""
+CPU path (FastBert with the switch on: ``test_fast_bert_switches.py``). How the programs order their writes on a real
+GPU is a GPU test's job (``tests/gpu/test_skinny_ln_gpu.py``)."""
 
 from __future__ import annotations
 
@@ -90,23 +91,3 @@ def test_mismatched_inputs_are_refused_with_their_shapes() -> None:
             torch.randn(2, 8, 64), torch.randn(32, 64), torch.zeros(32), torch.randn(2, 8, 31), torch.ones(32),
             torch.zeros(32), 1e-5, (16, 32, 64, 1, 4),
         )  # fmt: skip
-
-
-def test_fast_bert_with_the_op_gives_the_same_logits_on_the_cpu() -> None:
-    """On the CPU the op is the unfused form, so the switch changes nothing there: eager and compiled (the op opaque
-    to Inductor), the encoder gives the logits it gave without it."""
-    from miaohui.models import fast_bert
-    from miaohui.models.intent import IntentClassifier, random_bert
-
-    enc = random_bert(hidden=64, layers=2, heads=4, vocab=500, intermediate=128, seed=1)
-    model = fast_bert.from_module(IntentClassifier(enc, 24).eval())
-    ids = torch.randint(5, 500, (2, 12))
-    mask = torch.ones(2, 12, dtype=torch.int64)
-    mask[0, 7:] = 0
-    with torch.inference_mode():
-        want = model(ids, mask)
-        fast_bert.use_skinny_ln(model)
-        got = model(ids, mask)
-        compiled = torch.compile(model, fullgraph=True)(ids, mask)
-    assert torch.equal(got, want)
-    assert float((compiled - want).abs().max()) < 1e-4
