@@ -206,6 +206,10 @@ gen_server() {  # TAG "ENV=V ..." FLAGS...: the 1.5B-shaped server under 64 stre
   env $envs timeout 170 python3 -X faulthandler benchmarks/bench_generation_gpu.py --models qwen1.5b --server-only \
     --duration 12 "$@" --out "$OUT/$tag" 2>&1 | grep -E "server|step|Error|error" | tail -30
 }
+gen_engine_process() {  # TAG: the 1.5B server as README measures it (--workers 2 --shared-engine, 20 s) → $OUT/TAG
+  gen_server "$1" "" --stagger-ms 10 --static-prefill --async-scheduling --int8-batch1 --serve-workers 2 \
+    --duration 20 2>&1 | grep -E "server|Error" | head -6
+}
 gen_ab() {  # TAG OPTION "V1 V2 ..." FLAGS...: the async 1.5B server (staggered, static prefill) once per value → $OUT/TAG_V_*
   local tag=$1 opt=$2 values=$3
   shift 3
@@ -626,8 +630,7 @@ case $stage in
         | grep -E "graph step|Error" | tail -3
       rm -f "$OUT/heads_$heads"/*.order.txt "$OUT/heads_$heads/profile_mixed_64_128.txt"
     done
-    gen_server srv26a_w2 "" --stagger-ms 10 --static-prefill --async-scheduling --int8-batch1 --serve-workers 2 \
-      --duration 20 2>&1 | grep -E "server|Error" | head -6
+    gen_engine_process srv26a_w2
     rm -f "$OUT"/srv26a_*/*.png "$OUT/nvidia-smi.txt"
     ;;
   s25c)
@@ -635,8 +638,7 @@ case $stage in
       -k "mixed or test_graphs_match_eager_tokens or fused_decode_layer or gemv_fused" 2>&1 | tail -3 \
       | tee "$OUT/gpu_tests_carry_h200_s25c.txt"
     timeout 150 python3 scripts/gpu/profile_decode.py --batches 64 --out "$OUT" 2>&1 | grep -E "graph step|Error" | tail -3
-    gen_server srv25c_w2 "" --stagger-ms 10 --static-prefill --async-scheduling --int8-batch1 --serve-workers 2 \
-      --duration 20 2>&1 | grep -E "server|Error" | head -6
+    gen_engine_process srv25c_w2
     rm -f "$OUT"/srv25c_*/*.png "$OUT/nvidia-smi.txt"
     ;;
   s26c)
@@ -664,16 +666,14 @@ case $stage in
       | grep -E "graph step|Error" | tail -3
     gzip -c /tmp/oc.log > "$OUT/profile_decode_output_code.log.gz"
     for i in 1 2; do
-      gen_server srv25b_w2_$i "" --stagger-ms 10 --static-prefill --async-scheduling --int8-batch1 --serve-workers 2 \
-        --duration 20 2>&1 | grep -E "server|Error" | head -6
+      gen_engine_process srv25b_w2_$i
     done
     rm -f "$OUT"/srv25b_*/*.png "$OUT/nvidia-smi.txt"
     ;;
   s25a)
     timeout 240 python3 scripts/gpu/profile_decode.py --batches 64 --out "$OUT" 2>&1 | grep -E "graph step|Error" | tail -3
     for i in 1 2; do
-      gen_server srv25a_w2_$i "" --stagger-ms 10 --static-prefill --async-scheduling --int8-batch1 --serve-workers 2 \
-        --duration 20 2>&1 | grep -E "server|Error" | head -6
+      gen_engine_process srv25a_w2_$i
     done
     rm -f "$OUT"/srv25a_*/*.png "$OUT/nvidia-smi.txt"
     ;;
