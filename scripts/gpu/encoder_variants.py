@@ -50,7 +50,7 @@ import torch
 import torch._inductor.config
 import torch.nn.functional as F
 
-from miaohui.models import fast_bert, skinny_gemm, skinny_ln
+from miaohui.models import encoder_attention, fast_bert, skinny_gemm, skinny_ln
 from miaohui.models.intent import IntentClassifier, random_bert
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
@@ -151,6 +151,7 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=300)
     ap.add_argument("--out", type=Path, default=Path("/tmp/encvar"))
     ap.add_argument("--skinny-table", type=Path, help="encoder_gemm_sweep.py's JSON (static_skinny)")
+    ap.add_argument("--attn-table", type=Path, help="attn_probe.py's JSON (the *_attn variants' configurations)")
     args = ap.parse_args()
     unknown = sorted(set(args.variants.split(",")) - set(PARTS))
     if unknown:
@@ -159,6 +160,9 @@ def main() -> None:
         table = skinny_gemm.table_from_sweep(json.loads(args.skinny_table.read_text())) if args.skinny_table else None
         skinny_gemm.SKINNY_BEST.update(table or probe_table())
         print("skinny products:", skinny_gemm.SKINNY_BEST, flush=True)
+    if args.attn_table:
+        encoder_attention.ATTN_BEST.update(encoder_attention.table_from_probe(json.loads(args.attn_table.read_text())))
+        print("attention configurations:", encoder_attention.ATTN_BEST, flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     cuda = args.device == "cuda"
     h, layers, heads, inter = (64, 2, 4, 256) if args.tiny else (768, 12, 12, 3072)

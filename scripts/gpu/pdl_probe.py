@@ -33,23 +33,14 @@ import torch
 from decode_kernel_probe import _time_graph
 from torch.nn import functional as F
 
-from miaohui.models.skinny_gemm import SkinnyConfig, skinny_linear
+from miaohui.models.kernel_tables import SKINNY_ROWS, bert_products
+from miaohui.models.skinny_gemm import skinny_linear
 
 HIDDEN, INTER, LAYERS = 768, 3072, 12
-SHAPES = {
-    "qkv": (3 * HIDDEN, HIDDEN),
-    "attn_out": (HIDDEN, HIDDEN),
-    "ffn_in": (INTER, HIDDEN),
-    "ffn_out": (HIDDEN, INTER),
-}
+SHAPES = bert_products(HIDDEN, INTER)
 """GEMM → (N, K) of its weight."""
-CONFIGS: dict[int, dict[str, SkinnyConfig]] = {
-    16: {"qkv": (16, 32, 128, 1, 4), "attn_out": (16, 32, 128, 4, 4), "ffn_in": (16, 32, 128, 1, 4),
-         "ffn_out": (16, 32, 128, 4, 4)},
-    128: {"qkv": (64, 64, 128, 1, 4), "attn_out": (64, 32, 128, 1, 4), "ffn_in": (64, 64, 128, 1, 4),
-          "ffn_out": (64, 32, 128, 4, 4)},
-}  # fmt: skip
-"""Rows → GEMM → (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT, num_warps)."""
+CONFIGS = SKINNY_ROWS
+"""Rows → GEMM → (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT, num_warps): the engine's table (``kernel_tables``)."""
 
 Weights = list[dict[str, tuple[torch.Tensor, torch.Tensor]]]
 

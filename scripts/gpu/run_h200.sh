@@ -136,6 +136,14 @@
 #           PDL + s26c's attention, with GEMM + LayerNorm fused (models/skinny_ln.py), and all of them together
 #   s26d:   (next session) the decode steps (1 and 64 rows) with Inductor's PDL off / on (TORCHINDUCTOR_ENABLE_PDL;
 #           its Triton kernels only)
+#   s27a:   scripts/gpu/attn_probe.py (the encoder attention's launch configurations per shape against the SDPA form),
+#           then encoder_variants.py with the probe's table: static_triton_attn at four shapes, static_skinny_pdl_attn
+#           at 1x16 / 1x128
+#   s27b:   tests/gpu/test_gpu_kernels_gpu.py (BERT-base engines built with gpu_kernels triton vs library), then
+#           bench_gpu_encoder.py at the five shapes: eager fp16, the engine with miaohui's kernels, with library ones
+#   s27c:   tests/gpu/test_inductor_gpu.py (exported-program format) after the gpu_kernels change, then s27b's test
+#           again (the tables now per model; 128x128 attention left out)
+#   s27d:   the engine with / without miaohui's kernels at 1x128 and 128x128 (the tables of s27c)
 #   s25b:   the attention's output projection added by the next RMSNorm kernel (no addmm, so no memcpy node): the
 #           64-row step's kernels in order with Inductor's output code, then s25a's two servers
 #   s25a:   (session 22) the 64-row decode step's kernels in order (where its memcpy nodes come from), then the
@@ -644,6 +652,34 @@ case $stage in
   s26c)
     timeout 330 python3 scripts/gpu/encoder_variants.py --variants static_gelu_epi,static_triton_attn \
       --shapes 1x16,1x128,32x128,128x128 --out "$OUT" 2>&1 | grep -E '"variant"|kernels/call|Error' | tail -12
+    ;;
+  s27a)
+    timeout 240 python3 scripts/gpu/attn_probe.py --out "$OUT" 2>&1 | tail -8
+    timeout 300 python3 scripts/gpu/encoder_variants.py --attn-table "$OUT/attn_probe.json" \
+      --variants static_triton_attn --shapes 1x16,1x128,32x128,128x128 --out "$OUT/attn" 2>&1 \
+      | grep -E '"variant"|Error' | tail -6
+    timeout 200 python3 scripts/gpu/encoder_variants.py --attn-table "$OUT/attn_probe.json" \
+      --variants static_skinny_pdl_attn --shapes 1x16,1x128 --out "$OUT/skinny" 2>&1 | grep -E '"variant"|Error' | tail -4
+    ;;
+  s27b)
+    timeout 280 python3 -X faulthandler -m pytest -q tests/gpu/test_gpu_kernels_gpu.py -p no:cacheprovider -rA -s \
+      > "$OUT/gpu_tests_gpu_kernels_h200_s27b.txt" 2>&1
+    grep -E "passed|failed|PASSED|FAILED|Error|assert|engine vs fp32" "$OUT/gpu_tests_gpu_kernels_h200_s27b.txt" | tail -16
+    timeout 290 python3 benchmarks/bench_gpu_encoder.py --models bert-base --no-autotune --inductor-format exported-program \
+      --shapes 1x16,1x128,8x64,32x128,128x128 --variants eager_fp16,engine_fp16,engine_fp16_library \
+      --out "$OUT/gpu_encoder_bert_s27b.json" 2>&1 | grep -E "median|FAIL|Error" | tail -20
+    ;;
+  s27c)
+    MIAOHUI_GPU_TEST_FORMAT=exported-program timeout 280 python3 -m pytest -q tests/gpu/test_inductor_gpu.py \
+      -p no:cacheprovider -rA > "$OUT/gpu_tests_inductor_h200_s27c.txt" 2>&1
+    grep -E "passed|failed|PASSED|FAILED|Error|assert" "$OUT/gpu_tests_inductor_h200_s27c.txt" | tail -16
+    timeout 190 python3 -m pytest -q tests/gpu/test_gpu_kernels_gpu.py -p no:cacheprovider -rA -s 2>&1 \
+      | grep -E "passed|failed|PASSED|FAILED|Error|assert|engine vs fp32" | tail -12 | tee "$OUT/gpu_tests_gpu_kernels_h200_s27c.txt"
+    ;;
+  s27d)
+    timeout 200 python3 benchmarks/bench_gpu_encoder.py --models bert-base --no-autotune --inductor-format exported-program \
+      --shapes 1x128,128x128 --variants engine_fp16,engine_fp16_library --iters 100 \
+      --out "$OUT/gpu_encoder_bert_s27d.json" 2>&1 | grep -E "engine_fp16(_library)? .*median|FAIL|Error" | tail -8
     ;;
   s26b)
     timeout 120 python3 -X faulthandler -m pytest -q tests/gpu/test_skinny_ln_gpu.py -p no:cacheprovider 2>&1 | tail -3 \

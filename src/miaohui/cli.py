@@ -150,6 +150,9 @@ def build(
     inductor_format: Annotated[
         str, typer.Option(help="inductor: auto | aoti-package | exported-program (see README, GPU section)")
     ] = "auto",
+    gpu_kernels: Annotated[
+        str, typer.Option(help="inductor on a GPU: triton (miaohui's kernels where measured faster) | library")
+    ] = "triton",
     repository: RepoOpt = None,
     force: Annotated[bool, typer.Option(help="Rebuild even if the build key is cached.")] = False,
 ) -> None:
@@ -178,6 +181,7 @@ def build(
             opt_level=opt_level,
             autotune=autotune,
             inductor_format=inductor_format,
+            gpu_kernels=gpu_kernels,
         )
         texts = _calibration_texts(calib_data) if precision == "int8" else []
         outcome = build_artifact(

@@ -168,6 +168,12 @@ class BuildConfig(Frozen):
     at build time, else the exported program + Inductor cache; ``aoti-package``: fail the build instead of falling
     back; ``exported-program``: skip the package (where it is known to crash on load, e.g. the H200 image with
     torch 2.11, it saves the package's compile and probe)."""
+    gpu_kernels: Literal["triton", "library"] = "triton"
+    """inductor on a GPU: ``triton`` puts miaohui's Triton kernels in the graph (skinny GEMMs, the encoder's
+    attention: :mod:`miaohui.models.kernel_tables`) for the shapes where this GPU measured them faster, library
+    kernels (cuBLAS, SDPA) for the rest, and compiles Inductor's kernels with programmatic dependent launch; the
+    artifact is then the exported program (the Triton kernels are Python custom ops, which an AOTInductor package
+    cannot hold). ``library``: cuBLAS and SDPA only. On the CPU both build the same graph."""
 
     @field_validator("target")
     @classmethod
@@ -193,6 +199,11 @@ class BuildConfig(Frozen):
             raise ConfigError(
                 f"inductor_format {self.inductor_format} with backend {self.backend}",
                 "the artifact format is an inductor option: drop --inductor-format or use --backend inductor",
+            )
+        if self.backend != "inductor" and self.gpu_kernels != "triton":
+            raise ConfigError(
+                f"gpu_kernels {self.gpu_kernels} with backend {self.backend}",
+                "the GPU kernel choice is an inductor option: drop --gpu-kernels or use --backend inductor",
             )
         if self.backend in ("tensorrt", "tensorrt-rtx") and self.precision == "bf16":
             # TensorRT supports bf16 from 9.0 on; kept explicit so the error is ours if the library refuses.
@@ -229,6 +240,7 @@ class BuildConfig(Frozen):
         if self.backend != "inductor":
             fields.pop("autotune")
             fields.pop("inductor_format")
+            fields.pop("gpu_kernels")
         return digest_json(fields)
 
 

@@ -42,8 +42,9 @@ from miaohui.engines.context import BuildContext, BuiltEngine
 from miaohui.engines.onnxruntime import io_specs
 from miaohui.engines.target import cpu_target, cuda_target
 from miaohui.errors import BuildError
+from miaohui.models import kernel_tables
 from miaohui.models.checkpoint import load_checkpoint
-from miaohui.models.fast_bert import from_module, save_fast, use_fused_gelu
+from miaohui.models.fast_bert import from_module, save_fast, use_fused_gelu, use_skinny, use_triton_attention
 
 AOTI_FILE = "model.pt2"
 """The AOTInductor package (preferred format)."""
@@ -75,6 +76,9 @@ def build(ctx: BuildContext) -> BuiltEngine:
         raise BuildError("fp16 inductor engines need a CUDA GPU", "build on the GPU, or use fp32/bf16 on CPU")
     module = from_module(load_checkpoint(ctx.model.path, attn_implementation="sdpa").module)
     use_fused_gelu(module, device == "cuda")  # cuBLASLt's GEMM+bias+GELU epilogue (tanh GELU); CPU keeps erf GELU
+    kernels = use_gpu_kernels(module, ctx.cfg.gpu_kernels if device == "cuda" else "library")
+    if kernels["mode"] == "triton":
+        ctx.log(f"miaohui's Triton kernels where measured faster on this GPU: {kernels}")
     model = FloatLogits(module).to(device=device, dtype=DTYPES[ctx.cfg.precision]).eval()
     rng = ctx.shapes["input_ids"]
     batch = torch.export.Dim("batch", min=rng.min[0], max=rng.max[0])
@@ -92,8 +96,15 @@ def build(ctx: BuildContext) -> BuiltEngine:
         ep = torch.export.export(model, (ids, mask), dynamic_shapes=({0: batch, 1: seq}, {0: batch, 1: seq}))
         export_s = time.perf_counter() - started
         fmt = ctx.cfg.inductor_format
+        if fmt == "aoti-package" and kernels["mode"] == "triton":
+            raise BuildError(
+                "an AOTInductor package cannot hold miaohui's Triton kernels (Python custom ops)",
+                "build with --gpu-kernels library for a package, or --inductor-format auto / exported-program",
+            )
         if fmt == "exported-program":
             aoti: dict[str, Any] = {"ok": False, "reason": "not tried (inductor_format exported-program)"}
+        elif kernels["mode"] == "triton":
+            aoti = {"ok": False, "reason": "not tried (gpu_kernels triton: Python custom ops in the graph)"}
         else:
             aoti = build_aoti_package(ep, ctx.out_dir / AOTI_FILE, shapes, ctx.cfg.precision, ctx.cfg.autotune, ctx.log)
         if not aoti["ok"] and fmt == "aoti-package":
@@ -103,7 +114,7 @@ def build(ctx: BuildContext) -> BuiltEngine:
             )
         if not aoti["ok"]:
             ctx.log(f"AOTInductor package not used ({aoti['reason']}): saving the exported program + Inductor cache")
-            _build_exported_program(ctx, ep, shapes, device)
+            _build_exported_program(ctx, ep, shapes, device, bool(kernels.get("pdl")))
             save_fast(module, ctx.out_dir)  # what ``fast_start`` answers with while the program loads and compiles
     compile_s = time.perf_counter() - started - export_s
     meta = ctx.model.meta
@@ -122,18 +133,21 @@ def build(ctx: BuildContext) -> BuiltEngine:
             "cuda": torch.version.cuda,
             "autotune": ctx.cfg.autotune,
             "ffn_gelu": "cublaslt-epilogue-tanh" if device == "cuda" else "erf",
+            "gpu_kernels": kernels,
             "format": "aoti-package" if aoti["ok"] else "exported-program",
             "aoti": aoti,
         },
     )
 
 
-def _build_exported_program(ctx: BuildContext, ep: Any, shapes: list[tuple[int, int]], device: str) -> None:
+def _build_exported_program(
+    ctx: BuildContext, ep: Any, shapes: list[tuple[int, int]], device: str, pdl: bool = False
+) -> None:
     """The fallback format: the exported program + Inductor's compile cache of the profile's shapes."""
     torch.export.save(ep, str(ctx.out_dir / ENGINE_FILE))
     ctx.log(f"Inductor compile ({ctx.cfg.precision}, max-autotune {'on' if ctx.cfg.autotune else 'off'})")
     torch.compiler.reset()
-    fn = compile_program(ep.module(), ctx.cfg.autotune)
+    fn = compile_program(ep.module(), ctx.cfg.autotune, pdl)
     for wb, ws in shapes:
         fn(torch.randint(5, 1000, (wb, ws), device=device), torch.ones((wb, ws), dtype=torch.int64, device=device))
     saved = torch.compiler.save_cache_artifacts()
@@ -223,11 +237,44 @@ def probe_aoti_package(ep: Any, package: Path, shapes: list[tuple[int, int]], pr
     return None
 
 
-def compile_program(module: torch.nn.Module, autotune: bool) -> Any:
-    """The same compile call at build and at load, so the load is all cache hits."""
+def compile_program(module: torch.nn.Module, autotune: bool, pdl: bool = False) -> Any:
+    """The same compile call at build and at load, so the load is all cache hits. ``pdl``: Inductor's Triton
+    kernels launched as programmatic dependents (``gpu_kernels triton``; Hopper and newer)."""
     mode = "max-autotune-no-cudagraphs" if autotune else None
     module.requires_grad_(False)
-    return torch.compile(module, dynamic=True, mode=mode)
+    if not pdl:
+        return torch.compile(module, dynamic=True, mode=mode)
+    from torch._inductor import list_mode_options
+
+    options = {**(list_mode_options(mode) if mode else {}), "triton.enable_pdl": True}
+    return torch.compile(module, dynamic=True, options=options)
+
+
+def use_gpu_kernels(module: torch.nn.Module, choice: str) -> dict[str, Any]:
+    """``gpu_kernels``: with ``triton`` and entries for this model on this GPU (:mod:`miaohui.models.kernel_tables`),
+    switch FastBert's layers to the custom ops and load the entries; returns what the manifest records."""
+    dims = kernel_tables.model_dims(module)
+    if choice != "triton" or dims is None:
+        return {"mode": "library"}
+    capability = kernel_tables.device_capability()
+    info = kernel_tables.apply(capability, dims)
+    if not info["skinny_gemm_shapes"] and not info["attention_shapes"]:
+        reason = f"no measured kernel for this model {dims} on compute capability {capability}"
+        return {"mode": "library", "reason": reason}
+    use_skinny(module, info["skinny_gemm_shapes"] > 0)
+    use_triton_attention(module, info["attention_shapes"] > 0)
+    return {"mode": "triton", "capability": ".".join(map(str, capability or ())), "dims": list(dims), **info}
+
+
+def gpu_kernels_at_load(extra: dict[str, Any]) -> bool:
+    """An artifact built with ``gpu_kernels triton``: load the same tables into the ops before its program runs.
+    Returns whether its Inductor kernels were compiled with PDL (``compile_program``'s ``pdl``)."""
+    info = extra.get("gpu_kernels") or {}
+    if info.get("mode") != "triton":
+        return False
+    hidden, intermediate, heads = (int(v) for v in info["dims"])
+    kernel_tables.apply(kernel_tables.device_capability(), (hidden, intermediate, heads))
+    return bool(info.get("pdl"))
 
 
 def load_package(package: Path, single_threaded: bool) -> Any:

@@ -22,7 +22,14 @@ import numpy as np
 import torch
 
 from miaohui.engines.base import Engine, Manifest
-from miaohui.engines.inductor import AOTI_FILE, CACHE_FILE, FloatLogits, compile_program, load_package
+from miaohui.engines.inductor import (
+    AOTI_FILE,
+    CACHE_FILE,
+    FloatLogits,
+    compile_program,
+    gpu_kernels_at_load,
+    load_package,
+)
 from miaohui.errors import ArtifactError
 from miaohui.models.fast_bert import has_fast, load_fast
 
@@ -104,6 +111,8 @@ class InductorEngine(Engine):
         """``fast_start``: the fast model rebuilt from ``eager.safetensors`` (or, in artifacts without it, the exported
         program) run as is — no Dynamo, no Inductor — until :meth:`upgrade` is done."""
         started = time.perf_counter()
+        self._pdl = gpu_kernels_at_load(manifest.extra)
+        """Built with ``gpu_kernels triton``: the tables are loaded, and Inductor compiles with PDL as at build."""
         try:
             if self.packaged:  # ahead-of-time compiled: nothing to trace or compile
                 # single-threaded runner: its thread-synchronisation logic conflicts with CUDA-graph capture
@@ -116,7 +125,7 @@ class InductorEngine(Engine):
                 self._runner = None
             else:
                 module = self._load_program()
-                self._runner = compile_program(module, bool(manifest.build_config.autotune))
+                self._runner = compile_program(module, bool(manifest.build_config.autotune), self._pdl)
                 if fast_start:  # an artifact without eager.safetensors: the program itself, called directly
                     self._eager = module
         except Exception as exc:
@@ -178,7 +187,7 @@ class InductorEngine(Engine):
             return
         started = time.perf_counter()
         if self._runner is None:  # started from eager.safetensors: the program is loaded only now
-            self._runner = compile_program(self._load_program(), bool(self.manifest.build_config.autotune))
+            self._runner = compile_program(self._load_program(), bool(self.manifest.build_config.autotune), self._pdl)
         stream = torch.cuda.Stream(self.device) if self.use_graphs else None
         self._trace(stream)
         if stream is not None:

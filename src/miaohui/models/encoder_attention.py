@@ -18,6 +18,8 @@ CPU (``tests/unit/test_encoder_attention.py``); timed on the H200 by ``scripts/g
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
@@ -27,8 +29,18 @@ try:  # Triton comes with CUDA builds of torch; CPU installs may lack it
 except ImportError:  # pragma: no cover - exercised only where triton is missing
     triton = None
 
-BLOCK_N = 64
-"""Keys per inner step."""
+AttnConfig = tuple[int, int, int, int]
+"""(BLOCK_M queries per program, BLOCK_N keys per inner step, num_warps, num_stages)."""
+
+ATTN_BEST: dict[tuple[int, int, int, int], AttnConfig] = {}
+"""(batch, heads, seq, head size) → the configuration to run; other shapes take :func:`default_config`. Filled from
+``scripts/gpu/attn_probe.py``'s sweep (:func:`table_from_probe`)."""
+
+ATTN_SHAPES_ONLY = False
+"""True: the op runs the Triton kernel only for :data:`ATTN_BEST`'s shapes and the SDPA form for every other (the
+engine: ``kernel_tables.apply``); False: wherever :func:`supported` (the benchmarks)."""
+
+LOG2E = 1.4426950408889634
 
 
 if triton is not None:
@@ -50,6 +62,7 @@ if triton is not None:
         BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr,
         PRECISION: tl.constexpr,
+        LOG2E: tl.constexpr,
     ) -> None:
         """Program (block of queries, sequence × head): queries ``first .. first + BLOCK_M`` of sequence ``b`` attend
         to all ``seq`` keys of head ``h``; q, k, v of token t sit at columns ``h·D``, ``(H + h)·D`` and ``(2H + h)·D``
@@ -70,11 +83,12 @@ if triton is not None:
             nmask = n < seq
             k = tl.load(row + n[:, None] * stride_qs + (HEADS + h) * D + d[None, :], mask=nmask[:, None], other=0.0)
             bias = tl.load(bias_ptr + b * stride_bb + n, mask=nmask, other=0.0).to(tl.float32)
-            s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale + bias[None, :]
+            # scores in base 2: exp(x) = exp2(x · log2 e), with log2 e folded into sm_scale and the bias
+            s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale + bias[None, :] * LOG2E
             s = tl.where(nmask[None, :], s, float("-inf"))  # [BLOCK_M, BLOCK_N]
             m_new = tl.maximum(m_i, tl.max(s, axis=1))  # finite: every block holds at least one key
-            alpha = tl.exp(m_i - m_new)
-            p = tl.exp(s - m_new[:, None])
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])
             v = tl.load(row + n[:, None] * stride_qs + (2 * HEADS + h) * D + d[None, :], mask=nmask[:, None], other=0.0)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
             l_i = l_i * alpha + tl.sum(p, axis=1)
@@ -97,21 +111,39 @@ def _check(qkv: torch.Tensor, bias: torch.Tensor, heads: int) -> int:
     return int(qkv.shape[2]) // (3 * heads)
 
 
+def _key(qkv: torch.Tensor, heads: int) -> tuple[int, int, int, int]:
+    b, s, width = qkv.shape
+    return (int(b), heads, int(s), int(width) // (3 * heads))
+
+
 def supported(qkv: torch.Tensor, heads: int) -> bool:
     """Whether the Triton kernel takes this input: CUDA, Triton, a head size that is a power of two ≥ 16."""
     d = qkv.shape[-1] // (3 * heads)
     return triton is not None and qkv.is_cuda and d >= 16 and d & (d - 1) == 0
 
 
-def block_m(batch: int, heads: int, seq: int) -> int:
-    """Queries per program: 64, or 32 when 64 would leave most of the H200's 132 SMs idle (one sequence of 12 heads:
-    24 programs at 128 tokens). A guess until ``encoder_variants.py`` has timed it."""
-    return 64 if batch * heads * -(-seq // 64) >= 132 else 32
+def default_config(batch: int, heads: int, seq: int) -> AttnConfig:
+    """64 queries per program, or 32 when 64 would leave most of the H200's 132 SMs idle (one sequence of 12 heads:
+    24 programs at 128 tokens); 64 keys per step, 4 warps, 1 stage. Shapes without an :data:`ATTN_BEST` entry."""
+    bm = 64 if batch * heads * -(-seq // 64) >= 132 else 32
+    return (bm, 64, 4, 1)
 
 
-def triton_encoder_attention(qkv: torch.Tensor, bias: torch.Tensor, heads: int, *, warps: int = 4) -> torch.Tensor:
+def table_from_probe(report: dict[str, Any]) -> dict[tuple[int, int, int, int], AttnConfig]:
+    """``attn_probe.py``'s ``best`` entries (each shape's fastest configuration) as :data:`ATTN_BEST` entries."""
+    out: dict[tuple[int, int, int, int], AttnConfig] = {}
+    for e in report["best"]:
+        bm, bn, warps, stages = (int(v) for v in e["config"])
+        out[(int(e["batch"]), int(e["heads"]), int(e["seq"]), int(report["head_size"]))] = (bm, bn, warps, stages)
+    return out
+
+
+def triton_encoder_attention(
+    qkv: torch.Tensor, bias: torch.Tensor, heads: int, config: AttnConfig | None = None
+) -> torch.Tensor:
     """``qkv`` [B, S, 3·H·D] (q | k | v, each heads × head size), ``bias`` [B, 1, 1, S] added to each key's score →
-    [B, S, H·D] in qkv's dtype."""
+    [B, S, H·D] in qkv's dtype. ``config``: (BLOCK_M, BLOCK_N, num_warps, num_stages); by default the shape's
+    :data:`ATTN_BEST` entry, else :func:`default_config`."""
     if triton is None:
         raise RuntimeError("triton_encoder_attention needs Triton (it comes with CUDA builds of torch)")
     d = _check(qkv, bias, heads)
@@ -120,12 +152,13 @@ def triton_encoder_attention(qkv: torch.Tensor, bias: torch.Tensor, heads: int, 
     qkv = qkv if qkv.stride(-1) == 1 else qkv.contiguous()
     bias = bias if bias.stride(-1) == 1 else bias.contiguous()
     b, s, _ = qkv.shape
+    bm, bn, warps, stages = config or ATTN_BEST.get(_key(qkv, heads)) or default_config(b, heads, s)
     out = torch.empty((b, s, heads * d), dtype=qkv.dtype, device=qkv.device)
-    bm = block_m(b, heads, s)
     precision = "ieee" if qkv.dtype == torch.float32 else "tf32"  # fp32 stays exact; 16-bit inputs ignore it
     _encoder_kernel[(triton.cdiv(s, bm), b * heads)](
-        qkv, bias, out, s, qkv.stride(0), qkv.stride(1), bias.stride(0), out.stride(0), out.stride(1), d**-0.5,
-        HEADS=heads, D=d, BLOCK_M=bm, BLOCK_N=BLOCK_N, PRECISION=precision, num_warps=warps,
+        qkv, bias, out, s, qkv.stride(0), qkv.stride(1), bias.stride(0), out.stride(0), out.stride(1),
+        d**-0.5 * LOG2E, HEADS=heads, D=d, BLOCK_M=bm, BLOCK_N=bn, PRECISION=precision, LOG2E=LOG2E,
+        num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return out
 
@@ -141,8 +174,9 @@ def sdpa_encoder_attention(qkv: torch.Tensor, bias: torch.Tensor, heads: int) ->
 
 @torch.library.custom_op("miaohui::encoder_attention", mutates_args=())
 def encoder_attention_op(qkv: torch.Tensor, bias: torch.Tensor, heads: int) -> torch.Tensor:
-    """The Triton kernel where it takes the input (:func:`supported`), the SDPA form elsewhere."""
-    if supported(qkv, heads):
+    """The Triton kernel where it takes the input (:func:`supported`, and with :data:`ATTN_SHAPES_ONLY` the shape is
+    in :data:`ATTN_BEST`), the SDPA form elsewhere."""
+    if supported(qkv, heads) and (not ATTN_SHAPES_ONLY or _key(qkv, heads) in ATTN_BEST):
         return triton_encoder_attention(qkv, bias, heads)
     return sdpa_encoder_attention(qkv, bias, heads)
 

@@ -1,0 +1,104 @@
+"""On the GPU: which launch configuration of the encoder's Triton attention
+(:mod:`miaohui.models.encoder_attention`) is fastest at each of the engine's shapes, and is it faster than the SDPA
+form the engine runs without it (cuDNN's fused attention and the permute copies around it)?
+
+Session 26 (``encoder_variants_h200_s26c.json``) timed the kernel with its first guess (64 or 32 queries per
+program, 64 keys per step, 4 warps): 4.5 µs a layer at 1×128 (cuDNN 5.0), 12.9 at 32×128 (cuDNN 12.7), 60 at
+128×128 (cuDNN 51.5). This sweeps BLOCK_M × BLOCK_N × num_warps × num_stages at BERT-base's 12 heads of 64 with one
+padded sequence per batch, fp16; each configuration's output is checked against the SDPA form. Per shape: µs per
+call (median of 30 replays of a CUDA graph holding 20 calls), the SDPA form's µs, and the best configuration
+(``best``, which :func:`miaohui.models.encoder_attention.table_from_probe` reads).
+
+    python3 scripts/gpu/attn_probe.py --out /tmp/attn
+    TRITON_INTERPRET=1 python3 scripts/gpu/attn_probe.py --device cpu --shapes 1x16 --out /tmp/attn  # smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import itertools
+import json
+import platform
+from pathlib import Path
+from typing import Any
+
+import torch
+from decode_kernel_probe import _time_graph
+
+from miaohui.models.encoder_attention import AttnConfig, sdpa_encoder_attention, triton_encoder_attention
+from miaohui.models.fast_bert import MASK_BIAS
+
+HEADS, HEAD_SIZE = 12, 64
+
+
+def configs(quick: bool) -> list[AttnConfig]:
+    """Every (BLOCK_M, BLOCK_N, num_warps, num_stages) of the sweep; ``quick``: two, for the CPU smoke test."""
+    if quick:
+        return [(32, 64, 4, 1), (16, 128, 2, 2)]
+    return list(itertools.product((16, 32, 64, 128), (64, 128), (2, 4, 8), (1, 2)))
+
+
+def inputs(b: int, s: int, device: str, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """qkv [B, S, 3·H·D] and the padding bias, the first sequence's second half padded."""
+    gen = torch.Generator(device="cpu").manual_seed(b * 1000 + s)
+    qkv = torch.randn(b, s, 3 * HEADS * HEAD_SIZE, generator=gen).to(device, dtype)
+    mask = torch.ones(b, s)
+    mask[0, s // 2 :] = 0
+    bias = ((1.0 - mask[:, None, None, :]) * MASK_BIAS).to(device, dtype)
+    return qkv, bias
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--shapes", default="1x16,1x64,1x128,8x64,32x128,128x128")
+    ap.add_argument("--out", type=Path, default=Path("/tmp/attn"))
+    args = ap.parse_args()
+    cuda = args.device == "cuda"
+    dtype = torch.float16 if cuda else torch.float32
+    report: dict[str, Any] = {
+        "gpu": torch.cuda.get_device_name() if cuda else platform.processor() or "cpu",
+        "torch": torch.__version__,
+        "heads": HEADS,
+        "head_size": HEAD_SIZE,
+        "dtype": str(dtype),
+        "rows": [],
+        "best": [],
+    }
+    for shape in args.shapes.split(","):
+        b, s = (int(v) for v in shape.split("x"))
+        qkv, bias = inputs(b, s, args.device, dtype)
+        with torch.inference_mode():
+            want = sdpa_encoder_attention(qkv.float(), bias.float(), HEADS)
+            sdpa_us = _time_graph(functools.partial(sdpa_encoder_attention, qkv, bias, HEADS), 20, cuda)
+            rows = []
+            for cfg in configs(not cuda):
+                row: dict[str, Any] = {"batch": b, "heads": HEADS, "seq": s, "config": list(cfg)}
+                try:
+                    got = triton_encoder_attention(qkv, bias, HEADS, cfg)
+                    row["max_err"] = float((got.float() - want).abs().max())
+                    row["us"] = _time_graph(
+                        functools.partial(triton_encoder_attention, qkv, bias, HEADS, cfg), 20, cuda
+                    )
+                except Exception as exc:  # a configuration that does not compile (shared memory) is a finding
+                    row["error"] = repr(exc)[:300]
+                rows.append(row)
+        ok = [r for r in rows if "us" in r and r["max_err"] < 1e-2]
+        best = min(ok, key=lambda r: r["us"]) if cuda and ok else (ok[0] if ok else None)
+        report["rows"] += rows
+        if best is not None:
+            report["best"].append(best | {"sdpa_us": sdpa_us})
+            print(
+                f"{b:4d}x{s:<4d} sdpa {sdpa_us:7.2f} us   best {best['us']:7.2f} us {best['config']}"
+                f"   err {best['max_err']:.1e}   ({len(ok)}/{len(rows)} configurations ok)",
+                flush=True,
+            )
+        else:
+            print(f"{b:4d}x{s:<4d} no configuration ran: {rows[0].get('error')}", flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "attn_probe.json").write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,108 @@
+"""Which of miaohui's Triton kernels the GPU engine runs, and with which launch configuration, per GPU and shape:
+the measured tables, like TensorRT's tactic choices, but chosen offline by the probes and committed here.
+
+The ``inductor`` backend's ``gpu_kernels: triton`` (the default) builds FastBert with ``miaohui::skinny_linear``
+and ``miaohui::encoder_attention`` in its graph, compiles Inductor's own Triton kernels with programmatic
+dependent launch, and applies :func:`apply` at build and at load. Each op then runs the Triton kernel only for the
+shapes below, where the H200 measured it faster, and the library kernel (cuBLAS, SDPA) everywhere else — other
+shapes, other models, other GPUs (an empty table).
+
+Where the figures come from (``benchmarks/results``):
+
+* skinny GEMMs: BERT-base's four products at 16 and 128 rows (1×16, 1×128, 8×16 …), the configurations
+  ``scripts/gpu/pdl_probe.py`` times (``pdl_probe_h200_s26b.json``: a 48-GEMM chain with PDL 254.8 µs vs cuBLAS
+  255.1 at 16 rows, 317.2 vs 337.9 at 128), launched as programmatic dependents;
+* attention: ``scripts/gpu/attn_probe.py``'s fastest configuration per shape (``attn_probe_h200_s27a.json``, 12
+  heads of 64): e.g. 3.0 µs a call at 1×128 vs 6.9 for the SDPA form, 9.9 vs 14.2 at 32×128.
+
+Together (``encoder_variants_skinny_pdl_attn_h200_s27a.json``): BERT-base fp16 at 1×128 0.346 ms, 1×16 0.270 ms,
+against 0.458 and 0.424 ms with the library kernels (``static_gelu_epi``, ``encoder_variants_h200_s26b.json``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from miaohui.models import encoder_attention, skinny_gemm
+from miaohui.models.encoder_attention import AttnConfig
+from miaohui.models.skinny_gemm import SkinnyConfig
+
+BERT_BASE = {"hidden": 768, "intermediate": 3072}
+
+
+def bert_products(hidden: int, intermediate: int) -> dict[str, tuple[int, int]]:
+    """An encoder layer's four GEMMs → (N, K) of the weight."""
+    return {
+        "qkv": (3 * hidden, hidden),
+        "attn_out": (hidden, hidden),
+        "ffn_in": (intermediate, hidden),
+        "ffn_out": (hidden, intermediate),
+    }
+
+
+SKINNY_ROWS: dict[int, dict[str, SkinnyConfig]] = {
+    16: {"qkv": (16, 32, 128, 1, 4), "attn_out": (16, 32, 128, 4, 4), "ffn_in": (16, 32, 128, 1, 4),
+         "ffn_out": (16, 32, 128, 4, 4)},
+    128: {"qkv": (64, 64, 128, 1, 4), "attn_out": (64, 32, 128, 1, 4), "ffn_in": (64, 64, 128, 1, 4),
+          "ffn_out": (64, 32, 128, 4, 4)},
+}  # fmt: skip
+"""Rows → BERT-base GEMM → (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT, num_warps), as ``pdl_probe.py`` times them."""
+
+ATTN_H200: dict[tuple[int, int, int, int], AttnConfig] = {
+    (1, 12, 16, 64): (16, 64, 4, 2),
+    (1, 12, 64, 64): (16, 64, 4, 2),
+    (1, 12, 128, 64): (16, 128, 4, 2),
+    (8, 12, 64, 64): (64, 64, 4, 2),
+    (32, 12, 128, 64): (64, 64, 4, 1),
+}
+"""(batch, heads, seq, head size) → configuration: ``attn_probe_h200_s27a.json``'s ``best`` where it was at least 10 %
+faster than the SDPA form (30–63 % here). Left out: 128×128 (44.7 vs 45.5 µs; the engine with it was 1 % slower
+there than with library kernels, ``gpu_encoder_bert_s27b.json``)."""
+
+
+def skinny_table(hidden: int, intermediate: int) -> dict[tuple[int, int, int], SkinnyConfig]:
+    """(M, N, K) → configuration: :data:`SKINNY_ROWS` for BERT-base's products (other widths: none measured)."""
+    if (hidden, intermediate) != (BERT_BASE["hidden"], BERT_BASE["intermediate"]):
+        return {}
+    products = bert_products(hidden, intermediate)
+    return {(rows, *products[name]): cfg for rows, configs in SKINNY_ROWS.items() for name, cfg in configs.items()}
+
+
+def model_dims(module: torch.nn.Module) -> tuple[int, int, int] | None:
+    """(hidden, intermediate, heads) of the model's FastBert layers; None without any."""
+    from miaohui.models.fast_bert import FastBertLayer
+
+    for layer in module.modules():
+        if isinstance(layer, FastBertLayer):
+            return int(layer.attn_out.in_features), int(layer.ffn_in.out_features), int(layer.heads)
+    return None
+
+
+def tables_for(
+    capability: tuple[int, int] | None, dims: tuple[int, int, int]
+) -> tuple[dict[Any, SkinnyConfig], dict[Any, AttnConfig]]:
+    """The measured entries for a model of these (hidden, intermediate, heads) on a GPU of this compute capability
+    (None: no GPU): only the H200 (9.0) has tables, and only BERT-base-shaped models have entries."""
+    if capability != (9, 0):
+        return {}, {}
+    hidden, intermediate, heads = dims
+    attn = {k: v for k, v in ATTN_H200.items() if k[1] == heads and k[3] * heads == hidden}
+    return skinny_table(hidden, intermediate), attn
+
+
+def apply(capability: tuple[int, int] | None, dims: tuple[int, int, int]) -> dict[str, Any]:
+    """Load this GPU's entries for this model into the ops (skinny GEMMs launched as programmatic dependents; the
+    attention kernel for the table's shapes only). Returns what the manifest records: how many shapes each op runs
+    in Triton."""
+    skinny, attn = tables_for(capability, dims)
+    skinny_gemm.SKINNY_BEST.update(skinny)
+    skinny_gemm.SKINNY_PDL = bool(skinny)
+    encoder_attention.ATTN_BEST.update(attn)
+    encoder_attention.ATTN_SHAPES_ONLY = True
+    return {"skinny_gemm_shapes": len(skinny), "attention_shapes": len(attn), "pdl": bool(skinny)}
+
+
+def device_capability() -> tuple[int, int] | None:
+    return tuple(torch.cuda.get_device_capability()) if torch.cuda.is_available() else None  # type: ignore[return-value]

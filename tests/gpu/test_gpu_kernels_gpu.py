@@ -1,0 +1,110 @@
+"""``gpu_kernels triton`` on the H200: the BERT-base-shaped intent engine (random weights) built with miaohui's Triton
+kernels from ``models/kernel_tables.py`` against the same build with library kernels only — the manifest says which,
+the table's shapes run the Triton kernels (profiled kernel names), every shape gives the library engine's logits,
+and a bucket outside the tables falls back to cuBLAS / SDPA."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from miaohui.config import BuildConfig, parse_shapes
+from miaohui.engines.inductor_engine import InductorEngine
+from miaohui.engines.loader import load_engine
+from miaohui.engines.store import build_artifact, read_manifest
+from miaohui.models.checkpoint import ModelMeta, load_checkpoint, save_checkpoint
+from miaohui.models.intent import IntentClassifier, random_bert
+from miaohui.zoo.tiny import any_tokenizer
+
+pytestmark = pytest.mark.gpu
+H200 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+@pytest.fixture(scope="module")
+def bert_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tok = any_tokenizer()
+    enc = random_bert(hidden=768, layers=12, heads=12, vocab=tok.get_vocab_size(), intermediate=3072, seed=0)
+    meta = ModelMeta(
+        kind="intent",
+        base="bert-base-random",
+        bert_config=enc.config.to_diff_dict(),
+        labels=[f"label_{i}" for i in range(24)],
+        max_length=128,
+    )
+    return save_checkpoint(tmp_path_factory.mktemp("bert") / "bert-base-random", IntentClassifier(enc, 24), meta, tok)
+
+
+@pytest.fixture(scope="module")
+def engines(bert_base: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, InductorEngine]:
+    repo = tmp_path_factory.mktemp("kernels-repo")
+    out = {}
+    for kernels in ("triton", "library"):
+        cfg = BuildConfig(
+            backend="inductor",
+            precision="fp16",
+            shapes=parse_shapes("input_ids:1x1,8x64,8x128"),
+            inductor_format="exported-program",
+            gpu_kernels=kernels,
+        )
+        path = build_artifact(bert_base, f"bert-{kernels}", cfg, repo, log=print).path
+        engine = load_engine(path)
+        assert isinstance(engine, InductorEngine)
+        out[kernels] = engine
+    return out
+
+
+def _feeds(b: int, s: int) -> dict[str, np.ndarray]:
+    ids = np.random.default_rng(b * 1000 + s).integers(5, 20000, (b, s)).astype(np.int64)
+    mask = np.ones_like(ids)
+    mask[0, s // 2 :] = 0
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def _kernel_names(engine: InductorEngine, feeds: dict[str, np.ndarray]) -> set[str]:
+    from torch.profiler import ProfilerActivity, profile
+
+    engine.infer(feeds)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        engine.infer(feeds)
+        torch.cuda.synchronize()
+    return {e.key for e in prof.key_averages()}
+
+
+@pytest.mark.skipif(not H200, reason="the kernel tables are the H200's (compute capability 9.0)")
+def test_manifest_says_which_kernels(engines: dict[str, InductorEngine]) -> None:
+    triton = read_manifest(engines["triton"].path).extra["gpu_kernels"]
+    assert triton == {
+        "mode": "triton",
+        "capability": "9.0",
+        "dims": [768, 3072, 12],
+        "skinny_gemm_shapes": 8,
+        "attention_shapes": 5,
+        "pdl": True,
+    }
+    assert read_manifest(engines["library"].path).extra["gpu_kernels"] == {"mode": "library"}
+
+
+@pytest.mark.skipif(not H200, reason="the kernel tables are the H200's (compute capability 9.0)")
+@pytest.mark.parametrize(("b", "s", "in_table"), [(1, 16, True), (1, 128, True), (8, 64, True), (4, 96, False)])
+def test_triton_engine_matches_the_library_engine(
+    engines: dict[str, InductorEngine], bert_base: Path, b: int, s: int, in_table: bool
+) -> None:
+    feeds = _feeds(b, s)
+    got = engines["triton"].infer(feeds)["logits"]
+    want = engines["library"].infer(feeds)["logits"]
+    model = load_checkpoint(bert_base).module.cuda().eval()
+    with torch.inference_mode():
+        ref = model(torch.from_numpy(feeds["input_ids"]).cuda(), torch.from_numpy(feeds["attention_mask"]).cuda())
+    ref_np = ref.float().cpu().numpy()
+    rel = float(np.linalg.norm(got - ref_np) / np.linalg.norm(ref_np))
+    rel_lib = float(np.linalg.norm(want - ref_np) / np.linalg.norm(ref_np))
+    print(f"{b}x{s}: triton engine vs fp32 {rel:.2e}, library engine vs fp32 {rel_lib:.2e}")
+    assert rel < 2e-2 and rel < 3 * rel_lib + 1e-3
+    names = _kernel_names(engines["triton"], feeds)
+    # the bucket's shape decides: the table's shapes run miaohui's kernels, the others cuBLAS / SDPA
+    assert any("_encoder_kernel" in n for n in names) == in_table
+    assert any("_skinny_kernel" in n for n in names) == (b * s in (16, 128))
+    assert not any("_encoder_kernel" in n or "_skinny_kernel" in n for n in _kernel_names(engines["library"], feeds))

@@ -1,0 +1,122 @@
+"""``gpu_kernels`` (``models/kernel_tables.py``, the ``inductor`` backend's choice of miaohui's Triton kernels): which
+shapes each GPU's table covers, how the build switches the model and what it records, that a program holding the
+custom ops survives ``torch.export`` save and load (the engine's format), and the config's checks. On the GPU:
+``tests/gpu/test_gpu_kernels_gpu.py``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from miaohui.config import BuildConfig, digest_json
+from miaohui.engines import inductor
+from miaohui.errors import ConfigError
+from miaohui.models import encoder_attention, fast_bert, kernel_tables, skinny_gemm
+from miaohui.models.intent import IntentClassifier, random_bert
+
+
+@pytest.fixture
+def clean_tables(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ops' tables are process-wide: give each test its own and put them back after."""
+    monkeypatch.setattr(skinny_gemm, "SKINNY_BEST", {})
+    monkeypatch.setattr(skinny_gemm, "SKINNY_PDL", False)
+    monkeypatch.setattr(encoder_attention, "ATTN_BEST", {})
+    monkeypatch.setattr(encoder_attention, "ATTN_SHAPES_ONLY", False)
+
+
+def _model() -> torch.nn.Module:
+    enc = random_bert(hidden=64, layers=2, heads=4, vocab=500, intermediate=128, seed=0)
+    return fast_bert.from_module(IntentClassifier(enc, 24).eval())
+
+
+BERT_BASE = (768, 3072, 12)
+
+
+def test_only_the_h200_has_tables_and_only_for_bert_base() -> None:
+    skinny, attn = kernel_tables.tables_for((9, 0), BERT_BASE)
+    assert len(skinny) == 8 and len(attn) == 5
+    assert skinny[(128, 2304, 768)] == kernel_tables.SKINNY_ROWS[128]["qkv"]
+    assert skinny[(16, 768, 3072)] == kernel_tables.SKINNY_ROWS[16]["ffn_out"]
+    assert attn[(1, 12, 128, 64)] == (16, 128, 4, 2)
+    for other in [(8, 0), (8, 9), (10, 0), None]:
+        assert kernel_tables.tables_for(other, BERT_BASE) == ({}, {})
+    # e5-small (12 heads of 32) and the tiny test model: nothing measured
+    assert kernel_tables.tables_for((9, 0), (384, 1536, 12)) == ({}, {})
+    assert kernel_tables.tables_for((9, 0), (64, 128, 4)) == ({}, {})
+    assert kernel_tables.model_dims(_model()) == (64, 128, 4)
+
+
+def test_build_switches_the_layers_where_a_table_exists(clean_tables: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    enc = random_bert(hidden=768, layers=1, heads=12, vocab=100, intermediate=3072, seed=0)
+    model = fast_bert.from_module(IntentClassifier(enc, 24).eval())  # one BERT-base layer
+    monkeypatch.setattr(kernel_tables, "device_capability", lambda: (8, 9))  # an L4: no table
+    info = inductor.use_gpu_kernels(model, "triton")
+    assert info == {
+        "mode": "library",
+        "reason": "no measured kernel for this model (768, 3072, 12) on compute capability (8, 9)",
+    }
+    layers = [m for m in model.modules() if isinstance(m, fast_bert.FastBertLayer)]
+    assert not any(layer.skinny or layer.triton_attention for layer in layers)
+    assert inductor.use_gpu_kernels(model, "library") == {"mode": "library"}
+
+    monkeypatch.setattr(kernel_tables, "device_capability", lambda: (9, 0))
+    assert inductor.use_gpu_kernels(_model(), "triton")["mode"] == "library"  # an H200, but a model not measured
+    info = inductor.use_gpu_kernels(model, "triton")
+    assert info == {
+        "mode": "triton",
+        "capability": "9.0",
+        "dims": [768, 3072, 12],
+        "skinny_gemm_shapes": 8,
+        "attention_shapes": 5,
+        "pdl": True,
+    }
+    assert all(layer.skinny and layer.triton_attention for layer in layers)
+    assert skinny_gemm.SKINNY_PDL and encoder_attention.ATTN_SHAPES_ONLY
+    assert (1, 12, 16, 64) in encoder_attention.ATTN_BEST and (16, 2304, 768) in skinny_gemm.SKINNY_BEST
+    # an artifact built so loads the same tables; one built with library kernels touches nothing
+    monkeypatch.setattr(skinny_gemm, "SKINNY_BEST", {})
+    assert inductor.gpu_kernels_at_load({"gpu_kernels": info}) is True
+    assert len(skinny_gemm.SKINNY_BEST) == 8
+    assert inductor.gpu_kernels_at_load({"gpu_kernels": {"mode": "library"}}) is False
+    assert inductor.gpu_kernels_at_load({}) is False  # artifacts built before the option
+
+
+def test_exported_program_with_the_custom_ops_saves_and_loads(clean_tables: None, tmp_path: Path) -> None:
+    """The engine's format on the GPU: ``torch.export`` of FastBert with both ops, saved, loaded in the same
+    process (the ops are registered by importing miaohui), run: on the CPU each op's library form."""
+    model = _model()
+    ids = torch.randint(5, 500, (2, 12), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(2, 12, dtype=torch.int64)
+    mask[1, 7:] = 0
+    with torch.inference_mode():
+        want = model(ids, mask)
+    fast_bert.use_skinny(model)
+    fast_bert.use_triton_attention(model)
+    batch, seq = torch.export.Dim("batch", min=1, max=8), torch.export.Dim("sequence", min=2, max=64)
+    ep = torch.export.export(model, (ids, mask), dynamic_shapes=({0: batch, 1: seq}, {0: batch, 1: seq}))
+    targets = {str(n.target) for n in ep.graph.nodes if n.op == "call_function"}
+    assert {"miaohui.skinny_linear.default", "miaohui.encoder_attention.default"} <= targets
+    torch.export.save(ep, str(tmp_path / "program.pt2"))
+    loaded = torch.export.load(str(tmp_path / "program.pt2")).module()
+    with torch.inference_mode():
+        got = loaded(ids, mask)
+        longer = loaded(torch.cat([ids, ids], 1), torch.cat([mask, mask], 1))  # another sequence length
+    # the skinny op's CPU form takes the FFN's GELU in its tanh form (the GPU kernel's), the model erf
+    assert float((got - want).abs().max()) < 1e-2
+    assert longer.shape == (2, 24)
+
+
+def test_gpu_kernels_is_an_inductor_option() -> None:
+    with pytest.raises(ConfigError, match="gpu_kernels library with backend onnxruntime"):
+        BuildConfig(backend="onnxruntime", gpu_kernels="library")
+    # other backends' build keys do not change with the option's arrival: it is not hashed for them
+    ort = BuildConfig(backend="onnxruntime")
+    fields = ort.model_dump(mode="json")
+    for name in ("calibration", "autotune", "inductor_format", "gpu_kernels"):
+        fields.pop(name)
+    assert ort.compute_hash() == digest_json(fields)
+    a = BuildConfig(backend="inductor", precision="fp16")
+    b = BuildConfig(backend="inductor", precision="fp16", gpu_kernels="library")
+    assert a.compute_hash() != b.compute_hash()
