@@ -37,20 +37,21 @@ class FastBertLayer(nn.Module):
     skinny: bool = False
     """The four GEMMs through ``miaohui::skinny_linear`` (:mod:`miaohui.models.skinny_gemm`: a small-tile split-K
     Triton GEMM where its measured table has the product's rows, cuBLAS elsewhere; the FFN's GELU as tanh). Set by
-    :func:`use_skinny`; only ``scripts/gpu/encoder_variants.py``'s ``static_skinny`` turns it on (not measured yet, not
-    in the engine)."""
+    :func:`use_skinny`: by the ``inductor`` build with ``gpu_kernels triton`` where the GPU has measured entries
+    (:mod:`miaohui.models.kernel_tables`), and by ``scripts/gpu/encoder_variants.py``'s ``static_skinny*``."""
 
     triton_attention: bool = False
     """The attention through ``miaohui::encoder_attention`` (:mod:`miaohui.models.encoder_attention`: one Triton
     kernel reading q, k, v from the QKV output, on CUDA; the same SDPA call elsewhere). Set by
-    :func:`use_triton_attention`; only ``scripts/gpu/encoder_variants.py``'s ``static_triton_attn`` turns it on (not
-    measured yet, not in the engine)."""
+    :func:`use_triton_attention`: by the ``inductor`` build with ``gpu_kernels triton`` where the GPU has measured
+    entries (:mod:`miaohui.models.kernel_tables`), and by ``scripts/gpu/encoder_variants.py``'s ``*_attn`` variants."""
 
     skinny_ln: bool = False
     """The two projections a LayerNorm reads (attention output, FFN output) through ``miaohui::skinny_linear_ln``
     (:mod:`miaohui.models.skinny_ln`: GEMM + bias + residual + LayerNorm as one Triton kernel where its table has the
     product's rows, the three ops elsewhere). Set by :func:`use_skinny_ln`; only ``scripts/gpu/encoder_variants.py``'s
-    ``static_skinny_ln*`` variants turn it on (not measured yet, not in the engine)."""
+    ``static_skinny_ln*`` variants turn it on. Measured slower on the H200 (1×128 0.617 vs 0.456 ms without it,
+    ``encoder_variants_h200_s26b.json``), so not in the engine."""
 
     def __init__(self, hidden: int, heads: int, intermediate: int, eps: float) -> None:
         super().__init__()

@@ -186,12 +186,13 @@ def skinny_linear(
 
 SKINNY_BEST: dict[tuple[int, int, int], SkinnyConfig] = {}
 """(M, N, K) → the configuration to run, for the products where the sweep found it faster than cuBLAS; every other
-product keeps cuBLAS. Empty until measured (``scripts/gpu/encoder_gemm_sweep.py``; :func:`table_from_sweep`)."""
+product keeps cuBLAS. Filled by ``kernel_tables.apply`` (the engine) or the benchmarks
+(``scripts/gpu/encoder_gemm_sweep.py``; :func:`table_from_sweep`)."""
 
 
 SKINNY_PDL = False
-"""Launch the table's kernels as programmatic dependents (:func:`skinny_linear`'s ``pdl``); bench-only, like the
-table (``scripts/gpu/encoder_variants.py``'s ``static_skinny_pdl``)."""
+"""Launch the table's kernels as programmatic dependents (:func:`skinny_linear`'s ``pdl``): set with the table by
+``kernel_tables.apply`` and by ``scripts/gpu/encoder_variants.py``'s ``*_pdl*`` variants."""
 
 
 def table_from_sweep(report: dict[str, Any]) -> dict[tuple[int, int, int], SkinnyConfig]:
