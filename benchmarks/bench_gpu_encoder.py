@@ -30,8 +30,7 @@ from miaohui.config import BuildConfig, parse_shapes
 from miaohui.engines.inductor_engine import InductorEngine
 from miaohui.engines.loader import load_engine
 from miaohui.engines.store import build_artifact
-from miaohui.models.checkpoint import ModelMeta, load_checkpoint, save_checkpoint
-from miaohui.models.intent import IntentClassifier, random_bert
+from miaohui.models.checkpoint import load_checkpoint
 
 PEAK_TFLOPS = 790.0  # measured bf16 dense matrix rate of the H200 here (shared/GPU.md)
 
@@ -45,19 +44,9 @@ def flops(cfg: Any, b: int, s: int, labels: int) -> float:
 
 
 def bert_base_checkpoint(root: Path) -> Path:
-    from miaohui.zoo.tiny import any_tokenizer
+    from miaohui.zoo.tiny import save_bert_base_intent
 
-    tok = any_tokenizer()
-    enc = random_bert(hidden=768, layers=12, heads=12, vocab=tok.get_vocab_size(), intermediate=3072, seed=0)
-    model = IntentClassifier(enc, 24).eval()
-    meta = ModelMeta(
-        kind="intent",
-        base="bert-base-random",
-        bert_config=enc.config.to_diff_dict(),
-        labels=[f"label_{i}" for i in range(24)],
-        max_length=128,
-    )
-    return save_checkpoint(root / "bert-base-random", model, meta, tok)
+    return save_bert_base_intent(root / "bert-base-random")
 
 
 def inputs(vocab: int, b: int, s: int, n: int, seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -15,9 +15,8 @@ from miaohui.config import BuildConfig, parse_shapes
 from miaohui.engines.inductor_engine import InductorEngine
 from miaohui.engines.loader import load_engine
 from miaohui.engines.store import build_artifact, read_manifest
-from miaohui.models.checkpoint import ModelMeta, load_checkpoint, save_checkpoint
-from miaohui.models.intent import IntentClassifier, random_bert
-from miaohui.zoo.tiny import any_tokenizer
+from miaohui.models.checkpoint import load_checkpoint
+from miaohui.zoo.tiny import save_bert_base_intent
 
 pytestmark = pytest.mark.gpu
 H200 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
@@ -25,16 +24,7 @@ H200 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0
 
 @pytest.fixture(scope="module")
 def bert_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    tok = any_tokenizer()
-    enc = random_bert(hidden=768, layers=12, heads=12, vocab=tok.get_vocab_size(), intermediate=3072, seed=0)
-    meta = ModelMeta(
-        kind="intent",
-        base="bert-base-random",
-        bert_config=enc.config.to_diff_dict(),
-        labels=[f"label_{i}" for i in range(24)],
-        max_length=128,
-    )
-    return save_checkpoint(tmp_path_factory.mktemp("bert") / "bert-base-random", IntentClassifier(enc, 24), meta, tok)
+    return save_bert_base_intent(tmp_path_factory.mktemp("bert") / "bert-base-random")
 
 
 @pytest.fixture(scope="module")

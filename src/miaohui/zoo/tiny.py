@@ -52,3 +52,21 @@ def save_tiny_intent(folder: Path) -> Path:
         max_length=64,
     )
     return save_checkpoint(folder, IntentClassifier(encoder, num_labels=4).eval(), meta, tok)
+
+
+def save_bert_base_intent(folder: Path, num_labels: int = 24) -> Path:
+    """A BERT-base-shaped random-weight intent classifier (12 layers × 768, 12 heads, FFN 3072, seed 0) with
+    :func:`any_tokenizer`, saved in ``folder``: the shape the GPU benchmarks and GPU tests time, never accuracy."""
+    from miaohui.models.checkpoint import ModelMeta, save_checkpoint
+    from miaohui.models.intent import IntentClassifier, random_bert
+
+    tok = any_tokenizer()
+    enc = random_bert(hidden=768, layers=12, heads=12, vocab=tok.get_vocab_size(), intermediate=3072, seed=0)
+    meta = ModelMeta(
+        kind="intent",
+        base="bert-base-random",
+        bert_config=enc.config.to_diff_dict(),
+        labels=[f"label_{i}" for i in range(num_labels)],
+        max_length=128,
+    )
+    return save_checkpoint(folder, IntentClassifier(enc, num_labels).eval(), meta, tok)
