@@ -169,7 +169,7 @@ class BuildConfig(Frozen):
     back; ``exported-program``: skip the package (where it is known to crash on load, e.g. the H200 image with
     torch 2.11, it saves the package's compile and probe)."""
     gpu_kernels: Literal["triton", "library"] = "triton"
-    """inductor on a GPU: ``triton`` puts miaohui's Triton kernels in the graph (skinny GEMMs, the encoder's
+    """inductor on a GPU, fp16: ``triton`` puts miaohui's Triton kernels in the graph (skinny GEMMs, the encoder's
     attention: :mod:`miaohui.models.kernel_tables`) for the shapes where this GPU measured them faster, library
     kernels (cuBLAS, SDPA) for the rest, and compiles Inductor's kernels with programmatic dependent launch; the
     artifact is then the exported program (the Triton kernels are Python custom ops, which an AOTInductor package

@@ -63,6 +63,10 @@ def test_build_switches_the_layers_where_a_table_exists(clean_tables: None, monk
 
     monkeypatch.setattr(kernel_tables, "device_capability", lambda: (9, 0))
     assert inductor.use_gpu_kernels(_model(), "triton")["mode"] == "library"  # an H200, but a model not measured
+    assert inductor.use_gpu_kernels(model, "triton", "bf16") == {
+        "mode": "library",
+        "reason": "the kernel tables were measured in fp16, not bf16",
+    }
     info = inductor.use_gpu_kernels(model, "triton")
     assert info == {
         "mode": "triton",

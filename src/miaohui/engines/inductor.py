@@ -76,7 +76,7 @@ def build(ctx: BuildContext) -> BuiltEngine:
         raise BuildError("fp16 inductor engines need a CUDA GPU", "build on the GPU, or use fp32/bf16 on CPU")
     module = from_module(load_checkpoint(ctx.model.path, attn_implementation="sdpa").module)
     use_fused_gelu(module, device == "cuda")  # cuBLASLt's GEMM+bias+GELU epilogue (tanh GELU); CPU keeps erf GELU
-    kernels = use_gpu_kernels(module, ctx.cfg.gpu_kernels if device == "cuda" else "library")
+    kernels = use_gpu_kernels(module, ctx.cfg.gpu_kernels if device == "cuda" else "library", ctx.cfg.precision)
     if kernels["mode"] == "triton":
         ctx.log(f"miaohui's Triton kernels where measured faster on this GPU: {kernels}")
     model = FloatLogits(module).to(device=device, dtype=DTYPES[ctx.cfg.precision]).eval()
@@ -250,12 +250,15 @@ def compile_program(module: torch.nn.Module, autotune: bool, pdl: bool = False) 
     return torch.compile(module, dynamic=True, options=options)
 
 
-def use_gpu_kernels(module: torch.nn.Module, choice: str) -> dict[str, Any]:
-    """``gpu_kernels``: with ``triton`` and entries for this model on this GPU (:mod:`miaohui.models.kernel_tables`),
-    switch FastBert's layers to the custom ops and load the entries; returns what the manifest records."""
+def use_gpu_kernels(module: torch.nn.Module, choice: str, precision: str = "fp16") -> dict[str, Any]:
+    """``gpu_kernels``: with ``triton``, fp16 and entries for this model on this GPU
+    (:mod:`miaohui.models.kernel_tables`), switch FastBert's layers to the custom ops and load the entries; returns
+    what the manifest records."""
     dims = kernel_tables.model_dims(module)
     if choice != "triton" or dims is None:
         return {"mode": "library"}
+    if precision != "fp16":
+        return {"mode": "library", "reason": f"the kernel tables were measured in fp16, not {precision}"}
     capability = kernel_tables.device_capability()
     info = kernel_tables.apply(capability, dims)
     if not info["skinny_gemm_shapes"] and not info["attention_shapes"]:

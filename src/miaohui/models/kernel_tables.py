@@ -5,7 +5,7 @@ The ``inductor`` backend's ``gpu_kernels: triton`` (the default) builds FastBert
 and ``miaohui::encoder_attention`` in its graph, compiles Inductor's own Triton kernels with programmatic
 dependent launch, and applies :func:`apply` at build and at load. Each op then runs the Triton kernel only for the
 shapes below, where the H200 measured it faster, and the library kernel (cuBLAS, SDPA) everywhere else — other
-shapes, other models, other GPUs (an empty table).
+shapes, other models, other GPUs (an empty table). Only fp16 builds use them (the precision they were measured in).
 
 Where the figures come from (``benchmarks/results``):
 
