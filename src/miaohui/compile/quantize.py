@@ -289,12 +289,15 @@ def _quantize_dynamic(source: Path, out_path: Path, cfg: CalibrationConfig, excl
     """ORT's dynamic int8 of ``source`` (int8 per-channel weights) into ``out_path``; BuildError if it fails."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
+    from miaohui.engines.target import int8_reduce_range
+
     try:
         quantize_dynamic(
             str(source),
             str(out_path),
             weight_type=QuantType.QInt8,
             per_channel=cfg.per_channel,
+            reduce_range=int8_reduce_range(),  # 7-bit weights where the CPU lacks VNNI (the build key has its flags)
             op_types_to_quantize=["MatMul", "Attention"],
             nodes_to_exclude=exclude,
             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
