@@ -303,8 +303,7 @@ def quantize_decoder(src_dir: Path, out_dir: Path, method: Int8Method = "weight-
     (uint8, per tensor) into ``MatMulInteger``/``DynamicQuantizeMatMul`` (VNNI kernels on x86).
     ``weight-only`` (default): ``MatMulNBits``, 8-bit symmetric weights in blocks of 32 along K;
     ``accuracy_level=4`` lets ORT quantize activations per block at run time (int8 dot products), which
-    tolerates the outlier features of LLM activations; on x86 CPUs without VNNI, fp32 compute (``accuracy_level=1``,
-    :func:`~miaohui.engines.target.int8_reduce_range`). Attention's activation x activation MatMuls, norms
+    tolerates the outlier features of LLM activations. Attention's activation x activation MatMuls, norms
     and softmax stay fp32 in both. On SmolLM2 ``dynamic`` is unusable (max logit error ~33, top-1
     wrong: per-tensor activation scales are ruined by outlier channels) — the check below refuses it.
     """
@@ -332,12 +331,7 @@ def quantize_decoder(src_dir: Path, out_dir: Path, method: Int8Method = "weight-
                 MatMulNBitsQuantizer,
             )
 
-            from miaohui.engines.target import int8_reduce_range
-
-            # int8 dot products (4) where the CPU has VNNI / Arm dot products; fp32 compute (1) on x86 without them,
-            # where ORT's int8 path saturates (on an AVX2-only CPU Gemma's int8 answered a Chinese question in English)
-            level = 1 if int8_reduce_range() else 4
-            config = DefaultWeightOnlyQuantConfig(block_size=32, is_symmetric=True, bits=8, accuracy_level=level)
+            config = DefaultWeightOnlyQuantConfig(block_size=32, is_symmetric=True, bits=8, accuracy_level=4)
             quant = MatMulNBitsQuantizer(onnx.load(str(src_dir / MODEL_NAME)), algo_config=config)
             with _quiet("onnxruntime.quantization.matmul_nbits_quantizer"):  # it logs every node at INFO
                 quant.process()
