@@ -42,7 +42,6 @@ from miaohui.engines.context import BuildContext, BuiltEngine
 from miaohui.engines.onnxruntime import io_specs
 from miaohui.engines.target import cpu_target, cuda_target
 from miaohui.errors import BuildError
-from miaohui.models import kernel_tables
 from miaohui.models.checkpoint import load_checkpoint
 from miaohui.models.fast_bert import from_module, save_fast, use_fused_gelu, use_skinny, use_triton_attention
 
@@ -254,8 +253,12 @@ def use_gpu_kernels(module: torch.nn.Module, choice: str, precision: str = "fp16
     """``gpu_kernels``: with ``triton``, fp16 and entries for this model on this GPU
     (:mod:`miaohui.models.kernel_tables`), switch FastBert's layers to the custom ops and load the entries; returns
     what the manifest records."""
+    if choice != "triton":
+        return {"mode": "library"}
+    from miaohui.models import kernel_tables  # imports Triton (~0.3 s): only when the kernels are asked for
+
     dims = kernel_tables.model_dims(module)
-    if choice != "triton" or dims is None:
+    if dims is None:
         return {"mode": "library"}
     if precision != "fp16":
         return {"mode": "library", "reason": f"the kernel tables were measured in fp16, not {precision}"}
@@ -275,6 +278,8 @@ def gpu_kernels_at_load(extra: dict[str, Any]) -> bool:
     info = extra.get("gpu_kernels") or {}
     if info.get("mode") != "triton":
         return False
+    from miaohui.models import kernel_tables  # imports Triton: not on the load path of other artifacts
+
     hidden, intermediate, heads = (int(v) for v in info["dims"])
     kernel_tables.apply(kernel_tables.device_capability(), (hidden, intermediate, heads))
     return bool(info.get("pdl"))
