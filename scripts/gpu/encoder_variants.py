@@ -20,6 +20,7 @@
 * ``static_triton_attn``: ``static_gelu_epi`` with the attention as miaohui's Triton kernel reading q, k, v from the
   QKV output (:mod:`miaohui.models.encoder_attention`) instead of the permutes, cuDNN's kernel and its memsets;
 * ``static_skinny_pdl_attn``: both of the last two (what the prepared pieces give together at 1×16 / 1×128);
+  ``dynamic_skinny_pdl_attn``: the same compiled with dynamic shapes (as the engine compiles its program);
 * ``static_skinny_ln``: ``static_skinny`` with the attention-output and FFN-output projections, their residual add and
   LayerNorm as one kernel each (:mod:`miaohui.models.skinny_ln`, its own table of 16-row tiles): 36 fewer kernels
   per call (24 LayerNorms, 12 split-K reduces) at 1×16 / 1×128; ``static_skinny_ln_pdl_attn``: with PDL and the
@@ -67,6 +68,7 @@ PARTS: dict[str, set[str]] = {
     "static_skinny_pdl": {"fused_gelu", "skinny", "pdl"},
     "static_triton_attn": {"fused_gelu", "triton_attention"},
     "static_skinny_pdl_attn": {"fused_gelu", "skinny", "pdl", "triton_attention"},
+    "dynamic_skinny_pdl_attn": {"fused_gelu", "skinny", "pdl", "triton_attention"},
     "static_skinny_ln": {"fused_gelu", "skinny", "skinny_ln"},
     "static_skinny_ln_pdl_attn": {"fused_gelu", "skinny", "skinny_ln", "pdl", "triton_attention"},
 }
@@ -192,7 +194,7 @@ def main() -> None:
             pdl = "pdl" in parts
             skinny_gemm.SKINNY_PDL = skinny_ln.SKINNY_LN_PDL = pdl
             mode = "max-autotune-no-cudagraphs" if variant == "static_autotune" else None
-            compiled = torch.compile(model, dynamic=variant == "dynamic", fullgraph=True, mode=mode)
+            compiled = torch.compile(model, dynamic=variant.startswith("dynamic"), fullgraph=True, mode=mode)
             fn: Callable[..., torch.Tensor] = compiled
             if variant == "static_cudnn":
                 from torch.nn.attention import SDPBackend, sdpa_kernel

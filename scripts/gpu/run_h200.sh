@@ -144,6 +144,10 @@
 #   s27c:   tests/gpu/test_inductor_gpu.py (exported-program format) after the gpu_kernels change, then s27b's test
 #           again (the tables now per model; 128x128 attention left out)
 #   s27d:   the engine with / without miaohui's kernels at 1x128 and 128x128 (the tables of s27c)
+#   s28b:   where the engine's 1x128 loses ~12 us to the static compile: FastBert with miaohui's kernels compiled
+#           static vs dynamic, and the engine's kernel table (1x128, 32x128)
+#   s28a:   the graph_streams GPU test, then BERT-base: the engine's replay alone vs with the input copies timed, and
+#           graph_streams 2 / 4 (a large bucket's batch split over parallel streams in its graph)
 #   s25b:   the attention's output projection added by the next RMSNorm kernel (no addmm, so no memcpy node): the
 #           64-row step's kernels in order with Inductor's output code, then s25a's two servers
 #   s25a:   (session 22) the 64-row decode step's kernels in order (where its memcpy nodes come from), then the
@@ -675,6 +679,22 @@ case $stage in
     grep -E "passed|failed|PASSED|FAILED|Error|assert" "$OUT/gpu_tests_inductor_h200_s27c.txt" | tail -16
     timeout 190 python3 -m pytest -q tests/gpu/test_gpu_kernels_gpu.py -p no:cacheprovider -rA -s 2>&1 \
       | grep -E "passed|failed|PASSED|FAILED|Error|assert|engine vs fp32" | tail -12 | tee "$OUT/gpu_tests_gpu_kernels_h200_s27c.txt"
+    ;;
+  s28b)
+    timeout 260 python3 scripts/gpu/encoder_variants.py --attn-table benchmarks/results/attn_probe_h200_s27a.json \
+      --variants static_skinny_pdl_attn,dynamic_skinny_pdl_attn --shapes 1x128,32x128 --out "$OUT/variants" 2>&1 \
+      | grep -E '"variant"|kernels/call|Error|    ' | tail -60
+    timeout 250 python3 benchmarks/bench_gpu_encoder.py --models bert-base --no-autotune --inductor-format exported-program \
+      --shapes 1x128,32x128 --variants engine_fp16 --profile --out "$OUT/gpu_encoder_bert_profile_s28b.json" 2>&1 \
+      | grep -E "kernel|engine_fp16 |FAIL|Error" | tail -40
+    ;;
+  s28a)
+    MIAOHUI_GPU_TEST_FORMAT=exported-program timeout 170 python3 -X faulthandler -m pytest -q tests/gpu/test_inductor_gpu.py \
+      -k "split and fp16" -p no:cacheprovider -rA > "$OUT/gpu_tests_split_h200_s28a.txt" 2>&1
+    grep -E "passed|failed|PASSED|FAILED|Error|assert" "$OUT/gpu_tests_split_h200_s28a.txt" | tail -12
+    timeout 340 python3 benchmarks/bench_gpu_encoder.py --models bert-base --no-autotune --inductor-format exported-program \
+      --shapes 1x16,1x128,8x64,32x128,128x128 --variants eager_fp16,engine_fp16,engine_fp16_split2,engine_fp16_split4 \
+      --out "$OUT/gpu_encoder_bert_s28a.json" 2>&1 | grep -E "engine|FAIL|Error" | grep -v "e2e" | tail -30
     ;;
   s27d)
     timeout 200 python3 benchmarks/bench_gpu_encoder.py --models bert-base --no-autotune --inductor-format exported-program \
