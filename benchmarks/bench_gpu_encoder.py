@@ -11,9 +11,7 @@ device copies into the bucket inside the events, as sessions up to 24 did (their
 idle between them); ``engine_graph_copies`` replays the serving graph, whose pinned host → device input copy and
 output copy back are captured in it (``graph_copies``, the server's default). ``engine_e2e`` is the engine's whole
 ``infer()`` (pinned H2D copy, replay, D2H, sync) timed on the host; ``engine_copies_e2e`` the same with the copies
-captured inside the graph. ``engine_fp16_split2`` is ``engine_fp16`` with ``graph_streams: 2`` (a large bucket's
-batch as two halves on two streams inside its graph). Every variant's output is checked against fp32 eager
-(relative error).
+captured inside the graph. Every variant's output is checked against fp32 eager (relative error).
 
     python benchmarks/bench_gpu_encoder.py --models bert-base,e5-intent --out benchmarks/results/gpu_encoder.json
 """
@@ -168,19 +166,11 @@ def run_model(name: str, ckpt: Path, args: argparse.Namespace, repo: Path, resul
     if "compile_fp16" in args.variants:
         m16 = load_checkpoint(ckpt).module.cuda().half().eval()
         variants["compile_fp16"] = torch.compile(m16, mode="reduce-overhead", dynamic=True)
-    built: dict[tuple[str, str], Path] = {}
-    for variant in ("engine_fp16", "engine_bf16", "engine_fp16_library", "engine_fp16_split2", "engine_fp16_split4"):
+    for variant in ("engine_fp16", "engine_bf16", "engine_fp16_library"):
         if variant not in args.variants.split(","):
             continue
         prec = variant.split("_")[1]
         kernels = "library" if variant.endswith("_library") else "triton"  # gpu_kernels: the A/B of the same build
-        streams = int(variant.rsplit("split", 1)[1]) if "_split" in variant else 1
-        if (prec, kernels) in built:  # the same artifact, loaded with other engine options
-            engine = load_engine(built[prec, kernels])
-            assert isinstance(engine, InductorEngine)
-            engine.graph_copies, engine.graph_streams = False, streams
-            variants[variant] = Replay(engine)
-            continue
         t0 = time.perf_counter()
         prof = f"input_ids:1x1,{min(32, max_b)}x{min(128, max_s)},{max_b}x{max_s}"
         bcfg = BuildConfig(
@@ -204,12 +194,10 @@ def run_model(name: str, ckpt: Path, args: argparse.Namespace, repo: Path, resul
             print("BUILD FAILED", name, variant, repr(exc)[:2000], flush=True)
             continue
         compile_s[variant] = time.perf_counter() - t0
-        built[prec, kernels] = out.path
         t0 = time.perf_counter()
         engine = load_engine(out.path)
         assert isinstance(engine, InductorEngine)
         engine.graph_copies = False  # Replay writes the bucket's device inputs itself
-        engine.graph_streams = streams
         load_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         engine.infer({"input_ids": np.full((1, 16), 5, np.int64), "attention_mask": np.ones((1, 16), np.int64)})

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from miaohui.config import BuildConfig, parse_shapes
-from miaohui.engines.inductor_engine import InductorEngine, split_parts
+from miaohui.engines.inductor_engine import InductorEngine
 from miaohui.engines.loader import load_engine
 from miaohui.engines.store import build_artifact, read_manifest
 from miaohui.errors import ArtifactError
@@ -111,30 +111,6 @@ def test_copies_inside_the_graphs_give_the_same_outputs(artifact: Path) -> None:
     inside.warmed_up()  # the next batch is a timed one
     inside.infer({"input_ids": batches[0], "attention_mask": np.ones_like(batches[0])})
     assert set(inside.last_stages) == {"gpu"} and inside.last_stages["gpu"] > 0
-
-
-def test_split_over_streams_gives_the_same_outputs(artifact: Path) -> None:
-    """``graph_streams: 2``: the largest bucket's graph runs its batch as two halves on two streams (a fork and a
-    join inside the graph); batch after batch, padded rows included, its outputs match the one-stream engine's to
-    fp16 rounding (the halves' GEMMs may pick other cuBLAS kernels), and small buckets are not split."""
-    manifest = read_manifest(artifact)
-    split = InductorEngine(manifest, artifact, graph_streams=2)
-    whole = InductorEngine(manifest, artifact, graph_streams=1)
-    b, s = split.batches[-1], split.seqs[-1]
-    assert split_parts(b, s, 2) == 2, (b, s)  # the profile's largest bucket is big enough to split
-    rng = np.random.default_rng(2)
-    for rows in (b, b - 3, b):
-        ids = rng.integers(5, 30000, (rows, s)).astype(np.int64)
-        mask = np.ones_like(ids)
-        mask[1, s // 3 :] = 0
-        mask[-1, 2:] = 0
-        feeds = {"input_ids": ids, "attention_mask": mask}
-        got, want = split.infer(feeds)["logits"], whole.infer(feeds)["logits"]
-        assert got.shape == want.shape == (rows, want.shape[1])
-        assert np.linalg.norm(got - want) <= 2e-3 * np.linalg.norm(want)
-    assert len(split._side_streams) == 1 and not whole._side_streams
-    small = {"input_ids": np.full((2, 8), 7, np.int64), "attention_mask": np.ones((2, 8), np.int64)}
-    np.testing.assert_allclose(split.infer(small)["logits"], whole.infer(small)["logits"], rtol=0, atol=1e-6)
 
 
 def test_validate_gate(artifact: Path, repo: Path, source: Path) -> None:

@@ -38,19 +38,6 @@ _CAPTURE_LOCK = threading.Lock()
 SEQ_BUCKETS = (8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 
 
-SPLIT_MIN_TOKENS = 1024
-"""Fewest tokens (batch × sequence) in each part of a bucket split over streams (``graph_streams``): below that a
-part's GEMMs are latency-bound and the split only adds kernels."""
-
-
-def split_parts(b: int, s: int, streams: int) -> int:
-    """How many parts bucket (b, s) runs as with ``streams`` streams: ``streams`` when the batch divides into parts of
-    at least 2 rows (Dynamo specialises a batch of 1) and ``SPLIT_MIN_TOKENS`` tokens, else 1."""
-    if streams <= 1 or b % streams or b // streams < 2 or (b // streams) * s < SPLIT_MIN_TOKENS:
-        return 1
-    return streams
-
-
 def batch_buckets(max_batch: int) -> list[int]:
     out, b = [], 1
     while b < max_batch:
@@ -106,7 +93,6 @@ class InductorEngine(Engine):
         graph_copies: bool = True,
         fast_start: bool = False,
         program_check: Callable[[], None] | None = None,
-        graph_streams: int = 1,
     ) -> None:
         super().__init__(manifest, path)
         self._program_check = program_check
@@ -121,11 +107,6 @@ class InductorEngine(Engine):
         a call that lets go of the GIL and must take it back while an event loop may hold it (session 13: ~0.3 ms of
         host gaps around a 0.03 ms input copy). Falls back to copies outside the graph where this torch cannot
         capture them. On by default (``ModelConfig.graph_copies``; measured in ``run_h200.sh s15a``)."""
-        self.graph_streams = graph_streams
-        """A large bucket's graph runs its batch as this many equal parts, each on a stream of its own (a fork and a
-        join inside the graph), so one part's memory-bound kernels (LayerNorms, attention) overlap another part's
-        GEMMs and the GEMMs' last waves; only for buckets :func:`split_parts` allows (``ModelConfig.graph_streams``)."""
-        self._side_streams: list[Any] = []
         self._eager: Any = None
         """``fast_start``: the fast model rebuilt from ``eager.safetensors`` (or, in artifacts without it, the exported
         program) run as is — no Dynamo, no Inductor — until :meth:`upgrade` is done."""
@@ -297,48 +278,21 @@ class InductorEngine(Engine):
         # busy — token ids out of range, a device-side assert (BERT-base at 32×128 in s11f and s15d, right after
         # the benchmark's fp32 reference ran on the default stream).
         stream.wait_stream(torch.cuda.current_stream(self.device))
-        forward = self._forward(runner, split_parts(b, s, self.graph_streams))
         with torch.no_grad(), torch.cuda.stream(stream):
             for _ in range(2):  # warm the kernels and the allocator outside the graph
-                warm = forward(ids, mask)
+                warm = runner(ids, mask)
             stream.synchronize()
             host_io = io.cpu().pin_memory()  # what a replay copies in until a batch writes it
             host_out = torch.empty(warm.shape, dtype=warm.dtype).pin_memory()
             if self.graph_copies:
                 try:
-                    graph, out = self._capture(forward, stream, ids, mask, (io, host_io, host_out))
+                    graph, out = self._capture(runner, stream, ids, mask, (io, host_io, host_out))
                 except RuntimeError as exc:  # a torch that cannot capture host copies: launch them apart
                     log.warning("cannot capture host copies in CUDA graphs (%s); copying around replays", exc)
                     self.graph_copies = False
             if not self.graph_copies:
-                graph, out = self._capture(forward, stream, ids, mask, None)
+                graph, out = self._capture(runner, stream, ids, mask, None)
         return _Bucket(graph, io, out, host_io, host_out, self.graph_copies, compiled)
-
-    def _forward(self, runner: Any, parts: int) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-        """``runner`` itself, or with ``parts`` > 1 a call that runs the batch's parts on as many streams — the
-        first on the current stream, the others on side streams that fork from it and join back — and concatenates
-        their outputs. Captured in a graph, the streams become parallel branches."""
-        if parts == 1:
-            return runner
-        while len(self._side_streams) < parts - 1:
-            self._side_streams.append(torch.cuda.Stream(self.device))
-        sides = self._side_streams[: parts - 1]
-
-        def forward(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-            main = torch.cuda.current_stream(self.device)
-            for side in sides:  # fork before any part is enqueued: a later fork would wait for the parts before it
-                side.wait_stream(main)
-            rows = ids.shape[0] // parts
-            outs = [runner(ids[:rows], mask[:rows])]
-            for i, side in enumerate(sides, start=1):
-                with torch.cuda.stream(side):
-                    part = slice(i * rows, (i + 1) * rows)
-                    outs.append(runner(ids[part], mask[part]))
-            for side in sides:
-                main.wait_stream(side)
-            return torch.cat(outs)
-
-        return forward
 
     @staticmethod
     def _capture(

@@ -71,14 +71,11 @@ def load_engine(
     spin_wait: bool = True,
     graph_copies: bool = True,
     fast_start: bool = False,
-    graph_streams: int = 1,
 ) -> Engine:
     """Load the artifact at ``path`` (a version directory). ``spin_wait``: ONNX Runtime threads busy-wait
     between runs (lowest latency on an otherwise idle machine; the server turns it off). ``graph_copies``: CUDA-graph
     engines capture a batch's copies in the graph (``ModelConfig.graph_copies``); ``fast_start``: an
-    inductor exported program answers eagerly until its compiled graphs are in (``ModelConfig.fast_start``);
-    ``graph_streams``: a large bucket's batch runs as that many parts on parallel streams in its graph
-    (``ModelConfig.graph_streams``)."""
+    inductor exported program answers eagerly until its compiled graphs are in (``ModelConfig.fast_start``)."""
     path = Path(path)
     manifest = read_manifest(path)
     # fast_start reads the program only in its background upgrade: its sha256 is checked there, not on the way to
@@ -105,11 +102,6 @@ def load_engine(
 
         program_check = functools.partial(check_checksum, path, manifest, manifest.engine_file) if deferred else None
         return InductorEngine(
-            manifest,
-            path,
-            graph_copies=graph_copies,
-            fast_start=fast_start,
-            program_check=program_check,
-            graph_streams=graph_streams,
+            manifest, path, graph_copies=graph_copies, fast_start=fast_start, program_check=program_check
         )
     raise ArtifactError(f"{path} has unknown backend {backend!r}", "rebuild it with a current miaohui")

@@ -102,10 +102,6 @@ class ModelConfig(BaseModel):
     """CUDA-graph engines (``inductor`` on a GPU): capture each batch's input and output copies inside the bucket's
     graph, so a batch is one replay and one wait (fewer GIL hand-backs in a busy process). Measured with
     ``gpu_wait: poll`` (above); a bare engine's whole ``infer()`` gains 0.04–0.08 ms (BERT-base, ``s15d``)."""
-    graph_streams: int = Field(default=1, ge=1, le=8)
-    """CUDA-graph engines: run a large bucket's batch as this many equal parts on as many streams inside its graph,
-    so one part's memory-bound kernels overlap another's GEMMs (buckets whose parts keep ≥ 2 rows and ≥ 1,024
-    tokens; ``inductor_engine.split_parts``). 1: off."""
     fast_start: bool = False
     """``inductor`` exported-program versions: answer at once with the fast model rebuilt from the artifact's
     ``eager.safetensors`` (no program load, no Dynamo trace, no Inductor; CUDA graphs of the eager kernels on a

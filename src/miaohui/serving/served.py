@@ -84,7 +84,6 @@ class ServedVersion:
                     spin_wait=config.spin_wait,
                     graph_copies=config.graph_copies,
                     fast_start=config.fast_start,
-                    graph_streams=config.graph_streams,
                 )
                 for i in range(instances)
             ]
