@@ -11,7 +11,10 @@ device copies into the bucket inside the events, as sessions up to 24 did (their
 idle between them); ``engine_graph_copies`` replays the serving graph, whose pinned host → device input copy and
 output copy back are captured in it (``graph_copies``, the server's default). ``engine_e2e`` is the engine's whole
 ``infer()`` (pinned H2D copy, replay, D2H, sync) timed on the host; ``engine_copies_e2e`` the same with the copies
-captured inside the graph. Every variant's output is checked against fp32 eager (relative error).
+captured inside the graph. ``engine_fp16_static`` is ``engine_fp16`` built with ``--static-shapes`` set to the
+benchmark's shapes (each of them a program compiled for exactly that shape). ``--rounds N`` times the engine
+variants N times, one after another per round, so run-to-run drift shows. Every variant's output is checked
+against fp32 eager (relative error).
 
     python benchmarks/bench_gpu_encoder.py --models bert-base,e5-intent --out benchmarks/results/gpu_encoder.json
 """
@@ -166,11 +169,12 @@ def run_model(name: str, ckpt: Path, args: argparse.Namespace, repo: Path, resul
     if "compile_fp16" in args.variants:
         m16 = load_checkpoint(ckpt).module.cuda().half().eval()
         variants["compile_fp16"] = torch.compile(m16, mode="reduce-overhead", dynamic=True)
-    for variant in ("engine_fp16", "engine_bf16", "engine_fp16_library"):
+    for variant in ("engine_fp16", "engine_bf16", "engine_fp16_library", "engine_fp16_static"):
         if variant not in args.variants.split(","):
             continue
         prec = variant.split("_")[1]
         kernels = "library" if variant.endswith("_library") else "triton"  # gpu_kernels: the A/B of the same build
+        static = ",".join(f"{b}x{s}" for b, s in shapes) if variant.endswith("_static") else ""  # static_shapes
         t0 = time.perf_counter()
         prof = f"input_ids:1x1,{min(32, max_b)}x{min(128, max_s)},{max_b}x{max_s}"
         bcfg = BuildConfig(
@@ -180,11 +184,12 @@ def run_model(name: str, ckpt: Path, args: argparse.Namespace, repo: Path, resul
             autotune=args.autotune,
             inductor_format=args.inductor_format,
             gpu_kernels=kernels,
+            static_shapes=static,  # type: ignore[arg-type]
         )
         try:
             out = build_artifact(
                 ckpt,
-                f"{name}-{prec}" + ("-library" if kernels == "library" else ""),
+                f"{name}-{prec}" + ("-library" if kernels == "library" else "") + ("-static" if static else ""),
                 bcfg,
                 repo,
                 log=lambda m: print("  ·", m, flush=True),
@@ -218,7 +223,8 @@ def run_model(name: str, ckpt: Path, args: argparse.Namespace, repo: Path, resul
         sets = inputs(cfg.vocab_size, b, s, 4, seed=b * 1000 + s)
         with torch.inference_mode():
             ref = hf32(*sets[0]).float()
-            for vname, fn in variants.items():
+            rounds = [(r, v, fn) for r in range(args.rounds) for v, fn in variants.items() if r == 0 or "engine" in v]
+            for rnd, vname, fn in rounds:
                 try:
                     if vname.endswith("_e2e"):
                         feeds = {"input_ids": sets[0][0].cpu().numpy(), "attention_mask": sets[0][1].cpu().numpy()}
@@ -245,12 +251,13 @@ def run_model(name: str, ckpt: Path, args: argparse.Namespace, repo: Path, resul
                         "variant": vname,
                         "batch": b,
                         "seq": s,
+                        "round": rnd,
                         **st,
                         "rel_err": err,
                         "tflops": flops(cfg, b, s, labels) / (st["median_ms"] * 1e-3) / 1e12,
                     }
                     row["peak_fraction"] = row["tflops"] / PEAK_TFLOPS
-                    if args.profile and vname.startswith("engine") and not vname.endswith("_e2e"):
+                    if args.profile and rnd == 0 and vname.startswith("engine") and not vname.endswith("_e2e"):
                         row["kernels"] = kernel_table(fn, sets[0])
                         for k in row["kernels"]["top"]:
                             print(f"  kernel {b}x{s} {k['us_per_call']:8.1f} us {k['per_call']:5.1f}x {k['kernel']}")
@@ -315,6 +322,7 @@ def main() -> None:
     p.add_argument("--variants", default="eager_fp32,eager_fp16,compile_fp16,engine_fp16,engine_bf16")
     p.add_argument("--iters", type=int, default=200)
     p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--rounds", type=int, default=1, help="time the engine variants this many times, interleaved")
     p.add_argument("--autotune", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument(
         "--inductor-format",

@@ -144,6 +144,8 @@
 #   s27c:   tests/gpu/test_inductor_gpu.py (exported-program format) after the gpu_kernels change, then s27b's test
 #           again (the tables now per model; 128x128 attention left out)
 #   s27d:   the engine with / without miaohui's kernels at 1x128 and 128x128 (the tables of s27c)
+#   s28c:   GPU tests of static_shapes (BERT-base with miaohui's kernels, the tiny model's fp16 inductor tests)
+#   s28d:   BERT-base engine fp16 with / without static_shapes at every shape, three interleaved rounds
 #   s28b:   where the engine's 1x128 loses ~12 us to the static compile: FastBert with miaohui's kernels compiled
 #           static vs dynamic, and the engine's kernel table (1x128, 32x128)
 #   s28a:   the graph_streams GPU test, then BERT-base: the engine's replay alone vs with the input copies timed, and
@@ -679,6 +681,19 @@ case $stage in
     grep -E "passed|failed|PASSED|FAILED|Error|assert" "$OUT/gpu_tests_inductor_h200_s27c.txt" | tail -16
     timeout 190 python3 -m pytest -q tests/gpu/test_gpu_kernels_gpu.py -p no:cacheprovider -rA -s 2>&1 \
       | grep -E "passed|failed|PASSED|FAILED|Error|assert|engine vs fp32" | tail -12 | tee "$OUT/gpu_tests_gpu_kernels_h200_s27c.txt"
+    ;;
+  s28c)
+    timeout 330 python3 -X faulthandler -m pytest -q tests/gpu/test_gpu_kernels_gpu.py -p no:cacheprovider -rA -s \
+      > "$OUT/gpu_tests_gpu_kernels_h200_s28c.txt" 2>&1
+    grep -E "passed|failed|PASSED|FAILED|Error|assert|engine vs" "$OUT/gpu_tests_gpu_kernels_h200_s28c.txt" | tail -16
+    MIAOHUI_GPU_TEST_FORMAT=exported-program timeout 240 python3 -m pytest -q tests/gpu/test_inductor_gpu.py -k fp16 \
+      -p no:cacheprovider -rA > "$OUT/gpu_tests_inductor_h200_s28c.txt" 2>&1
+    grep -E "passed|failed|PASSED|FAILED|Error|assert" "$OUT/gpu_tests_inductor_h200_s28c.txt" | tail -14
+    ;;
+  s28d)
+    timeout 560 python3 benchmarks/bench_gpu_encoder.py --models bert-base --no-autotune --inductor-format exported-program \
+      --shapes 1x16,1x128,8x64,32x128,128x128 --variants eager_fp16,engine_fp16,engine_fp16_static --rounds 3 \
+      --out "$OUT/gpu_encoder_bert_static_s28d.json" 2>&1 | grep -E "engine|FAIL|Error" | grep -v "e2e\|·" | tail -40
     ;;
   s28b)
     timeout 260 python3 scripts/gpu/encoder_variants.py --attn-table benchmarks/results/attn_probe_h200_s27a.json \

@@ -153,6 +153,9 @@ def build(
     gpu_kernels: Annotated[
         str, typer.Option(help="inductor on a GPU: triton (miaohui's kernels where measured faster) | library")
     ] = "triton",
+    static_shapes: Annotated[
+        str, typer.Option(help="inductor: buckets with a program compiled for exactly that shape, e.g. 1x16,1x128")
+    ] = "",
     repository: RepoOpt = None,
     force: Annotated[bool, typer.Option(help="Rebuild even if the build key is cached.")] = False,
 ) -> None:
@@ -182,6 +185,7 @@ def build(
             autotune=autotune,
             inductor_format=inductor_format,
             gpu_kernels=gpu_kernels,
+            static_shapes=static_shapes,
         )
         texts = _calibration_texts(calib_data) if precision == "int8" else []
         outcome = build_artifact(

@@ -31,18 +31,19 @@ def bert_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def engines(bert_base: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, InductorEngine]:
     repo = tmp_path_factory.mktemp("kernels-repo")
     out = {}
-    for kernels in ("triton", "library"):
+    for name, kernels, static in (("triton", "triton", ""), ("library", "library", ""), ("static", "triton", "1x128")):
         cfg = BuildConfig(
             backend="inductor",
             precision="fp16",
             shapes=parse_shapes("input_ids:1x1,8x64,8x128"),
             inductor_format="exported-program",
             gpu_kernels=kernels,
+            static_shapes=static,  # type: ignore[arg-type]
         )
-        path = build_artifact(bert_base, f"bert-{kernels}", cfg, repo, log=print).path
+        path = build_artifact(bert_base, f"bert-{name}", cfg, repo, log=print).path
         engine = load_engine(path)
         assert isinstance(engine, InductorEngine)
-        out[kernels] = engine
+        out[name] = engine
     return out
 
 
@@ -98,3 +99,24 @@ def test_triton_engine_matches_the_library_engine(
     assert any("_encoder_kernel" in n for n in names) == in_table
     assert any("_skinny_kernel" in n for n in names) == (b * s in (16, 128))
     assert not any("_encoder_kernel" in n or "_skinny_kernel" in n for n in _kernel_names(engines["library"], feeds))
+
+
+@pytest.mark.skipif(not H200, reason="the kernel tables are the H200's (compute capability 9.0)")
+def test_static_shape_bucket_runs_its_own_program(engines: dict[str, InductorEngine]) -> None:
+    """``static_shapes 1x128`` with miaohui's kernels: a 1x100 batch is padded to the 1x128 bucket, whose graph was
+    captured from the program compiled for exactly 1x128 (its Dynamo cache holds the graph); the logits match the
+    dynamic-shape engine's, and the bucket still runs miaohui's kernels. Other buckets use the dynamic program."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    engine = engines["static"]
+    assert read_manifest(engine.path).extra["static_shapes"] == ["1x128"] and set(engine._static) == {(1, 128)}
+    code = engine._static[(1, 128)]._orig_mod.forward.__code__
+    for b, s in ((1, 100), (8, 64), (1, 16)):
+        feeds = _feeds(b, s)
+        got, want = engine.infer(feeds)["logits"], engines["triton"].infer(feeds)["logits"]
+        rel = float(np.linalg.norm(got - want) / np.linalg.norm(want))
+        print(f"{b}x{s}: static-shape engine vs dynamic-shape engine {rel:.2e}")
+        assert rel < 2e-3
+    assert len(_debug_get_cache_entry_list(code)) == 1  # traced once, for the 1x128 bucket only
+    names = _kernel_names(engine, _feeds(1, 128))
+    assert any("_encoder_kernel" in n for n in names) and any("_skinny_kernel" in n for n in names)

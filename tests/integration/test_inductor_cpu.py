@@ -19,7 +19,7 @@ from miaohui.engines import inductor
 from miaohui.engines.inductor_engine import InductorEngine
 from miaohui.engines.loader import load_engine
 from miaohui.engines.store import build_artifact, read_manifest
-from miaohui.errors import ArtifactError, BuildError
+from miaohui.errors import ArtifactError, BuildError, ConfigError
 from miaohui.models.checkpoint import load_checkpoint
 from miaohui.models.fast_bert import FAST_WEIGHTS, has_fast
 from miaohui.nlp.tokenizer import pad_batch
@@ -116,6 +116,52 @@ def test_format_exported_program_skips_the_package(
     manifest = read_manifest(out)
     assert manifest.engine_file == "program.pt2" and manifest.extra["format"] == "exported-program"
     assert manifest.extra["aoti"]["reason"].startswith("not tried")
+
+
+def _cache_entries(compiled: object) -> int:
+    """How many graphs Dynamo holds for a ``torch.compile`` module's forward (its code object's cache)."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    return len(_debug_get_cache_entry_list(compiled._orig_mod.forward.__code__))  # type: ignore[attr-defined]
+
+
+def test_static_shapes_get_programs_of_their_own(tiny_model: Path, repo: Path) -> None:
+    """``static_shapes``: the build compiles a program for exactly 4x16 next to the dynamic one (no AOTInductor
+    package: it holds one program); the engine answers inputs of that shape from it — its own Dynamo cache fills,
+    the dynamic program's is not asked — and every other shape from the dynamic program, all matching PyTorch."""
+    cfg = BuildConfig.model_validate({**CFG.model_dump(), "static_shapes": "4x16"})
+    assert cfg.static_shapes == ((4, 16),) and cfg.compute_hash() != CFG.compute_hash()
+    out = build_artifact(tiny_model, "intent-static", cfg, repo, log=print).path
+    manifest = read_manifest(out)
+    assert manifest.engine_file == "program.pt2" and manifest.extra["static_shapes"] == ["4x16"]
+    assert "static_shapes" in manifest.extra["aoti"]["reason"]
+    engine = load_engine(out)
+    assert isinstance(engine, InductorEngine) and set(engine._static) == {(4, 16)}
+    static = engine._static[(4, 16)]
+    assert _cache_entries(static) == 0
+    _check_matches_pytorch(engine, tiny_model)  # 1x1, 1x9, 3x16, 16x32: the dynamic program
+    assert _cache_entries(static) == 0
+    model = load_checkpoint(tiny_model).module.eval()
+    feeds = _feeds(4, 16, seed=5)
+    dynamic_graphs = _cache_entries(engine._runner)
+    got = engine.infer(feeds)["logits"]
+    assert _cache_entries(static) == 1 and _cache_entries(engine._runner) == dynamic_graphs
+    with torch.inference_mode():
+        want = model(torch.from_numpy(feeds["input_ids"]), torch.from_numpy(feeds["attention_mask"])).numpy()
+    assert float(np.linalg.norm(got - want) / np.linalg.norm(want)) < 1e-4
+    np.testing.assert_allclose(got, engine._runner(*map(torch.from_numpy, feeds.values())).detach().numpy(), atol=1e-5)
+
+
+def test_a_static_shape_outside_the_buckets_is_refused(tiny_model: Path, repo: Path) -> None:
+    cfg = BuildConfig.model_validate({**CFG.model_dump(), "static_shapes": "3x16"})
+    with pytest.raises(ConfigError, match="static shape 3x16") as err:
+        build_artifact(tiny_model, "intent-static-bad", cfg, repo, log=print)
+    assert "[1, 2, 4, 8, 16]" in str(err.value) and "[8, 16, 32]" in str(err.value)
+    package = BuildConfig.model_validate(
+        {**cfg.model_dump(), "static_shapes": "4x16", "inductor_format": "aoti-package"}
+    )
+    with pytest.raises(BuildError, match="one program"):
+        build_artifact(tiny_model, "intent-static-aoti", package, repo, log=print)
 
 
 def test_probe_reports_a_package_that_does_not_load(tiny_model: Path, tmp_path: Path) -> None:

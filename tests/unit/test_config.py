@@ -98,3 +98,21 @@ def test_fp32_fallback_and_smooth_need_dynamic_int8() -> None:
     with pytest.raises(ConfigError, match="--fp32-fallback 1 with --int8-mode static"):
         CalibrationConfig(fp32_fallback=1)
     assert CalibrationConfig(mode="dynamic", smooth=2, fp32_fallback=1).smooth == 2
+
+
+def test_static_shapes_parse_sort_and_validate() -> None:
+    cfg = BuildConfig(backend="inductor", static_shapes="1x128, 1x16,1x128")  # type: ignore[arg-type]
+    assert cfg.static_shapes == ((1, 16), (1, 128))
+    assert BuildConfig(backend="inductor", static_shapes=[(8, 64)]).static_shapes == ((8, 64),)
+    for bad in ("1x", "0x16", "ax16", "1x16x2"):
+        with pytest.raises(ConfigError, match=f"static shape '{bad}'"):
+            BuildConfig(backend="inductor", static_shapes=bad)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="--backend inductor"):
+        BuildConfig(backend="onnxruntime", static_shapes="1x16")  # type: ignore[arg-type]
+    # an empty list leaves the build key of an inductor artifact as it was before the option existed
+    plain = BuildConfig(backend="inductor", precision="fp16")
+    assert "static_shapes" in plain.model_dump()
+    assert plain.compute_hash() == BuildConfig(backend="inductor", precision="fp16", static_shapes="").compute_hash()  # type: ignore[arg-type]
+    assert (
+        plain.compute_hash() != BuildConfig(backend="inductor", precision="fp16", static_shapes="1x16").compute_hash()
+    )  # type: ignore[arg-type]

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from miaohui.engines.context import BuildContext, BuiltEngine
+from miaohui.engines.encoder_buckets import check_static_shapes
 from miaohui.engines.onnxruntime import io_specs
 from miaohui.engines.target import cpu_target, cuda_target
 from miaohui.errors import BuildError
@@ -80,6 +81,7 @@ def build(ctx: BuildContext) -> BuiltEngine:
         ctx.log(f"miaohui's Triton kernels where measured faster on this GPU: {kernels}")
     model = FloatLogits(module).to(device=device, dtype=DTYPES[ctx.cfg.precision]).eval()
     rng = ctx.shapes["input_ids"]
+    check_static_shapes(ctx.cfg.static_shapes, rng.min[1], rng.max[0], rng.max[1])
     batch = torch.export.Dim("batch", min=rng.min[0], max=rng.max[0])
     seq = torch.export.Dim("sequence", min=rng.min[1], max=rng.max[1])
     # example sizes > 1 so export does not specialise the dynamic dims to 1
@@ -100,8 +102,15 @@ def build(ctx: BuildContext) -> BuiltEngine:
                 "an AOTInductor package cannot hold miaohui's Triton kernels (Python custom ops)",
                 "build with --gpu-kernels library for a package, or --inductor-format auto / exported-program",
             )
+        if fmt == "aoti-package" and ctx.cfg.static_shapes:
+            raise BuildError(
+                "an AOTInductor package holds one program; static_shapes asks for one more per shape",
+                "drop --static-shapes for a package, or use --inductor-format auto / exported-program",
+            )
         if fmt == "exported-program":
             aoti: dict[str, Any] = {"ok": False, "reason": "not tried (inductor_format exported-program)"}
+        elif ctx.cfg.static_shapes:
+            aoti = {"ok": False, "reason": "not tried (static_shapes: a program per static shape)"}
         elif kernels["mode"] == "triton":
             aoti = {"ok": False, "reason": "not tried (gpu_kernels triton: Python custom ops in the graph)"}
         else:
@@ -133,6 +142,7 @@ def build(ctx: BuildContext) -> BuiltEngine:
             "autotune": ctx.cfg.autotune,
             "ffn_gelu": "cublaslt-epilogue-tanh" if device == "cuda" else "erf",
             "gpu_kernels": kernels,
+            "static_shapes": [f"{b}x{s}" for b, s in ctx.cfg.static_shapes],
             "format": "aoti-package" if aoti["ok"] else "exported-program",
             "aoti": aoti,
         },
@@ -142,13 +152,19 @@ def build(ctx: BuildContext) -> BuiltEngine:
 def _build_exported_program(
     ctx: BuildContext, ep: Any, shapes: list[tuple[int, int]], device: str, pdl: bool = False
 ) -> None:
-    """The fallback format: the exported program + Inductor's compile cache of the profile's shapes."""
+    """The fallback format: the exported program + Inductor's compile cache of the profile's shapes and of each
+    static shape's own program."""
     torch.export.save(ep, str(ctx.out_dir / ENGINE_FILE))
     ctx.log(f"Inductor compile ({ctx.cfg.precision}, max-autotune {'on' if ctx.cfg.autotune else 'off'})")
     torch.compiler.reset()
-    fn = compile_program(ep.module(), ctx.cfg.autotune, pdl)
-    for wb, ws in shapes:
-        fn(torch.randint(5, 1000, (wb, ws), device=device), torch.ones((wb, ws), dtype=torch.int64, device=device))
+    module = ep.module()
+    fn = compile_program(module, ctx.cfg.autotune, pdl)
+    runs = [(fn, shape) for shape in shapes]
+    for shape in ctx.cfg.static_shapes:
+        ctx.log(f"Inductor compile of the static program for {shape[0]}x{shape[1]}")
+        runs.append((compile_program(static_view(module), ctx.cfg.autotune, pdl, dynamic=False), shape))
+    for run, (wb, ws) in runs:
+        run(torch.randint(5, 1000, (wb, ws), device=device), torch.ones((wb, ws), dtype=torch.int64, device=device))
     saved = torch.compiler.save_cache_artifacts()
     if saved is None:
         raise BuildError("Inductor produced no compile cache to save", "report the torch version; rebuild")
@@ -236,17 +252,27 @@ def probe_aoti_package(ep: Any, package: Path, shapes: list[tuple[int, int]], pr
     return None
 
 
-def compile_program(module: torch.nn.Module, autotune: bool, pdl: bool = False) -> Any:
+def compile_program(module: torch.nn.Module, autotune: bool, pdl: bool = False, dynamic: bool = True) -> Any:
     """The same compile call at build and at load, so the load is all cache hits. ``pdl``: Inductor's Triton
-    kernels launched as programmatic dependents (``gpu_kernels triton``; Hopper and newer)."""
+    kernels launched as programmatic dependents (``gpu_kernels triton``; Hopper and newer). ``dynamic=False``: a
+    program for one shape (``static_shapes``; give it a :func:`static_view`)."""
     mode = "max-autotune-no-cudagraphs" if autotune else None
     module.requires_grad_(False)
     if not pdl:
-        return torch.compile(module, dynamic=True, mode=mode)
+        return torch.compile(module, dynamic=dynamic, mode=mode)
     from torch._inductor import list_mode_options
 
     options = {**(list_mode_options(mode) if mode else {}), "triton.enable_pdl": True}
-    return torch.compile(module, dynamic=True, options=options)
+    return torch.compile(module, dynamic=dynamic, options=options)
+
+
+def static_view(module: torch.nn.Module) -> torch.nn.Module:
+    """A second module over the exported program's graph that shares its weights but not its code object:
+    Dynamo keeps its compiled graphs (and their guards) per code object, so a static compile of the view cannot
+    be answered by the dynamic program's graphs, nor the other way round."""
+    if not isinstance(module, torch.fx.GraphModule):
+        raise TypeError(f"static programs are compiled from an exported program's module, not {type(module)}")
+    return torch.fx.GraphModule(module, module.graph)
 
 
 def use_gpu_kernels(module: torch.nn.Module, choice: str, precision: str = "fp16") -> dict[str, Any]:

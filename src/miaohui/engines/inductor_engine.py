@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from miaohui.engines.base import Engine, Manifest
+from miaohui.engines.encoder_buckets import batch_buckets, seq_buckets
 from miaohui.engines.inductor import (
     AOTI_FILE,
     CACHE_FILE,
@@ -29,25 +30,13 @@ from miaohui.engines.inductor import (
     compile_program,
     gpu_kernels_at_load,
     load_package,
+    static_view,
 )
 from miaohui.errors import ArtifactError
 from miaohui.models.fast_bert import has_fast, load_fast
 
 log = logging.getLogger(__name__)
 _CAPTURE_LOCK = threading.Lock()
-SEQ_BUCKETS = (8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512)
-
-
-def batch_buckets(max_batch: int) -> list[int]:
-    out, b = [], 1
-    while b < max_batch:
-        out.append(b)
-        b *= 2
-    return [*out, max_batch]
-
-
-def seq_buckets(max_seq: int) -> list[int]:
-    return [s for s in SEQ_BUCKETS if s < max_seq] + [max_seq]
 
 
 class _Bucket:
@@ -110,6 +99,9 @@ class InductorEngine(Engine):
         self._eager: Any = None
         """``fast_start``: the fast model rebuilt from ``eager.safetensors`` (or, in artifacts without it, the exported
         program) run as is — no Dynamo, no Inductor — until :meth:`upgrade` is done."""
+        self.static_shapes: tuple[tuple[int, int], ...] = tuple(manifest.build_config.static_shapes)
+        """Buckets with a program of their own, compiled for exactly that shape (``BuildConfig.static_shapes``)."""
+        self._static: dict[tuple[int, ...], Any] = {}
         started = time.perf_counter()
         self._pdl = gpu_kernels_at_load(manifest.extra)
         """Built with ``gpu_kernels triton``: the tables are loaded, and Inductor compiles with PDL as at build."""
@@ -125,7 +117,7 @@ class InductorEngine(Engine):
                 self._runner = None
             else:
                 module = self._load_program()
-                self._runner = compile_program(module, bool(manifest.build_config.autotune), self._pdl)
+                self._compile(module)
                 if fast_start:  # an artifact without eager.safetensors: the program itself, called directly
                     self._eager = module
         except Exception as exc:
@@ -164,6 +156,20 @@ class InductorEngine(Engine):
         module: torch.nn.Module = torch.export.load(str(self.path / self.manifest.engine_file)).module()
         return module
 
+    def _compile(self, module: torch.nn.Module) -> None:
+        """The program compiled with dynamic shapes (every bucket), and once more per static shape (static sizes
+        in every kernel), each over a view of the same module: the weights are shared, Dynamo's caches are not."""
+        autotune = bool(self.manifest.build_config.autotune)
+        self._runner = compile_program(module, autotune, self._pdl)
+        self._static = {
+            shape: compile_program(static_view(module), autotune, self._pdl, dynamic=False)
+            for shape in self.static_shapes
+        }
+
+    def _compiled_for(self, shape: tuple[int, ...]) -> Any:
+        """The compiled program that runs inputs of exactly ``shape``: its static one, else the dynamic one."""
+        return self._static.get(shape, self._runner)
+
     def warmed_up(self) -> None:
         """Warm-up is done: restart stage sampling; with ``fast_start``, compile in the background now."""
         self._batches = 0
@@ -174,8 +180,8 @@ class InductorEngine(Engine):
     def compile_seconds(self) -> float | None:
         return self.upgrade_seconds if self.upgraded.is_set() else None
 
-    def _active(self) -> Any:
-        return self._runner if self.upgraded.is_set() else self._eager
+    def _active(self, shape: tuple[int, ...]) -> Any:
+        return self._compiled_for(shape) if self.upgraded.is_set() else self._eager
 
     def upgrade(self) -> None:
         """``fast_start``'s second half: load the program if not yet loaded, compile it (Inductor cache hits; Dynamo
@@ -187,7 +193,7 @@ class InductorEngine(Engine):
             return
         started = time.perf_counter()
         if self._runner is None:  # started from eager.safetensors: the program is loaded only now
-            self._runner = compile_program(self._load_program(), bool(self.manifest.build_config.autotune), self._pdl)
+            self._compile(self._load_program())
         stream = torch.cuda.Stream(self.device) if self.use_graphs else None
         self._trace(stream)
         if stream is not None:
@@ -200,14 +206,15 @@ class InductorEngine(Engine):
         self.upgrade_seconds = time.perf_counter() - started
 
     def _trace(self, stream: Any) -> None:
-        """Run the compiled program at batch 1 and batch 2 (Dynamo specialises size 1: two graphs), so its traces
-        are done before any capture."""
+        """Run the compiled program at batch 1 and batch 2 (Dynamo specialises size 1: two graphs), and each
+        static program at its shape, so their traces are done before any capture."""
         s = self.bucket(1, self.min_s)[1] if self.use_graphs else max(4, self.min_s)
         ctx = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+        shapes = [(b, s) for b in sorted({1, min(2, self.batches[-1])})] + list(self._static)
         with torch.no_grad(), ctx:
-            for b in sorted({1, min(2, self.batches[-1])}):
-                ids = torch.full((b, s), 5, dtype=torch.int64, device=self.device)
-                self._runner(ids, torch.ones_like(ids))
+            for b, n in shapes:
+                ids = torch.full((b, n), 5, dtype=torch.int64, device=self.device)
+                self._compiled_for((b, n))(ids, torch.ones_like(ids))
         if stream is not None:
             stream.synchronize()
 
@@ -216,7 +223,7 @@ class InductorEngine(Engine):
         with _CAPTURE_LOCK:
             held = self._graphs.get(key)
             if held is None or not held.compiled:
-                self._graphs[key] = self._capture_bucket(*key, self._runner, stream, compiled=True)
+                self._graphs[key] = self._capture_bucket(*key, self._compiled_for(key), stream, compiled=True)
 
     def _upgrade_logged(self) -> None:
         """The background upgrade, with the GIL's switch interval held short (:func:`miaohui.gil.short_switch_interval`)
@@ -265,7 +272,7 @@ class InductorEngine(Engine):
             if (b, s) in self._graphs:  # captured by the upgrade while this thread waited for the lock
                 return
             compiled = self.upgraded.is_set()
-            runner = self._runner if compiled else self._eager
+            runner = self._compiled_for((b, s)) if compiled else self._eager
             self._graphs[(b, s)] = self._capture_bucket(b, s, runner, self.stream, compiled)
 
     def _capture_bucket(self, b: int, s: int, runner: Any, stream: Any, compiled: bool) -> _Bucket:
@@ -320,11 +327,11 @@ class InductorEngine(Engine):
                 ids_np = np.pad(ids_np, ((0, 0), (0, 1)))
                 mask_np = np.pad(mask_np, ((0, 0), (0, 1)))
             with torch.no_grad():
-                out = self._active()(torch.from_numpy(ids_np), torch.from_numpy(mask_np))
+                out = self._active(ids_np.shape)(torch.from_numpy(ids_np), torch.from_numpy(mask_np))
             return {self.output_names[0]: out.numpy()}
         if not self.use_graphs:
             with torch.no_grad(), torch.cuda.stream(self.stream):
-                out = self._active()(
+                out = self._active(ids_np.shape)(
                     torch.from_numpy(ids_np).to(self.device), torch.from_numpy(mask_np).to(self.device)
                 )
                 host = out.cpu()
