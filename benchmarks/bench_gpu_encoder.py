@@ -1,7 +1,9 @@
 """GPU encoder benchmark: PyTorch eager fp32/fp16, torch.compile, and miaohui's ``inductor`` engine.
 
-Models: a BERT-base-shaped classifier (12 x 768, RANDOM weights — shape is what matters for speed) and the
-real e5-small intent model (trained by ``miaohui train-intent``). Shapes (batch, seq) as given.
+Models: a BERT-base-shaped classifier (12 x 768, RANDOM weights — shape is what matters for speed), the
+real e5-small intent model (trained by ``miaohui train-intent``), and ``e5-shape``, a RANDOM-weight model of
+e5-small's shape (``scripts/gpu/e5_shape_model.py``: for a call that cannot carry the real weights). Shapes
+(batch, seq) as given.
 
 Times: CUDA events around the model call (inputs already on the GPU, outputs left there) — for our engine
 that is one CUDA-graph replay, its inputs written into the bucket's buffers before the first event (TensorRT's
@@ -318,6 +320,17 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--models", default="bert-base,e5-intent")
     p.add_argument("--e5-model", default="var/models/intent-e5-small")
+    p.add_argument(
+        "--e5-shape-model",
+        default="var/models/intent-e5-shape",
+        help="model e5-shape: scripts/gpu/e5_shape_model.py's random-weight model of e5-small's shape",
+    )
+    p.add_argument(
+        "--attn-probe",
+        type=Path,
+        help="attn_probe.py's JSON: its entries that pass kernel_tables.MIN_ATTN_GAIN join the H200's attention "
+        "table for this run's builds (try a probe before committing its entries)",
+    )
     p.add_argument("--shapes", default="1x16,1x128,8x64,32x128,128x128")
     p.add_argument("--variants", default="eager_fp32,eager_fp16,compile_fp16,engine_fp16,engine_bf16")
     p.add_argument("--iters", type=int, default=200)
@@ -343,13 +356,23 @@ def main() -> None:
         "cuda": torch.version.cuda,
         "python": platform.python_version(),
         "peak_tflops_bf16_measured": PEAK_TFLOPS,
-        "notes": "bert-base has RANDOM weights (shape matters for speed); e5-intent is the trained intent model. "
+        "notes": "bert-base and e5-shape have RANDOM weights (shape matters for speed); e5-intent is the trained "
+        "intent model. "
         "Times: CUDA events, inputs on device; *_e2e: host wall time of engine.infer incl. copies.",
     }
+    if args.attn_probe:
+        from miaohui.models import kernel_tables
+
+        entries = kernel_tables.attention_entries(json.loads(args.attn_probe.read_text()))
+        kernel_tables.ATTN_H200.update(entries)
+        results["attn_probe_entries"] = {"x".join(map(str, k)): list(v) for k, v in entries.items()}
+        print("attention entries from the probe:", results["attn_probe_entries"], flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         repo = Path(tmp) / "repo"
         for name in args.models.split(","):
-            ckpt = bert_base_checkpoint(Path(tmp)) if name == "bert-base" else Path(args.e5_model)
+            ckpt = {"bert-base": bert_base_checkpoint(Path(tmp)), "e5-shape": Path(args.e5_shape_model)}.get(
+                name, Path(args.e5_model)
+            )
             run_model(name, ckpt, args, repo, results)
     speedups(results["rows"])
     Path(args.out).write_text(json.dumps(results, indent=1))

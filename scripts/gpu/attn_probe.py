@@ -30,6 +30,7 @@ from miaohui.models.encoder_attention import AttnConfig, sdpa_encoder_attention,
 from miaohui.models.fast_bert import MASK_BIAS
 
 HEADS, HEAD_SIZE = 12, 64
+"""BERT-base's; ``--heads 12 --head-size 32`` for multilingual-e5-small's."""
 
 
 def configs(quick: bool) -> list[AttnConfig]:
@@ -39,10 +40,12 @@ def configs(quick: bool) -> list[AttnConfig]:
     return list(itertools.product((16, 32, 64, 128), (64, 128), (2, 4, 8), (1, 2)))
 
 
-def inputs(b: int, s: int, device: str, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def inputs(
+    b: int, s: int, device: str, dtype: torch.dtype, heads: int = HEADS, head_size: int = HEAD_SIZE
+) -> tuple[torch.Tensor, torch.Tensor]:
     """qkv [B, S, 3·H·D] and the padding bias, the first sequence's second half padded."""
     gen = torch.Generator(device="cpu").manual_seed(b * 1000 + s)
-    qkv = torch.randn(b, s, 3 * HEADS * HEAD_SIZE, generator=gen).to(device, dtype)
+    qkv = torch.randn(b, s, 3 * heads * head_size, generator=gen).to(device, dtype)
     mask = torch.ones(b, s)
     mask[0, s // 2 :] = 0
     bias = ((1.0 - mask[:, None, None, :]) * MASK_BIAS).to(device, dtype)
@@ -53,33 +56,36 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--shapes", default="1x16,1x64,1x128,8x64,32x128,128x128")
+    ap.add_argument("--heads", type=int, default=HEADS)
+    ap.add_argument("--head-size", type=int, default=HEAD_SIZE)
     ap.add_argument("--out", type=Path, default=Path("/tmp/attn"))
     args = ap.parse_args()
+    heads = args.heads
     cuda = args.device == "cuda"
     dtype = torch.float16 if cuda else torch.float32
     report: dict[str, Any] = {
         "gpu": torch.cuda.get_device_name() if cuda else platform.processor() or "cpu",
         "torch": torch.__version__,
-        "heads": HEADS,
-        "head_size": HEAD_SIZE,
+        "heads": heads,
+        "head_size": args.head_size,
         "dtype": str(dtype),
         "rows": [],
         "best": [],
     }
     for shape in args.shapes.split(","):
         b, s = (int(v) for v in shape.split("x"))
-        qkv, bias = inputs(b, s, args.device, dtype)
+        qkv, bias = inputs(b, s, args.device, dtype, heads, args.head_size)
         with torch.inference_mode():
-            want = sdpa_encoder_attention(qkv.float(), bias.float(), HEADS)
-            sdpa_us = _time_graph(functools.partial(sdpa_encoder_attention, qkv, bias, HEADS), 20, cuda)
+            want = sdpa_encoder_attention(qkv.float(), bias.float(), heads)
+            sdpa_us = _time_graph(functools.partial(sdpa_encoder_attention, qkv, bias, heads), 20, cuda)
             rows = []
             for cfg in configs(not cuda):
-                row: dict[str, Any] = {"batch": b, "heads": HEADS, "seq": s, "config": list(cfg)}
+                row: dict[str, Any] = {"batch": b, "heads": heads, "seq": s, "config": list(cfg)}
                 try:
-                    got = triton_encoder_attention(qkv, bias, HEADS, cfg)
+                    got = triton_encoder_attention(qkv, bias, heads, cfg)
                     row["max_err"] = float((got.float() - want).abs().max())
                     row["us"] = _time_graph(
-                        functools.partial(triton_encoder_attention, qkv, bias, HEADS, cfg), 20, cuda
+                        functools.partial(triton_encoder_attention, qkv, bias, heads, cfg), 20, cuda
                     )
                 except Exception as exc:  # a configuration that does not compile (shared memory) is a finding
                     row["error"] = repr(exc)[:300]

@@ -144,6 +144,8 @@
 #   s27c:   tests/gpu/test_inductor_gpu.py (exported-program format) after the gpu_kernels change, then s27b's test
 #           again (the tables now per model; 128x128 attention left out)
 #   s27d:   the engine with / without miaohui's kernels at 1x128 and 128x128 (the tables of s27c)
+#   s28e:   attention probe at e5-small's 12 heads of 32, then the e5-shaped random model's engine with the probe's
+#           entries against library kernels (bench_gpu_encoder.py --attn-probe), two interleaved rounds
 #   s28c:   GPU tests of static_shapes (BERT-base with miaohui's kernels, the tiny model's fp16 inductor tests)
 #   s28d:   BERT-base engine fp16 with / without static_shapes at every shape, three interleaved rounds
 #   s28b:   where the engine's 1x128 loses ~12 us to the static compile: FastBert with miaohui's kernels compiled
@@ -681,6 +683,14 @@ case $stage in
     grep -E "passed|failed|PASSED|FAILED|Error|assert" "$OUT/gpu_tests_inductor_h200_s27c.txt" | tail -16
     timeout 190 python3 -m pytest -q tests/gpu/test_gpu_kernels_gpu.py -p no:cacheprovider -rA -s 2>&1 \
       | grep -E "passed|failed|PASSED|FAILED|Error|assert|engine vs fp32" | tail -12 | tee "$OUT/gpu_tests_gpu_kernels_h200_s27c.txt"
+    ;;
+  s28e)
+    python3 scripts/gpu/e5_shape_model.py var/models/intent-e5-shape | tail -1
+    timeout 200 python3 scripts/gpu/attn_probe.py --heads 12 --head-size 32 --out "$OUT/e5attn" 2>&1 | tail -7
+    timeout 330 python3 benchmarks/bench_gpu_encoder.py --models e5-shape --no-autotune --inductor-format exported-program \
+      --attn-probe "$OUT/e5attn/attn_probe.json" --shapes 1x16,1x128,8x64,32x128,128x128 \
+      --variants eager_fp16,engine_fp16,engine_fp16_library --rounds 2 --out "$OUT/gpu_encoder_e5shape_s28e.json" 2>&1 \
+      | grep -E "entries|engine|FAIL|Error" | grep -v "e2e\|·" | tail -40
     ;;
   s28c)
     timeout 330 python3 -X faulthandler -m pytest -q tests/gpu/test_gpu_kernels_gpu.py -p no:cacheprovider -rA -s \

@@ -118,9 +118,34 @@ def test_gpu_kernels_is_an_inductor_option() -> None:
     # other backends' build keys do not change with the option's arrival: it is not hashed for them
     ort = BuildConfig(backend="onnxruntime")
     fields = ort.model_dump(mode="json")
-    for name in ("calibration", "autotune", "inductor_format", "gpu_kernels"):
+    for name in ("calibration", "autotune", "inductor_format", "gpu_kernels", "static_shapes"):
         fields.pop(name)
     assert ort.compute_hash() == digest_json(fields)
     a = BuildConfig(backend="inductor", precision="fp16")
     b = BuildConfig(backend="inductor", precision="fp16", gpu_kernels="library")
     assert a.compute_hash() != b.compute_hash()
+
+
+def test_probe_entries_need_a_ten_percent_gain_over_sdpa() -> None:
+    """``attention_entries``: the rule the H200's table was chosen by, now code (the benchmark's ``--attn-probe``)."""
+    report = {
+        "head_size": 32,
+        "best": [
+            {"batch": 1, "heads": 12, "seq": 128, "config": [16, 128, 4, 2], "us": 3.0, "sdpa_us": 6.9},
+            {"batch": 32, "heads": 12, "seq": 128, "config": [64, 64, 4, 1], "us": 9.0, "sdpa_us": 10.0},
+            {"batch": 128, "heads": 12, "seq": 128, "config": [64, 64, 4, 1], "us": 44.7, "sdpa_us": 45.5},
+        ],
+    }
+    assert kernel_tables.attention_entries(report) == {
+        (1, 12, 128, 32): (16, 128, 4, 2),
+        (32, 12, 128, 32): (64, 64, 4, 1),
+    }
+    assert kernel_tables.MIN_ATTN_GAIN == 0.10
+
+
+def test_the_committed_attention_table_passes_its_own_rule() -> None:
+    probe = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "attn_probe_h200_s27a.json"
+    import json
+
+    entries = kernel_tables.attention_entries(json.loads(probe.read_text()))
+    assert {k: v for k, v in kernel_tables.ATTN_H200.items() if k[3] == 64} == entries

@@ -62,6 +62,22 @@ faster than the SDPA form (30–63 % here). Left out: 128×128 (44.7 vs 45.5 µs
 there than with library kernels, ``gpu_encoder_bert_s27b.json``)."""
 
 
+MIN_ATTN_GAIN = 0.10
+"""A probed attention shape becomes an entry only if its best configuration is at least this much faster than the
+SDPA form (smaller gains did not survive the whole engine: 128×128 in ``gpu_encoder_bert_s27b.json``)."""
+
+
+def attention_entries(report: dict[str, Any]) -> dict[tuple[int, int, int, int], AttnConfig]:
+    """``attn_probe.py``'s report → the entries that pass :data:`MIN_ATTN_GAIN` (how :data:`ATTN_H200` was chosen)."""
+    table = encoder_attention.table_from_probe(report)
+    fast = {
+        (int(e["batch"]), int(e["heads"]), int(e["seq"]), int(report["head_size"]))
+        for e in report["best"]
+        if float(e["us"]) <= (1 - MIN_ATTN_GAIN) * float(e["sdpa_us"])
+    }
+    return {k: v for k, v in table.items() if k in fast}
+
+
 def skinny_table(hidden: int, intermediate: int) -> dict[tuple[int, int, int], SkinnyConfig]:
     """(M, N, K) → configuration: :data:`SKINNY_ROWS` for BERT-base's products (other widths: none measured)."""
     if (hidden, intermediate) != (BERT_BASE["hidden"], BERT_BASE["intermediate"]):
