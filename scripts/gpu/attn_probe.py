@@ -33,10 +33,18 @@ HEADS, HEAD_SIZE = 12, 64
 """BERT-base's; ``--heads 12 --head-size 32`` for multilingual-e5-small's."""
 
 
-def configs(quick: bool) -> list[AttnConfig]:
-    """Every (BLOCK_M, BLOCK_N, num_warps, num_stages) of the sweep; ``quick``: two, for the CPU smoke test."""
+SERVING_CONFIGS: list[AttnConfig] = [(16, 64, 4, 2), (32, 128, 2, 2), (16, 128, 4, 2), (64, 64, 4, 1), (128, 64, 4, 1)]
+"""The configurations that won the full sweeps (``attn_probe_h200_s27a.json``, ``attn_probe_e5_h200_s28e.json``):
+``--configs serving`` tries only these, so a server's whole bucket grid can be probed in one call."""
+
+
+def configs(quick: bool, which: str = "all") -> list[AttnConfig]:
+    """Every (BLOCK_M, BLOCK_N, num_warps, num_stages) of the sweep, or :data:`SERVING_CONFIGS`; ``quick``: two, for
+    the CPU smoke test."""
     if quick:
         return [(32, 64, 4, 1), (16, 128, 2, 2)]
+    if which == "serving":
+        return list(SERVING_CONFIGS)
     return list(itertools.product((16, 32, 64, 128), (64, 128), (2, 4, 8), (1, 2)))
 
 
@@ -56,6 +64,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--shapes", default="1x16,1x64,1x128,8x64,32x128,128x128")
+    ap.add_argument("--configs", choices=["all", "serving"], default="all", help="the full sweep, or its winners")
     ap.add_argument("--heads", type=int, default=HEADS)
     ap.add_argument("--head-size", type=int, default=HEAD_SIZE)
     ap.add_argument("--out", type=Path, default=Path("/tmp/attn"))
@@ -79,7 +88,7 @@ def main() -> None:
             want = sdpa_encoder_attention(qkv.float(), bias.float(), heads)
             sdpa_us = _time_graph(functools.partial(sdpa_encoder_attention, qkv, bias, heads), 20, cuda)
             rows = []
-            for cfg in configs(not cuda):
+            for cfg in configs(not cuda, args.configs):
                 row: dict[str, Any] = {"batch": b, "heads": heads, "seq": s, "config": list(cfg)}
                 try:
                     got = triton_encoder_attention(qkv, bias, heads, cfg)

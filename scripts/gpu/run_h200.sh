@@ -144,6 +144,7 @@
 #   s27c:   tests/gpu/test_inductor_gpu.py (exported-program format) after the gpu_kernels change, then s27b's test
 #           again (the tables now per model; 128x128 attention left out)
 #   s27d:   the engine with / without miaohui's kernels at 1x128 and 128x128 (the tables of s27c)
+#   s28f:   attention probe (the full sweep's winners only) over the e5 server's bucket grid (batch 1..256 × 8..64)
 #   s28e:   attention probe at e5-small's 12 heads of 32, then the e5-shaped random model's engine with the probe's
 #           entries against library kernels (bench_gpu_encoder.py --attn-probe), two interleaved rounds
 #   s28c:   GPU tests of static_shapes (BERT-base with miaohui's kernels, the tiny model's fp16 inductor tests)
@@ -683,6 +684,11 @@ case $stage in
     grep -E "passed|failed|PASSED|FAILED|Error|assert" "$OUT/gpu_tests_inductor_h200_s27c.txt" | tail -16
     timeout 190 python3 -m pytest -q tests/gpu/test_gpu_kernels_gpu.py -p no:cacheprovider -rA -s 2>&1 \
       | grep -E "passed|failed|PASSED|FAILED|Error|assert|engine vs fp32" | tail -12 | tee "$OUT/gpu_tests_gpu_kernels_h200_s27c.txt"
+    ;;
+  s28f)
+    grid=$(python3 -c "print(','.join(f'{b}x{s}' for b in (1,2,4,8,16,32,64,128,256) for s in (8,16,32,48,64)))")
+    timeout 300 python3 scripts/gpu/attn_probe.py --configs serving --heads 12 --head-size 32 --shapes "$grid" \
+      --out "$OUT/e5grid" 2>&1 | tail -46
     ;;
   s28e)
     python3 scripts/gpu/e5_shape_model.py var/models/intent-e5-shape | tail -1

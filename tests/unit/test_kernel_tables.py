@@ -34,7 +34,7 @@ def _model() -> torch.nn.Module:
 BERT_BASE = (768, 3072, 12)
 
 
-def test_only_the_h200_has_tables_and_only_for_bert_base() -> None:
+def test_only_the_h200_has_tables_for_bert_base_and_e5_small() -> None:
     skinny, attn = kernel_tables.tables_for((9, 0), BERT_BASE)
     assert len(skinny) == 8 and len(attn) == 5
     assert skinny[(128, 2304, 768)] == kernel_tables.SKINNY_ROWS[128]["qkv"]
@@ -42,8 +42,10 @@ def test_only_the_h200_has_tables_and_only_for_bert_base() -> None:
     assert attn[(1, 12, 128, 64)] == (16, 128, 4, 2)
     for other in [(8, 0), (8, 9), (10, 0), None]:
         assert kernel_tables.tables_for(other, BERT_BASE) == ({}, {})
-    # e5-small (12 heads of 32) and the tiny test model: nothing measured
-    assert kernel_tables.tables_for((9, 0), (384, 1536, 12)) == ({}, {})
+    # e5-small (12 heads of 32): attention only (its GEMMs were not probed); the tiny test model: nothing measured
+    skinny, attn = kernel_tables.tables_for((9, 0), (384, 1536, 12))
+    assert skinny == {} and len(attn) == 6 and all(k[1:4:2] == (12, 32) for k in attn)
+    assert kernel_tables.tables_for((8, 9), (384, 1536, 12)) == ({}, {})
     assert kernel_tables.tables_for((9, 0), (64, 128, 4)) == ({}, {})
     assert kernel_tables.model_dims(_model()) == (64, 128, 4)
 
@@ -143,9 +145,13 @@ def test_probe_entries_need_a_ten_percent_gain_over_sdpa() -> None:
     assert kernel_tables.MIN_ATTN_GAIN == 0.10
 
 
-def test_the_committed_attention_table_passes_its_own_rule() -> None:
-    probe = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "attn_probe_h200_s27a.json"
+@pytest.mark.parametrize(
+    ("probe", "head_size"), [("attn_probe_h200_s27a.json", 64), ("attn_probe_e5_h200_s28e.json", 32)]
+)
+def test_the_committed_attention_table_is_its_probes_under_the_rule(probe: str, head_size: int) -> None:
     import json
 
-    entries = kernel_tables.attention_entries(json.loads(probe.read_text()))
-    assert {k: v for k, v in kernel_tables.ATTN_H200.items() if k[3] == 64} == entries
+    report = json.loads((Path(__file__).resolve().parents[2] / "benchmarks" / "results" / probe).read_text())
+    assert report["head_size"] == head_size
+    entries = kernel_tables.attention_entries(report)
+    assert {k: v for k, v in kernel_tables.ATTN_H200.items() if k[3] == head_size} == entries

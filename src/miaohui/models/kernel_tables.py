@@ -56,10 +56,21 @@ ATTN_H200: dict[tuple[int, int, int, int], AttnConfig] = {
     (1, 12, 128, 64): (16, 128, 4, 2),
     (8, 12, 64, 64): (64, 64, 4, 2),
     (32, 12, 128, 64): (64, 64, 4, 1),
+    # multilingual-e5-small (12 heads of 32), ``attn_probe_e5_h200_s28e.json``: 2.4–2.9 µs vs 6.7–7.2 for the SDPA
+    # form at one sequence, 6.7 vs 13.8 at 32×128, 28.4 vs 43.9 at 128×128
+    (1, 12, 16, 32): (16, 64, 4, 2),
+    (1, 12, 64, 32): (16, 64, 4, 2),
+    (1, 12, 128, 32): (32, 128, 2, 2),
+    (8, 12, 64, 32): (64, 64, 4, 1),
+    (32, 12, 128, 32): (128, 64, 4, 1),
+    (128, 12, 128, 32): (128, 64, 4, 1),
 }
 """(batch, heads, seq, head size) → configuration: ``attn_probe_h200_s27a.json``'s ``best`` where it was at least 10 %
-faster than the SDPA form (30–63 % here). Left out: 128×128 (44.7 vs 45.5 µs; the engine with it was 1 % slower
-there than with library kernels, ``gpu_encoder_bert_s27b.json``)."""
+faster than the SDPA form (:func:`attention_entries`; 30–63 % here). BERT-base's 128×128 is left out (44.7 vs
+45.5 µs; the engine with it was 1 % slower there than with library kernels, ``gpu_encoder_bert_s27b.json``).
+e5-small's entries took its engine (random weights of its shape, ``gpu_encoder_e5shape_s28e.json``) from 0.325 /
+0.350 / 0.405 / 0.800 / 2.43 ms to 0.266 / 0.310 / 0.338 / 0.705 / 2.24 ms at 1×16 / 1×128 / 8×64 / 32×128 /
+128×128."""
 
 
 MIN_ATTN_GAIN = 0.10
