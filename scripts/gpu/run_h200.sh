@@ -144,6 +144,8 @@
 #   s27c:   tests/gpu/test_inductor_gpu.py (exported-program format) after the gpu_kernels change, then s27b's test
 #           again (the tables now per model; 128x128 attention left out)
 #   s27d:   the engine with / without miaohui's kernels at 1x128 and 128x128 (the tables of s27c)
+#   s28g:   the e5-shaped intent server (6 workers, shared engine, delay 0) at c=32/40: miaohui's attention kernel
+#           (the s28e/s28f tables) against library kernels, built and served one after the other
 #   s28f:   attention probe (the full sweep's winners only) over the e5 server's bucket grid (batch 1..256 × 8..64)
 #   s28e:   attention probe at e5-small's 12 heads of 32, then the e5-shaped random model's engine with the probe's
 #           entries against library kernels (bench_gpu_encoder.py --attn-probe), two interleaved rounds
@@ -684,6 +686,18 @@ case $stage in
     grep -E "passed|failed|PASSED|FAILED|Error|assert" "$OUT/gpu_tests_inductor_h200_s27c.txt" | tail -16
     timeout 190 python3 -m pytest -q tests/gpu/test_gpu_kernels_gpu.py -p no:cacheprovider -rA -s 2>&1 \
       | grep -E "passed|failed|PASSED|FAILED|Error|assert|engine vs fp32" | tail -12 | tee "$OUT/gpu_tests_gpu_kernels_h200_s27c.txt"
+    ;;
+  s28g)
+    python3 scripts/gpu/e5_shape_model.py var/models/intent-e5-shape | tail -1
+    for k in triton library; do
+      rm -rf /tmp/gpurepo
+      GPU_KERNELS=$k MODEL=var/models/intent-e5-shape INDUCTOR_FORMAT=exported-program \
+        python3 scripts/gpu/build_intent_gpu.py /tmp/gpurepo 0 1 0 2>&1 | tail -1
+      grep -o '"gpu_kernels": {[^}]*}' /tmp/gpurepo/intent/1/manifest.json | head -c 200; echo
+      SHARED=1 TAG="_e5shape_shared_delay0_${k}_s28g" WORKERS=6 LEVELS=32,40 \
+        timeout 130 bash scripts/gpu/serve_workers.sh "$OUT" 2>&1 | grep -E "ready after|c=|exit" | tail -5
+    done
+    rm -f "$OUT"/*.png "$OUT"/serve_w*.log
     ;;
   s28f)
     grid=$(python3 -c "print(','.join(f'{b}x{s}' for b in (1,2,4,8,16,32,64,128,256) for s in (8,16,32,48,64)))")

@@ -50,14 +50,26 @@ SKINNY_ROWS: dict[int, dict[str, SkinnyConfig]] = {
 }  # fmt: skip
 """Rows → BERT-base GEMM → (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT, num_warps), as ``pdl_probe.py`` times them."""
 
+E5_SERVER_GRID_H200: dict[AttnConfig, list[tuple[int, int]]] = {
+    (16, 64, 4, 2): [(1, 8), (1, 16), (1, 32), (1, 64), (2, 16), (2, 32), (2, 48), (2, 64), (8, 16), (16, 8), (16, 16),
+                     (32, 8), (32, 16), (64, 8), (64, 16), (128, 8), (128, 16), (256, 8), (256, 16)],
+    (64, 64, 4, 1): [(1, 48), (2, 8), (4, 8), (4, 16), (4, 32), (4, 48), (4, 64), (8, 8), (8, 32), (8, 48), (8, 64),
+                     (16, 32), (16, 48), (16, 64), (32, 32), (32, 48), (32, 64), (64, 32), (64, 48), (64, 64),
+                     (128, 32), (128, 48), (128, 64), (256, 32), (256, 48), (256, 64)],
+}  # fmt: skip
+"""e5-small (12 heads of 32) over the intent server's bucket grid (batch 1…256 × sequence 8…64), configuration →
+(batch, sequence): ``attn_probe.py --configs serving`` (the full sweeps' five winners), ``attn_probe_e5_grid_h200_
+s28f.json``. Every shape passed the rule, by 2.7× (1×8: 2.5 vs 6.8 µs) to 6.4× (64×16: 4.0 vs 25.2 µs)."""
+
 ATTN_H200: dict[tuple[int, int, int, int], AttnConfig] = {
+    **{(b, 12, s, 32): cfg for cfg, shapes in E5_SERVER_GRID_H200.items() for b, s in shapes},
     (1, 12, 16, 64): (16, 64, 4, 2),
     (1, 12, 64, 64): (16, 64, 4, 2),
     (1, 12, 128, 64): (16, 128, 4, 2),
     (8, 12, 64, 64): (64, 64, 4, 2),
     (32, 12, 128, 64): (64, 64, 4, 1),
-    # multilingual-e5-small (12 heads of 32), ``attn_probe_e5_h200_s28e.json``: 2.4–2.9 µs vs 6.7–7.2 for the SDPA
-    # form at one sequence, 6.7 vs 13.8 at 32×128, 28.4 vs 43.9 at 128×128
+    # multilingual-e5-small (12 heads of 32), the full sweep ``attn_probe_e5_h200_s28e.json`` (over the grid's entry
+    # where both have one; they agree): 2.4–2.9 µs vs 6.7–7.2 for the SDPA form at one sequence, 6.7 vs 13.8 at 32×128
     (1, 12, 16, 32): (16, 64, 4, 2),
     (1, 12, 64, 32): (16, 64, 4, 2),
     (1, 12, 128, 32): (32, 128, 2, 2),
