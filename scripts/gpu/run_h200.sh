@@ -693,7 +693,7 @@ case $stage in
       rm -rf /tmp/gpurepo
       GPU_KERNELS=$k MODEL=var/models/intent-e5-shape INDUCTOR_FORMAT=exported-program \
         python3 scripts/gpu/build_intent_gpu.py /tmp/gpurepo 0 1 0 2>&1 | tail -1
-      grep -o '"gpu_kernels": {[^}]*}' /tmp/gpurepo/intent/1/manifest.json | head -c 200; echo
+      python3 -c "import json; print(json.load(open('/tmp/gpurepo/intent/1/manifest.json'))['extra']['gpu_kernels'])"
       SHARED=1 TAG="_e5shape_shared_delay0_${k}_s28g" WORKERS=6 LEVELS=32,40 \
         timeout 130 bash scripts/gpu/serve_workers.sh "$OUT" 2>&1 | grep -E "ready after|c=|exit" | tail -5
     done
