@@ -8,6 +8,7 @@ epilogue, as the engine builds it), then every ``SKINNY_SWEEP`` configuration wi
 against fp32 and the per-layer sums say what a 12-layer BERT-base would gain.
 
     python3 scripts/gpu/encoder_gemm_sweep.py --out /tmp/egemm
+    python3 scripts/gpu/encoder_gemm_sweep.py --hidden 384 --inter 1536 --rows 16,128 --out /tmp/e5gemm   # e5-small
     TRITON_INTERPRET=1 python3 scripts/gpu/encoder_gemm_sweep.py --device cpu --out /tmp/egemm   # smoke test
 """
 
@@ -23,12 +24,15 @@ import torch
 from decode_kernel_probe import _rotating, _time_graph
 from torch.nn import functional as F
 
+from miaohui.models.kernel_tables import bert_products
 from miaohui.models.skinny_gemm import SKINNY_SWEEP, skinny_linear
 
 HIDDEN, INTER = 768, 3072
-GEMMS = {"qkv": (3 * HIDDEN, HIDDEN, False), "attn_out": (HIDDEN, HIDDEN, False), "ffn_in": (INTER, HIDDEN, True),
-         "ffn_out": (HIDDEN, INTER, False)}  # fmt: skip
-"""name → (N, K, GELU epilogue)."""
+
+
+def gemms(hidden: int = HIDDEN, inter: int = INTER) -> dict[str, tuple[int, int, bool]]:
+    """An encoder layer's GEMMs: name → (N, K, GELU epilogue)."""
+    return {name: (n, k, name == "ffn_in") for name, (n, k) in bert_products(hidden, inter).items()}
 
 
 def _cublas(gelu: bool) -> Any:
@@ -40,12 +44,14 @@ def _cublas(gelu: bool) -> Any:
     return run
 
 
-def sweep(device: str, tiny: bool) -> dict[str, Any]:
+def sweep(
+    device: str, tiny: bool, hidden: int = HIDDEN, inter: int = INTER, rows: tuple[int, ...] = (16, 128, 512)
+) -> dict[str, Any]:
     cuda = device == "cuda"
     dtype = torch.float16 if cuda else torch.float32  # the interpreter has no fp16 dot on every path
-    report: dict[str, Any] = {"rows": [], "best": []}
-    for m in (16, 128, 512) if not tiny else (16, 40):
-        for name, (n, k, gelu) in GEMMS.items():
+    report: dict[str, Any] = {"rows": [], "best": [], "hidden": hidden, "intermediate": inter}
+    for m in rows if not tiny else (16, 40):
+        for name, (n, k, gelu) in gemms(hidden, inter).items():
             if tiny:
                 n, k = n // 24, k // 24
             copies = max(1, min(40, (400 << 20) // (n * k * 2))) if cuda else 1
@@ -92,14 +98,19 @@ def sweep(device: str, tiny: bool) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--hidden", type=int, default=HIDDEN, help="768: BERT-base; 384: multilingual-e5-small")
+    ap.add_argument("--inter", type=int, default=INTER, help="3072: BERT-base; 1536: multilingual-e5-small")
+    ap.add_argument("--rows", default="16,128,512")
     ap.add_argument("--out", type=Path, default=Path("/tmp/egemm"))
     args = ap.parse_args()
     if args.device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         raise SystemExit("on the CPU run it under TRITON_INTERPRET=1 (Triton's interpreter)")
     args.out.mkdir(parents=True, exist_ok=True)
     with torch.inference_mode():
-        report = sweep(args.device, tiny=args.device != "cuda")
-    report |= {"model": "BERT-base GEMM shapes, fp16 (random weights)", "torch": torch.__version__}
+        rows = tuple(int(r) for r in args.rows.split(","))
+        report = sweep(args.device, tiny=args.device != "cuda", hidden=args.hidden, inter=args.inter, rows=rows)
+    shape = f"hidden {args.hidden}, FFN {args.inter}"
+    report |= {"model": f"encoder GEMM shapes ({shape}), fp16 (random weights)", "torch": torch.__version__}
     if args.device == "cuda":
         report["gpu"] = torch.cuda.get_device_name()
     for key, v in report.items():

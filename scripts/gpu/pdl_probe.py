@@ -16,6 +16,8 @@ of 30 replays), µs per GEMM, kernels per chain, and the largest relative error 
 ``skinny`` output exactly).
 
     python3 scripts/gpu/pdl_probe.py --out /tmp/pdl
+    python3 scripts/gpu/pdl_probe.py --hidden 384 --inter 1536 --sweep /tmp/e5gemm/encoder_gemm_sweep.json \
+      --out /tmp/e5pdl   # e5-small's widths, with the configurations its sweep found
     TRITON_INTERPRET=1 python3 scripts/gpu/pdl_probe.py --device cpu --out /tmp/pdl   # smoke test: no timing, no PDL
 """
 
@@ -34,13 +36,25 @@ from decode_kernel_probe import _time_graph
 from torch.nn import functional as F
 
 from miaohui.models.kernel_tables import SKINNY_ROWS, bert_products
-from miaohui.models.skinny_gemm import skinny_linear
+from miaohui.models.skinny_gemm import SkinnyConfig, skinny_linear
 
 HIDDEN, INTER, LAYERS = 768, 3072, 12
 SHAPES = bert_products(HIDDEN, INTER)
-"""GEMM → (N, K) of its weight."""
+"""GEMM → (N, K) of its weight (BERT-base; ``--hidden`` / ``--inter`` set others)."""
 CONFIGS = SKINNY_ROWS
-"""Rows → GEMM → (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT, num_warps): the engine's table (``kernel_tables``)."""
+"""Rows → GEMM → (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT, num_warps): the engine's table (``kernel_tables``), or with
+``--sweep`` the sweep's fastest configuration per product, whether or not it beat cuBLAS alone (PDL may change
+that)."""
+
+
+def configs_from_sweep(report: dict[str, Any]) -> dict[int, dict[str, SkinnyConfig]]:
+    """``encoder_gemm_sweep.py``'s ``best`` entries → rows → GEMM → configuration."""
+    out: dict[int, dict[str, SkinnyConfig]] = {}
+    for e in report["best"]:
+        bm, bn, bk, split, warps = (int(v) for v in e["config"])
+        out.setdefault(int(e["m"]), {})[str(e["gemm"])] = (bm, bn, bk, split, warps)
+    return out
+
 
 Weights = list[dict[str, tuple[torch.Tensor, torch.Tensor]]]
 
@@ -56,7 +70,7 @@ def _weights(layers: int, device: str, dtype: torch.dtype) -> Weights:
 
 def _chain(x: torch.Tensor, weights: Weights, gemm: Callable[[str, torch.Tensor, Any], torch.Tensor]) -> torch.Tensor:
     for layer in weights:
-        h = gemm("qkv", x, layer["qkv"])[:, :HIDDEN]
+        h = gemm("qkv", x, layer["qkv"])[:, : layer["attn_out"][0].shape[1]]
         h = gemm("attn_out", h, layer["attn_out"])
         h = gemm("ffn_in", h, layer["ffn_in"])
         x = gemm("ffn_out", h, layer["ffn_out"])
@@ -92,15 +106,25 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--rows", default="16,128")
+    ap.add_argument("--hidden", type=int, default=HIDDEN)
+    ap.add_argument("--inter", type=int, default=INTER)
+    ap.add_argument("--sweep", type=Path, help="encoder_gemm_sweep.py's JSON for these widths: its configurations")
     ap.add_argument("--out", type=Path, default=Path("/tmp"))
     args = ap.parse_args()
+    global SHAPES, CONFIGS
+    SHAPES = bert_products(args.hidden, args.inter)
+    if args.sweep:
+        CONFIGS = configs_from_sweep(json.loads(args.sweep.read_text()))
+    elif (args.hidden, args.inter) != (HIDDEN, INTER):
+        ap.error("other widths need --sweep (the engine's configurations are BERT-base's)")
     cuda = args.device == "cuda"
     dtype = torch.float16 if cuda else torch.float32
     layers = LAYERS if cuda else 1
     weights = [{k: (w.to(args.device, dtype), b.to(args.device, dtype)) for k, (w, b) in layer.items()}
                for layer in _weights(layers, args.device, dtype)]  # fmt: skip
     gpu = torch.cuda.get_device_name() if cuda else platform.processor()
-    report: dict[str, Any] = {"gpu": gpu, "torch": torch.__version__, "layers": layers, "dtype": str(dtype), "rows": []}
+    report: dict[str, Any] = {"gpu": gpu, "torch": torch.__version__, "layers": layers, "dtype": str(dtype), "rows": [],
+                              "hidden": args.hidden, "intermediate": args.inter, "configs": CONFIGS}  # fmt: skip
     try:
         import triton
 
@@ -111,7 +135,7 @@ def main() -> None:
     if cuda:
         variants["skinny_pdl"] = lambda rows: _skinny(rows, True)
     for rows in (int(r) for r in args.rows.split(",")):
-        x = torch.randn(rows, HIDDEN, generator=torch.Generator().manual_seed(rows)).to(args.device, dtype)
+        x = torch.randn(rows, args.hidden, generator=torch.Generator().manual_seed(rows)).to(args.device, dtype)
         outs: dict[str, torch.Tensor] = {}
         for name, make in variants.items():
             gemm = make(rows)

@@ -144,6 +144,8 @@
 #   s27c:   tests/gpu/test_inductor_gpu.py (exported-program format) after the gpu_kernels change, then s27b's test
 #           again (the tables now per model; 128x128 attention left out)
 #   s27d:   the engine with / without miaohui's kernels at 1x128 and 128x128 (the tables of s27c)
+#   s29a:   (prepared, not run) e5-small's GEMMs: encoder_gemm_sweep.py at 384 / 1536 (16 and 128 rows), then
+#           pdl_probe.py's 48-GEMM chain at those widths with the sweep's configurations (cuBLAS / skinny / + PDL)
 #   s28g:   the e5-shaped intent server (6 workers, shared engine, delay 0) at c=32/40: miaohui's attention kernel
 #           (the s28e/s28f tables) against library kernels, built and served one after the other
 #   s28f:   attention probe (the full sweep's winners only) over the e5 server's bucket grid (batch 1..256 × 8..64)
@@ -686,6 +688,12 @@ case $stage in
     grep -E "passed|failed|PASSED|FAILED|Error|assert" "$OUT/gpu_tests_inductor_h200_s27c.txt" | tail -16
     timeout 190 python3 -m pytest -q tests/gpu/test_gpu_kernels_gpu.py -p no:cacheprovider -rA -s 2>&1 \
       | grep -E "passed|failed|PASSED|FAILED|Error|assert|engine vs fp32" | tail -12 | tee "$OUT/gpu_tests_gpu_kernels_h200_s27c.txt"
+    ;;
+  s29a)
+    timeout 300 python3 scripts/gpu/encoder_gemm_sweep.py --hidden 384 --inter 1536 --rows 16,128 --out "$OUT/e5gemm" \
+      2>&1 | grep -E "layer_us|Error" | tail -6
+    timeout 150 python3 scripts/gpu/pdl_probe.py --hidden 384 --inter 1536 \
+      --sweep "$OUT/e5gemm/encoder_gemm_sweep.json" --out "$OUT/e5pdl" 2>&1 | tail -8
     ;;
   s28g)
     python3 scripts/gpu/e5_shape_model.py var/models/intent-e5-shape | tail -1

@@ -4,6 +4,7 @@ tanh). The interpreter must be on before Triton is imported, so the check runs i
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -125,6 +126,27 @@ def test_pdl_probe_smoke_runs_on_the_cpu(tmp_path: Path) -> None:
         (128, "skinny"),
     }
     assert all(r["max_rel_err_vs_cublas"] < 1e-5 for r in rows)
+
+
+def test_pdl_probe_takes_other_widths_with_a_sweeps_configurations(tmp_path: Path) -> None:
+    """e5-small's widths (384 / 1536) with configurations from an ``encoder_gemm_sweep.py`` report (prepared for the
+    H200, session 25): the chain runs and matches cuBLAS's output; other widths without ``--sweep`` are refused."""
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(root / "src")}
+    cfg = {16: [16, 32, 64, 1, 4], 128: [64, 64, 64, 2, 4]}
+    sweep = {"best": [{"m": m, "gemm": g, "config": c} for m, c in cfg.items()
+                      for g in ("qkv", "attn_out", "ffn_in", "ffn_out")]}  # fmt: skip
+    (tmp_path / "sweep.json").write_text(json.dumps(sweep))
+    base = [sys.executable, "pdl_probe.py", "--device", "cpu", "--hidden", "384", "--inter", "1536"]
+    run = functools.partial(subprocess.run, cwd=root / "scripts" / "gpu", env=env, capture_output=True, text=True)
+    refused = run([*base, "--out", str(tmp_path)], timeout=120)
+    assert refused.returncode != 0 and "--sweep" in refused.stderr
+    done = run([*base, "--sweep", str(tmp_path / "sweep.json"), "--out", str(tmp_path)], timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((tmp_path / "pdl_probe.json").read_text())
+    assert (report["hidden"], report["intermediate"]) == (384, 1536)
+    assert report["configs"]["128"]["ffn_out"] == cfg[128]
+    assert len(report["rows"]) == 4 and all(r["max_rel_err_vs_cublas"] < 1e-5 for r in report["rows"])
 
 
 @pytest.mark.slow
