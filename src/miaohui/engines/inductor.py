@@ -70,6 +70,13 @@ class FloatLogits(torch.nn.Module):
 def build(ctx: BuildContext) -> BuiltEngine:
     if ctx.model is None:
         raise BuildError("the inductor backend compiles a PyTorch model", "pass a model directory")
+    rng = ctx.shapes["input_ids"]  # the static shapes are checked before any model work
+    check_static_shapes(ctx.cfg.static_shapes, rng.min[1], rng.max[0], rng.max[1])
+    if ctx.cfg.inductor_format == "aoti-package" and ctx.cfg.static_shapes:
+        raise BuildError(
+            "an AOTInductor package holds one program; static_shapes asks for one more per shape",
+            "drop --static-shapes for a package, or use --inductor-format auto / exported-program",
+        )
     target = cuda_target()
     device = "cuda" if target else "cpu"
     if device == "cpu" and ctx.cfg.precision == "fp16":
@@ -80,8 +87,6 @@ def build(ctx: BuildContext) -> BuiltEngine:
     if kernels["mode"] == "triton":
         ctx.log(f"miaohui's Triton kernels where measured faster on this GPU: {kernels}")
     model = FloatLogits(module).to(device=device, dtype=DTYPES[ctx.cfg.precision]).eval()
-    rng = ctx.shapes["input_ids"]
-    check_static_shapes(ctx.cfg.static_shapes, rng.min[1], rng.max[0], rng.max[1])
     batch = torch.export.Dim("batch", min=rng.min[0], max=rng.max[0])
     seq = torch.export.Dim("sequence", min=rng.min[1], max=rng.max[1])
     # example sizes > 1 so export does not specialise the dynamic dims to 1
@@ -101,11 +106,6 @@ def build(ctx: BuildContext) -> BuiltEngine:
             raise BuildError(
                 "an AOTInductor package cannot hold miaohui's Triton kernels (Python custom ops)",
                 "build with --gpu-kernels library for a package, or --inductor-format auto / exported-program",
-            )
-        if fmt == "aoti-package" and ctx.cfg.static_shapes:
-            raise BuildError(
-                "an AOTInductor package holds one program; static_shapes asks for one more per shape",
-                "drop --static-shapes for a package, or use --inductor-format auto / exported-program",
             )
         if fmt == "exported-program":
             aoti: dict[str, Any] = {"ok": False, "reason": "not tried (inductor_format exported-program)"}

@@ -99,9 +99,8 @@ class InductorEngine(Engine):
         self._eager: Any = None
         """``fast_start``: the fast model rebuilt from ``eager.safetensors`` (or, in artifacts without it, the exported
         program) run as is — no Dynamo, no Inductor — until :meth:`upgrade` is done."""
-        self.static_shapes: tuple[tuple[int, int], ...] = tuple(manifest.build_config.static_shapes)
-        """Buckets with a program of their own, compiled for exactly that shape (``BuildConfig.static_shapes``)."""
         self._static: dict[tuple[int, ...], Any] = {}
+        """Buckets with a program of their own, compiled for exactly that shape (``BuildConfig.static_shapes``)."""
         started = time.perf_counter()
         self._pdl = gpu_kernels_at_load(manifest.extra)
         """Built with ``gpu_kernels triton``: the tables are loaded, and Inductor compiles with PDL as at build."""
@@ -163,7 +162,7 @@ class InductorEngine(Engine):
         self._runner = compile_program(module, autotune, self._pdl)
         self._static = {
             shape: compile_program(static_view(module), autotune, self._pdl, dynamic=False)
-            for shape in self.static_shapes
+            for shape in self.manifest.build_config.static_shapes
         }
 
     def _compiled_for(self, shape: tuple[int, ...]) -> Any:
