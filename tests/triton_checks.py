@@ -42,13 +42,19 @@ def run_interpreted(script: str) -> str:
     return done.stdout.strip()
 
 
-def compile_for_h200(fn: Any, types: list[str], constexprs: dict[str, Any], divisible: tuple[str, ...] = ()) -> Any:
+def compile_for_h200(
+    fn: Any,
+    types: list[str],
+    constexprs: dict[str, Any],
+    divisible: tuple[str, ...] = (),
+    options: dict[str, Any] | None = None,
+) -> Any:
     """``fn``'s runtime arguments typed in order by ``types`` (``*bf16``, ``i32``, ``fp32``, ...), then
     ``constexprs`` by name; returns the compiled kernel (its ``asm`` holds the PTX and the cubin). Pointers and
     ``stride*`` integers are marked divisible by 16, as a launch marks torch's allocations and the models' strides
     (hidden sizes are multiples of 16), and so are the integers named in ``divisible`` (sizes that masks compare
     against), so the loads are the vectorized ones the GPU compiles: without the marks the decode attention's K/V
-    loads compile to 2-byte loads, with them to 16-byte ones."""
+    loads compile to 2-byte loads, with them to 16-byte ones. ``options``: ``num_warps``, ``num_stages``, …"""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -63,6 +69,6 @@ def compile_for_h200(fn: Any, types: list[str], constexprs: dict[str, Any], divi
         if kind.startswith("*") or name.startswith("stride") or name in divisible
     }
     source = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=aligned)
-    kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32))
+    kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
     assert "cubin" in kernel.asm, list(kernel.asm)
     return kernel

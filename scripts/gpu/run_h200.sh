@@ -144,7 +144,9 @@
 #   s27c:   tests/gpu/test_inductor_gpu.py (exported-program format) after the gpu_kernels change, then s27b's test
 #           again (the tables now per model; 128x128 attention left out)
 #   s27d:   the engine with / without miaohui's kernels at 1x128 and 128x128 (the tables of s27c)
-#   s29a:   (prepared, not run) e5-small's GEMMs: encoder_gemm_sweep.py at 384 / 1536 (16 and 128 rows), then
+#   s29b:   the persistent TMA GEMM (wide_gemm_sweep.py) against cuBLAS at 4,096 / 16,384 rows: BERT-base's four
+#           products, then e5-small's (the (32,128) goal: can the K = 768 GEMMs get closer to peak?)
+#   s29a:   e5-small's GEMMs: encoder_gemm_sweep.py at 384 / 1536 (16 and 128 rows), then
 #           pdl_probe.py's 48-GEMM chain at those widths with the sweep's configurations (cuBLAS / skinny / + PDL)
 #   s28g:   the e5-shaped intent server (6 workers, shared engine, delay 0) at c=32/40: miaohui's attention kernel
 #           (the s28e/s28f tables) against library kernels, built and served one after the other
@@ -688,6 +690,11 @@ case $stage in
     grep -E "passed|failed|PASSED|FAILED|Error|assert" "$OUT/gpu_tests_inductor_h200_s27c.txt" | tail -16
     timeout 190 python3 -m pytest -q tests/gpu/test_gpu_kernels_gpu.py -p no:cacheprovider -rA -s 2>&1 \
       | grep -E "passed|failed|PASSED|FAILED|Error|assert|engine vs fp32" | tail -12 | tee "$OUT/gpu_tests_gpu_kernels_h200_s27c.txt"
+    ;;
+  s29b)
+    timeout 420 python3 scripts/gpu/wide_gemm_sweep.py --out "$OUT/wgemm" 2>&1 | grep -E "layer_us|Error|^\{" | tail -12
+    timeout 150 python3 scripts/gpu/wide_gemm_sweep.py --hidden 384 --inter 1536 --rows 4096 --out "$OUT/wgemm_e5" \
+      2>&1 | grep -E "layer_us|Error|^\{" | tail -6
     ;;
   s29a)
     timeout 300 python3 scripts/gpu/encoder_gemm_sweep.py --hidden 384 --inter 1536 --rows 16,128 --out "$OUT/e5gemm" \
