@@ -144,6 +144,9 @@
 #   s27c:   tests/gpu/test_inductor_gpu.py (exported-program format) after the gpu_kernels change, then s27b's test
 #           again (the tables now per model; 128x128 attention left out)
 #   s27d:   the engine with / without miaohui's kernels at 1x128 and 128x128 (the tables of s27c)
+#   s29d:   the e5-shaped intent server (6 workers, shared engine, delay 0) at c=32/40 with e5's skinny rows + attention
+#           against library kernels (s28g again), then tests/gpu/test_gpu_kernels_gpu.py
+#   s29c:   e5-shaped engine with its new skinny GEMM rows (s29a) + attention vs library kernels, two rounds
 #   s29b:   the persistent TMA GEMM (wide_gemm_sweep.py) against cuBLAS at 4,096 / 16,384 rows: BERT-base's four
 #           products, then e5-small's (the (32,128) goal: can the K = 768 GEMMs get closer to peak?)
 #   s29a:   e5-small's GEMMs: encoder_gemm_sweep.py at 384 / 1536 (16 and 128 rows), then
@@ -690,6 +693,27 @@ case $stage in
     grep -E "passed|failed|PASSED|FAILED|Error|assert" "$OUT/gpu_tests_inductor_h200_s27c.txt" | tail -16
     timeout 190 python3 -m pytest -q tests/gpu/test_gpu_kernels_gpu.py -p no:cacheprovider -rA -s 2>&1 \
       | grep -E "passed|failed|PASSED|FAILED|Error|assert|engine vs fp32" | tail -12 | tee "$OUT/gpu_tests_gpu_kernels_h200_s27c.txt"
+    ;;
+  s29c)
+    python3 scripts/gpu/e5_shape_model.py var/models/intent-e5-shape | tail -1
+    timeout 450 python3 benchmarks/bench_gpu_encoder.py --models e5-shape --no-autotune --inductor-format exported-program \
+      --shapes 1x16,1x128,8x64,32x128,128x128 --variants eager_fp16,engine_fp16,engine_fp16_library --rounds 2 \
+      --out "$OUT/gpu_encoder_e5shape_s29c.json" 2>&1 | grep -E "entries|engine|FAIL|Error" | grep -v "e2e\|·" | tail -40
+    ;;
+  s29d)
+    python3 scripts/gpu/e5_shape_model.py var/models/intent-e5-shape | tail -1
+    for k in triton library; do
+      rm -rf /tmp/gpurepo
+      GPU_KERNELS=$k MODEL=var/models/intent-e5-shape INDUCTOR_FORMAT=exported-program \
+        python3 scripts/gpu/build_intent_gpu.py /tmp/gpurepo 0 1 0 2>&1 | tail -1
+      python3 -c "import json; print(json.load(open('/tmp/gpurepo/intent/1/manifest.json'))['extra']['gpu_kernels'])"
+      SHARED=1 TAG="_e5shape_shared_delay0_${k}_s29d" WORKERS=6 LEVELS=32,40 \
+        timeout 130 bash scripts/gpu/serve_workers.sh "$OUT" 2>&1 | grep -E "ready after|c=|exit" | tail -5
+    done
+    rm -f "$OUT"/*.png "$OUT"/serve_w*.log
+    timeout 150 python3 -X faulthandler -m pytest -q tests/gpu/test_gpu_kernels_gpu.py -p no:cacheprovider -rA -s \
+      > "$OUT/gpu_tests_gpu_kernels_h200_s29d.txt" 2>&1
+    grep -E "passed|failed|PASSED|FAILED|Error|assert|engine vs" "$OUT/gpu_tests_gpu_kernels_h200_s29d.txt" | tail -16
     ;;
   s29b)
     timeout 420 python3 scripts/gpu/wide_gemm_sweep.py --out "$OUT/wgemm" 2>&1 | grep -E "layer_us|Error|^\{" | tail -12

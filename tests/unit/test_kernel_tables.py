@@ -42,9 +42,10 @@ def test_only_the_h200_has_tables_for_bert_base_and_e5_small() -> None:
     assert attn[(1, 12, 128, 64)] == (16, 128, 4, 2)
     for other in [(8, 0), (8, 9), (10, 0), None]:
         assert kernel_tables.tables_for(other, BERT_BASE) == ({}, {})
-    # e5-small (12 heads of 32): attention only (its GEMMs were not probed); the tiny test model: nothing measured
+    # e5-small (12 heads of 32): its own GEMM rows and attention shapes; the tiny test model: nothing measured
     skinny, attn = kernel_tables.tables_for((9, 0), (384, 1536, 12))
-    assert skinny == {} and len(attn) == 48 and all(k[1:4:2] == (12, 32) for k in attn)
+    assert len(skinny) == 8 and len(attn) == 48 and all(k[1:4:2] == (12, 32) for k in attn)
+    assert skinny[(128, 1152, 384)] == (64, 32, 128, 1, 4) and skinny[(16, 384, 1536)] == (16, 32, 128, 4, 4)
     assert kernel_tables.tables_for((8, 9), (384, 1536, 12)) == ({}, {})
     assert kernel_tables.tables_for((9, 0), (64, 128, 4)) == ({}, {})
     assert kernel_tables.model_dims(_model()) == (64, 128, 4)
@@ -161,3 +162,22 @@ def test_the_committed_attention_table_is_its_probes_under_the_rule(probes: list
         assert report["head_size"] == head_size
         entries |= kernel_tables.attention_entries(report)
     assert {k: v for k, v in kernel_tables.ATTN_H200.items() if k[3] == head_size} == entries
+
+
+@pytest.mark.parametrize(("probe", "dims"), [("pdl_probe_h200_s26b.json", (768, 3072)),
+                                              ("pdl_probe_e5_h200_s29a.json", (384, 1536))])  # fmt: skip
+def test_the_committed_gemm_rows_are_their_probes_configurations_and_beat_cublas(
+    probe: str, dims: tuple[int, int]
+) -> None:
+    """Each width's skinny rows are the configurations ``pdl_probe.py`` timed, and at every row count the chain of
+    12 layers' GEMMs launched as programmatic dependents was faster than cuBLAS's (the rule the table was made by)."""
+    import json
+
+    report = json.loads((Path(__file__).resolve().parents[2] / "benchmarks" / "results" / probe).read_text())
+    assert (report.get("hidden", 768), report.get("intermediate", 3072)) == dims  # s26b's predates the fields
+    table = kernel_tables.SKINNY_H200[dims]
+    if "configs" in report:  # s26b's timed the table itself
+        assert {int(m): {g: tuple(c) for g, c in cfgs.items()} for m, cfgs in report["configs"].items()} == table
+    chain = {(r["rows"], r["variant"]): r["us_per_chain"] for r in report["rows"]}
+    for rows in table:
+        assert chain[(rows, "skinny_pdl")] < chain[(rows, "cublas")], (probe, rows)

@@ -9,9 +9,10 @@ shapes, other models, other GPUs (an empty table). Only fp16 builds use them (th
 
 Where the figures come from (``benchmarks/results``):
 
-* skinny GEMMs: BERT-base's four products at 16 and 128 rows (1×16, 1×128, 8×16 …), the configurations
-  ``scripts/gpu/pdl_probe.py`` times (``pdl_probe_h200_s26b.json``: a 48-GEMM chain with PDL 254.8 µs vs cuBLAS
-  255.1 at 16 rows, 317.2 vs 337.9 at 128), launched as programmatic dependents;
+* skinny GEMMs: BERT-base's and e5-small's four products at 16 and 128 rows (1×16, 1×128, 8×16 …), the
+  configurations ``scripts/gpu/pdl_probe.py`` times (BERT-base, ``pdl_probe_h200_s26b.json``: a 48-GEMM chain with
+  PDL 254.8 µs vs cuBLAS 255.1 at 16 rows, 317.2 vs 337.9 at 128; e5-small, ``pdl_probe_e5_h200_s29a.json``: 167.6 vs
+  196.1, 205.6 vs 229.2), launched as programmatic dependents;
 * attention: ``scripts/gpu/attn_probe.py``'s fastest configuration per shape (``attn_probe_h200_s27a.json``, 12
   heads of 64): e.g. 3.0 µs a call at 1×128 vs 6.9 for the SDPA form, 9.9 vs 14.2 at 32×128.
 
@@ -42,13 +43,27 @@ def bert_products(hidden: int, intermediate: int) -> dict[str, tuple[int, int]]:
     }
 
 
-SKINNY_ROWS: dict[int, dict[str, SkinnyConfig]] = {
-    16: {"qkv": (16, 32, 128, 1, 4), "attn_out": (16, 32, 128, 4, 4), "ffn_in": (16, 32, 128, 1, 4),
-         "ffn_out": (16, 32, 128, 4, 4)},
-    128: {"qkv": (64, 64, 128, 1, 4), "attn_out": (64, 32, 128, 1, 4), "ffn_in": (64, 64, 128, 1, 4),
-          "ffn_out": (64, 32, 128, 4, 4)},
+SKINNY_H200: dict[tuple[int, int], dict[int, dict[str, SkinnyConfig]]] = {
+    (768, 3072): {  # BERT-base, pdl_probe_h200_s26b.json
+        16: {"qkv": (16, 32, 128, 1, 4), "attn_out": (16, 32, 128, 4, 4), "ffn_in": (16, 32, 128, 1, 4),
+             "ffn_out": (16, 32, 128, 4, 4)},
+        128: {"qkv": (64, 64, 128, 1, 4), "attn_out": (64, 32, 128, 1, 4), "ffn_in": (64, 64, 128, 1, 4),
+              "ffn_out": (64, 32, 128, 4, 4)},
+    },
+    (384, 1536): {  # multilingual-e5-small, encoder_gemm_sweep_e5_h200_s29a.json → pdl_probe_e5_h200_s29a.json
+        16: {"qkv": (16, 32, 128, 1, 4), "attn_out": (16, 32, 128, 1, 4), "ffn_in": (16, 32, 128, 1, 4),
+             "ffn_out": (16, 32, 128, 4, 4)},
+        128: {"qkv": (64, 32, 128, 1, 4), "attn_out": (64, 32, 128, 1, 4), "ffn_in": (64, 32, 128, 1, 4),
+              "ffn_out": (64, 32, 128, 4, 4)},
+    },
 }  # fmt: skip
-"""Rows → BERT-base GEMM → (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT, num_warps), as ``pdl_probe.py`` times them."""
+"""(hidden, intermediate) → rows → GEMM → (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT, num_warps), as ``pdl_probe.py`` times
+them: a 48-GEMM chain (12 layers) launched as programmatic dependents against cuBLAS. BERT-base: 254.8 vs 255.1 µs at
+16 rows, 317.2 vs 337.9 at 128. e5-small (its sweep's fastest configuration per product): 167.6 vs 196.1 µs at 16
+rows, 205.6 vs 229.2 at 128."""
+
+SKINNY_ROWS = SKINNY_H200[(BERT_BASE["hidden"], BERT_BASE["intermediate"])]
+"""BERT-base's rows (``pdl_probe.py``'s default configurations)."""
 
 E5_SERVER_GRID_H200: dict[AttnConfig, list[tuple[int, int]]] = {
     (16, 64, 4, 2): [(1, 8), (1, 16), (1, 32), (1, 64), (2, 16), (2, 32), (2, 48), (2, 64), (8, 16), (16, 8), (16, 16),
@@ -102,11 +117,10 @@ def attention_entries(report: dict[str, Any]) -> dict[tuple[int, int, int, int],
 
 
 def skinny_table(hidden: int, intermediate: int) -> dict[tuple[int, int, int], SkinnyConfig]:
-    """(M, N, K) → configuration: :data:`SKINNY_ROWS` for BERT-base's products (other widths: none measured)."""
-    if (hidden, intermediate) != (BERT_BASE["hidden"], BERT_BASE["intermediate"]):
-        return {}
+    """(M, N, K) → configuration: :data:`SKINNY_H200`'s rows for a model of these widths (other widths: none)."""
+    rows = SKINNY_H200.get((hidden, intermediate), {})
     products = bert_products(hidden, intermediate)
-    return {(rows, *products[name]): cfg for rows, configs in SKINNY_ROWS.items() for name, cfg in configs.items()}
+    return {(m, *products[name]): cfg for m, configs in rows.items() for name, cfg in configs.items()}
 
 
 def model_dims(module: torch.nn.Module) -> tuple[int, int, int] | None:
@@ -123,7 +137,7 @@ def tables_for(
     capability: tuple[int, int] | None, dims: tuple[int, int, int]
 ) -> tuple[dict[Any, SkinnyConfig], dict[Any, AttnConfig]]:
     """The measured entries for a model of these (hidden, intermediate, heads) on a GPU of this compute capability
-    (None: no GPU): only the H200 (9.0) has tables, and only BERT-base-shaped models have entries."""
+    (None: no GPU): only the H200 (9.0) has tables, and only BERT-base- and e5-small-shaped models have entries."""
     if capability != (9, 0):
         return {}, {}
     hidden, intermediate, heads = dims
