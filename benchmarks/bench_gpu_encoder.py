@@ -14,7 +14,8 @@ idle between them); ``engine_graph_copies`` replays the serving graph, whose pin
 output copy back are captured in it (``graph_copies``, the server's default). ``engine_e2e`` is the engine's whole
 ``infer()`` (pinned H2D copy, replay, D2H, sync) timed on the host; ``engine_copies_e2e`` the same with the copies
 captured inside the graph. ``engine_fp16_static`` is ``engine_fp16`` built with ``--static-shapes`` set to the
-benchmark's shapes (each of them a program compiled for exactly that shape). ``--rounds N`` times the engine
+benchmark's shapes (each of them a program compiled for exactly that shape); a ``_nopdl`` suffix builds with ``--pdl
+off`` (no programmatic dependent launch anywhere), the A/B of the launch mode. ``--rounds N`` times the engine
 variants N times, one after another per round, so run-to-run drift shows. Every variant's output is checked
 against fp32 eager (relative error).
 
@@ -40,6 +41,17 @@ from miaohui.engines.inductor_engine import InductorEngine
 from miaohui.engines.loader import load_engine
 from miaohui.engines.store import build_artifact
 from miaohui.models.checkpoint import load_checkpoint
+
+ENGINE_VARIANTS = (
+    "engine_fp16",
+    "engine_bf16",
+    "engine_fp16_library",
+    "engine_fp16_static",
+    "engine_fp16_nopdl",
+    "engine_fp16_static_nopdl",
+)
+"""miaohui's engine as built by ``miaohui build``: precision, ``--gpu-kernels library``, ``--static-shapes`` (the
+benchmark's shapes), ``--pdl off``."""
 
 PEAK_TFLOPS = 790.0  # measured bf16 dense matrix rate of the H200 here (shared/GPU.md)
 
@@ -171,12 +183,13 @@ def run_model(name: str, ckpt: Path, args: argparse.Namespace, repo: Path, resul
     if "compile_fp16" in args.variants:
         m16 = load_checkpoint(ckpt).module.cuda().half().eval()
         variants["compile_fp16"] = torch.compile(m16, mode="reduce-overhead", dynamic=True)
-    for variant in ("engine_fp16", "engine_bf16", "engine_fp16_library", "engine_fp16_static"):
+    for variant in ENGINE_VARIANTS:
         if variant not in args.variants.split(","):
             continue
         prec = variant.split("_")[1]
         kernels = "library" if variant.endswith("_library") else "triton"  # gpu_kernels: the A/B of the same build
-        static = ",".join(f"{b}x{s}" for b, s in shapes) if variant.endswith("_static") else ""  # static_shapes
+        static = ",".join(f"{b}x{s}" for b, s in shapes) if "_static" in variant else ""  # static_shapes
+        pdl = "off" if variant.endswith("_nopdl") else "auto"
         t0 = time.perf_counter()
         prof = f"input_ids:1x1,{min(32, max_b)}x{min(128, max_s)},{max_b}x{max_s}"
         bcfg = BuildConfig(
@@ -187,11 +200,15 @@ def run_model(name: str, ckpt: Path, args: argparse.Namespace, repo: Path, resul
             inductor_format=args.inductor_format,
             gpu_kernels=kernels,
             static_shapes=static,  # type: ignore[arg-type]
+            pdl=pdl,  # type: ignore[arg-type]
         )
         try:
             out = build_artifact(
                 ckpt,
-                f"{name}-{prec}" + ("-library" if kernels == "library" else "") + ("-static" if static else ""),
+                f"{name}-{prec}"
+                + ("-library" if kernels == "library" else "")
+                + ("-static" if static else "")
+                + ("-nopdl" if pdl == "off" else ""),
                 bcfg,
                 repo,
                 log=lambda m: print("  ·", m, flush=True),

@@ -144,6 +144,9 @@
 #   s27c:   tests/gpu/test_inductor_gpu.py (exported-program format) after the gpu_kernels change, then s27b's test
 #           again (the tables now per model; 128x128 attention left out)
 #   s27d:   the engine with / without miaohui's kernels at 1x128 and 128x128 (the tables of s27c)
+#   s29e:   PDL on/off (--pdl off), dynamic and static programs: BERT-base at the five shapes (two rounds), then
+#           e5-shape dynamic (s29c's 32x128 was 0.750 ms with PDL against s28e's 0.705 without: does PDL cost the
+#           large buckets?)
 #   s29d:   the e5-shaped intent server (6 workers, shared engine, delay 0) at c=32/40 with e5's skinny rows + attention
 #           against library kernels (s28g again), then tests/gpu/test_gpu_kernels_gpu.py
 #   s29c:   e5-shaped engine with its new skinny GEMM rows (s29a) + attention vs library kernels, two rounds
@@ -693,6 +696,16 @@ case $stage in
     grep -E "passed|failed|PASSED|FAILED|Error|assert" "$OUT/gpu_tests_inductor_h200_s27c.txt" | tail -16
     timeout 190 python3 -m pytest -q tests/gpu/test_gpu_kernels_gpu.py -p no:cacheprovider -rA -s 2>&1 \
       | grep -E "passed|failed|PASSED|FAILED|Error|assert|engine vs fp32" | tail -12 | tee "$OUT/gpu_tests_gpu_kernels_h200_s27c.txt"
+    ;;
+  s29e)
+    timeout 380 python3 benchmarks/bench_gpu_encoder.py --models bert-base --no-autotune --inductor-format exported-program \
+      --shapes 1x16,1x128,8x64,32x128,128x128 --rounds 2 \
+      --variants engine_fp16,engine_fp16_nopdl,engine_fp16_static,engine_fp16_static_nopdl \
+      --out "$OUT/gpu_encoder_bert_pdl_s29e.json" 2>&1 | grep -E "^bert" | grep -v "e2e\|copies" | tail -40
+    python3 scripts/gpu/e5_shape_model.py var/models/intent-e5-shape | tail -1
+    timeout 170 python3 benchmarks/bench_gpu_encoder.py --models e5-shape --no-autotune --inductor-format exported-program \
+      --shapes 1x16,1x128,8x64,32x128,128x128 --rounds 2 --variants engine_fp16,engine_fp16_nopdl \
+      --out "$OUT/gpu_encoder_e5shape_pdl_s29e.json" 2>&1 | grep -E "^e5-shape" | grep -v "e2e\|copies" | tail -20
     ;;
   s29c)
     python3 scripts/gpu/e5_shape_model.py var/models/intent-e5-shape | tail -1

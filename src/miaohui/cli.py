@@ -156,6 +156,9 @@ def build(
     static_shapes: Annotated[
         str, typer.Option(help="inductor: buckets with a program compiled for exactly that shape, e.g. 1x16,1x128")
     ] = "",
+    pdl: Annotated[
+        str, typer.Option(help="inductor, gpu-kernels triton: programmatic dependent launch auto | off")
+    ] = "auto",
     repository: RepoOpt = None,
     force: Annotated[bool, typer.Option(help="Rebuild even if the build key is cached.")] = False,
 ) -> None:
@@ -186,6 +189,7 @@ def build(
             inductor_format=inductor_format,
             gpu_kernels=gpu_kernels,
             static_shapes=static_shapes,
+            pdl=pdl,
         )
         texts = _calibration_texts(calib_data) if precision == "int8" else []
         outcome = build_artifact(

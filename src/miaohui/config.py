@@ -175,6 +175,13 @@ class BuildConfig(Frozen):
     artifact is then the exported program (the Triton kernels are Python custom ops, which an AOTInductor package
     cannot hold). ``library``: cuBLAS and SDPA only. On the CPU both build the same graph."""
 
+    pdl: Literal["auto", "off"] = "auto"
+    """inductor, ``gpu_kernels triton``: programmatic dependent launch (Hopper and newer: a kernel launches while the
+    one before it runs and waits on the GPU for its writes). ``auto``: where the GPU's kernel table has skinny GEMMs,
+    they and Inductor's kernels use it, in the dynamic-shape program and in static programs of at most the table's
+    ``pdl_max_rows`` rows (:mod:`miaohui.models.kernel_tables`); ``off``: nowhere (an A/B, or a driver that
+    misbehaves with it)."""
+
     static_shapes: tuple[tuple[int, int], ...] = ()
     """inductor: (batch, sequence) buckets that get a program of their own, compiled for exactly that shape
     (static sizes in every kernel), next to the dynamic-shape program every other bucket runs. Each must be a
@@ -230,6 +237,11 @@ class BuildConfig(Frozen):
                 f"gpu_kernels {self.gpu_kernels} with backend {self.backend}",
                 "the GPU kernel choice is an inductor option: drop --gpu-kernels or use --backend inductor",
             )
+        if self.backend != "inductor" and self.pdl != "auto":
+            raise ConfigError(
+                f"pdl {self.pdl} with backend {self.backend}",
+                "programmatic dependent launch is an inductor (GPU) choice: drop --pdl or use --backend inductor",
+            )
         if self.backend != "inductor" and self.static_shapes:
             raise ConfigError(
                 f"static_shapes with backend {self.backend}",
@@ -269,6 +281,8 @@ class BuildConfig(Frozen):
             fields["calibration"] = {k: fields["calibration"][k] for k in kept}
         if not self.static_shapes:  # keeps the build keys of artifacts built before the option existed
             fields.pop("static_shapes")
+        if self.pdl == "auto":  # likewise
+            fields.pop("pdl")
         if self.backend != "inductor":
             fields.pop("autotune")
             fields.pop("inductor_format")

@@ -116,3 +116,13 @@ def test_static_shapes_parse_sort_and_validate() -> None:
     assert (
         plain.compute_hash() != BuildConfig(backend="inductor", precision="fp16", static_shapes="1x16").compute_hash()
     )  # type: ignore[arg-type]
+
+
+def test_pdl_is_an_inductor_choice_and_auto_keeps_the_build_key() -> None:
+    with pytest.raises(ConfigError, match="pdl off with backend onnxruntime") as err:
+        BuildConfig(backend="onnxruntime", pdl="off")
+    assert "drop --pdl" in str(err.value)
+    plain = BuildConfig(backend="inductor", precision="fp16")
+    assert plain.pdl == "auto"
+    assert plain.compute_hash() == plain.model_copy(update={"pdl": "auto"}).compute_hash()
+    assert plain.compute_hash() != BuildConfig(backend="inductor", precision="fp16", pdl="off").compute_hash()

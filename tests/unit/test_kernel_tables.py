@@ -84,10 +84,37 @@ def test_build_switches_the_layers_where_a_table_exists(clean_tables: None, monk
     assert (1, 12, 16, 64) in encoder_attention.ATTN_BEST and (16, 2304, 768) in skinny_gemm.SKINNY_BEST
     # an artifact built so loads the same tables; one built with library kernels touches nothing
     monkeypatch.setattr(skinny_gemm, "SKINNY_BEST", {})
-    assert inductor.gpu_kernels_at_load({"gpu_kernels": info}) is True
-    assert len(skinny_gemm.SKINNY_BEST) == 8
-    assert inductor.gpu_kernels_at_load({"gpu_kernels": {"mode": "library"}}) is False
-    assert inductor.gpu_kernels_at_load({}) is False  # artifacts built before the option
+    assert inductor.gpu_kernels_at_load({"gpu_kernels": info}) == info
+    assert len(skinny_gemm.SKINNY_BEST) == 8 and skinny_gemm.SKINNY_PDL
+    assert inductor.program_pdl(info, None) and inductor.program_pdl(info, 4096)  # no row limit recorded
+    assert inductor.gpu_kernels_at_load({"gpu_kernels": {"mode": "library"}}) == {"mode": "library"}
+    assert inductor.gpu_kernels_at_load({}) == {}  # artifacts built before the option
+    assert not inductor.program_pdl({}, None) and not inductor.program_pdl({"mode": "library"}, 16)
+
+
+def test_pdl_off_and_the_row_limit(clean_tables: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``BuildConfig.pdl off``: the skinny GEMMs and every program without PDL. ``auto`` with the GPU's row limit:
+    the dynamic-shape program and static programs up to the limit with it, larger static programs without; a load
+    follows the manifest's record, not today's table."""
+    enc = random_bert(hidden=768, layers=1, heads=12, vocab=100, intermediate=3072, seed=0)
+    model = fast_bert.from_module(IntentClassifier(enc, 24).eval())
+    monkeypatch.setattr(kernel_tables, "device_capability", lambda: (9, 0))
+    off = inductor.use_gpu_kernels(model, "triton", "fp16", pdl=False)
+    assert off["mode"] == "triton" and off["pdl"] is False and "pdl_max_rows" not in off
+    assert not skinny_gemm.SKINNY_PDL and not inductor.program_pdl(off, None) and not inductor.program_pdl(off, 16)
+
+    monkeypatch.setattr(kernel_tables, "PDL_MAX_ROWS_H200", 128)
+    auto = inductor.use_gpu_kernels(model, "triton", "fp16")
+    assert auto["pdl"] is True and auto["pdl_max_rows"] == 128 and skinny_gemm.SKINNY_PDL
+    assert inductor.program_pdl(auto, None) and inductor.program_pdl(auto, 128)
+    assert not inductor.program_pdl(auto, 129) and not inductor.program_pdl(auto, 4096)
+
+    monkeypatch.setattr(kernel_tables, "PDL_MAX_ROWS_H200", None)  # the table changed since the build
+    assert inductor.gpu_kernels_at_load({"gpu_kernels": auto}) == auto
+    assert not inductor.program_pdl(auto, 4096)
+    inductor.gpu_kernels_at_load({"gpu_kernels": off})
+    assert not skinny_gemm.SKINNY_PDL
+    assert kernel_tables.pdl_max_rows((8, 9)) is None
 
 
 def test_exported_program_with_the_custom_ops_saves_and_loads(clean_tables: None, tmp_path: Path) -> None:
@@ -121,7 +148,7 @@ def test_gpu_kernels_is_an_inductor_option() -> None:
     # other backends' build keys do not change with the option's arrival: it is not hashed for them
     ort = BuildConfig(backend="onnxruntime")
     fields = ort.model_dump(mode="json")
-    for name in ("calibration", "autotune", "inductor_format", "gpu_kernels", "static_shapes"):
+    for name in ("calibration", "autotune", "inductor_format", "gpu_kernels", "static_shapes", "pdl"):
         fields.pop(name)
     assert ort.compute_hash() == digest_json(fields)
     a = BuildConfig(backend="inductor", precision="fp16")

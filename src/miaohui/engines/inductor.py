@@ -83,7 +83,9 @@ def build(ctx: BuildContext) -> BuiltEngine:
         raise BuildError("fp16 inductor engines need a CUDA GPU", "build on the GPU, or use fp32/bf16 on CPU")
     module = from_module(load_checkpoint(ctx.model.path, attn_implementation="sdpa").module)
     use_fused_gelu(module, device == "cuda")  # cuBLASLt's GEMM+bias+GELU epilogue (tanh GELU); CPU keeps erf GELU
-    kernels = use_gpu_kernels(module, ctx.cfg.gpu_kernels if device == "cuda" else "library", ctx.cfg.precision)
+    kernels = use_gpu_kernels(
+        module, ctx.cfg.gpu_kernels if device == "cuda" else "library", ctx.cfg.precision, ctx.cfg.pdl != "off"
+    )
     if kernels["mode"] == "triton":
         ctx.log(f"miaohui's Triton kernels where measured faster on this GPU: {kernels}")
     model = FloatLogits(module).to(device=device, dtype=DTYPES[ctx.cfg.precision]).eval()
@@ -122,7 +124,7 @@ def build(ctx: BuildContext) -> BuiltEngine:
             )
         if not aoti["ok"]:
             ctx.log(f"AOTInductor package not used ({aoti['reason']}): saving the exported program + Inductor cache")
-            _build_exported_program(ctx, ep, shapes, device, bool(kernels.get("pdl")))
+            _build_exported_program(ctx, ep, shapes, device, kernels)
             save_fast(module, ctx.out_dir)  # what ``fast_start`` answers with while the program loads and compiles
     compile_s = time.perf_counter() - started - export_s
     meta = ctx.model.meta
@@ -150,18 +152,19 @@ def build(ctx: BuildContext) -> BuiltEngine:
 
 
 def _build_exported_program(
-    ctx: BuildContext, ep: Any, shapes: list[tuple[int, int]], device: str, pdl: bool = False
+    ctx: BuildContext, ep: Any, shapes: list[tuple[int, int]], device: str, kernels: dict[str, Any]
 ) -> None:
     """The fallback format: the exported program + Inductor's compile cache of the profile's shapes and of each
-    static shape's own program."""
+    static shape's own program (each with PDL or not as ``kernels``, what ``use_gpu_kernels`` recorded, says)."""
     torch.export.save(ep, str(ctx.out_dir / ENGINE_FILE))
     ctx.log(f"Inductor compile ({ctx.cfg.precision}, max-autotune {'on' if ctx.cfg.autotune else 'off'})")
     torch.compiler.reset()
     module = ep.module()
-    fn = compile_program(module, ctx.cfg.autotune, pdl)
+    fn = compile_program(module, ctx.cfg.autotune, program_pdl(kernels, None))
     runs = [(fn, shape) for shape in shapes]
     for shape in ctx.cfg.static_shapes:
-        ctx.log(f"Inductor compile of the static program for {shape[0]}x{shape[1]}")
+        pdl = program_pdl(kernels, shape[0] * shape[1])
+        ctx.log(f"Inductor compile of the static program for {shape[0]}x{shape[1]}" + (" (PDL)" if pdl else ""))
         runs.append((compile_program(static_view(module), ctx.cfg.autotune, pdl, dynamic=False), shape))
     for run, (wb, ws) in runs:
         run(torch.randint(5, 1000, (wb, ws), device=device), torch.ones((wb, ws), dtype=torch.int64, device=device))
@@ -275,10 +278,10 @@ def static_view(module: torch.nn.Module) -> torch.nn.Module:
     return torch.fx.GraphModule(module, module.graph)
 
 
-def use_gpu_kernels(module: torch.nn.Module, choice: str, precision: str = "fp16") -> dict[str, Any]:
+def use_gpu_kernels(module: torch.nn.Module, choice: str, precision: str = "fp16", pdl: bool = True) -> dict[str, Any]:
     """``gpu_kernels``: with ``triton``, fp16 and entries for this model on this GPU
     (:mod:`miaohui.models.kernel_tables`), switch FastBert's layers to the custom ops and load the entries; returns
-    what the manifest records."""
+    what the manifest records. ``pdl`` False: ``BuildConfig.pdl`` off."""
     if choice != "triton":
         return {"mode": "library"}
     from miaohui.models import kernel_tables  # imports Triton (~0.3 s): only when the kernels are asked for
@@ -289,7 +292,7 @@ def use_gpu_kernels(module: torch.nn.Module, choice: str, precision: str = "fp16
     if precision != "fp16":
         return {"mode": "library", "reason": f"the kernel tables were measured in fp16, not {precision}"}
     capability = kernel_tables.device_capability()
-    info = kernel_tables.apply(capability, dims)
+    info = kernel_tables.apply(capability, dims, pdl, kernel_tables.pdl_max_rows(capability))
     if not info["skinny_gemm_shapes"] and not info["attention_shapes"]:
         reason = f"no measured kernel for this model {dims} on compute capability {capability}"
         return {"mode": "library", "reason": reason}
@@ -298,17 +301,31 @@ def use_gpu_kernels(module: torch.nn.Module, choice: str, precision: str = "fp16
     return {"mode": "triton", "capability": ".".join(map(str, capability or ())), "dims": list(dims), **info}
 
 
-def gpu_kernels_at_load(extra: dict[str, Any]) -> bool:
-    """An artifact built with ``gpu_kernels triton``: load the same tables into the ops before its program runs.
-    Returns whether its Inductor kernels were compiled with PDL (``compile_program``'s ``pdl``)."""
-    info = extra.get("gpu_kernels") or {}
+def gpu_kernels_at_load(extra: dict[str, Any]) -> dict[str, Any]:
+    """An artifact built with ``gpu_kernels triton``: load the same tables into the ops before its program runs,
+    with PDL as the build had it. Returns the manifest's record (:func:`program_pdl` reads it)."""
+    info: dict[str, Any] = extra.get("gpu_kernels") or {}
     if info.get("mode") != "triton":
-        return False
+        return info
     from miaohui.models import kernel_tables  # imports Triton: not on the load path of other artifacts
 
     hidden, intermediate, heads = (int(v) for v in info["dims"])
-    kernel_tables.apply(kernel_tables.device_capability(), (hidden, intermediate, heads))
-    return bool(info.get("pdl"))
+    limit = info.get("pdl_max_rows")
+    kernel_tables.apply(
+        kernel_tables.device_capability(), (hidden, intermediate, heads), bool(info.get("pdl", True)),
+        None if limit is None else int(limit),
+    )  # fmt: skip
+    return info
+
+
+def program_pdl(kernels: dict[str, Any], rows: int | None) -> bool:
+    """Whether a program (``rows`` None: the dynamic-shape one; else a static one of that many rows) is compiled with
+    Inductor's PDL, by the manifest's ``gpu_kernels`` record (``kernel_tables.pdl_for``)."""
+    if kernels.get("mode") != "triton":
+        return False
+    from miaohui.models import kernel_tables
+
+    return kernel_tables.pdl_for(kernels, rows)
 
 
 def load_package(package: Path, single_threaded: bool) -> Any:

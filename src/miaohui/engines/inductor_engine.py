@@ -30,6 +30,7 @@ from miaohui.engines.inductor import (
     compile_program,
     gpu_kernels_at_load,
     load_package,
+    program_pdl,
     static_view,
 )
 from miaohui.errors import ArtifactError
@@ -102,8 +103,8 @@ class InductorEngine(Engine):
         self._static: dict[tuple[int, ...], Any] = {}
         """Buckets with a program of their own, compiled for exactly that shape (``BuildConfig.static_shapes``)."""
         started = time.perf_counter()
-        self._pdl = gpu_kernels_at_load(manifest.extra)
-        """Built with ``gpu_kernels triton``: the tables are loaded, and Inductor compiles with PDL as at build."""
+        self._kernels = gpu_kernels_at_load(manifest.extra)
+        """Built with ``gpu_kernels triton``: the tables are loaded, and each program compiles with PDL as at build."""
         try:
             if self.packaged:  # ahead-of-time compiled: nothing to trace or compile
                 # single-threaded runner: its thread-synchronisation logic conflicts with CUDA-graph capture
@@ -159,9 +160,11 @@ class InductorEngine(Engine):
         """The program compiled with dynamic shapes (every bucket), and once more per static shape (static sizes
         in every kernel), each over a view of the same module: the weights are shared, Dynamo's caches are not."""
         autotune = bool(self.manifest.build_config.autotune)
-        self._runner = compile_program(module, autotune, self._pdl)
+        self._runner = compile_program(module, autotune, program_pdl(self._kernels, None))
         self._static = {
-            shape: compile_program(static_view(module), autotune, self._pdl, dynamic=False)
+            shape: compile_program(
+                static_view(module), autotune, program_pdl(self._kernels, shape[0] * shape[1]), dynamic=False
+            )
             for shape in self.manifest.build_config.static_shapes
         }
 

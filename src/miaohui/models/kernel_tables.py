@@ -100,6 +100,10 @@ e5-small's entries took its engine (random weights of its shape, ``gpu_encoder_e
 128×128."""
 
 
+PDL_MAX_ROWS_H200: int | None = None
+"""Static programs (``BuildConfig.static_shapes``) of buckets with more rows (batch × sequence) than this are
+compiled without programmatic dependent launch; None: every program uses it where the table has skinny GEMMs."""
+
 MIN_ATTN_GAIN = 0.10
 """A probed attention shape becomes an entry only if its best configuration is at least this much faster than the
 SDPA form (smaller gains did not survive the whole engine: 128×128 in ``gpu_encoder_bert_s27b.json``)."""
@@ -145,16 +149,37 @@ def tables_for(
     return skinny_table(hidden, intermediate), attn
 
 
-def apply(capability: tuple[int, int] | None, dims: tuple[int, int, int]) -> dict[str, Any]:
-    """Load this GPU's entries for this model into the ops (skinny GEMMs launched as programmatic dependents; the
-    attention kernel for the table's shapes only). Returns what the manifest records: how many shapes each op runs
-    in Triton."""
+def apply(
+    capability: tuple[int, int] | None, dims: tuple[int, int, int], pdl: bool = True, pdl_max_rows: int | None = None
+) -> dict[str, Any]:
+    """Load this GPU's entries for this model into the ops (the attention kernel for the table's shapes only; the
+    skinny GEMMs launched as programmatic dependents unless ``pdl`` is False). Returns what the manifest records: how
+    many shapes each op runs in Triton, whether PDL is on and up to how many rows static programs use it
+    (:func:`pdl_for`). At load, ``pdl`` and ``pdl_max_rows`` come from the manifest, not today's table."""
     skinny, attn = tables_for(capability, dims)
+    use_pdl = bool(skinny) and pdl
     skinny_gemm.SKINNY_BEST.update(skinny)
-    skinny_gemm.SKINNY_PDL = bool(skinny)
+    skinny_gemm.SKINNY_PDL = use_pdl
     encoder_attention.ATTN_BEST.update(attn)
     encoder_attention.ATTN_SHAPES_ONLY = True
-    return {"skinny_gemm_shapes": len(skinny), "attention_shapes": len(attn), "pdl": bool(skinny)}
+    info: dict[str, Any] = {"skinny_gemm_shapes": len(skinny), "attention_shapes": len(attn), "pdl": use_pdl}
+    if use_pdl and pdl_max_rows is not None:
+        info["pdl_max_rows"] = pdl_max_rows
+    return info
+
+
+def pdl_max_rows(capability: tuple[int, int] | None) -> int | None:
+    """This GPU's :data:`PDL_MAX_ROWS_H200` (None: no limit, or no table)."""
+    return PDL_MAX_ROWS_H200 if capability == (9, 0) else None
+
+
+def pdl_for(info: dict[str, Any], rows: int | None) -> bool:
+    """Whether a program is compiled with PDL, by what ``apply`` recorded: the dynamic-shape program (``rows`` None)
+    whenever PDL is on, a static one only up to ``pdl_max_rows`` rows."""
+    if not info.get("pdl"):
+        return False
+    limit = info.get("pdl_max_rows")
+    return rows is None or limit is None or rows <= int(limit)
 
 
 def device_capability() -> tuple[int, int] | None:
