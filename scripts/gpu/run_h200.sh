@@ -144,6 +144,8 @@
 #   s27c:   tests/gpu/test_inductor_gpu.py (exported-program format) after the gpu_kernels change, then s27b's test
 #           again (the tables now per model; 128x128 attention left out)
 #   s27d:   the engine with / without miaohui's kernels at 1x128 and 128x128 (the tables of s27c)
+#   s29f:   BERT-base with PDL_MAX_ROWS_H200 = 128 (static programs above 128 rows without Inductor's PDL) and the
+#           skinny GEMMs' PDL never reset by a later load: dynamic / static / library at the five shapes, two rounds
 #   s29e:   PDL on/off (--pdl off), dynamic and static programs: BERT-base at the five shapes (two rounds), then
 #           e5-shape dynamic (s29c's 32x128 was 0.750 ms with PDL against s28e's 0.705 without: does PDL cost the
 #           large buckets?)
@@ -696,6 +698,11 @@ case $stage in
     grep -E "passed|failed|PASSED|FAILED|Error|assert" "$OUT/gpu_tests_inductor_h200_s27c.txt" | tail -16
     timeout 190 python3 -m pytest -q tests/gpu/test_gpu_kernels_gpu.py -p no:cacheprovider -rA -s 2>&1 \
       | grep -E "passed|failed|PASSED|FAILED|Error|assert|engine vs fp32" | tail -12 | tee "$OUT/gpu_tests_gpu_kernels_h200_s27c.txt"
+    ;;
+  s29f)
+    timeout 330 python3 benchmarks/bench_gpu_encoder.py --models bert-base --no-autotune --inductor-format exported-program \
+      --shapes 1x16,1x128,8x64,32x128,128x128 --rounds 2 --variants engine_fp16,engine_fp16_static,engine_fp16_library \
+      --out "$OUT/gpu_encoder_bert_s29f.json" 2>&1 | grep -E "^bert.*median|PDL|FAIL" | grep -v "e2e\|copies" | tail -40
     ;;
   s29e)
     timeout 380 python3 benchmarks/bench_gpu_encoder.py --models bert-base --no-autotune --inductor-format exported-program \

@@ -157,7 +157,7 @@ def build(
         str, typer.Option(help="inductor: buckets with a program compiled for exactly that shape, e.g. 1x16,1x128")
     ] = "",
     pdl: Annotated[
-        str, typer.Option(help="inductor, gpu-kernels triton: programmatic dependent launch auto | off")
+        str, typer.Option(help="inductor, gpu-kernels triton: PDL for Inductor's kernels, auto | off")
     ] = "auto",
     repository: RepoOpt = None,
     force: Annotated[bool, typer.Option(help="Rebuild even if the build key is cached.")] = False,

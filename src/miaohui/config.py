@@ -177,10 +177,10 @@ class BuildConfig(Frozen):
 
     pdl: Literal["auto", "off"] = "auto"
     """inductor, ``gpu_kernels triton``: programmatic dependent launch (Hopper and newer: a kernel launches while the
-    one before it runs and waits on the GPU for its writes). ``auto``: where the GPU's kernel table has skinny GEMMs,
-    they and Inductor's kernels use it, in the dynamic-shape program and in static programs of at most the table's
-    ``pdl_max_rows`` rows (:mod:`miaohui.models.kernel_tables`); ``off``: nowhere (an A/B, or a driver that
-    misbehaves with it)."""
+    one before it runs and waits on the GPU for its writes) for Inductor's own kernels. ``auto``: where the GPU's
+    kernel table has skinny GEMMs, in the dynamic-shape program and in static programs of at most the table's
+    ``pdl_max_rows`` rows (:mod:`miaohui.models.kernel_tables`; larger ones measured faster without); ``off``: in no
+    program (an A/B). The skinny GEMMs themselves always launch as programmatic dependents, as they were measured."""
 
     static_shapes: tuple[tuple[int, int], ...] = ()
     """inductor: (batch, sequence) buckets that get a program of their own, compiled for exactly that shape

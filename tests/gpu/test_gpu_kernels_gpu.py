@@ -74,6 +74,7 @@ def test_manifest_says_which_kernels(engines: dict[str, InductorEngine]) -> None
         "skinny_gemm_shapes": 8,
         "attention_shapes": 5,
         "pdl": True,
+        "pdl_max_rows": 128,
     }
     assert read_manifest(engines["library"].path).extra["gpu_kernels"] == {"mode": "library"}
 

@@ -78,6 +78,7 @@ def test_build_switches_the_layers_where_a_table_exists(clean_tables: None, monk
         "skinny_gemm_shapes": 8,
         "attention_shapes": 5,
         "pdl": True,
+        "pdl_max_rows": 128,
     }
     assert all(layer.skinny and layer.triton_attention for layer in layers)
     assert skinny_gemm.SKINNY_PDL and encoder_attention.ATTN_SHAPES_ONLY
@@ -86,22 +87,24 @@ def test_build_switches_the_layers_where_a_table_exists(clean_tables: None, monk
     monkeypatch.setattr(skinny_gemm, "SKINNY_BEST", {})
     assert inductor.gpu_kernels_at_load({"gpu_kernels": info}) == info
     assert len(skinny_gemm.SKINNY_BEST) == 8 and skinny_gemm.SKINNY_PDL
-    assert inductor.program_pdl(info, None) and inductor.program_pdl(info, 4096)  # no row limit recorded
+    assert inductor.program_pdl(info, None) and inductor.program_pdl(info, 128) and not inductor.program_pdl(info, 4096)
     assert inductor.gpu_kernels_at_load({"gpu_kernels": {"mode": "library"}}) == {"mode": "library"}
     assert inductor.gpu_kernels_at_load({}) == {}  # artifacts built before the option
     assert not inductor.program_pdl({}, None) and not inductor.program_pdl({"mode": "library"}, 16)
 
 
 def test_pdl_off_and_the_row_limit(clean_tables: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``BuildConfig.pdl off``: the skinny GEMMs and every program without PDL. ``auto`` with the GPU's row limit:
-    the dynamic-shape program and static programs up to the limit with it, larger static programs without; a load
-    follows the manifest's record, not today's table."""
+    """``BuildConfig.pdl off``: every program without PDL. ``auto`` with the GPU's row limit: the dynamic-shape
+    program and static programs up to the limit with it, larger static programs without; a load follows the
+    manifest's record, not today's table. The skinny GEMMs' own PDL is process-wide and never turned off by a later
+    build or load (another engine's buckets may still be captured)."""
+    assert kernel_tables.pdl_max_rows((9, 0)) == 128  # the H200's, as committed
     enc = random_bert(hidden=768, layers=1, heads=12, vocab=100, intermediate=3072, seed=0)
     model = fast_bert.from_module(IntentClassifier(enc, 24).eval())
     monkeypatch.setattr(kernel_tables, "device_capability", lambda: (9, 0))
     off = inductor.use_gpu_kernels(model, "triton", "fp16", pdl=False)
     assert off["mode"] == "triton" and off["pdl"] is False and "pdl_max_rows" not in off
-    assert not skinny_gemm.SKINNY_PDL and not inductor.program_pdl(off, None) and not inductor.program_pdl(off, 16)
+    assert skinny_gemm.SKINNY_PDL and not inductor.program_pdl(off, None) and not inductor.program_pdl(off, 16)
 
     monkeypatch.setattr(kernel_tables, "PDL_MAX_ROWS_H200", 128)
     auto = inductor.use_gpu_kernels(model, "triton", "fp16")
@@ -113,7 +116,8 @@ def test_pdl_off_and_the_row_limit(clean_tables: None, monkeypatch: pytest.Monke
     assert inductor.gpu_kernels_at_load({"gpu_kernels": auto}) == auto
     assert not inductor.program_pdl(auto, 4096)
     inductor.gpu_kernels_at_load({"gpu_kernels": off})
-    assert not skinny_gemm.SKINNY_PDL
+    assert inductor.use_gpu_kernels(_model(), "triton")["mode"] == "library"  # a model without entries
+    assert skinny_gemm.SKINNY_PDL  # neither turned the skinny GEMMs' PDL off
     assert kernel_tables.pdl_max_rows((8, 9)) is None
 
 

@@ -100,9 +100,12 @@ e5-small's entries took its engine (random weights of its shape, ``gpu_encoder_e
 128×128."""
 
 
-PDL_MAX_ROWS_H200: int | None = None
+PDL_MAX_ROWS_H200: int | None = 128
 """Static programs (``BuildConfig.static_shapes``) of buckets with more rows (batch × sequence) than this are
-compiled without programmatic dependent launch; None: every program uses it where the table has skinny GEMMs."""
+compiled without PDL for Inductor's kernels (None: every program uses it where the table has skinny GEMMs). PDL pays
+where the skinny GEMMs run (16 and 128 rows: BERT-base 1×16 0.283 ms with it vs 0.341 without, e5-small 0.202 vs
+0.248); from 512 rows on it cost 0–6 % (``gpu_encoder_*_pdl_s29e.json``: e5-small 32×128 0.748 vs 0.705 ms, 128×128
+2.38–2.42 vs 2.25–2.31; BERT-base 8×64 0.468 vs 0.461, static 128×128 6.05–6.18 vs 5.99–6.11)."""
 
 MIN_ATTN_GAIN = 0.10
 """A probed attention shape becomes an entry only if its best configuration is at least this much faster than the
@@ -152,14 +155,20 @@ def tables_for(
 def apply(
     capability: tuple[int, int] | None, dims: tuple[int, int, int], pdl: bool = True, pdl_max_rows: int | None = None
 ) -> dict[str, Any]:
-    """Load this GPU's entries for this model into the ops (the attention kernel for the table's shapes only; the
-    skinny GEMMs launched as programmatic dependents unless ``pdl`` is False). Returns what the manifest records: how
-    many shapes each op runs in Triton, whether PDL is on and up to how many rows static programs use it
-    (:func:`pdl_for`). At load, ``pdl`` and ``pdl_max_rows`` come from the manifest, not today's table."""
+    """Load this GPU's entries for this model into the ops (the attention kernel for the table's shapes only).
+    Returns what the manifest records: how many shapes each op runs in Triton, and whether Inductor's kernels use PDL
+    (``pdl``, ``BuildConfig.pdl``) and in static programs of up to how many rows (:func:`pdl_for`). At load, ``pdl``
+    and ``pdl_max_rows`` come from the manifest, not today's table.
+
+    The skinny GEMMs always launch as programmatic dependents, as their rows were measured. That flag is
+    process-wide and only ever turned on: an engine loaded later (another model, ``--pdl off``, a model with no
+    entries) must not change how an earlier engine's kernels launch when its buckets are captured (session 26 saw
+    exactly that: BERT-base 1×128 at 0.406 ms, its skinny GEMMs captured without PDL after a ``--pdl off`` build)."""
     skinny, attn = tables_for(capability, dims)
     use_pdl = bool(skinny) and pdl
     skinny_gemm.SKINNY_BEST.update(skinny)
-    skinny_gemm.SKINNY_PDL = use_pdl
+    if skinny:
+        skinny_gemm.SKINNY_PDL = True
     encoder_attention.ATTN_BEST.update(attn)
     encoder_attention.ATTN_SHAPES_ONLY = True
     info: dict[str, Any] = {"skinny_gemm_shapes": len(skinny), "attention_shapes": len(attn), "pdl": use_pdl}
