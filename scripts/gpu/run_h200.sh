@@ -152,8 +152,8 @@
 #   s29d:   the e5-shaped intent server (6 workers, shared engine, delay 0) at c=32/40 with e5's skinny rows + attention
 #           against library kernels (s28g again), then tests/gpu/test_gpu_kernels_gpu.py
 #   s29c:   e5-shaped engine with its new skinny GEMM rows (s29a) + attention vs library kernels, two rounds
-#   s29b:   the persistent TMA GEMM (wide_gemm_sweep.py) against cuBLAS at 4,096 / 16,384 rows: BERT-base's four
-#           products, then e5-small's (the (32,128) goal: can the K = 768 GEMMs get closer to peak?)
+#   s29b:   (ran in session 26; the kernel and its sweep were then removed: commit d2f0e53 has them) the persistent TMA
+#           GEMM (wide_gemm_sweep.py) against cuBLAS at 4,096 / 16,384 rows, BERT-base's and e5-small's products
 #   s29a:   e5-small's GEMMs: encoder_gemm_sweep.py at 384 / 1536 (16 and 128 rows), then
 #           pdl_probe.py's 48-GEMM chain at those widths with the sweep's configurations (cuBLAS / skinny / + PDL)
 #   s28g:   the e5-shaped intent server (6 workers, shared engine, delay 0) at c=32/40: miaohui's attention kernel
@@ -734,11 +734,6 @@ case $stage in
     timeout 150 python3 -X faulthandler -m pytest -q tests/gpu/test_gpu_kernels_gpu.py -p no:cacheprovider -rA -s \
       > "$OUT/gpu_tests_gpu_kernels_h200_s29d.txt" 2>&1
     grep -E "passed|failed|PASSED|FAILED|Error|assert|engine vs" "$OUT/gpu_tests_gpu_kernels_h200_s29d.txt" | tail -16
-    ;;
-  s29b)
-    timeout 420 python3 scripts/gpu/wide_gemm_sweep.py --out "$OUT/wgemm" 2>&1 | grep -E "layer_us|Error|^\{" | tail -12
-    timeout 150 python3 scripts/gpu/wide_gemm_sweep.py --hidden 384 --inter 1536 --rows 4096 --out "$OUT/wgemm_e5" \
-      2>&1 | grep -E "layer_us|Error|^\{" | tail -6
     ;;
   s29a)
     timeout 300 python3 scripts/gpu/encoder_gemm_sweep.py --hidden 384 --inter 1536 --rows 16,128 --out "$OUT/e5gemm" \
