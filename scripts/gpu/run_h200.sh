@@ -250,6 +250,21 @@ gen_ab() {  # TAG OPTION "V1 V2 ..." FLAGS...: the async 1.5B server (staggered,
   done
   rm -f "$OUT"/${tag}_*/*.png "$OUT/nvidia-smi.txt"
 }
+# The e5-shaped intent server (6 workers, shared engine, queue delay 0) at c=32/40, built with miaohui's kernels and
+# then with library kernels, one after the other: gpu_server_w6_e5shape_shared_delay0_{triton,library}_$1.json
+server_kernels_ab() {
+  python3 scripts/gpu/e5_shape_model.py var/models/intent-e5-shape | tail -1
+  for k in triton library; do
+    rm -rf /tmp/gpurepo
+    GPU_KERNELS=$k MODEL=var/models/intent-e5-shape INDUCTOR_FORMAT=exported-program \
+      python3 scripts/gpu/build_intent_gpu.py /tmp/gpurepo 0 1 0 2>&1 | tail -1
+    python3 -c "import json; print(json.load(open('/tmp/gpurepo/intent/1/manifest.json'))['extra']['gpu_kernels'])"
+    SHARED=1 TAG="_e5shape_shared_delay0_${k}_$1" WORKERS=6 LEVELS=32,40 \
+      timeout 130 bash scripts/gpu/serve_workers.sh "$OUT" 2>&1 | grep -E "ready after|c=|exit" | tail -5
+  done
+  rm -f "$OUT"/*.png "$OUT"/serve_w*.log
+}
+
 case $stage in
   stage1)
     timeout 150 python3 -X faulthandler scripts/gpu/diag_inductor.py 2>&1 | grep -E "diag|Error|error|Fatal|File" | tail -30
@@ -721,16 +736,7 @@ case $stage in
       --out "$OUT/gpu_encoder_e5shape_s29c.json" 2>&1 | grep -E "entries|engine|FAIL|Error" | grep -v "e2e\|·" | tail -40
     ;;
   s29d)
-    python3 scripts/gpu/e5_shape_model.py var/models/intent-e5-shape | tail -1
-    for k in triton library; do
-      rm -rf /tmp/gpurepo
-      GPU_KERNELS=$k MODEL=var/models/intent-e5-shape INDUCTOR_FORMAT=exported-program \
-        python3 scripts/gpu/build_intent_gpu.py /tmp/gpurepo 0 1 0 2>&1 | tail -1
-      python3 -c "import json; print(json.load(open('/tmp/gpurepo/intent/1/manifest.json'))['extra']['gpu_kernels'])"
-      SHARED=1 TAG="_e5shape_shared_delay0_${k}_s29d" WORKERS=6 LEVELS=32,40 \
-        timeout 130 bash scripts/gpu/serve_workers.sh "$OUT" 2>&1 | grep -E "ready after|c=|exit" | tail -5
-    done
-    rm -f "$OUT"/*.png "$OUT"/serve_w*.log
+    server_kernels_ab s29d
     timeout 150 python3 -X faulthandler -m pytest -q tests/gpu/test_gpu_kernels_gpu.py -p no:cacheprovider -rA -s \
       > "$OUT/gpu_tests_gpu_kernels_h200_s29d.txt" 2>&1
     grep -E "passed|failed|PASSED|FAILED|Error|assert|engine vs" "$OUT/gpu_tests_gpu_kernels_h200_s29d.txt" | tail -16
@@ -742,16 +748,7 @@ case $stage in
       --sweep "$OUT/e5gemm/encoder_gemm_sweep.json" --out "$OUT/e5pdl" 2>&1 | tail -8
     ;;
   s28g)
-    python3 scripts/gpu/e5_shape_model.py var/models/intent-e5-shape | tail -1
-    for k in triton library; do
-      rm -rf /tmp/gpurepo
-      GPU_KERNELS=$k MODEL=var/models/intent-e5-shape INDUCTOR_FORMAT=exported-program \
-        python3 scripts/gpu/build_intent_gpu.py /tmp/gpurepo 0 1 0 2>&1 | tail -1
-      python3 -c "import json; print(json.load(open('/tmp/gpurepo/intent/1/manifest.json'))['extra']['gpu_kernels'])"
-      SHARED=1 TAG="_e5shape_shared_delay0_${k}_s28g" WORKERS=6 LEVELS=32,40 \
-        timeout 130 bash scripts/gpu/serve_workers.sh "$OUT" 2>&1 | grep -E "ready after|c=|exit" | tail -5
-    done
-    rm -f "$OUT"/*.png "$OUT"/serve_w*.log
+    server_kernels_ab s28g
     ;;
   s28f)
     grid=$(python3 -c "print(','.join(f'{b}x{s}' for b in (1,2,4,8,16,32,64,128,256) for s in (8,16,32,48,64)))")
