@@ -302,30 +302,26 @@ def use_gpu_kernels(module: torch.nn.Module, choice: str, precision: str = "fp16
 
 
 def gpu_kernels_at_load(extra: dict[str, Any]) -> dict[str, Any]:
-    """An artifact built with ``gpu_kernels triton``: load the same tables into the ops before its program runs,
-    with PDL as the build had it. Returns the manifest's record (:func:`program_pdl` reads it)."""
+    """An artifact built with ``gpu_kernels triton``: load the same tables into the ops before its program runs.
+    Returns the manifest's record, from which :func:`program_pdl` compiles each program with PDL as the build did."""
     info: dict[str, Any] = extra.get("gpu_kernels") or {}
     if info.get("mode") != "triton":
         return info
     from miaohui.models import kernel_tables  # imports Triton: not on the load path of other artifacts
 
     hidden, intermediate, heads = (int(v) for v in info["dims"])
-    limit = info.get("pdl_max_rows")
-    kernel_tables.apply(
-        kernel_tables.device_capability(), (hidden, intermediate, heads), bool(info.get("pdl", True)),
-        None if limit is None else int(limit),
-    )  # fmt: skip
+    kernel_tables.apply(kernel_tables.device_capability(), (hidden, intermediate, heads))
     return info
 
 
 def program_pdl(kernels: dict[str, Any], rows: int | None) -> bool:
-    """Whether a program (``rows`` None: the dynamic-shape one; else a static one of that many rows) is compiled with
-    Inductor's PDL, by the manifest's ``gpu_kernels`` record (``kernel_tables.pdl_for``)."""
-    if kernels.get("mode") != "triton":
+    """Whether a program is compiled with Inductor's PDL, by the manifest's ``gpu_kernels`` record (what
+    ``kernel_tables.apply`` returned at build): the dynamic-shape one (``rows`` None) whenever PDL is on, a static one
+    of ``rows`` rows only up to ``pdl_max_rows``."""
+    if kernels.get("mode") != "triton" or not kernels.get("pdl"):
         return False
-    from miaohui.models import kernel_tables
-
-    return kernel_tables.pdl_for(kernels, rows)
+    limit = kernels.get("pdl_max_rows")
+    return rows is None or limit is None or rows <= int(limit)
 
 
 def load_package(package: Path, single_threaded: bool) -> Any:

@@ -157,8 +157,8 @@ def apply(
 ) -> dict[str, Any]:
     """Load this GPU's entries for this model into the ops (the attention kernel for the table's shapes only).
     Returns what the manifest records: how many shapes each op runs in Triton, and whether Inductor's kernels use PDL
-    (``pdl``, ``BuildConfig.pdl``) and in static programs of up to how many rows (:func:`pdl_for`). At load, ``pdl``
-    and ``pdl_max_rows`` come from the manifest, not today's table.
+    (``pdl``, ``BuildConfig.pdl``) and in static programs of up to how many rows (``inductor.program_pdl`` reads it;
+    at load the manifest's record decides, not today's table).
 
     The skinny GEMMs always launch as programmatic dependents, as their rows were measured. That flag is
     process-wide and only ever turned on: an engine loaded later (another model, ``--pdl off``, a model with no
@@ -180,15 +180,6 @@ def apply(
 def pdl_max_rows(capability: tuple[int, int] | None) -> int | None:
     """This GPU's :data:`PDL_MAX_ROWS_H200` (None: no limit, or no table)."""
     return PDL_MAX_ROWS_H200 if capability == (9, 0) else None
-
-
-def pdl_for(info: dict[str, Any], rows: int | None) -> bool:
-    """Whether a program is compiled with PDL, by what ``apply`` recorded: the dynamic-shape program (``rows`` None)
-    whenever PDL is on, a static one only up to ``pdl_max_rows`` rows."""
-    if not info.get("pdl"):
-        return False
-    limit = info.get("pdl_max_rows")
-    return rows is None or limit is None or rows <= int(limit)
 
 
 def device_capability() -> tuple[int, int] | None:
