@@ -49,9 +49,11 @@ ENGINE_VARIANTS = (
     "engine_fp16_static",
     "engine_fp16_nopdl",
     "engine_fp16_static_nopdl",
+    "engine_fp16_noln",
+    "engine_fp16_static_noln",
 )
 """miaohui's engine as built by ``miaohui build``: precision, ``--gpu-kernels library``, ``--static-shapes`` (the
-benchmark's shapes), ``--pdl off``."""
+benchmark's shapes), ``--pdl off``, ``--ln-fusion off``."""
 
 PEAK_TFLOPS = 790.0  # measured bf16 dense matrix rate of the H200 here (shared/GPU.md)
 
@@ -190,6 +192,7 @@ def run_model(name: str, ckpt: Path, args: argparse.Namespace, repo: Path, resul
         kernels = "library" if variant.endswith("_library") else "triton"  # gpu_kernels: the A/B of the same build
         static = ",".join(f"{b}x{s}" for b, s in shapes) if "_static" in variant else ""  # static_shapes
         pdl = "off" if variant.endswith("_nopdl") else "auto"
+        ln_fusion = "off" if variant.endswith("_noln") else "auto"
         t0 = time.perf_counter()
         prof = f"input_ids:1x1,{min(32, max_b)}x{min(128, max_s)},{max_b}x{max_s}"
         bcfg = BuildConfig(
@@ -201,6 +204,7 @@ def run_model(name: str, ckpt: Path, args: argparse.Namespace, repo: Path, resul
             gpu_kernels=kernels,
             static_shapes=static,  # type: ignore[arg-type]
             pdl=pdl,  # type: ignore[arg-type]
+            ln_fusion=ln_fusion,  # type: ignore[arg-type]
         )
         try:
             out = build_artifact(
@@ -208,7 +212,8 @@ def run_model(name: str, ckpt: Path, args: argparse.Namespace, repo: Path, resul
                 f"{name}-{prec}"
                 + ("-library" if kernels == "library" else "")
                 + ("-static" if static else "")
-                + ("-nopdl" if pdl == "off" else ""),
+                + ("-nopdl" if pdl == "off" else "")
+                + ("-noln" if ln_fusion == "off" else ""),
                 bcfg,
                 repo,
                 log=lambda m: print("  ·", m, flush=True),

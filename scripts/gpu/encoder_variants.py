@@ -21,10 +21,10 @@
   QKV output (:mod:`miaohui.models.encoder_attention`) instead of the permutes, cuDNN's kernel and its memsets;
 * ``static_skinny_pdl_attn``: both of the last two (what the prepared pieces give together at 1×16 / 1×128);
   ``dynamic_skinny_pdl_attn``: the same compiled with dynamic shapes (as the engine compiles its program);
-* ``static_skinny_ln``: ``static_skinny`` with the attention-output and FFN-output projections, their residual add and
-  LayerNorm as one kernel each (:mod:`miaohui.models.skinny_ln`, its own table of 16-row tiles): 36 fewer kernels
-  per call (24 LayerNorms, 12 split-K reduces) at 1×16 / 1×128; ``static_skinny_ln_pdl_attn``: with PDL and the
-  Triton attention too.
+* ``static_skinny_ln``: ``static_skinny`` with each inner LayerNorm folded into the GEMMs around it
+  (:mod:`miaohui.models.skinny_ln`: the residual in the first's epilogue, the LayerNorm in the second's prologue): 23
+  fewer kernels per call where the skinny table has the rows; ``static_skinny_ln_pdl_attn``: with PDL and the
+  Triton attention too (the engine's kernels with ``ln_fusion``).
 
 Each variant: a CUDA graph of one call, CUDA events, median/p99 of ``--iters`` replays; relative error against fp32
 eager; the graph's kernel table (kernels per call, top kernels). Then a "floor": each of a layer's four GEMMs and
@@ -51,7 +51,7 @@ import torch
 import torch._inductor.config
 import torch.nn.functional as F
 
-from miaohui.models import encoder_attention, fast_bert, skinny_gemm, skinny_ln
+from miaohui.models import encoder_attention, fast_bert, skinny_gemm
 from miaohui.models.intent import IntentClassifier, random_bert
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
@@ -69,8 +69,8 @@ PARTS: dict[str, set[str]] = {
     "static_triton_attn": {"fused_gelu", "triton_attention"},
     "static_skinny_pdl_attn": {"fused_gelu", "skinny", "pdl", "triton_attention"},
     "dynamic_skinny_pdl_attn": {"fused_gelu", "skinny", "pdl", "triton_attention"},
-    "static_skinny_ln": {"fused_gelu", "skinny", "skinny_ln"},
-    "static_skinny_ln_pdl_attn": {"fused_gelu", "skinny", "skinny_ln", "pdl", "triton_attention"},
+    "static_skinny_ln": {"fused_gelu", "skinny", "ln_fusion"},
+    "static_skinny_ln_pdl_attn": {"fused_gelu", "skinny", "ln_fusion", "pdl", "triton_attention"},
 }
 """Variant → the model's switches (``fast_bert.use_*``) and PDL for the skinny kernels and Inductor's."""
 
@@ -189,10 +189,10 @@ def main() -> None:
             parts = PARTS[variant]
             fast_bert.use_fused_gelu(model, "fused_gelu" in parts)
             fast_bert.use_skinny(model, "skinny" in parts)
-            fast_bert.use_skinny_ln(model, "skinny_ln" in parts)
+            fast_bert.use_ln_fusion(model, "ln_fusion" in parts)
             fast_bert.use_triton_attention(model, "triton_attention" in parts)
             pdl = "pdl" in parts
-            skinny_gemm.SKINNY_PDL = skinny_ln.SKINNY_LN_PDL = pdl
+            skinny_gemm.SKINNY_PDL = pdl
             mode = "max-autotune-no-cudagraphs" if variant == "static_autotune" else None
             compiled = torch.compile(model, dynamic=variant.startswith("dynamic"), fullgraph=True, mode=mode)
             fn: Callable[..., torch.Tensor] = compiled
@@ -232,9 +232,9 @@ def main() -> None:
                     print(f"    {k['per_call']:5.1f}x {k['us_per_call']:8.2f} us  {k['kernel']}", flush=True)
     fast_bert.use_fused_gelu(model, False)
     fast_bert.use_skinny(model, False)
-    fast_bert.use_skinny_ln(model, False)
+    fast_bert.use_ln_fusion(model, False)
     fast_bert.use_triton_attention(model, False)
-    skinny_gemm.SKINNY_PDL = skinny_ln.SKINNY_LN_PDL = False
+    skinny_gemm.SKINNY_PDL = False
     with torch.inference_mode():
         report["floor"] = {f"{b}x{s}": floor(h, inter, heads, layers, b, s, dtype, cuda) for b, s in shapes}
     print("floor:", json.dumps(report["floor"]), flush=True)

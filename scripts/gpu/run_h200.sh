@@ -144,6 +144,9 @@
 #   s27c:   tests/gpu/test_inductor_gpu.py (exported-program format) after the gpu_kernels change, then s27b's test
 #           again (the tables now per model; 128x128 attention left out)
 #   s27d:   the engine with / without miaohui's kernels at 1x128 and 128x128 (the tables of s27c)
+#   s30a:   the LayerNorm folded into the skinny GEMMs (models/skinny_ln.py): tests/gpu/test_encoder_kernels_gpu.py, then
+#           BERT-base with and without it (--ln-fusion off), dynamic and static, two rounds
+#   s30b:   tests/gpu/test_gpu_kernels_gpu.py (the engine with ln_fusion), then the e5-shaped model with and without it
 #   s29f:   BERT-base with PDL_MAX_ROWS_H200 = 128 (static programs above 128 rows without Inductor's PDL) and the
 #           skinny GEMMs' PDL never reset by a later load: dynamic / static / library at the five shapes, two rounds
 #   s29e:   PDL on/off (--pdl off), dynamic and static programs: BERT-base at the five shapes (two rounds), then
@@ -713,6 +716,24 @@ case $stage in
     grep -E "passed|failed|PASSED|FAILED|Error|assert" "$OUT/gpu_tests_inductor_h200_s27c.txt" | tail -16
     timeout 190 python3 -m pytest -q tests/gpu/test_gpu_kernels_gpu.py -p no:cacheprovider -rA -s 2>&1 \
       | grep -E "passed|failed|PASSED|FAILED|Error|assert|engine vs fp32" | tail -12 | tee "$OUT/gpu_tests_gpu_kernels_h200_s27c.txt"
+    ;;
+  s30a)
+    timeout 150 python3 -X faulthandler -m pytest -q tests/gpu/test_encoder_kernels_gpu.py -p no:cacheprovider -rA \
+      > "$OUT/gpu_tests_encoder_kernels_h200_s30a.txt" 2>&1
+    grep -E "passed|failed|FAILED|Error|assert" "$OUT/gpu_tests_encoder_kernels_h200_s30a.txt" | tail -12
+    timeout 400 python3 benchmarks/bench_gpu_encoder.py --models bert-base --no-autotune --inductor-format exported-program \
+      --shapes 1x16,1x128,8x64,32x128 --rounds 2 \
+      --variants engine_fp16,engine_fp16_noln,engine_fp16_static,engine_fp16_static_noln \
+      --out "$OUT/gpu_encoder_bert_ln_s30a.json" 2>&1 | grep -E "^bert" | grep -v "e2e\|copies" | tail -40
+    ;;
+  s30b)
+    timeout 240 python3 -X faulthandler -m pytest -q tests/gpu/test_gpu_kernels_gpu.py -p no:cacheprovider -rA -s \
+      > "$OUT/gpu_tests_gpu_kernels_h200_s30b.txt" 2>&1
+    grep -E "passed|failed|FAILED|Error|assert|engine vs" "$OUT/gpu_tests_gpu_kernels_h200_s30b.txt" | tail -16
+    python3 scripts/gpu/e5_shape_model.py var/models/intent-e5-shape | tail -1
+    timeout 200 python3 benchmarks/bench_gpu_encoder.py --models e5-shape --no-autotune --inductor-format exported-program \
+      --shapes 1x16,1x128,8x64,32x128 --rounds 2 --variants engine_fp16,engine_fp16_noln \
+      --out "$OUT/gpu_encoder_e5shape_ln_s30b.json" 2>&1 | grep -E "^e5-shape" | grep -v "e2e\|copies" | tail -20
     ;;
   s29f)
     timeout 330 python3 benchmarks/bench_gpu_encoder.py --models bert-base --no-autotune --inductor-format exported-program \

@@ -159,6 +159,9 @@ def build(
     pdl: Annotated[
         str, typer.Option(help="inductor, gpu-kernels triton: PDL for Inductor's kernels, auto | off")
     ] = "auto",
+    ln_fusion: Annotated[
+        str, typer.Option(help="inductor, gpu-kernels triton: LayerNorms folded into the GEMMs, auto | off")
+    ] = "auto",
     repository: RepoOpt = None,
     force: Annotated[bool, typer.Option(help="Rebuild even if the build key is cached.")] = False,
 ) -> None:
@@ -190,6 +193,7 @@ def build(
             gpu_kernels=gpu_kernels,
             static_shapes=static_shapes,
             pdl=pdl,
+            ln_fusion=ln_fusion,
         )
         texts = _calibration_texts(calib_data) if precision == "int8" else []
         outcome = build_artifact(

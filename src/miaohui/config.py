@@ -182,6 +182,12 @@ class BuildConfig(Frozen):
     ``pdl_max_rows`` rows (:mod:`miaohui.models.kernel_tables`; larger ones measured faster without); ``off``: in no
     program (an A/B). The skinny GEMMs themselves always launch as programmatic dependents, as they were measured."""
 
+    ln_fusion: Literal["auto", "off"] = "auto"
+    """inductor, ``gpu_kernels triton``: ``auto`` folds each LayerNorm inside the encoder into the GEMMs around it
+    (``miaohui::proj_ln_proj``: the residual in the first GEMM's epilogue, the LayerNorm in the next one's prologue)
+    where the GPU's table has skinny GEMMs; it runs fused at the table's rows (two kernels instead of three) and as
+    before elsewhere. ``off``: the LayerNorm stays Inductor's kernel (an A/B)."""
+
     static_shapes: tuple[tuple[int, int], ...] = ()
     """inductor: (batch, sequence) buckets that get a program of their own, compiled for exactly that shape
     (static sizes in every kernel), next to the dynamic-shape program every other bucket runs. Each must be a
@@ -242,6 +248,11 @@ class BuildConfig(Frozen):
                 f"pdl {self.pdl} with backend {self.backend}",
                 "programmatic dependent launch is an inductor (GPU) choice: drop --pdl or use --backend inductor",
             )
+        if self.backend != "inductor" and self.ln_fusion != "auto":
+            raise ConfigError(
+                f"ln_fusion {self.ln_fusion} with backend {self.backend}",
+                "LayerNorm fusion is an inductor (GPU) choice: drop --ln-fusion or use --backend inductor",
+            )
         if self.backend != "inductor" and self.static_shapes:
             raise ConfigError(
                 f"static_shapes with backend {self.backend}",
@@ -283,6 +294,8 @@ class BuildConfig(Frozen):
             fields.pop("static_shapes")
         if self.pdl == "auto":  # likewise
             fields.pop("pdl")
+        if self.ln_fusion == "auto":  # likewise
+            fields.pop("ln_fusion")
         if self.backend != "inductor":
             fields.pop("autotune")
             fields.pop("inductor_format")

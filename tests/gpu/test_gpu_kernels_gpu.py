@@ -75,6 +75,7 @@ def test_manifest_says_which_kernels(engines: dict[str, InductorEngine]) -> None
         "attention_shapes": 5,
         "pdl": True,
         "pdl_max_rows": 128,
+        "ln_fusion": True,
     }
     assert read_manifest(engines["library"].path).extra["gpu_kernels"] == {"mode": "library"}
 
@@ -99,6 +100,8 @@ def test_triton_engine_matches_the_library_engine(
     # the bucket's shape decides: the table's shapes run miaohui's kernels, the others cuBLAS / SDPA
     assert any("_encoder_kernel" in n for n in names) == in_table
     assert any("_skinny_kernel" in n for n in names) == (b * s in (16, 128))
+    # ln_fusion: the inner LayerNorms are in the skinny GEMMs at the table's rows, one add + LayerNorm kernel elsewhere
+    assert any("_add_ln_kernel" in n for n in names) == (b * s not in (16, 128))
     assert not any("_encoder_kernel" in n or "_skinny_kernel" in n for n in _kernel_names(engines["library"], feeds))
 
 

@@ -44,7 +44,14 @@ from miaohui.engines.onnxruntime import io_specs
 from miaohui.engines.target import cpu_target, cuda_target
 from miaohui.errors import BuildError
 from miaohui.models.checkpoint import load_checkpoint
-from miaohui.models.fast_bert import from_module, save_fast, use_fused_gelu, use_skinny, use_triton_attention
+from miaohui.models.fast_bert import (
+    from_module,
+    save_fast,
+    use_fused_gelu,
+    use_ln_fusion,
+    use_skinny,
+    use_triton_attention,
+)
 
 AOTI_FILE = "model.pt2"
 """The AOTInductor package (preferred format)."""
@@ -84,7 +91,11 @@ def build(ctx: BuildContext) -> BuiltEngine:
     module = from_module(load_checkpoint(ctx.model.path, attn_implementation="sdpa").module)
     use_fused_gelu(module, device == "cuda")  # cuBLASLt's GEMM+bias+GELU epilogue (tanh GELU); CPU keeps erf GELU
     kernels = use_gpu_kernels(
-        module, ctx.cfg.gpu_kernels if device == "cuda" else "library", ctx.cfg.precision, ctx.cfg.pdl != "off"
+        module,
+        ctx.cfg.gpu_kernels if device == "cuda" else "library",
+        ctx.cfg.precision,
+        ctx.cfg.pdl != "off",
+        ctx.cfg.ln_fusion != "off",
     )
     if kernels["mode"] == "triton":
         ctx.log(f"miaohui's Triton kernels where measured faster on this GPU: {kernels}")
@@ -278,10 +289,12 @@ def static_view(module: torch.nn.Module) -> torch.nn.Module:
     return torch.fx.GraphModule(module, module.graph)
 
 
-def use_gpu_kernels(module: torch.nn.Module, choice: str, precision: str = "fp16", pdl: bool = True) -> dict[str, Any]:
+def use_gpu_kernels(
+    module: torch.nn.Module, choice: str, precision: str = "fp16", pdl: bool = True, ln_fusion: bool = True
+) -> dict[str, Any]:
     """``gpu_kernels``: with ``triton``, fp16 and entries for this model on this GPU
     (:mod:`miaohui.models.kernel_tables`), switch FastBert's layers to the custom ops and load the entries; returns
-    what the manifest records. ``pdl`` False: ``BuildConfig.pdl`` off."""
+    what the manifest records. ``pdl`` / ``ln_fusion`` False: ``BuildConfig.pdl`` / ``ln_fusion`` off."""
     if choice != "triton":
         return {"mode": "library"}
     from miaohui.models import kernel_tables  # imports Triton (~0.3 s): only when the kernels are asked for
@@ -298,6 +311,8 @@ def use_gpu_kernels(module: torch.nn.Module, choice: str, precision: str = "fp16
         return {"mode": "library", "reason": reason}
     use_skinny(module, info["skinny_gemm_shapes"] > 0)
     use_triton_attention(module, info["attention_shapes"] > 0)
+    info["ln_fusion"] = ln_fusion and info["skinny_gemm_shapes"] > 0
+    use_ln_fusion(module, info["ln_fusion"])
     return {"mode": "triton", "capability": ".".join(map(str, capability or ())), "dims": list(dims), **info}
 
 

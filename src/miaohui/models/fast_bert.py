@@ -46,12 +46,13 @@ class FastBertLayer(nn.Module):
     :func:`use_triton_attention`: by the ``inductor`` build with ``gpu_kernels triton`` where the GPU has measured
     entries (:mod:`miaohui.models.kernel_tables`), and by ``scripts/gpu/encoder_variants.py``'s ``*_attn`` variants."""
 
-    skinny_ln: bool = False
-    """The two projections a LayerNorm reads (attention output, FFN output) through ``miaohui::skinny_linear_ln``
-    (:mod:`miaohui.models.skinny_ln`: GEMM + bias + residual + LayerNorm as one Triton kernel where its table has the
-    product's rows, the three ops elsewhere). Set by :func:`use_skinny_ln`; only ``scripts/gpu/encoder_variants.py``'s
-    ``static_skinny_ln*`` variants turn it on. Measured slower on the H200 (1×128 0.617 vs 0.456 ms without it,
-    ``encoder_variants_h200_s26b.json``), so not in the engine."""
+    ln_fusion: bool = False
+    """Each LayerNorm inside the stack and the GEMMs on either side of it as ``miaohui::proj_ln_proj``
+    (:mod:`miaohui.models.skinny_ln`: the residual in the first GEMM's epilogue, the LayerNorm in the second's prologue
+    where the skinny table has both products at the rows; the same three kernels as without it elsewhere). It spans
+    layers (the FFN output, LayerNorm, the next layer's QKV), so :class:`FastBert` reads it from its first layer. Set
+    by :func:`use_ln_fusion`: by the ``inductor`` build with ``gpu_kernels triton`` and ``ln_fusion auto`` where the
+    GPU has skinny entries."""
 
     def __init__(self, hidden: int, heads: int, intermediate: int, eps: float) -> None:
         super().__init__()
@@ -64,23 +65,21 @@ class FastBertLayer(nn.Module):
         self.ln2 = nn.LayerNorm(hidden, eps=eps)
 
     def forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        b, s, h = x.shape
+        x = self._proj_ln(self.attn_out, self.attention(self._proj(self.qkv, x), bias), x, self.ln1)
+        return self._proj_ln(self.ffn_out, self._proj(self.ffn_in, x, gelu=True), x, self.ln2)
+
+    def attention(self, qkv: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        """Multi-head attention over the QKV projection's output [B, S, 3H] → [B, S, H]."""
+        b, s, h3 = qkv.shape
         if self.triton_attention:
             from miaohui.models.encoder_attention import encoder_attention_op  # Triton is imported only when asked for
 
-            a = encoder_attention_op(self._proj(self.qkv, x), bias, self.heads)  # [B, S, H]
-        else:
-            q, k, v = self._proj(self.qkv, x).view(b, s, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
-            a = F.scaled_dot_product_attention(q, k, v, attn_mask=bias).transpose(1, 2).reshape(b, s, h)
-        x = self._proj_ln(self.attn_out, a, x, self.ln1)
-        return self._proj_ln(self.ffn_out, self._proj(self.ffn_in, x, gelu=True), x, self.ln2)
+            return encoder_attention_op(qkv, bias, self.heads)
+        q, k, v = qkv.view(b, s, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias).transpose(1, 2).reshape(b, s, h3 // 3)
 
     def _proj_ln(self, lin: nn.Linear, h: torch.Tensor, residual: torch.Tensor, ln: nn.LayerNorm) -> torch.Tensor:
-        """``ln(residual + lin(h))``: one kernel with ``skinny_ln``, else the projection, the add and the LayerNorm."""
-        if self.skinny_ln:
-            from miaohui.models.skinny_ln import skinny_ln_op  # Triton is imported only when asked for
-
-            return skinny_ln_op(h, lin.weight, lin.bias, residual, ln.weight, ln.bias, ln.eps)
+        """``ln(residual + lin(h))``."""
         return ln(residual + self._proj(lin, h))
 
     def _proj(self, lin: nn.Linear, x: torch.Tensor, gelu: bool = False) -> torch.Tensor:
@@ -125,9 +124,30 @@ class FastBert(nn.Module):
         x = self.word(input_ids) + self.position.weight[:s] + self.token_type.weight[0]
         x = self.ln(x)
         bias = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * MASK_BIAS
+        if self.layers[0].ln_fusion:
+            return _fused_stack(self.layers, x, bias)  # type: ignore[arg-type]
         for layer in self.layers:
             x = layer(x, bias)
         return x
+
+
+def _fused_stack(layers: list[FastBertLayer], h: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """The layers with each inner LayerNorm and the GEMMs around it as one ``miaohui::proj_ln_proj``: attention output
+    → LayerNorm → FFN in, and FFN output → LayerNorm → the next layer's QKV; the last LayerNorm stays as it was."""
+    from miaohui.models.skinny_ln import proj_ln_proj  # Triton is imported only when asked for
+
+    qkv = layers[0]._proj(layers[0].qkv, h)
+    for i, layer in enumerate(layers):
+        a = layer.attention(qkv, bias)
+        lo, li = layer.attn_out, layer.ffn_in
+        f, h = proj_ln_proj(a, lo.weight, lo.bias, h, layer.ln1.weight, layer.ln1.bias, layer.ln1.eps, li.weight,
+                            li.bias, True)  # fmt: skip
+        if i + 1 == len(layers):
+            return layer._proj_ln(layer.ffn_out, f, h, layer.ln2)
+        fo, nq = layer.ffn_out, layers[i + 1].qkv
+        qkv, h = proj_ln_proj(f, fo.weight, fo.bias, h, layer.ln2.weight, layer.ln2.bias, layer.ln2.eps, nq.weight,
+                              nq.bias, False)  # fmt: skip
+    raise ValueError("FastBert without layers")
 
 
 def _embedding(n: int, dim: int, init: bool) -> nn.Embedding:
@@ -148,9 +168,9 @@ def use_skinny(module: nn.Module, on: bool = True) -> nn.Module:
     return _set_layer_flag(module, "skinny", on)
 
 
-def use_skinny_ln(module: nn.Module, on: bool = True) -> nn.Module:
-    """Switch every :class:`FastBertLayer` of ``module`` to ``miaohui::skinny_linear_ln`` (``skinny_ln``)."""
-    return _set_layer_flag(module, "skinny_ln", on)
+def use_ln_fusion(module: nn.Module, on: bool = True) -> nn.Module:
+    """Switch ``module``'s FastBert stacks to ``miaohui::proj_ln_proj`` around the inner LayerNorms (``ln_fusion``)."""
+    return _set_layer_flag(module, "ln_fusion", on)
 
 
 def use_triton_attention(module: nn.Module, on: bool = True) -> nn.Module:

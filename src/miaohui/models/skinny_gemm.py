@@ -61,29 +61,105 @@ if triton is not None:
         return acc
 
     @triton.jit
+    def _row_stats(x_ptr, rm, M, K, stride_xm, K_ITERS, BLOCK_M, BLOCK_K):  # no annotations: see above
+        """Mean and sum of squared deviations of rows ``rm`` of ``x`` over all K, in fp32: each BLOCK_K chunk's own
+        mean and squares, merged into the running ones (Chan et al.), as a LayerNorm needs them."""
+        mean = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        m2 = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        count = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        for it in range(K_ITERS):
+            rk = it * BLOCK_K + tl.arange(0, BLOCK_K)
+            kmask = rk < K
+            x = tl.load(
+                x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=(rm[:, None] < M) & kmask[None, :], other=0.0
+            ).to(tl.float32)
+            n_b = tl.sum(kmask.to(tl.float32), 0)
+            mean_b = tl.sum(x, 1) / n_b
+            d = tl.where(kmask[None, :], x - mean_b[:, None], 0.0)
+            delta = mean_b - mean
+            n = count + n_b
+            mean += delta * (n_b / n)
+            m2 += tl.sum(d * d, 1) + delta * delta * (count * n_b / n)
+            count = n
+        return mean, m2
+
+    @triton.jit
+    def _tile_product_ln(
+        x_ptr,
+        w_ptr,
+        g_ptr,
+        beta_ptr,
+        h_ptr,
+        mean,
+        rstd,
+        h_rows,
+        rm,
+        rn,
+        M,
+        N,
+        K,
+        stride_xm,
+        stride_wn,
+        stride_hm,
+        K_ITERS,
+        BLOCK_M,
+        BLOCK_N,
+        BLOCK_K,
+    ):  # no annotations: see above
+        """``LayerNorm(x)[rm] @ w[rn]ᵀ`` in fp32 over all of K: each tile of ``x`` normalized (``mean``, ``rstd``,
+        then ``g``, ``beta``) and rounded to x's dtype as it is loaded, as a LayerNorm kernel would have stored it;
+        rows below ``h_rows``: also stored to ``h`` (M for one column block's programs, 0 for the others)."""
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for it in range(K_ITERS):
+            rk = it * BLOCK_K + tl.arange(0, BLOCK_K)
+            kmask = rk < K
+            xmask = (rm[:, None] < M) & kmask[None, :]
+            x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=xmask, other=0.0).to(tl.float32)
+            g = tl.load(g_ptr + rk, mask=kmask, other=0.0).to(tl.float32)
+            bb = tl.load(beta_ptr + rk, mask=kmask, other=0.0).to(tl.float32)
+            h = ((x - mean[:, None]) * rstd[:, None] * g[None, :] + bb[None, :]).to(x_ptr.dtype.element_ty)
+            tl.store(h_ptr + rm[:, None] * stride_hm + rk[None, :], h, mask=(rm[:, None] < h_rows) & kmask[None, :])
+            w = tl.load(
+                w_ptr + rn[None, :] * stride_wn + rk[:, None], mask=(rn[None, :] < N) & kmask[:, None], other=0.0
+            )
+            acc += tl.dot(h, w)
+        return acc
+
+    @triton.jit
     def _skinny_kernel(
         x_ptr,
         w_ptr,
         b_ptr,
         out_ptr,
         ws_ptr,
+        r_ptr,
+        g_ptr,
+        beta_ptr,
+        h_ptr,
         M,
         N,
         K,
         stride_xm,
         stride_wn,
         stride_om,
+        stride_rm,
+        stride_hm,
+        eps,
         K_ITERS: tl.constexpr,
         SPLIT: tl.constexpr,
         HAS_BIAS: tl.constexpr,
         GELU: tl.constexpr,
+        RESIDUAL: tl.constexpr,
+        LN_IN: tl.constexpr,
         BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr,
         PDL: tl.constexpr,
     ) -> None:
-        """A [BLOCK_M, BLOCK_N] output tile over one of SPLIT slices of K; SPLIT 1 applies bias/GELU and stores,
-        otherwise fp32 partials go to ``ws`` [SPLIT, M, N] for :func:`_skinny_reduce`. ``PDL``: launched as a
+        """A [BLOCK_M, BLOCK_N] output tile over one of SPLIT slices of K; SPLIT 1 applies bias/residual/GELU and
+        stores, otherwise fp32 partials go to ``ws`` [SPLIT, M, N] for :func:`_skinny_reduce`. ``RESIDUAL``: adds
+        ``r`` [M, N]. ``LN_IN`` (SPLIT 1 only): the product is ``LayerNorm(x)`` (``g``, ``beta``, ``eps``) times
+        ``w``ᵀ, and the first column block's programs store ``LayerNorm(x)`` to ``h``. ``PDL``: launched as a
         programmatic dependent of the kernel before it (see :func:`skinny_linear`)."""
         if PDL:
             tl.extra.cuda.gdc_launch_dependents()  # the next kernel may launch now; it waits as this one does
@@ -93,13 +169,23 @@ if triton is not None:
         pid_k = tl.program_id(2)
         rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        acc = _tile_product(
-            x_ptr, w_ptr, rm, rn, pid_k, M, N, K, stride_xm, stride_wn, K_ITERS, BLOCK_M, BLOCK_N, BLOCK_K
-        )
+        if LN_IN:
+            mean, m2 = _row_stats(x_ptr, rm, M, K, stride_xm, K_ITERS, BLOCK_M, BLOCK_K)
+            rstd = 1.0 / tl.sqrt(m2 / K + eps)
+            acc = _tile_product_ln(
+                x_ptr, w_ptr, g_ptr, beta_ptr, h_ptr, mean, rstd, M * (pid_n == 0).to(tl.int32), rm, rn, M, N, K,
+                stride_xm, stride_wn, stride_hm, K_ITERS, BLOCK_M, BLOCK_N, BLOCK_K,
+            )  # fmt: skip
+        else:
+            acc = _tile_product(
+                x_ptr, w_ptr, rm, rn, pid_k, M, N, K, stride_xm, stride_wn, K_ITERS, BLOCK_M, BLOCK_N, BLOCK_K
+            )
         mask = (rm[:, None] < M) & (rn[None, :] < N)
         if SPLIT == 1:
             if HAS_BIAS:
                 acc += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+            if RESIDUAL:
+                acc += tl.load(r_ptr + rm[:, None] * stride_rm + rn[None, :], mask=mask, other=0.0).to(tl.float32)
             if GELU:
                 acc = _gelu_tanh(acc)
             tl.store(out_ptr + rm[:, None] * stride_om + rn[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
@@ -110,13 +196,16 @@ if triton is not None:
     def _skinny_reduce(
         ws_ptr,
         b_ptr,
+        r_ptr,
         out_ptr,
         M,
         N,
         stride_om,
+        stride_rm,
         SPLIT: tl.constexpr,
         HAS_BIAS: tl.constexpr,
         GELU: tl.constexpr,
+        RESIDUAL: tl.constexpr,
         BLOCK: tl.constexpr,
         PDL: tl.constexpr,
     ) -> None:
@@ -131,6 +220,8 @@ if triton is not None:
         col = offs % N
         if HAS_BIAS:
             acc += tl.load(b_ptr + col, mask=mask, other=0.0).to(tl.float32)
+        if RESIDUAL:
+            acc += tl.load(r_ptr + (offs // N) * stride_rm + col, mask=mask, other=0.0).to(tl.float32)
         if GELU:
             acc = _gelu_tanh(acc)
         tl.store(out_ptr + (offs // N) * stride_om + col, acc.to(out_ptr.dtype.element_ty), mask=mask)
@@ -143,15 +234,56 @@ def skinny_linear(
     config: SkinnyConfig,
     gelu: bool = False,
     pdl: bool = False,
+    residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``F.linear(x, w, bias)`` (then tanh GELU when ``gelu``) for ``x`` [..., K] and ``w`` [N, K] of one dtype, with
-    ``config`` (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT, num_warps); SPLIT > 1 adds a kernel that sums fp32 partials.
+    """``F.linear(x, w, bias)`` (plus ``residual`` [..., N] when given, then tanh GELU when ``gelu``) for ``x``
+    [..., K] and ``w`` [N, K] of one dtype, with ``config`` (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT, num_warps); SPLIT > 1
+    adds a kernel that sums fp32 partials (and adds bias and residual).
 
     ``pdl``: Hopper's programmatic dependent launch. The kernels are launched with
     ``CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`` and begin with ``griddepcontrol.launch_dependents`` then
     ``griddepcontrol.wait``: a kernel may be launched while the one before it still runs, and waits on the GPU for
     that one's writes, instead of launching after it has ended (a latency of each of the ~120 kernels of a 1×128
     BERT-base call; ``scripts/gpu/pdl_probe.py`` measures it)."""
+    out, _ = _launch(x, w, bias, config, gelu, pdl, residual, None)
+    return out
+
+
+def skinny_ln_linear(
+    x: torch.Tensor,
+    gamma: torch.Tensor,
+    beta: torch.Tensor,
+    eps: float,
+    w: torch.Tensor,
+    bias: torch.Tensor | None,
+    config: SkinnyConfig,
+    gelu: bool = False,
+    pdl: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``h = F.layer_norm(x, (K,), gamma, beta, eps)`` and ``F.linear(h, w, bias)`` (then tanh GELU) as one kernel:
+    each program reads its rows of ``x`` once for their mean and variance, then normalizes each tile as it loads it
+    for the product (rounded to x's dtype, as a LayerNorm kernel stores it); the first column block's programs also
+    store ``h``. Returns (output, h). ``config``'s SPLIT must be 1 (a LayerNorm needs whole rows)."""
+    if config[3] != 1:
+        raise ValueError(f"skinny_ln_linear: config {config} splits K; the LayerNorm in the prologue needs SPLIT 1")
+    k = x.shape[-1]
+    if gamma.shape != (k,) or beta.shape != (k,):
+        raise ValueError(f"skinny_ln_linear: gamma {tuple(gamma.shape)}, beta {tuple(beta.shape)}: need ({k},)")
+    out, h = _launch(x, w, bias, config, gelu, pdl, None, (gamma, beta, eps))
+    assert h is not None
+    return out, h
+
+
+def _launch(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    bias: torch.Tensor | None,
+    config: SkinnyConfig,
+    gelu: bool,
+    pdl: bool,
+    residual: torch.Tensor | None,
+    ln: tuple[torch.Tensor, torch.Tensor, float] | None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     if triton is None:
         raise RuntimeError("skinny_linear needs Triton (it comes with CUDA builds of torch)")
     if w.dim() != 2 or x.shape[-1] != w.shape[1] or x.dtype != w.dtype:
@@ -161,27 +293,41 @@ def skinny_linear(
         )
     block_m, block_n, block_k, split, warps = config
     lead = x.shape[:-1]
-    x2 = x.reshape(-1, x.shape[-1])
-    x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()
+    x2 = _rows(x)
     w = w if w.stride(-1) == 1 else w.contiguous()
     m, k = x2.shape
     n = w.shape[0]
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    r2 = out
+    if residual is not None:
+        if residual.shape != (*lead, n):
+            raise ValueError(f"skinny_linear: residual {tuple(residual.shape)}, need {(*lead, n)}")
+        r2 = _rows(residual)
+    g, beta, eps = ln if ln is not None else (w, w, 0.0)
+    h = torch.empty_like(x2) if ln is not None else None
     k_iters = triton.cdiv(triton.cdiv(k, split), block_k)
     ws = torch.empty((split, m, n), dtype=torch.float32, device=x.device) if split > 1 else out
     b = bias if bias is not None else w
-    flags = {"HAS_BIAS": bias is not None, "GELU": gelu}
+    flags = {"HAS_BIAS": bias is not None, "GELU": gelu, "RESIDUAL": residual is not None}
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n), split)
     _skinny_kernel[grid](
-        x2, w, b, out, ws, m, n, k, x2.stride(0), w.stride(0), out.stride(0),
-        K_ITERS=k_iters, SPLIT=split, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, PDL=pdl,
-        launch_pdl=pdl, **flags,
+        x2, w, b, out, ws, r2, g, beta, h if h is not None else x2, m, n, k, x2.stride(0), w.stride(0),
+        out.stride(0), r2.stride(0), x2.stride(0) if h is None else h.stride(0), eps,
+        K_ITERS=k_iters, SPLIT=split, LN_IN=ln is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        num_warps=warps, PDL=pdl, launch_pdl=pdl, **flags,
     )  # fmt: skip
     if split > 1:
         _skinny_reduce[(triton.cdiv(m * n, 1024),)](
-            ws, b, out, m, n, out.stride(0), SPLIT=split, BLOCK=1024, PDL=pdl, launch_pdl=pdl, **flags
-        )
-    return out.reshape(*lead, n)
+            ws, b, r2, out, m, n, out.stride(0), r2.stride(0), SPLIT=split, BLOCK=1024, PDL=pdl, launch_pdl=pdl,
+            **flags,
+        )  # fmt: skip
+    return out.reshape(*lead, n), None if h is None else h.reshape(x.shape)
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as [rows, last dim] with unit stride along the last dim."""
+    t2 = t.reshape(-1, t.shape[-1])
+    return t2 if t2.stride(-1) == 1 else t2.contiguous()
 
 
 SKINNY_BEST: dict[tuple[int, int, int], SkinnyConfig] = {}
