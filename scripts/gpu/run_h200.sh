@@ -146,6 +146,7 @@
 #   s27d:   the engine with / without miaohui's kernels at 1x128 and 128x128 (the tables of s27c)
 #   s30a:   the LayerNorm folded into the skinny GEMMs (models/skinny_ln.py): tests/gpu/test_encoder_kernels_gpu.py, then
 #           BERT-base with and without it (--ln-fusion off), dynamic and static, two rounds
+#   s30c:   s30a again with the row statistics from the kernel before (s30a's prologue read the rows twice: slower)
 #   s30b:   tests/gpu/test_gpu_kernels_gpu.py (the engine with ln_fusion), then the e5-shaped model with and without it
 #   s29f:   BERT-base with PDL_MAX_ROWS_H200 = 128 (static programs above 128 rows without Inductor's PDL) and the
 #           skinny GEMMs' PDL never reset by a later load: dynamic / static / library at the five shapes, two rounds
@@ -717,14 +718,14 @@ case $stage in
     timeout 190 python3 -m pytest -q tests/gpu/test_gpu_kernels_gpu.py -p no:cacheprovider -rA -s 2>&1 \
       | grep -E "passed|failed|PASSED|FAILED|Error|assert|engine vs fp32" | tail -12 | tee "$OUT/gpu_tests_gpu_kernels_h200_s27c.txt"
     ;;
-  s30a)
+  s30a|s30c)
     timeout 150 python3 -X faulthandler -m pytest -q tests/gpu/test_encoder_kernels_gpu.py -p no:cacheprovider -rA \
-      > "$OUT/gpu_tests_encoder_kernels_h200_s30a.txt" 2>&1
-    grep -E "passed|failed|FAILED|Error|assert" "$OUT/gpu_tests_encoder_kernels_h200_s30a.txt" | tail -12
+      > "$OUT/gpu_tests_encoder_kernels_h200_$stage.txt" 2>&1
+    grep -E "passed|failed|FAILED|Error|assert" "$OUT/gpu_tests_encoder_kernels_h200_$stage.txt" | tail -12
     timeout 400 python3 benchmarks/bench_gpu_encoder.py --models bert-base --no-autotune --inductor-format exported-program \
       --shapes 1x16,1x128,8x64,32x128 --rounds 2 \
       --variants engine_fp16,engine_fp16_noln,engine_fp16_static,engine_fp16_static_noln \
-      --out "$OUT/gpu_encoder_bert_ln_s30a.json" 2>&1 | grep -E "^bert" | grep -v "e2e\|copies" | tail -40
+      --out "$OUT/gpu_encoder_bert_ln_$stage.json" 2>&1 | grep -E "^bert.*median" | grep -v "e2e\|copies" | tail -40
     ;;
   s30b)
     timeout 240 python3 -X faulthandler -m pytest -q tests/gpu/test_gpu_kernels_gpu.py -p no:cacheprovider -rA -s \

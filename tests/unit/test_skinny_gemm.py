@@ -95,8 +95,8 @@ def test_kernels_compile_for_the_h200(gelu: bool, pdl: bool) -> None:
 
     tile = compile_for_h200(
         sk._skinny_kernel,
-        ["*fp16", "*fp16", "*fp16", "*fp16", "*fp32", *["*fp16"] * 4, *["i32"] * 8, "fp32"],
-        {"K_ITERS": 6, "SPLIT": 1, "HAS_BIAS": True, "GELU": gelu, "RESIDUAL": False, "LN_IN": False, "BLOCK_M": 16,
+        ["*fp16", "*fp16", "*fp16", "*fp16", "*fp32", *["*fp16"] * 4, "*fp32", *["i32"] * 8, "fp32", "i32"],
+        {"K_ITERS": 6, "SPLIT": 1, "HAS_BIAS": True, "GELU": gelu, "RESIDUAL": False, "STATS_OUT": False, "LN_IN": False, "PART_N": 1, "T_POW2": 2, "BLOCK_M": 16,
          "BLOCK_N": 32, "BLOCK_K": 128, "PDL": pdl},
     )  # fmt: skip
     reduce = compile_for_h200(

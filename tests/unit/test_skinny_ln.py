@@ -35,8 +35,8 @@ for m, hid, n2, cfg1, cfg2, gelu, dtype in cases:
     h_want = F.layer_norm(s_want, (hid,), g.float(), beta.float(), 1e-12)
     y_want = F.linear(h_want, w2.float(), b2.float())
     y_want = F.gelu(y_want, approximate="tanh") if gelu else y_want
-    s = sk.skinny_linear(x, w1, b1, cfg1, residual=r)
-    y, h = sk.skinny_ln_linear(s, g, beta, 1e-12, w2, b2, cfg2, gelu=gelu)
+    s, stats = sk.skinny_linear_stats(x, w1, b1, cfg1, residual=r)
+    y, h = sk.skinny_ln_linear(s, stats, g, beta, 1e-12, w2, b2, cfg2, gelu=gelu)
     tol = 2e-4 if dtype == torch.float32 else 2e-2
     for name, got, want in (("s", s, s_want), ("h", h, h_want), ("y", y, y_want)):
         assert got.dtype == dtype and got.shape == want.shape, (name, got.dtype, got.shape)
@@ -44,7 +44,8 @@ for m, hid, n2, cfg1, cfg2, gelu, dtype in cases:
         assert err < tol * max(1.0, float(want.abs().max())), (m, hid, cfg1, cfg2, dtype, name, err)
 # a row whose mean is far from zero (BERT's hidden states have such dimensions): the variance stays exact
 x = torch.randn(16, 64) * 0.1 + 40.0
-y, h = sk.skinny_ln_linear(x, torch.ones(64), torch.zeros(64), 1e-12, torch.eye(64), None, (16, 64, 16, 1, 4))
+x, stats = sk.skinny_linear_stats(x, torch.eye(64), None, (16, 16, 32, 1, 4))  # four partials of 16 columns
+y, h = sk.skinny_ln_linear(x, stats, torch.ones(64), torch.zeros(64), 1e-12, torch.eye(64), None, (16, 64, 16, 1, 4))
 want = F.layer_norm(x, (64,), eps=1e-12)
 assert float((h - want).abs().max()) < 1e-3 and float((y - want).abs().max()) < 1e-3
 # the add + LayerNorm kernel of the unfused form
@@ -67,13 +68,27 @@ def test_ln_prologue_kernel_compiles_for_the_h200(gelu: bool) -> None:
     with PDL; the prologue's GEMM still uses the tensor cores."""
     kernel = compile_for_h200(
         sk._skinny_kernel,
-        ["*fp16", "*fp16", "*fp16", "*fp16", "*fp32", *["*fp16"] * 4, *["i32"] * 8, "fp32"],
-        {"K_ITERS": 6, "SPLIT": 1, "HAS_BIAS": True, "GELU": gelu, "RESIDUAL": False, "LN_IN": True, "BLOCK_M": 64,
+        ["*fp16", "*fp16", "*fp16", "*fp16", "*fp32", *["*fp16"] * 4, "*fp32", *["i32"] * 8, "fp32", "i32"],
+        {"K_ITERS": 6, "SPLIT": 1, "HAS_BIAS": True, "GELU": gelu, "RESIDUAL": False, "STATS_OUT": False, "LN_IN": True, "PART_N": 32, "T_POW2": 32, "BLOCK_M": 64,
          "BLOCK_N": 64, "BLOCK_K": 128, "PDL": True},
         divisible=("M", "N", "K"),
     )  # fmt: skip
     ptx = kernel.asm["ptx"]
     assert "griddepcontrol.wait" in ptx and ("mma" in ptx or "wgmma" in ptx)
+    producer = compile_for_h200(
+        sk._skinny_kernel,
+        ["*fp16", "*fp16", "*fp16", "*fp16", "*fp32", *["*fp16"] * 4, "*fp32", *["i32"] * 8, "fp32", "i32"],
+        {"K_ITERS": 6, "SPLIT": 1, "HAS_BIAS": True, "GELU": False, "RESIDUAL": True, "STATS_OUT": True,
+         "LN_IN": False, "PART_N": 1, "T_POW2": 2, "BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_K": 128, "PDL": True},
+        divisible=("M", "N", "K"),
+    )  # fmt: skip
+    reduce_rows = compile_for_h200(
+        sk._skinny_reduce_rows, ["*fp32", "*fp16", "*fp16", "*fp16", "*fp32", *["i32"] * 4],
+        {"SPLIT": 4, "HAS_BIAS": True, "RESIDUAL": True, "ROWS": 4, "BLOCK_N": 1024, "PDL": True},
+        divisible=("N",),
+    )  # fmt: skip
+    for k in (producer, reduce_rows):
+        assert "griddepcontrol.wait" in k.asm["ptx"] and "st.global" in k.asm["ptx"]
     add_ln = compile_for_h200(
         sl._add_ln_kernel, [*["*fp16"] * 5, *["i32"] * 5, "fp32"], {"ROWS": 4, "BLOCK_N": 1024}, divisible=("N",)
     )
@@ -112,12 +127,15 @@ def test_bad_operands_are_named() -> None:
         sk.skinny_linear(
             torch.randn(2, 8, 64), torch.randn(32, 64), None, (16, 32, 64, 1, 4), residual=torch.randn(2, 8, 31)
         )
+    x, stats, w = torch.randn(16, 64), (torch.zeros(16, 4, 2), 16), torch.randn(8, 64)
     with pytest.raises(ValueError, match="splits K"):
-        sk.skinny_ln_linear(torch.randn(16, 64), torch.ones(64), torch.zeros(64), 1e-5, torch.randn(8, 64), None,
-                            (16, 32, 64, 2, 4))  # fmt: skip
+        sk.skinny_ln_linear(x, stats, torch.ones(64), torch.zeros(64), 1e-5, w, None, (16, 32, 64, 2, 4))
     with pytest.raises(ValueError, match=r"gamma \(63,\)"):
-        sk.skinny_ln_linear(torch.randn(16, 64), torch.ones(63), torch.zeros(64), 1e-5, torch.randn(8, 64), None,
-                            (16, 32, 64, 1, 4))  # fmt: skip
+        sk.skinny_ln_linear(x, stats, torch.ones(63), torch.zeros(64), 1e-5, w, None, (16, 32, 64, 1, 4))
+    with pytest.raises(ValueError, match=r"stats \(16, 3, 2\) of 16 columns each do not cover x \(16, 64\)"):
+        sk.skinny_ln_linear(
+            x, (stats[0][:, :3], 16), torch.ones(64), torch.zeros(64), 1e-5, w, None, (16, 32, 64, 1, 4)
+        )
 
 
 def test_exported_stack_has_one_op_per_inner_layer_norm() -> None:

@@ -14,7 +14,7 @@ Status: written after session 17's device time; arithmetic checked on the CPU un
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -61,27 +61,29 @@ if triton is not None:
         return acc
 
     @triton.jit
-    def _row_stats(x_ptr, rm, M, K, stride_xm, K_ITERS, BLOCK_M, BLOCK_K):  # no annotations: see above
-        """Mean and sum of squared deviations of rows ``rm`` of ``x`` over all K, in fp32: each BLOCK_K chunk's own
-        mean and squares, merged into the running ones (Chan et al.), as a LayerNorm needs them."""
-        mean = tl.zeros((BLOCK_M,), dtype=tl.float32)
-        m2 = tl.zeros((BLOCK_M,), dtype=tl.float32)
-        count = tl.zeros((BLOCK_M,), dtype=tl.float32)
-        for it in range(K_ITERS):
-            rk = it * BLOCK_K + tl.arange(0, BLOCK_K)
-            kmask = rk < K
-            x = tl.load(
-                x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=(rm[:, None] < M) & kmask[None, :], other=0.0
-            ).to(tl.float32)
-            n_b = tl.sum(kmask.to(tl.float32), 0)
-            mean_b = tl.sum(x, 1) / n_b
-            d = tl.where(kmask[None, :], x - mean_b[:, None], 0.0)
-            delta = mean_b - mean
-            n = count + n_b
-            mean += delta * (n_b / n)
-            m2 += tl.sum(d * d, 1) + delta * delta * (count * n_b / n)
-            count = n
-        return mean, m2
+    def _tile_stats(v, mask, rm, pid_n, M, N, st_ptr, BLOCK_N):  # no annotations: see above
+        """Store the mean and the sum of squared deviations of each row of tile ``v`` over its valid columns to
+        ``st`` [M, T, 2] (T = column blocks; this tile is ``pid_n``), for :func:`_merged_stats` (Chan et al.)."""
+        cnt = tl.sum(((pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) < N).to(tl.float32), 0)
+        mean = tl.sum(tl.where(mask, v, 0.0), 1) / cnt
+        d = tl.where(mask, v - mean[:, None], 0.0)
+        at = st_ptr + (rm * tl.num_programs(1) + pid_n) * 2
+        tl.store(at, mean, mask=rm < M)
+        tl.store(at + 1, tl.sum(d * d, 1), mask=rm < M)
+
+    @triton.jit
+    def _merged_stats(st_ptr, rm, M, K, T, PART_N, T_POW2):  # no annotations: see above
+        """Rows ``rm``'s mean and sum of squared deviations over all K from their T partials in ``st`` [M, T, 2]
+        (partial t covers columns t·PART_N … on, fewer in the last)."""
+        rt = tl.arange(0, T_POW2)
+        smask = (rm[:, None] < M) & (rt[None, :] < T)
+        at = st_ptr + (rm[:, None] * T + rt[None, :]) * 2
+        means = tl.load(at, mask=smask, other=0.0)
+        m2s = tl.load(at + 1, mask=smask, other=0.0)
+        cnt = tl.where(rt < T, tl.minimum(K - rt * PART_N, PART_N), 0).to(tl.float32)
+        mean = tl.sum(means * cnt[None, :], 1) / K
+        dm = means - mean[:, None]
+        return mean, tl.sum(m2s, 1) + tl.sum(cnt[None, :] * dm * dm, 1)
 
     @triton.jit
     def _tile_product_ln(
@@ -136,6 +138,7 @@ if triton is not None:
         g_ptr,
         beta_ptr,
         h_ptr,
+        st_ptr,
         M,
         N,
         K,
@@ -145,12 +148,16 @@ if triton is not None:
         stride_rm,
         stride_hm,
         eps,
+        T,
         K_ITERS: tl.constexpr,
         SPLIT: tl.constexpr,
         HAS_BIAS: tl.constexpr,
         GELU: tl.constexpr,
         RESIDUAL: tl.constexpr,
+        STATS_OUT: tl.constexpr,
         LN_IN: tl.constexpr,
+        PART_N: tl.constexpr,
+        T_POW2: tl.constexpr,
         BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr,
@@ -158,8 +165,10 @@ if triton is not None:
     ) -> None:
         """A [BLOCK_M, BLOCK_N] output tile over one of SPLIT slices of K; SPLIT 1 applies bias/residual/GELU and
         stores, otherwise fp32 partials go to ``ws`` [SPLIT, M, N] for :func:`_skinny_reduce`. ``RESIDUAL``: adds
-        ``r`` [M, N]. ``LN_IN`` (SPLIT 1 only): the product is ``LayerNorm(x)`` (``g``, ``beta``, ``eps``) times
-        ``w``ᵀ, and the first column block's programs store ``LayerNorm(x)`` to ``h``. ``PDL``: launched as a
+        ``r`` [M, N]. ``STATS_OUT`` (SPLIT 1): each tile also stores its rows' partial mean and squared deviations
+        of what it stored to ``st`` [M, T, 2]. ``LN_IN`` (SPLIT 1): the product is ``LayerNorm(x)`` (``g``, ``beta``,
+        ``eps``; the mean and variance merged from x's T partials in ``st``, each of PART_N columns) times ``w``ᵀ,
+        and the first column block's programs store ``LayerNorm(x)`` to ``h``. ``PDL``: launched as a
         programmatic dependent of the kernel before it (see :func:`skinny_linear`)."""
         if PDL:
             tl.extra.cuda.gdc_launch_dependents()  # the next kernel may launch now; it waits as this one does
@@ -170,7 +179,7 @@ if triton is not None:
         rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         if LN_IN:
-            mean, m2 = _row_stats(x_ptr, rm, M, K, stride_xm, K_ITERS, BLOCK_M, BLOCK_K)
+            mean, m2 = _merged_stats(st_ptr, rm, M, K, T, PART_N, T_POW2)
             rstd = 1.0 / tl.sqrt(m2 / K + eps)
             acc = _tile_product_ln(
                 x_ptr, w_ptr, g_ptr, beta_ptr, h_ptr, mean, rstd, M * (pid_n == 0).to(tl.int32), rm, rn, M, N, K,
@@ -188,7 +197,10 @@ if triton is not None:
                 acc += tl.load(r_ptr + rm[:, None] * stride_rm + rn[None, :], mask=mask, other=0.0).to(tl.float32)
             if GELU:
                 acc = _gelu_tanh(acc)
-            tl.store(out_ptr + rm[:, None] * stride_om + rn[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
+            v = acc.to(out_ptr.dtype.element_ty)
+            tl.store(out_ptr + rm[:, None] * stride_om + rn[None, :], v, mask=mask)
+            if STATS_OUT:
+                _tile_stats(v.to(tl.float32), mask, rm, pid_n, M, N, st_ptr, BLOCK_N)
         else:
             tl.store(ws_ptr + (pid_k * M + rm[:, None]) * N + rn[None, :], acc, mask=mask)
 
@@ -226,6 +238,43 @@ if triton is not None:
             acc = _gelu_tanh(acc)
         tl.store(out_ptr + (offs // N) * stride_om + col, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
+    @triton.jit
+    def _skinny_reduce_rows(
+        ws_ptr,
+        b_ptr,
+        r_ptr,
+        out_ptr,
+        st_ptr,
+        M,
+        N,
+        stride_om,
+        stride_rm,
+        SPLIT: tl.constexpr,
+        HAS_BIAS: tl.constexpr,
+        RESIDUAL: tl.constexpr,
+        ROWS: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        PDL: tl.constexpr,
+    ) -> None:
+        """:func:`_skinny_reduce` for whole rows (ROWS a program, BLOCK_N ≥ N), which also stores each row's mean and
+        squared deviations to ``st`` [M, 1, 2] (``STATS_OUT`` for a split-K product)."""
+        if PDL:
+            tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_wait()
+        rm = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+        rn = tl.arange(0, BLOCK_N)
+        mask = (rm[:, None] < M) & (rn[None, :] < N)
+        acc = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
+        for i in tl.static_range(SPLIT):
+            acc += tl.load(ws_ptr + (i * M + rm[:, None]) * N + rn[None, :], mask=mask, other=0.0)
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+        if RESIDUAL:
+            acc += tl.load(r_ptr + rm[:, None] * stride_rm + rn[None, :], mask=mask, other=0.0).to(tl.float32)
+        v = acc.to(out_ptr.dtype.element_ty)
+        tl.store(out_ptr + rm[:, None] * stride_om + rn[None, :], v, mask=mask)
+        _tile_stats(v.to(tl.float32), mask, rm, 0, M, N, st_ptr, BLOCK_N)
+
 
 def skinny_linear(
     x: torch.Tensor,
@@ -245,12 +294,33 @@ def skinny_linear(
     ``griddepcontrol.wait``: a kernel may be launched while the one before it still runs, and waits on the GPU for
     that one's writes, instead of launching after it has ended (a latency of each of the ~120 kernels of a 1×128
     BERT-base call; ``scripts/gpu/pdl_probe.py`` measures it)."""
-    out, _ = _launch(x, w, bias, config, gelu, pdl, residual, None)
-    return out
+    return _launch(x, w, bias, config, gelu, pdl, residual).out
+
+
+RowStats = tuple[torch.Tensor, int]
+"""A tensor's per-row partial statistics for a LayerNorm: [M, T, 2] fp32 (each partial's mean and sum of squared
+deviations) and how many columns each partial covers (the last may cover fewer)."""
+
+
+def skinny_linear_stats(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    bias: torch.Tensor | None,
+    config: SkinnyConfig,
+    residual: torch.Tensor | None = None,
+    pdl: bool = False,
+) -> tuple[torch.Tensor, RowStats]:
+    """:func:`skinny_linear` (no GELU) that also returns its output rows' statistics for
+    :func:`skinny_ln_linear`: each output tile stores its rows' partial mean and squared deviations (of the values
+    as stored), or with split K the reduce does it for whole rows."""
+    done = _launch(x, w, bias, config, False, pdl, residual, stats=True)
+    assert done.stats is not None
+    return done.out, done.stats
 
 
 def skinny_ln_linear(
     x: torch.Tensor,
+    stats: RowStats,
     gamma: torch.Tensor,
     beta: torch.Tensor,
     eps: float,
@@ -260,18 +330,31 @@ def skinny_ln_linear(
     gelu: bool = False,
     pdl: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``h = F.layer_norm(x, (K,), gamma, beta, eps)`` and ``F.linear(h, w, bias)`` (then tanh GELU) as one kernel:
-    each program reads its rows of ``x`` once for their mean and variance, then normalizes each tile as it loads it
-    for the product (rounded to x's dtype, as a LayerNorm kernel stores it); the first column block's programs also
-    store ``h``. Returns (output, h). ``config``'s SPLIT must be 1 (a LayerNorm needs whole rows)."""
+    """``h = F.layer_norm(x, (K,), gamma, beta, eps)`` and ``F.linear(h, w, bias)`` (then tanh GELU) as one kernel,
+    with ``x``'s row statistics from the kernel that wrote it (:func:`skinny_linear_stats`): each program merges its
+    rows' partials into mean and variance, then normalizes each tile of ``x`` as it loads it for the product (rounded
+    to x's dtype, as a LayerNorm kernel stores it); the first column block's programs also store ``h``. Returns
+    (output, h). ``config``'s SPLIT must be 1."""
     if config[3] != 1:
         raise ValueError(f"skinny_ln_linear: config {config} splits K; the LayerNorm in the prologue needs SPLIT 1")
     k = x.shape[-1]
     if gamma.shape != (k,) or beta.shape != (k,):
         raise ValueError(f"skinny_ln_linear: gamma {tuple(gamma.shape)}, beta {tuple(beta.shape)}: need ({k},)")
-    out, h = _launch(x, w, bias, config, gelu, pdl, None, (gamma, beta, eps))
-    assert h is not None
-    return out, h
+    rows = x.numel() // k
+    if stats[0].dim() != 3 or stats[0].shape[0] != rows or stats[0].shape[2] != 2 or stats[0].shape[1] * stats[1] < k:
+        raise ValueError(
+            f"skinny_ln_linear: stats {tuple(stats[0].shape)} of {stats[1]} columns each do not cover x "
+            f"{tuple(x.shape)}: pass what skinny_linear_stats returned with x"
+        )
+    done = _launch(x, w, bias, config, gelu, pdl, None, ln=(gamma, beta, eps, stats))
+    assert done.h is not None
+    return done.out, done.h
+
+
+class _Launched(NamedTuple):
+    out: torch.Tensor
+    h: torch.Tensor | None
+    stats: RowStats | None
 
 
 def _launch(
@@ -282,8 +365,9 @@ def _launch(
     gelu: bool,
     pdl: bool,
     residual: torch.Tensor | None,
-    ln: tuple[torch.Tensor, torch.Tensor, float] | None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+    stats: bool = False,
+    ln: tuple[torch.Tensor, torch.Tensor, float, RowStats] | None = None,
+) -> _Launched:
     if triton is None:
         raise RuntimeError("skinny_linear needs Triton (it comes with CUDA builds of torch)")
     if w.dim() != 2 or x.shape[-1] != w.shape[1] or x.dtype != w.dtype:
@@ -303,25 +387,36 @@ def _launch(
         if residual.shape != (*lead, n):
             raise ValueError(f"skinny_linear: residual {tuple(residual.shape)}, need {(*lead, n)}")
         r2 = _rows(residual)
-    g, beta, eps = ln if ln is not None else (w, w, 0.0)
+    g, beta, eps, (st_in, part_n) = ln if ln is not None else (w, w, 0.0, (out, 1))
     h = torch.empty_like(x2) if ln is not None else None
+    tiles_n = triton.cdiv(n, block_n)
+    st_out = torch.empty((m, tiles_n if split == 1 else 1, 2), dtype=torch.float32, device=x.device) if stats else None
+    st = st_in if ln is not None else (st_out if st_out is not None else out)
+    t_in = st_in.shape[1] if ln is not None else 1
     k_iters = triton.cdiv(triton.cdiv(k, split), block_k)
     ws = torch.empty((split, m, n), dtype=torch.float32, device=x.device) if split > 1 else out
     b = bias if bias is not None else w
-    flags = {"HAS_BIAS": bias is not None, "GELU": gelu, "RESIDUAL": residual is not None}
-    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n), split)
-    _skinny_kernel[grid](
-        x2, w, b, out, ws, r2, g, beta, h if h is not None else x2, m, n, k, x2.stride(0), w.stride(0),
-        out.stride(0), r2.stride(0), x2.stride(0) if h is None else h.stride(0), eps,
-        K_ITERS=k_iters, SPLIT=split, LN_IN=ln is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        num_warps=warps, PDL=pdl, launch_pdl=pdl, **flags,
+    flags = {"HAS_BIAS": bias is not None, "RESIDUAL": residual is not None}
+    _skinny_kernel[(triton.cdiv(m, block_m), tiles_n, split)](
+        x2, w, b, out, ws, r2, g, beta, h if h is not None else x2, st, m, n, k, x2.stride(0), w.stride(0),
+        out.stride(0), r2.stride(0), x2.stride(0) if h is None else h.stride(0), eps, t_in,
+        K_ITERS=k_iters, SPLIT=split, GELU=gelu, STATS_OUT=stats and split == 1, LN_IN=ln is not None,
+        PART_N=part_n, T_POW2=max(2, triton.next_power_of_2(t_in)), BLOCK_M=block_m, BLOCK_N=block_n,
+        BLOCK_K=block_k, num_warps=warps, PDL=pdl, launch_pdl=pdl, **flags,
     )  # fmt: skip
-    if split > 1:
-        _skinny_reduce[(triton.cdiv(m * n, 1024),)](
-            ws, b, r2, out, m, n, out.stride(0), r2.stride(0), SPLIT=split, BLOCK=1024, PDL=pdl, launch_pdl=pdl,
-            **flags,
+    if split > 1 and stats:
+        rows = 4
+        _skinny_reduce_rows[(triton.cdiv(m, rows),)](
+            ws, b, r2, out, st, m, n, out.stride(0), r2.stride(0), SPLIT=split, ROWS=rows,
+            BLOCK_N=triton.next_power_of_2(n), num_warps=4, PDL=pdl, launch_pdl=pdl, **flags,
         )  # fmt: skip
-    return out.reshape(*lead, n), None if h is None else h.reshape(x.shape)
+    elif split > 1:
+        _skinny_reduce[(triton.cdiv(m * n, 1024),)](
+            ws, b, r2, out, m, n, out.stride(0), r2.stride(0), SPLIT=split, GELU=gelu, BLOCK=1024, PDL=pdl,
+            launch_pdl=pdl, **flags,
+        )  # fmt: skip
+    row_stats = None if st_out is None else (st_out, block_n if split == 1 else n)
+    return _Launched(out.reshape(*lead, n), None if h is None else h.reshape(x.shape), row_stats)
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:

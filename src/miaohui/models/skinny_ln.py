@@ -8,16 +8,20 @@ and the FFN output → LayerNorm → the next layer's QKV. ``h`` is the next res
 Where :data:`miaohui.models.skinny_gemm.SKINNY_BEST` has both products at these rows (CUDA), it is two kernels
 instead of three:
 
-1. the skinny GEMM with the residual added in its epilogue (or in its split-K reduce) stores ``s``;
-2. the skinny GEMM with the LayerNorm in its prologue: each program reads its rows of ``s`` once for their mean and
-   variance, then normalizes every tile of ``s`` as it loads it for the product; the programs of the first column
-   block also store the normalized tiles, ``h``.
+1. the skinny GEMM with the residual added in its epilogue (or in its split-K reduce) stores ``s``, and each output
+   tile its rows' partial mean and squared deviations (a few floats a row);
+2. the skinny GEMM with the LayerNorm in its prologue: each program merges its rows' partials into mean and variance
+   (Chan et al.), then normalizes every tile of ``s`` as it loads it for the product; the programs of the first
+   column block also store the normalized tiles, ``h``.
 
 Why: at 1×128 a BERT-base call is ~105 kernels of ~3.3 µs, latency rather than work, and 24 of them are add +
 LayerNorm kernels (``benchmarks/NOTES_gpu.md``, sessions 23–26). Session 23's first try (``LayerNorm(residual + x @
 wᵀ + b)`` in the GEMM's epilogue) was slower: a tile holds only part of a row, so the last program of each row block
 normalized the whole block alone. Here nobody waits on anybody: the LayerNorm moves to where whole rows are read
-anyway — every program of a K = hidden product reads all K of its rows.
+anyway — every program of a K = hidden product reads all K of its rows. Its statistics come from the kernel before,
+whose tiles see every value once: a first version that read the rows twice (statistics, then the product) was
+slower than no fusion at all on the H200 (1×128 0.59 ms against 0.36, ``gpu_encoder_bert_ln_s30a.json``), the
+statistics pass's loads waiting on L2 one chunk after another.
 
 Elsewhere (other rows; a config that splits K for the second product) it runs what the engine ran before: the first
 GEMM with its bias, one add + LayerNorm kernel (:func:`add_layer_norm`, Triton on CUDA), the second GEMM — each GEMM
@@ -123,8 +127,8 @@ def proj_ln_proj(
     cfgs = fused_configs(x.numel() // k, w1, w2) if x.is_cuda and triton is not None else None
     if cfgs is not None:
         pdl = skinny_gemm.SKINNY_PDL
-        s = skinny_gemm.skinny_linear(x, w1, b1, cfgs[0], pdl=pdl, residual=r)
-        return skinny_gemm.skinny_ln_linear(s, gamma, beta, eps, w2, b2, cfgs[1], gelu=gelu, pdl=pdl)
+        s, stats = skinny_gemm.skinny_linear_stats(x, w1, b1, cfgs[0], residual=r, pdl=pdl)
+        return skinny_gemm.skinny_ln_linear(s, stats, gamma, beta, eps, w2, b2, cfgs[1], gelu=gelu, pdl=pdl)
     h = add_layer_norm(skinny_gemm.skinny_op(x, w1, b1, False), r, gamma, beta, eps)
     return skinny_gemm.skinny_op(h, w2, b2, gelu), h
 
