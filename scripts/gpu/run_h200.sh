@@ -147,6 +147,7 @@
 #   s30a:   the LayerNorm folded into the skinny GEMMs (models/skinny_ln.py): tests/gpu/test_encoder_kernels_gpu.py, then
 #           BERT-base with and without it (--ln-fusion off), dynamic and static, two rounds
 #   s30c:   s30a again with the row statistics from the kernel before (s30a's prologue read the rows twice: slower)
+#   s30d:   the kernels of a call with and without the LN fusion (--profile), 1x16 and 1x128
 #   s30b:   tests/gpu/test_gpu_kernels_gpu.py (the engine with ln_fusion), then the e5-shaped model with and without it
 #   s29f:   BERT-base with PDL_MAX_ROWS_H200 = 128 (static programs above 128 rows without Inductor's PDL) and the
 #           skinny GEMMs' PDL never reset by a later load: dynamic / static / library at the five shapes, two rounds
@@ -726,6 +727,11 @@ case $stage in
       --shapes 1x16,1x128,8x64,32x128 --rounds 2 \
       --variants engine_fp16,engine_fp16_noln,engine_fp16_static,engine_fp16_static_noln \
       --out "$OUT/gpu_encoder_bert_ln_$stage.json" 2>&1 | grep -E "^bert.*median" | grep -v "e2e\|copies" | tail -40
+    ;;
+  s30d)
+    timeout 300 python3 benchmarks/bench_gpu_encoder.py --models bert-base --no-autotune --inductor-format exported-program \
+      --shapes 1x16,1x128 --rounds 1 --profile --variants engine_fp16,engine_fp16_noln \
+      --out "$OUT/gpu_encoder_bert_ln_profile_s30d.json" 2>&1 | grep -E "^bert.*median|kernel" | grep -v "e2e\|copies" | tail -70
     ;;
   s30b)
     timeout 240 python3 -X faulthandler -m pytest -q tests/gpu/test_gpu_kernels_gpu.py -p no:cacheprovider -rA -s \
