@@ -730,7 +730,7 @@ case $stage in
     ;;
   s30d)
     timeout 300 python3 benchmarks/bench_gpu_encoder.py --models bert-base --no-autotune --inductor-format exported-program \
-      --shapes 1x16,1x128 --rounds 1 --profile --variants engine_fp16,engine_fp16_noln \
+      --shapes 1x16,1x128,2x64 --rounds 1 --profile --variants engine_fp16,engine_fp16_noln \
       --out "$OUT/gpu_encoder_bert_ln_profile_s30d.json" 2>&1 | grep -E "^bert.*median|kernel" | grep -v "e2e\|copies" | tail -70
     ;;
   s30b)
