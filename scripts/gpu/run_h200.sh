@@ -148,6 +148,7 @@
 #           BERT-base with and without it (--ln-fusion off), dynamic and static, two rounds
 #   s30c:   s30a again with the row statistics from the kernel before (s30a's prologue read the rows twice: slower)
 #   s30d:   the kernels of a call with and without the LN fusion (--profile), 1x16 and 1x128
+#   s30e:   scripts/gpu/ln_fusion_probe.py: each kernel of the fusion alone against the unfused form (+ a sweep)
 #   s30b:   tests/gpu/test_gpu_kernels_gpu.py (the engine with ln_fusion), then the e5-shaped model with and without it
 #   s29f:   BERT-base with PDL_MAX_ROWS_H200 = 128 (static programs above 128 rows without Inductor's PDL) and the
 #           skinny GEMMs' PDL never reset by a later load: dynamic / static / library at the five shapes, two rounds
@@ -732,6 +733,10 @@ case $stage in
     timeout 300 python3 benchmarks/bench_gpu_encoder.py --models bert-base --no-autotune --inductor-format exported-program \
       --shapes 1x16,1x128,2x64 --rounds 1 --profile --variants engine_fp16,engine_fp16_noln \
       --out "$OUT/gpu_encoder_bert_ln_profile_s30d.json" 2>&1 | grep -E "^bert.*median|kernel" | grep -v "e2e\|copies" | tail -70
+    ;;
+  s30e)
+    timeout 300 python3 scripts/gpu/ln_fusion_probe.py --rows 16,128 --sweep --out "$OUT/bert" 2>&1 | grep -v "^ *$" | tail -90
+    mv "$OUT/bert/ln_fusion_probe.json" "$OUT/ln_fusion_probe_h200_s30e.json"
     ;;
   s30b)
     timeout 240 python3 -X faulthandler -m pytest -q tests/gpu/test_gpu_kernels_gpu.py -p no:cacheprovider -rA -s \
