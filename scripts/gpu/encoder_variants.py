@@ -21,10 +21,10 @@
   QKV output (:mod:`miaohui.models.encoder_attention`) instead of the permutes, cuDNN's kernel and its memsets;
 * ``static_skinny_pdl_attn``: both of the last two (what the prepared pieces give together at 1×16 / 1×128);
   ``dynamic_skinny_pdl_attn``: the same compiled with dynamic shapes (as the engine compiles its program);
-* ``static_skinny_ln``: ``static_skinny`` with each inner LayerNorm folded into the GEMMs around it
-  (:mod:`miaohui.models.skinny_ln`: the residual in the first's epilogue, the LayerNorm in the second's prologue): 23
-  fewer kernels per call where the skinny table has the rows; ``static_skinny_ln_pdl_attn``: with PDL and the
-  Triton attention too (the engine's kernels with ``ln_fusion``).
+* ``static_skinny_ln``: ``static_skinny`` with each inner LayerNorm as ``miaohui::proj_ln_proj``
+  (:mod:`miaohui.models.skinny_ln`: done by the split-K reduce of the product before it where the skinny table splits
+  that product); ``static_skinny_ln_pdl_attn``: with PDL and the Triton attention too (the engine's kernels with
+  ``ln_fusion``).
 
 Each variant: a CUDA graph of one call, CUDA events, median/p99 of ``--iters`` replays; relative error against fp32
 eager; the graph's kernel table (kernels per call, top kernels). Then a "floor": each of a layer's four GEMMs and

@@ -1,17 +1,16 @@
-"""On the GPU: what each kernel of ``miaohui::proj_ln_proj`` (:mod:`miaohui.models.skinny_ln`) costs against the
-unfused form it replaces, at BERT-base's or e5-small's widths and the skinny table's rows (16, 128), fp16, random
-weights. Each piece is timed alone as a CUDA graph of 20 calls (median of 30 replays, µs a call), with and without
-PDL:
+"""On the GPU: what ``miaohui::proj_ln_proj`` (:mod:`miaohui.models.skinny_ln`) costs against the unfused form it
+replaces, at BERT-base's or e5-small's widths and the skinny table's rows (16, 128), fp16, random weights. Each piece
+is timed alone as a CUDA graph of 20 calls (median of 30 replays, µs a call), with and without PDL:
 
 * ``unfused``: first GEMM (``skinny_linear``), ``add_layer_norm``, second GEMM — what the engine runs with
   ``--ln-fusion off`` (there Inductor's add + LayerNorm kernel); and each of the three alone;
-* ``fused``: ``proj_ln_proj``; its producer (``skinny_linear_stats``: residual and row statistics in the epilogue)
-  and consumer (``skinny_ln_linear``: the LayerNorm in the prologue) alone;
-* the consumer over a few other tile configurations (``--sweep``), in case the table's (chosen for the plain GEMM)
-  does not suit the prologue.
+* ``fused``: ``proj_ln_proj`` (the LayerNorm in the first GEMM's split-K reduce where the table splits it);
+  ``first_gemm_ln``: that GEMM with its reduce alone;
+* ``fused_split2`` / ``fused_split4``: the first GEMM forced to split K in 2 / 4 so that its reduce can do the
+  LayerNorm, for products whose table entry does not split (does the split cost less than the kernel it removes?).
 
-Session 27 (s30a/s30c) found the engine with the fusion far slower (BERT-base 1×128 1.14 ms against 0.36), while the
-profile of a PDL chain cannot say which kernel (a programmatic dependent's time includes its wait).
+Session 27's ``s30e`` ran the previous form (the LayerNorm in the second GEMM's prologue): that GEMM took 40 µs
+against 4.8 at 128 rows (``ln_fusion_probe_h200_s30e.json``).
 
     python3 scripts/gpu/ln_fusion_probe.py --out /tmp/lnprobe
 """
@@ -19,7 +18,6 @@ profile of a PDL chain cannot say which kernel (a programmatic dependent's time 
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import platform
 from collections.abc import Callable
@@ -30,10 +28,8 @@ import torch
 from decode_kernel_probe import _time_graph
 
 from miaohui.models import kernel_tables, skinny_gemm
-from miaohui.models.skinny_gemm import SkinnyConfig, skinny_linear, skinny_linear_stats, skinny_ln_linear
+from miaohui.models.skinny_gemm import SkinnyConfig, skinny_linear
 from miaohui.models.skinny_ln import add_layer_norm, proj_ln_proj
-
-CONSUMER_SWEEP = [(bm, bn, bk, 1, w) for bm in (16, 32, 64) for bn in (32, 64) for bk in (64, 128) for w in (4, 8)]
 
 
 class Operands(NamedTuple):
@@ -50,29 +46,34 @@ class Operands(NamedTuple):
     gelu: bool
 
 
-def consumer(o: Operands, pdl: bool) -> Any:
-    s, stats = skinny_linear_stats(o.x, o.w1, o.b1, o.cfg1, residual=o.r)  # outside the timed graph: see pieces
-    return lambda: skinny_ln_linear(s, stats, o.g, o.beta, 1e-12, o.w2, o.b2, o.cfg2, gelu=o.gelu, pdl=pdl)
-
-
 def pieces(o: Operands, pdl: bool) -> dict[str, Callable[[], Any]]:
     """Each timed piece as a call (its inputs made once, before the graph)."""
-    s, _ = skinny_linear_stats(o.x, o.w1, o.b1, o.cfg1, residual=o.r)
+    s = skinny_linear(o.x, o.w1, o.b1, o.cfg1)
     hn = add_layer_norm(s, o.r, o.g, o.beta, 1e-12)
+    ln = (o.r, o.g, o.beta, 1e-12)
 
     def unfused() -> Any:
-        a = add_layer_norm(skinny_linear(o.x, o.w1, o.b1, o.cfg1, pdl=pdl), o.r, o.g, o.beta, 1e-12)
+        a = add_layer_norm(skinny_linear(o.x, o.w1, o.b1, o.cfg1, pdl=pdl), o.r, o.g, o.beta, 1e-12, pdl=pdl)
         return skinny_linear(a, o.w2, o.b2, o.cfg2, gelu=o.gelu, pdl=pdl)
 
-    return {
+    def forced(split: int) -> Callable[[], Any]:
+        cfg = (*o.cfg1[:3], split, o.cfg1[4])
+        return lambda: skinny_linear(
+            skinny_linear(o.x, o.w1, o.b1, cfg, pdl=pdl, residual_ln=ln), o.w2, o.b2, o.cfg2, gelu=o.gelu, pdl=pdl
+        )
+
+    out: dict[str, Callable[[], Any]] = {
         "unfused": unfused,
         "first_gemm": lambda: skinny_linear(o.x, o.w1, o.b1, o.cfg1, pdl=pdl),
-        "add_layer_norm": lambda: add_layer_norm(s, o.r, o.g, o.beta, 1e-12),
+        "add_layer_norm": lambda: add_layer_norm(s, o.r, o.g, o.beta, 1e-12, pdl=pdl),
         "second_gemm": lambda: skinny_linear(hn, o.w2, o.b2, o.cfg2, gelu=o.gelu, pdl=pdl),
         "fused": lambda: proj_ln_proj(o.x, o.w1, o.b1, o.r, o.g, o.beta, 1e-12, o.w2, o.b2, o.gelu),
-        "producer": lambda: skinny_linear_stats(o.x, o.w1, o.b1, o.cfg1, residual=o.r, pdl=pdl),
-        "consumer": consumer(o, pdl),
     }
+    if o.cfg1[3] > 1:
+        out["first_gemm_ln"] = lambda: skinny_linear(o.x, o.w1, o.b1, o.cfg1, pdl=pdl, residual_ln=ln)
+    else:
+        out |= {"fused_split2": forced(2), "fused_split4": forced(4)}
+    return out
 
 
 def main() -> None:
@@ -80,7 +81,6 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=768)
     ap.add_argument("--inter", type=int, default=3072)
     ap.add_argument("--rows", default="16,128")
-    ap.add_argument("--sweep", action="store_true", help="also the consumer over CONSUMER_SWEEP")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     cuda = torch.cuda.is_available()
@@ -113,16 +113,6 @@ def main() -> None:
                     us = _time_graph(fn, 20, cuda)
                     rows_out.append({"rows": m, "pair": pair, "pdl": pdl, "piece": name, "us": us})
                     print(f"{m:4d} {pair:17s} pdl={pdl!s:5s} {name:15s} {us:7.2f} us", flush=True)
-            for cfg in CONSUMER_SWEEP if args.sweep else []:
-                if cfg[0] > max(16, m):
-                    continue
-                try:
-                    us = _time_graph(functools.partial(consumer, ops._replace(cfg2=cfg), False), 20, cuda)
-                except Exception as exc:  # a configuration that does not compile is a finding
-                    us = float("nan")
-                    print(f"  {cfg} failed: {repr(exc)[:200]}")
-                rows_out.append({"rows": m, "pair": pair, "pdl": False, "piece": "consumer", "config": cfg, "us": us})
-                print(f"{m:4d} {pair:17s} consumer {cfg} {us:7.2f} us", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     report = {
         "command": "python3 scripts/gpu/ln_fusion_probe.py " + " ".join(f"--{k} {v}" for k, v in vars(args).items()),

@@ -149,6 +149,8 @@
 #   s30c:   s30a again with the row statistics from the kernel before (s30a's prologue read the rows twice: slower)
 #   s30d:   the kernels of a call with and without the LN fusion (--profile), 1x16 and 1x128
 #   s30e:   scripts/gpu/ln_fusion_probe.py: each kernel of the fusion alone against the unfused form (+ a sweep)
+#   s30f:   the LayerNorm in the FFN output's split-K reduce instead (the prologue forms were slower): the kernels'
+#           GPU test, ln_fusion_probe.py, BERT-base dynamic / static / static without it, test_gpu_kernels_gpu.py
 #   s30b:   tests/gpu/test_gpu_kernels_gpu.py (the engine with ln_fusion), then the e5-shaped model with and without it
 #   s29f:   BERT-base with PDL_MAX_ROWS_H200 = 128 (static programs above 128 rows without Inductor's PDL) and the
 #           skinny GEMMs' PDL never reset by a later load: dynamic / static / library at the five shapes, two rounds
@@ -737,6 +739,19 @@ case $stage in
   s30e)
     timeout 300 python3 scripts/gpu/ln_fusion_probe.py --rows 16,128 --sweep --out "$OUT/bert" 2>&1 | grep -v "^ *$" | tail -90
     mv "$OUT/bert/ln_fusion_probe.json" "$OUT/ln_fusion_probe_h200_s30e.json"
+    ;;
+  s30f)
+    timeout 150 python3 -X faulthandler -m pytest -q tests/gpu/test_encoder_kernels_gpu.py -p no:cacheprovider -rA -s \
+      > "$OUT/gpu_tests_encoder_kernels_h200_s30f.txt" 2>&1
+    grep -E "passed|failed|FAILED|Error|assert|rows" "$OUT/gpu_tests_encoder_kernels_h200_s30f.txt" | tail -12
+    timeout 120 python3 scripts/gpu/ln_fusion_probe.py --rows 16,128 --out "$OUT/bert" 2>&1 | grep "pdl=True" | tail -30
+    mv "$OUT/bert/ln_fusion_probe.json" "$OUT/ln_fusion_probe_h200_s30f.json"; rmdir "$OUT/bert"
+    timeout 330 python3 benchmarks/bench_gpu_encoder.py --models bert-base --no-autotune --inductor-format exported-program \
+      --shapes 1x16,1x128,8x64,32x128 --rounds 1 --variants engine_fp16,engine_fp16_static,engine_fp16_static_noln \
+      --out "$OUT/gpu_encoder_bert_ln_s30f.json" 2>&1 | grep -E "^bert.*median" | grep -v "e2e\|copies" | tail -20
+    timeout 240 python3 -X faulthandler -m pytest -q tests/gpu/test_gpu_kernels_gpu.py -p no:cacheprovider -rA -s \
+      > "$OUT/gpu_tests_gpu_kernels_h200_s30f.txt" 2>&1
+    grep -E "passed|failed|FAILED|Error|assert|engine vs" "$OUT/gpu_tests_gpu_kernels_h200_s30f.txt" | tail -16
     ;;
   s30b)
     timeout 240 python3 -X faulthandler -m pytest -q tests/gpu/test_gpu_kernels_gpu.py -p no:cacheprovider -rA -s \

@@ -183,10 +183,10 @@ class BuildConfig(Frozen):
     program (an A/B). The skinny GEMMs themselves always launch as programmatic dependents, as they were measured."""
 
     ln_fusion: Literal["auto", "off"] = "auto"
-    """inductor, ``gpu_kernels triton``: ``auto`` folds each LayerNorm inside the encoder into the GEMMs around it
-    (``miaohui::proj_ln_proj``: the residual in the first GEMM's epilogue, the LayerNorm in the next one's prologue)
-    where the GPU's table has skinny GEMMs; it runs fused at the table's rows (two kernels instead of three) and as
-    before elsewhere. ``off``: the LayerNorm stays Inductor's kernel (an A/B)."""
+    """inductor, ``gpu_kernels triton``: ``auto`` puts each LayerNorm inside the encoder and the GEMMs on either side
+    of it in one op (``miaohui::proj_ln_proj``) where the GPU's table has skinny GEMMs: where the table splits K of
+    the GEMM before it, the kernel that sums the split does the residual add and the LayerNorm (one kernel fewer);
+    elsewhere the same three kernels as before. ``off``: the LayerNorm stays Inductor's kernel (an A/B)."""
 
     static_shapes: tuple[tuple[int, int], ...] = ()
     """inductor: (batch, sequence) buckets that get a program of their own, compiled for exactly that shape

@@ -1,8 +1,8 @@
-"""The encoder's Triton kernels on CUDA, where their programs really run at once: the LayerNorm folded into the GEMMs
-around it (``miaohui::proj_ln_proj``, :mod:`miaohui.models.skinny_ln`) at BERT-base's and e5-small's widths with the
-H200's skinny table, called many times and replayed from a CUDA graph with PDL; the add + LayerNorm kernel of its
-unfused form; and the attention kernel (:mod:`miaohui.models.encoder_attention`) against SDPA, all in fp16 against
-fp32 torch."""
+"""The encoder's Triton kernels on CUDA, where their programs really run at once: ``miaohui::proj_ln_proj``
+(:mod:`miaohui.models.skinny_ln`: the LayerNorm in the split-K reduce where the table splits the first product, the
+add + LayerNorm kernel elsewhere) at BERT-base's and e5-small's widths with the H200's skinny table, called many times
+and replayed from a CUDA graph with PDL; the add + LayerNorm kernel at larger shapes; and the attention kernel
+(:mod:`miaohui.models.encoder_attention`) against SDPA, all in fp16 against fp32 torch."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from miaohui.models import kernel_tables, skinny_gemm
 from miaohui.models.encoder_attention import sdpa_encoder_attention, triton_encoder_attention
 from miaohui.models.fast_bert import MASK_BIAS
-from miaohui.models.skinny_ln import add_layer_norm, fused_configs, proj_ln_proj
+from miaohui.models.skinny_ln import add_layer_norm, fused_config, proj_ln_proj
 
 pytestmark = pytest.mark.gpu
 
@@ -39,7 +39,7 @@ def test_proj_ln_proj_matches_torch_over_many_calls_and_graph_replays(
     monkeypatch.setattr(skinny_gemm, "SKINNY_PDL", True)
     k1, n2, gelu = (hidden, inter, True) if pair == "attn_out→ffn_in" else (inter, 3 * hidden, False)
     x, w1, b1, r, g, beta, w2, b2 = _operands(rows, k1, hidden, n2)
-    assert fused_configs(rows, w1, w2) is not None  # the fused path runs
+    print(f"{widths} {rows} rows {pair}: {'fused' if fused_config(rows, w1) else 'unfused'}")
     h_want = F.layer_norm(r.float() + F.linear(x.float(), w1.float(), b1.float()), (hidden,), g.float(), beta.float())
     y_want = F.linear(h_want, w2.float(), b2.float())
     y_want = F.gelu(y_want, approximate="tanh") if gelu else y_want

@@ -100,8 +100,9 @@ def test_triton_engine_matches_the_library_engine(
     # the bucket's shape decides: the table's shapes run miaohui's kernels, the others cuBLAS / SDPA
     assert any("_encoder_kernel" in n for n in names) == in_table
     assert any("_skinny_kernel" in n for n in names) == (b * s in (16, 128))
-    # ln_fusion: the inner LayerNorms are in the skinny GEMMs at the table's rows, one add + LayerNorm kernel elsewhere
-    assert any("_add_ln_kernel" in n for n in names) == (b * s not in (16, 128))
+    # ln_fusion: at the table's rows the FFN output's split-K reduce does the LayerNorm after it
+    assert any("_skinny_reduce_ln" in n for n in names) == (b * s in (16, 128))
+    assert any("_add_ln_kernel" in n for n in names)  # the other inner LayerNorms
     assert not any("_encoder_kernel" in n or "_skinny_kernel" in n for n in _kernel_names(engines["library"], feeds))
 
 

@@ -95,13 +95,13 @@ def test_kernels_compile_for_the_h200(gelu: bool, pdl: bool) -> None:
 
     tile = compile_for_h200(
         sk._skinny_kernel,
-        ["*fp16", "*fp16", "*fp16", "*fp16", "*fp32", *["*fp16"] * 4, "*fp32", *["i32"] * 8, "fp32", "i32"],
-        {"K_ITERS": 6, "SPLIT": 1, "HAS_BIAS": True, "GELU": gelu, "RESIDUAL": False, "STATS_OUT": False, "LN_IN": False, "PART_N": 1, "T_POW2": 2, "BLOCK_M": 16,
-         "BLOCK_N": 32, "BLOCK_K": 128, "PDL": pdl},
+        ["*fp16", "*fp16", "*fp16", "*fp16", "*fp32", *["i32"] * 6],
+        {"K_ITERS": 6, "SPLIT": 1, "HAS_BIAS": True, "GELU": gelu, "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 128,
+         "PDL": pdl},
     )  # fmt: skip
     reduce = compile_for_h200(
-        sk._skinny_reduce, ["*fp32", "*fp16", "*fp16", "*fp16", *["i32"] * 4],
-        {"SPLIT": 4, "HAS_BIAS": True, "GELU": gelu, "RESIDUAL": True, "BLOCK": 1024, "PDL": pdl},
+        sk._skinny_reduce, ["*fp32", "*fp16", "*fp16", "i32", "i32", "i32"],
+        {"SPLIT": 4, "HAS_BIAS": True, "GELU": gelu, "BLOCK": 1024, "PDL": pdl},
     )  # fmt: skip
     for kernel in (tile, reduce):
         ptx = kernel.asm["ptx"]

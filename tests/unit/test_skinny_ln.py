@@ -1,7 +1,8 @@
-"""``miaohui.models.skinny_ln``: the LayerNorm between two GEMMs folded into them (the residual in the first GEMM's
-epilogue, the LayerNorm in the second's prologue). Under Triton's interpreter against the unfused torch form (ragged
-rows and K, split K in the first GEMM, GELU, fp16), compiled for the H200 on the CPU, and the op's CPU form; the
-engine's CUDA path runs in ``tests/gpu/test_gpu_kernels_gpu.py``."""
+"""``miaohui.models.skinny_ln``: the LayerNorm after a split-K GEMM done by the kernel that sums its partials, and the
+add + LayerNorm kernel of the unfused form. Under Triton's interpreter against torch (ragged rows, N not a power of
+two, split 2 and 4, with and without bias, fp16, a row whose mean is far from zero), compiled for the H200 on the CPU,
+and the op's CPU form; the engine's CUDA path runs in ``tests/gpu/test_encoder_kernels_gpu.py`` and
+``test_gpu_kernels_gpu.py``."""
 
 from __future__ import annotations
 
@@ -19,80 +20,53 @@ import torch.nn.functional as F
 from miaohui.models import skinny_gemm as sk, skinny_ln as sl
 
 torch.manual_seed(0)
-cases = [  # rows, hidden (K of the second product), N of the second, configs of the two, gelu, dtype
-    (128, 96, 64, (16, 32, 32, 1, 4), (32, 32, 32, 1, 4), True, torch.float32),  # whole tiles, K in 3 chunks
-    (40, 80, 48, (16, 32, 32, 2, 4), (16, 16, 32, 1, 4), False, torch.float32),  # ragged rows and K; split K first
-    (16, 64, 128, (16, 32, 64, 4, 4), (16, 64, 64, 1, 4), True, torch.float16),  # fp16, split 4 with the residual
-    (24, 48, 40, (32, 16, 32, 1, 4), (32, 16, 16, 1, 4), False, torch.float16),  # a row block wider than the rows
+cases = [  # rows, K, N, config (split > 1), bias, dtype
+    (128, 96, 64, (16, 32, 32, 2, 4), True, torch.float32),
+    (40, 100, 80, (16, 32, 32, 4, 4), True, torch.float32),  # ragged rows and K, N not a power of two
+    (16, 256, 128, (16, 32, 64, 4, 4), True, torch.float16),
+    (24, 64, 48, (32, 16, 32, 2, 4), False, torch.float16),  # no bias; a row block wider than the rows
 ]
-for m, hid, n2, cfg1, cfg2, gelu, dtype in cases:
-    k1 = 2 * hid
-    x, w1 = torch.randn(m, k1).to(dtype), (torch.randn(hid, k1) * k1**-0.5).to(dtype)
-    b1, r = (torch.randn(hid) * 0.1).to(dtype), (torch.randn(m, hid) + 0.5).to(dtype)
-    g, beta = (1 + 0.1 * torch.randn(hid)).to(dtype), (0.1 * torch.randn(hid)).to(dtype)
-    w2, b2 = (torch.randn(n2, hid) * hid**-0.5).to(dtype), (torch.randn(n2) * 0.1).to(dtype)
-    s_want = r.float() + F.linear(x.float(), w1.float(), b1.float())
-    h_want = F.layer_norm(s_want, (hid,), g.float(), beta.float(), 1e-12)
-    y_want = F.linear(h_want, w2.float(), b2.float())
-    y_want = F.gelu(y_want, approximate="tanh") if gelu else y_want
-    s, stats = sk.skinny_linear_stats(x, w1, b1, cfg1, residual=r)
-    y, h = sk.skinny_ln_linear(s, stats, g, beta, 1e-12, w2, b2, cfg2, gelu=gelu)
-    tol = 2e-4 if dtype == torch.float32 else 2e-2
-    for name, got, want in (("s", s, s_want), ("h", h, h_want), ("y", y, y_want)):
-        assert got.dtype == dtype and got.shape == want.shape, (name, got.dtype, got.shape)
-        err = float((got.float() - want).abs().max())
-        assert err < tol * max(1.0, float(want.abs().max())), (m, hid, cfg1, cfg2, dtype, name, err)
+for m, k, n, cfg, bias, dtype in cases:
+    x, w = torch.randn(m, k).to(dtype), (torch.randn(n, k) * k**-0.5).to(dtype)
+    b = (torch.randn(n) * 0.1).to(dtype) if bias else None
+    r, g, beta = (torch.randn(m, n) + 0.5).to(dtype), (1 + 0.1 * torch.randn(n)).to(dtype), (0.1 * torch.randn(n)).to(dtype)
+    lin = F.linear(x.float(), w.float(), None if b is None else b.float())
+    want = F.layer_norm(r.float() + lin, (n,), g.float(), beta.float(), 1e-12)
+    got = sk.skinny_linear(x, w, b, cfg, residual_ln=(r, g, beta, 1e-12))
+    assert got.dtype == dtype and got.shape == (m, n), (got.dtype, got.shape)
+    err = float((got.float() - want).abs().max())
+    assert err < (2e-4 if dtype == torch.float32 else 2e-2), (m, k, n, cfg, dtype, err)
 # a row whose mean is far from zero (BERT's hidden states have such dimensions): the variance stays exact
-x = torch.randn(16, 64) * 0.1 + 40.0
-x, stats = sk.skinny_linear_stats(x, torch.eye(64), None, (16, 16, 32, 1, 4))  # four partials of 16 columns
-y, h = sk.skinny_ln_linear(x, stats, torch.ones(64), torch.zeros(64), 1e-12, torch.eye(64), None, (16, 64, 16, 1, 4))
-want = F.layer_norm(x, (64,), eps=1e-12)
-assert float((h - want).abs().max()) < 1e-3 and float((y - want).abs().max()) < 1e-3
-# the add + LayerNorm kernel of the unfused form
+x, r = torch.randn(16, 64) * 0.1, torch.randn(16, 64) * 0.1 + 40.0
+got = sk.skinny_linear(x, torch.eye(64), None, (16, 16, 32, 2, 4), residual_ln=(r, torch.ones(64), torch.zeros(64), 1e-12))
+assert float((got - F.layer_norm(x + r, (64,), eps=1e-12)).abs().max()) < 1e-3
+# the add + LayerNorm kernel of the unfused form, several rows a program and a ragged last program
 a, r = torch.randn(37, 80), torch.randn(37, 80)
-got = sl._add_ln_kernel  # compiled below through add_layer_norm's CUDA branch is not reachable here: call it directly
-out = torch.empty(37, 80)
-sl._add_ln_kernel[(5,)](a, r, torch.ones(80) * 2, torch.ones(80), out, 37, 80, 80, 80, 80, 1e-5, ROWS=8, BLOCK_N=128)
-assert float((out - F.layer_norm(a + r, (80,), torch.ones(80) * 2, torch.ones(80), 1e-5)).abs().max()) < 1e-4
+got = torch.empty(37, 80)
+sl._add_ln_kernel[(5,)](a, r, torch.ones(80) * 2, torch.ones(80), got, 37, 80, 80, 80, 80, 1e-5, ROWS=8, BLOCK_N=128,
+                        PDL=False)
+assert float((got - F.layer_norm(a + r, (80,), torch.ones(80) * 2, torch.ones(80), 1e-5)).abs().max()) < 1e-4
 print("ok", len(cases) + 2)
 """
 
 
-def test_kernels_match_the_unfused_form_under_the_interpreter() -> None:
+def test_kernels_match_torch_under_the_interpreter() -> None:
     assert run_interpreted(CHECK) == "ok 6"
 
 
-@pytest.mark.parametrize("gelu", [False, True])
-def test_ln_prologue_kernel_compiles_for_the_h200(gelu: bool) -> None:
-    """The LayerNorm-prologue GEMM and the add + LayerNorm kernel down to sm_90 cubins: BERT-base's FFN in (K = 768),
-    with PDL; the prologue's GEMM still uses the tensor cores."""
-    kernel = compile_for_h200(
-        sk._skinny_kernel,
-        ["*fp16", "*fp16", "*fp16", "*fp16", "*fp32", *["*fp16"] * 4, "*fp32", *["i32"] * 8, "fp32", "i32"],
-        {"K_ITERS": 6, "SPLIT": 1, "HAS_BIAS": True, "GELU": gelu, "RESIDUAL": False, "STATS_OUT": False, "LN_IN": True, "PART_N": 32, "T_POW2": 32, "BLOCK_M": 64,
-         "BLOCK_N": 64, "BLOCK_K": 128, "PDL": True},
-        divisible=("M", "N", "K"),
+def test_kernels_compile_for_the_h200() -> None:
+    """The reduce + LayerNorm and the add + LayerNorm kernels down to sm_90 cubins at BERT-base's width, with PDL."""
+    reduce_ln = compile_for_h200(
+        sk._skinny_reduce_ln, [*["*fp32"], *["*fp16"] * 5, *["i32"] * 4, "fp32"],
+        {"SPLIT": 4, "HAS_BIAS": True, "ROWS": 1, "BLOCK_N": 1024, "PDL": True}, divisible=("N",),
     )  # fmt: skip
-    ptx = kernel.asm["ptx"]
-    assert "griddepcontrol.wait" in ptx and ("mma" in ptx or "wgmma" in ptx)
-    producer = compile_for_h200(
-        sk._skinny_kernel,
-        ["*fp16", "*fp16", "*fp16", "*fp16", "*fp32", *["*fp16"] * 4, "*fp32", *["i32"] * 8, "fp32", "i32"],
-        {"K_ITERS": 6, "SPLIT": 1, "HAS_BIAS": True, "GELU": False, "RESIDUAL": True, "STATS_OUT": True,
-         "LN_IN": False, "PART_N": 1, "T_POW2": 2, "BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_K": 128, "PDL": True},
-        divisible=("M", "N", "K"),
-    )  # fmt: skip
-    reduce_rows = compile_for_h200(
-        sk._skinny_reduce_rows, ["*fp32", "*fp16", "*fp16", "*fp16", "*fp32", *["i32"] * 4],
-        {"SPLIT": 4, "HAS_BIAS": True, "RESIDUAL": True, "ROWS": 4, "BLOCK_N": 1024, "PDL": True},
+    add_ln = compile_for_h200(
+        sl._add_ln_kernel, [*["*fp16"] * 5, *["i32"] * 5, "fp32"], {"ROWS": 4, "BLOCK_N": 1024, "PDL": True},
         divisible=("N",),
     )  # fmt: skip
-    for k in (producer, reduce_rows):
-        assert "griddepcontrol.wait" in k.asm["ptx"] and "st.global" in k.asm["ptx"]
-    add_ln = compile_for_h200(
-        sl._add_ln_kernel, [*["*fp16"] * 5, *["i32"] * 5, "fp32"], {"ROWS": 4, "BLOCK_N": 1024}, divisible=("N",)
-    )
-    assert "st.global" in add_ln.asm["ptx"]
+    for kernel in (reduce_ln, add_ln):
+        ptx = kernel.asm["ptx"]
+        assert "griddepcontrol.wait" in ptx and "st.global" in ptx
 
 
 def test_op_on_the_cpu_is_the_unfused_form() -> None:
@@ -107,34 +81,25 @@ def test_op_on_the_cpu_is_the_unfused_form() -> None:
     assert torch.equal(y, F.gelu(F.linear(h_want, w2, b2), approximate="tanh"))
 
 
-def test_fused_only_where_the_table_has_both_products_and_the_second_keeps_k_whole(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    w1, w2 = torch.empty(768, 3072), torch.empty(2304, 768)
+def test_fused_only_where_the_table_splits_the_first_product(monkeypatch: pytest.MonkeyPatch) -> None:
+    w1 = torch.empty(768, 3072)
     monkeypatch.setattr(
-        sk, "SKINNY_BEST", {(128, 768, 3072): (64, 32, 128, 4, 4), (128, 2304, 768): (64, 64, 128, 1, 4)}
+        sk, "SKINNY_BEST", {(128, 768, 3072): (64, 32, 128, 4, 4), (16, 768, 3072): (16, 32, 128, 1, 4)}
     )
-    assert sl.fused_configs(128, w1, w2) == ((64, 32, 128, 4, 4), (64, 64, 128, 1, 4))
-    assert sl.fused_configs(256, w1, w2) is None
-    monkeypatch.setitem(sk.SKINNY_BEST, (128, 2304, 768), (64, 64, 128, 2, 4))
-    assert sl.fused_configs(128, w1, w2) is None
+    assert sl.fused_config(128, w1) == (64, 32, 128, 4, 4)
+    assert sl.fused_config(16, w1) is None  # no split: no reduce to do the LayerNorm
+    assert sl.fused_config(256, w1) is None  # not in the table
 
 
 def test_bad_operands_are_named() -> None:
     if sk.triton is None:
         pytest.skip("needs Triton (CUDA builds of torch)")
-    with pytest.raises(ValueError, match=r"residual \(2, 8, 31\), need \(2, 8, 32\)"):
+    x, w, r = torch.randn(2, 8, 64), torch.randn(32, 64), torch.randn(2, 8, 32)
+    with pytest.raises(ValueError, match=r"needs a config that splits K and no GELU, not \(16, 32, 64, 1, 4\)"):
+        sk.skinny_linear(x, w, None, (16, 32, 64, 1, 4), residual_ln=(r, torch.ones(32), torch.zeros(32), 1e-5))
+    with pytest.raises(ValueError, match=r"residual \(2, 8, 31\), gamma \(32,\), beta \(32,\): need \(2, 8, 32\)"):
         sk.skinny_linear(
-            torch.randn(2, 8, 64), torch.randn(32, 64), None, (16, 32, 64, 1, 4), residual=torch.randn(2, 8, 31)
-        )
-    x, stats, w = torch.randn(16, 64), (torch.zeros(16, 4, 2), 16), torch.randn(8, 64)
-    with pytest.raises(ValueError, match="splits K"):
-        sk.skinny_ln_linear(x, stats, torch.ones(64), torch.zeros(64), 1e-5, w, None, (16, 32, 64, 2, 4))
-    with pytest.raises(ValueError, match=r"gamma \(63,\)"):
-        sk.skinny_ln_linear(x, stats, torch.ones(63), torch.zeros(64), 1e-5, w, None, (16, 32, 64, 1, 4))
-    with pytest.raises(ValueError, match=r"stats \(16, 3, 2\) of 16 columns each do not cover x \(16, 64\)"):
-        sk.skinny_ln_linear(
-            x, (stats[0][:, :3], 16), torch.ones(64), torch.zeros(64), 1e-5, w, None, (16, 32, 64, 1, 4)
+            x, w, None, (16, 32, 64, 2, 4), residual_ln=(r[..., :31], torch.ones(32), torch.zeros(32), 1e-5)
         )
 
 

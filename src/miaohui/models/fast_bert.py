@@ -48,8 +48,8 @@ class FastBertLayer(nn.Module):
 
     ln_fusion: bool = False
     """Each LayerNorm inside the stack and the GEMMs on either side of it as ``miaohui::proj_ln_proj``
-    (:mod:`miaohui.models.skinny_ln`: the residual in the first GEMM's epilogue, the LayerNorm in the second's prologue
-    where the skinny table has both products at the rows; the same three kernels as without it elsewhere). It spans
+    (:mod:`miaohui.models.skinny_ln`: the residual add and LayerNorm done by the first GEMM's split-K reduce where the
+    skinny table splits that product at the rows; the same three kernels as without it elsewhere). It spans
     layers (the FFN output, LayerNorm, the next layer's QKV), so :class:`FastBert` reads it from its first layer. Set
     by :func:`use_ln_fusion`: by the ``inductor`` build with ``gpu_kernels triton`` and ``ln_fusion auto`` where the
     GPU has skinny entries."""

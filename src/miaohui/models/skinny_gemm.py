@@ -7,14 +7,14 @@ the GEMM, a reduce kernel and a memset) per layer, against ~1 µs each for their
 a 128-wide output tile leaves most of the 132 SMs idle; smaller tiles and K split over programs give them work. The
 (1, 128) ≤ 0.35 ms goal needs about 10 µs per layer back.
 
-Status: written after session 17's device time; arithmetic checked on the CPU under Triton's interpreter
-(``tests/unit/test_skinny_gemm.py``); speed unmeasured — ``scripts/gpu/encoder_gemm_sweep.py`` times it against cuBLAS
-(``run_h200.sh s18b``). Not wired into the engine.
+Status: in the engine (``gpu_kernels triton``) at the rows of ``kernel_tables.SKINNY_H200``, launched with PDL;
+arithmetic checked on the CPU under Triton's interpreter (``tests/unit/test_skinny_gemm.py``, ``test_skinny_ln.py``);
+``scripts/gpu/encoder_gemm_sweep.py`` and ``pdl_probe.py`` time it against cuBLAS.
 """
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
@@ -61,114 +61,29 @@ if triton is not None:
         return acc
 
     @triton.jit
-    def _tile_stats(v, mask, rm, pid_n, M, N, st_ptr, BLOCK_N):  # no annotations: see above
-        """Store the mean and the sum of squared deviations of each row of tile ``v`` over its valid columns to
-        ``st`` [M, T, 2] (T = column blocks; this tile is ``pid_n``), for :func:`_merged_stats` (Chan et al.)."""
-        cnt = tl.sum(((pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) < N).to(tl.float32), 0)
-        mean = tl.sum(tl.where(mask, v, 0.0), 1) / cnt
-        d = tl.where(mask, v - mean[:, None], 0.0)
-        at = st_ptr + (rm * tl.num_programs(1) + pid_n) * 2
-        tl.store(at, mean, mask=rm < M)
-        tl.store(at + 1, tl.sum(d * d, 1), mask=rm < M)
-
-    @triton.jit
-    def _merged_stats(st_ptr, rm, M, K, T, PART_N, T_POW2):  # no annotations: see above
-        """Rows ``rm``'s mean and sum of squared deviations over all K from their T partials in ``st`` [M, T, 2]
-        (partial t covers columns t·PART_N … on, fewer in the last)."""
-        rt = tl.arange(0, T_POW2)
-        smask = (rm[:, None] < M) & (rt[None, :] < T)
-        at = st_ptr + (rm[:, None] * T + rt[None, :]) * 2
-        means = tl.load(at, mask=smask, other=0.0)
-        m2s = tl.load(at + 1, mask=smask, other=0.0)
-        cnt = tl.where(rt < T, tl.minimum(K - rt * PART_N, PART_N), 0).to(tl.float32)
-        mean = tl.sum(means * cnt[None, :], 1) / K
-        dm = means - mean[:, None]
-        return mean, tl.sum(m2s, 1) + tl.sum(cnt[None, :] * dm * dm, 1)
-
-    @triton.jit
-    def _tile_product_ln(
-        x_ptr,
-        w_ptr,
-        g_ptr,
-        beta_ptr,
-        h_ptr,
-        mean,
-        rstd,
-        h_rows,
-        rm,
-        rn,
-        M,
-        N,
-        K,
-        stride_xm,
-        stride_wn,
-        stride_hm,
-        K_ITERS,
-        BLOCK_M,
-        BLOCK_N,
-        BLOCK_K,
-    ):  # no annotations: see above
-        """``LayerNorm(x)[rm] @ w[rn]ᵀ`` in fp32 over all of K: each tile of ``x`` normalized (``mean``, ``rstd``,
-        then ``g``, ``beta``) and rounded to x's dtype as it is loaded, as a LayerNorm kernel would have stored it;
-        rows below ``h_rows``: also stored to ``h`` (M for one column block's programs, 0 for the others)."""
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for it in range(K_ITERS):
-            rk = it * BLOCK_K + tl.arange(0, BLOCK_K)
-            kmask = rk < K
-            xmask = (rm[:, None] < M) & kmask[None, :]
-            x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=xmask, other=0.0).to(tl.float32)
-            g = tl.load(g_ptr + rk, mask=kmask, other=0.0).to(tl.float32)
-            bb = tl.load(beta_ptr + rk, mask=kmask, other=0.0).to(tl.float32)
-            h = ((x - mean[:, None]) * rstd[:, None] * g[None, :] + bb[None, :]).to(x_ptr.dtype.element_ty)
-            tl.store(h_ptr + rm[:, None] * stride_hm + rk[None, :], h, mask=(rm[:, None] < h_rows) & kmask[None, :])
-            w = tl.load(
-                w_ptr + rn[None, :] * stride_wn + rk[:, None], mask=(rn[None, :] < N) & kmask[:, None], other=0.0
-            )
-            acc += tl.dot(h, w)
-        return acc
-
-    @triton.jit
     def _skinny_kernel(
         x_ptr,
         w_ptr,
         b_ptr,
         out_ptr,
         ws_ptr,
-        r_ptr,
-        g_ptr,
-        beta_ptr,
-        h_ptr,
-        st_ptr,
         M,
         N,
         K,
         stride_xm,
         stride_wn,
         stride_om,
-        stride_rm,
-        stride_hm,
-        eps,
-        T,
         K_ITERS: tl.constexpr,
         SPLIT: tl.constexpr,
         HAS_BIAS: tl.constexpr,
         GELU: tl.constexpr,
-        RESIDUAL: tl.constexpr,
-        STATS_OUT: tl.constexpr,
-        LN_IN: tl.constexpr,
-        PART_N: tl.constexpr,
-        T_POW2: tl.constexpr,
         BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr,
         PDL: tl.constexpr,
     ) -> None:
-        """A [BLOCK_M, BLOCK_N] output tile over one of SPLIT slices of K; SPLIT 1 applies bias/residual/GELU and
-        stores, otherwise fp32 partials go to ``ws`` [SPLIT, M, N] for :func:`_skinny_reduce`. ``RESIDUAL``: adds
-        ``r`` [M, N]. ``STATS_OUT`` (SPLIT 1): each tile also stores its rows' partial mean and squared deviations
-        of what it stored to ``st`` [M, T, 2]. ``LN_IN`` (SPLIT 1): the product is ``LayerNorm(x)`` (``g``, ``beta``,
-        ``eps``; the mean and variance merged from x's T partials in ``st``, each of PART_N columns) times ``w``ᵀ,
-        and the first column block's programs store ``LayerNorm(x)`` to ``h``. ``PDL``: launched as a
+        """A [BLOCK_M, BLOCK_N] output tile over one of SPLIT slices of K; SPLIT 1 applies bias/GELU and stores,
+        otherwise fp32 partials go to ``ws`` [SPLIT, M, N] for :func:`_skinny_reduce`. ``PDL``: launched as a
         programmatic dependent of the kernel before it (see :func:`skinny_linear`)."""
         if PDL:
             tl.extra.cuda.gdc_launch_dependents()  # the next kernel may launch now; it waits as this one does
@@ -178,29 +93,16 @@ if triton is not None:
         pid_k = tl.program_id(2)
         rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        if LN_IN:
-            mean, m2 = _merged_stats(st_ptr, rm, M, K, T, PART_N, T_POW2)
-            rstd = 1.0 / tl.sqrt(m2 / K + eps)
-            acc = _tile_product_ln(
-                x_ptr, w_ptr, g_ptr, beta_ptr, h_ptr, mean, rstd, M * (pid_n == 0).to(tl.int32), rm, rn, M, N, K,
-                stride_xm, stride_wn, stride_hm, K_ITERS, BLOCK_M, BLOCK_N, BLOCK_K,
-            )  # fmt: skip
-        else:
-            acc = _tile_product(
-                x_ptr, w_ptr, rm, rn, pid_k, M, N, K, stride_xm, stride_wn, K_ITERS, BLOCK_M, BLOCK_N, BLOCK_K
-            )
+        acc = _tile_product(
+            x_ptr, w_ptr, rm, rn, pid_k, M, N, K, stride_xm, stride_wn, K_ITERS, BLOCK_M, BLOCK_N, BLOCK_K
+        )
         mask = (rm[:, None] < M) & (rn[None, :] < N)
         if SPLIT == 1:
             if HAS_BIAS:
                 acc += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
-            if RESIDUAL:
-                acc += tl.load(r_ptr + rm[:, None] * stride_rm + rn[None, :], mask=mask, other=0.0).to(tl.float32)
             if GELU:
                 acc = _gelu_tanh(acc)
-            v = acc.to(out_ptr.dtype.element_ty)
-            tl.store(out_ptr + rm[:, None] * stride_om + rn[None, :], v, mask=mask)
-            if STATS_OUT:
-                _tile_stats(v.to(tl.float32), mask, rm, pid_n, M, N, st_ptr, BLOCK_N)
+            tl.store(out_ptr + rm[:, None] * stride_om + rn[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
         else:
             tl.store(ws_ptr + (pid_k * M + rm[:, None]) * N + rn[None, :], acc, mask=mask)
 
@@ -208,16 +110,13 @@ if triton is not None:
     def _skinny_reduce(
         ws_ptr,
         b_ptr,
-        r_ptr,
         out_ptr,
         M,
         N,
         stride_om,
-        stride_rm,
         SPLIT: tl.constexpr,
         HAS_BIAS: tl.constexpr,
         GELU: tl.constexpr,
-        RESIDUAL: tl.constexpr,
         BLOCK: tl.constexpr,
         PDL: tl.constexpr,
     ) -> None:
@@ -232,48 +131,50 @@ if triton is not None:
         col = offs % N
         if HAS_BIAS:
             acc += tl.load(b_ptr + col, mask=mask, other=0.0).to(tl.float32)
-        if RESIDUAL:
-            acc += tl.load(r_ptr + (offs // N) * stride_rm + col, mask=mask, other=0.0).to(tl.float32)
         if GELU:
             acc = _gelu_tanh(acc)
         tl.store(out_ptr + (offs // N) * stride_om + col, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def _skinny_reduce_rows(
+    def _skinny_reduce_ln(
         ws_ptr,
         b_ptr,
         r_ptr,
+        g_ptr,
+        beta_ptr,
         out_ptr,
-        st_ptr,
         M,
         N,
-        stride_om,
         stride_rm,
+        stride_om,
+        eps,
         SPLIT: tl.constexpr,
         HAS_BIAS: tl.constexpr,
-        RESIDUAL: tl.constexpr,
         ROWS: tl.constexpr,
         BLOCK_N: tl.constexpr,
         PDL: tl.constexpr,
     ) -> None:
-        """:func:`_skinny_reduce` for whole rows (ROWS a program, BLOCK_N ≥ N), which also stores each row's mean and
-        squared deviations to ``st`` [M, 1, 2] (``STATS_OUT`` for a split-K product)."""
+        """``LayerNorm(Σ partials + bias + r)`` for ROWS whole rows a program (BLOCK_N ≥ N): a split-K product's
+        reduce that also does the residual add and the LayerNorm after it (fp32, two-pass variance)."""
         if PDL:
             tl.extra.cuda.gdc_launch_dependents()
             tl.extra.cuda.gdc_wait()
         rm = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
         rn = tl.arange(0, BLOCK_N)
-        mask = (rm[:, None] < M) & (rn[None, :] < N)
-        acc = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
-        for i in tl.static_range(SPLIT):
-            acc += tl.load(ws_ptr + (i * M + rm[:, None]) * N + rn[None, :], mask=mask, other=0.0)
+        cmask = rn < N
+        mask = (rm[:, None] < M) & cmask[None, :]
+        v = tl.load(r_ptr + rm[:, None] * stride_rm + rn[None, :], mask=mask, other=0.0).to(tl.float32)
         if HAS_BIAS:
-            acc += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
-        if RESIDUAL:
-            acc += tl.load(r_ptr + rm[:, None] * stride_rm + rn[None, :], mask=mask, other=0.0).to(tl.float32)
-        v = acc.to(out_ptr.dtype.element_ty)
-        tl.store(out_ptr + rm[:, None] * stride_om + rn[None, :], v, mask=mask)
-        _tile_stats(v.to(tl.float32), mask, rm, 0, M, N, st_ptr, BLOCK_N)
+            v += tl.load(b_ptr + rn, mask=cmask, other=0.0).to(tl.float32)[None, :]
+        for i in tl.static_range(SPLIT):
+            v += tl.load(ws_ptr + (i * M + rm[:, None]) * N + rn[None, :], mask=mask, other=0.0)
+        mean = tl.sum(v, 1) / N
+        d = tl.where(mask, v - mean[:, None], 0.0)
+        rstd = 1.0 / tl.sqrt(tl.sum(d * d, 1) / N + eps)
+        g = tl.load(g_ptr + rn, mask=cmask, other=0.0).to(tl.float32)
+        beta = tl.load(beta_ptr + rn, mask=cmask, other=0.0).to(tl.float32)
+        y = d * rstd[:, None] * g[None, :] + beta[None, :]
+        tl.store(out_ptr + rm[:, None] * stride_om + rn[None, :], y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def skinny_linear(
@@ -283,91 +184,20 @@ def skinny_linear(
     config: SkinnyConfig,
     gelu: bool = False,
     pdl: bool = False,
-    residual: torch.Tensor | None = None,
+    residual_ln: tuple[torch.Tensor, torch.Tensor, torch.Tensor, float] | None = None,
 ) -> torch.Tensor:
-    """``F.linear(x, w, bias)`` (plus ``residual`` [..., N] when given, then tanh GELU when ``gelu``) for ``x``
-    [..., K] and ``w`` [N, K] of one dtype, with ``config`` (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT, num_warps); SPLIT > 1
-    adds a kernel that sums fp32 partials (and adds bias and residual).
+    """``F.linear(x, w, bias)`` (then tanh GELU when ``gelu``) for ``x`` [..., K] and ``w`` [N, K] of one dtype, with
+    ``config`` (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT, num_warps); SPLIT > 1 adds a kernel that sums fp32 partials.
+
+    ``residual_ln`` (residual [..., N], gamma, beta, eps; SPLIT > 1, no GELU): ``F.layer_norm(residual + F.linear(x,
+    w, bias))`` instead, the residual add and the LayerNorm done by the kernel that sums the partials (it holds whole
+    rows): the add + LayerNorm kernel after the product is gone.
 
     ``pdl``: Hopper's programmatic dependent launch. The kernels are launched with
     ``CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`` and begin with ``griddepcontrol.launch_dependents`` then
     ``griddepcontrol.wait``: a kernel may be launched while the one before it still runs, and waits on the GPU for
     that one's writes, instead of launching after it has ended (a latency of each of the ~120 kernels of a 1×128
     BERT-base call; ``scripts/gpu/pdl_probe.py`` measures it)."""
-    return _launch(x, w, bias, config, gelu, pdl, residual).out
-
-
-RowStats = tuple[torch.Tensor, int]
-"""A tensor's per-row partial statistics for a LayerNorm: [M, T, 2] fp32 (each partial's mean and sum of squared
-deviations) and how many columns each partial covers (the last may cover fewer)."""
-
-
-def skinny_linear_stats(
-    x: torch.Tensor,
-    w: torch.Tensor,
-    bias: torch.Tensor | None,
-    config: SkinnyConfig,
-    residual: torch.Tensor | None = None,
-    pdl: bool = False,
-) -> tuple[torch.Tensor, RowStats]:
-    """:func:`skinny_linear` (no GELU) that also returns its output rows' statistics for
-    :func:`skinny_ln_linear`: each output tile stores its rows' partial mean and squared deviations (of the values
-    as stored), or with split K the reduce does it for whole rows."""
-    done = _launch(x, w, bias, config, False, pdl, residual, stats=True)
-    assert done.stats is not None
-    return done.out, done.stats
-
-
-def skinny_ln_linear(
-    x: torch.Tensor,
-    stats: RowStats,
-    gamma: torch.Tensor,
-    beta: torch.Tensor,
-    eps: float,
-    w: torch.Tensor,
-    bias: torch.Tensor | None,
-    config: SkinnyConfig,
-    gelu: bool = False,
-    pdl: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``h = F.layer_norm(x, (K,), gamma, beta, eps)`` and ``F.linear(h, w, bias)`` (then tanh GELU) as one kernel,
-    with ``x``'s row statistics from the kernel that wrote it (:func:`skinny_linear_stats`): each program merges its
-    rows' partials into mean and variance, then normalizes each tile of ``x`` as it loads it for the product (rounded
-    to x's dtype, as a LayerNorm kernel stores it); the first column block's programs also store ``h``. Returns
-    (output, h). ``config``'s SPLIT must be 1."""
-    if config[3] != 1:
-        raise ValueError(f"skinny_ln_linear: config {config} splits K; the LayerNorm in the prologue needs SPLIT 1")
-    k = x.shape[-1]
-    if gamma.shape != (k,) or beta.shape != (k,):
-        raise ValueError(f"skinny_ln_linear: gamma {tuple(gamma.shape)}, beta {tuple(beta.shape)}: need ({k},)")
-    rows = x.numel() // k
-    if stats[0].dim() != 3 or stats[0].shape[0] != rows or stats[0].shape[2] != 2 or stats[0].shape[1] * stats[1] < k:
-        raise ValueError(
-            f"skinny_ln_linear: stats {tuple(stats[0].shape)} of {stats[1]} columns each do not cover x "
-            f"{tuple(x.shape)}: pass what skinny_linear_stats returned with x"
-        )
-    done = _launch(x, w, bias, config, gelu, pdl, None, ln=(gamma, beta, eps, stats))
-    assert done.h is not None
-    return done.out, done.h
-
-
-class _Launched(NamedTuple):
-    out: torch.Tensor
-    h: torch.Tensor | None
-    stats: RowStats | None
-
-
-def _launch(
-    x: torch.Tensor,
-    w: torch.Tensor,
-    bias: torch.Tensor | None,
-    config: SkinnyConfig,
-    gelu: bool,
-    pdl: bool,
-    residual: torch.Tensor | None,
-    stats: bool = False,
-    ln: tuple[torch.Tensor, torch.Tensor, float, RowStats] | None = None,
-) -> _Launched:
     if triton is None:
         raise RuntimeError("skinny_linear needs Triton (it comes with CUDA builds of torch)")
     if w.dim() != 2 or x.shape[-1] != w.shape[1] or x.dtype != w.dtype:
@@ -377,52 +207,44 @@ def _launch(
         )
     block_m, block_n, block_k, split, warps = config
     lead = x.shape[:-1]
-    x2 = _rows(x)
+    x2 = x.reshape(-1, x.shape[-1])
+    x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()
     w = w if w.stride(-1) == 1 else w.contiguous()
     m, k = x2.shape
     n = w.shape[0]
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    r2 = out
-    if residual is not None:
-        if residual.shape != (*lead, n):
-            raise ValueError(f"skinny_linear: residual {tuple(residual.shape)}, need {(*lead, n)}")
-        r2 = _rows(residual)
-    g, beta, eps, (st_in, part_n) = ln if ln is not None else (w, w, 0.0, (out, 1))
-    h = torch.empty_like(x2) if ln is not None else None
-    tiles_n = triton.cdiv(n, block_n)
-    st_out = torch.empty((m, tiles_n if split == 1 else 1, 2), dtype=torch.float32, device=x.device) if stats else None
-    st = st_in if ln is not None else (st_out if st_out is not None else out)
-    t_in = st_in.shape[1] if ln is not None else 1
+    if residual_ln is not None:
+        residual = residual_ln[0]
+        if split < 2 or gelu:
+            raise ValueError(f"skinny_linear: residual_ln needs a config that splits K and no GELU, not {config}")
+        if residual.shape != (*lead, n) or residual_ln[1].shape != (n,) or residual_ln[2].shape != (n,):
+            raise ValueError(
+                f"skinny_linear: residual {tuple(residual.shape)}, gamma {tuple(residual_ln[1].shape)}, beta "
+                f"{tuple(residual_ln[2].shape)}: need {(*lead, n)}, ({n},), ({n},)"
+            )
     k_iters = triton.cdiv(triton.cdiv(k, split), block_k)
     ws = torch.empty((split, m, n), dtype=torch.float32, device=x.device) if split > 1 else out
     b = bias if bias is not None else w
-    flags = {"HAS_BIAS": bias is not None, "RESIDUAL": residual is not None}
-    _skinny_kernel[(triton.cdiv(m, block_m), tiles_n, split)](
-        x2, w, b, out, ws, r2, g, beta, h if h is not None else x2, st, m, n, k, x2.stride(0), w.stride(0),
-        out.stride(0), r2.stride(0), x2.stride(0) if h is None else h.stride(0), eps, t_in,
-        K_ITERS=k_iters, SPLIT=split, GELU=gelu, STATS_OUT=stats and split == 1, LN_IN=ln is not None,
-        PART_N=part_n, T_POW2=max(2, triton.next_power_of_2(t_in)), BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_K=block_k, num_warps=warps, PDL=pdl, launch_pdl=pdl, **flags,
+    flags = {"HAS_BIAS": bias is not None, "GELU": gelu}
+    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n), split)
+    _skinny_kernel[grid](
+        x2, w, b, out, ws, m, n, k, x2.stride(0), w.stride(0), out.stride(0),
+        K_ITERS=k_iters, SPLIT=split, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, PDL=pdl,
+        launch_pdl=pdl, **flags,
     )  # fmt: skip
-    if split > 1 and stats:
-        rows = 4
-        _skinny_reduce_rows[(triton.cdiv(m, rows),)](
-            ws, b, r2, out, st, m, n, out.stride(0), r2.stride(0), SPLIT=split, ROWS=rows,
-            BLOCK_N=triton.next_power_of_2(n), num_warps=4, PDL=pdl, launch_pdl=pdl, **flags,
+    if residual_ln is not None:
+        r2 = residual_ln[0].reshape(m, n)
+        r2 = r2 if r2.stride(-1) == 1 else r2.contiguous()
+        _skinny_reduce_ln[(m,)](
+            ws, b, r2, residual_ln[1], residual_ln[2], out, m, n, r2.stride(0), out.stride(0), residual_ln[3],
+            SPLIT=split, HAS_BIAS=bias is not None, ROWS=1, BLOCK_N=triton.next_power_of_2(n), num_warps=4, PDL=pdl,
+            launch_pdl=pdl,
         )  # fmt: skip
     elif split > 1:
         _skinny_reduce[(triton.cdiv(m * n, 1024),)](
-            ws, b, r2, out, m, n, out.stride(0), r2.stride(0), SPLIT=split, GELU=gelu, BLOCK=1024, PDL=pdl,
-            launch_pdl=pdl, **flags,
-        )  # fmt: skip
-    row_stats = None if st_out is None else (st_out, block_n if split == 1 else n)
-    return _Launched(out.reshape(*lead, n), None if h is None else h.reshape(x.shape), row_stats)
-
-
-def _rows(t: torch.Tensor) -> torch.Tensor:
-    """``t`` as [rows, last dim] with unit stride along the last dim."""
-    t2 = t.reshape(-1, t.shape[-1])
-    return t2 if t2.stride(-1) == 1 else t2.contiguous()
+            ws, b, out, m, n, out.stride(0), SPLIT=split, BLOCK=1024, PDL=pdl, launch_pdl=pdl, **flags
+        )
+    return out.reshape(*lead, n)
 
 
 SKINNY_BEST: dict[tuple[int, int, int], SkinnyConfig] = {}

@@ -1,31 +1,26 @@
-"""The encoder's LayerNorms folded into the GEMMs around them, for the few-row products of an intent request.
+"""The encoder's LayerNorms folded into the split-K GEMMs before them, for the few-row products of an intent request.
 
 ``miaohui::proj_ln_proj(x, w1, b1, r, gamma, beta, eps, w2, b2, gelu) -> (y, h)`` computes
 ``h = LayerNorm(r + x @ w1ᵀ + b1)`` and ``y = h @ w2ᵀ + b2`` (then tanh GELU): a projection, the residual add and
 LayerNorm after it, and the GEMM that reads the LayerNorm. In BERT that is the attention output → LayerNorm → FFN in,
 and the FFN output → LayerNorm → the next layer's QKV. ``h`` is the next residual.
 
-Where :data:`miaohui.models.skinny_gemm.SKINNY_BEST` has both products at these rows (CUDA), it is two kernels
-instead of three:
+Where :data:`miaohui.models.skinny_gemm.SKINNY_BEST` has the first product at these rows with K split over programs
+(CUDA), the kernel that sums the split's partials — it holds whole rows — also adds bias and residual and normalizes
+(``skinny_linear(..., residual_ln=...)``): the add + LayerNorm kernel is gone, two or three kernels instead of three
+or four. On the H200 that is BERT-base's and e5-small's FFN output at 16 and 128 rows and BERT-base's attention
+output at 16 rows (``kernel_tables.SKINNY_H200``). The second GEMM runs by ``miaohui::skinny_linear``'s rule.
 
-1. the skinny GEMM with the residual added in its epilogue (or in its split-K reduce) stores ``s``, and each output
-   tile its rows' partial mean and squared deviations (a few floats a row);
-2. the skinny GEMM with the LayerNorm in its prologue: each program merges its rows' partials into mean and variance
-   (Chan et al.), then normalizes every tile of ``s`` as it loads it for the product; the programs of the first
-   column block also store the normalized tiles, ``h``.
+Elsewhere (other rows; a first product without split K) it runs what the engine ran before: the first GEMM, one add
++ LayerNorm kernel (:func:`add_layer_norm`, Triton on CUDA, as Inductor would make of them), the second GEMM.
 
 Why: at 1×128 a BERT-base call is ~105 kernels of ~3.3 µs, latency rather than work, and 24 of them are add +
-LayerNorm kernels (``benchmarks/NOTES_gpu.md``, sessions 23–26). Session 23's first try (``LayerNorm(residual + x @
-wᵀ + b)`` in the GEMM's epilogue) was slower: a tile holds only part of a row, so the last program of each row block
-normalized the whole block alone. Here nobody waits on anybody: the LayerNorm moves to where whole rows are read
-anyway — every program of a K = hidden product reads all K of its rows. Its statistics come from the kernel before,
-whose tiles see every value once: a first version that read the rows twice (statistics, then the product) was
-slower than no fusion at all on the H200 (1×128 0.59 ms against 0.36, ``gpu_encoder_bert_ln_s30a.json``), the
-statistics pass's loads waiting on L2 one chunk after another.
-
-Elsewhere (other rows; a config that splits K for the second product) it runs what the engine ran before: the first
-GEMM with its bias, one add + LayerNorm kernel (:func:`add_layer_norm`, Triton on CUDA), the second GEMM — each GEMM
-through ``miaohui::skinny_linear``'s rule (its table's kernel, else cuBLAS), so the kernel count is unchanged.
+LayerNorm kernels (``benchmarks/NOTES_gpu.md``, sessions 23–27). Three tries that did not pay, all measured on the
+H200: session 23's LayerNorm in the GEMM's epilogue (a tile holds part of a row: the last program of each row block
+normalized the block alone, 14.4 µs a call); and session 27's LayerNorm in the next GEMM's prologue, the tile of
+the operand normalized in registers before ``tl.dot`` — with the row statistics read from the rows first (BERT-base
+1×128 0.59 ms against 0.36) or merged from partials the first GEMM wrote (1.14 ms; the prologue GEMM alone took 40 µs
+against 4.8, ``ln_fusion_probe_h200_s30e.json``).
 """
 
 from __future__ import annotations
@@ -59,8 +54,12 @@ if triton is not None:
         eps,
         ROWS: tl.constexpr,
         BLOCK_N: tl.constexpr,
+        PDL: tl.constexpr,
     ) -> None:
         """``LayerNorm(a + r)`` for ROWS rows a program, in fp32 (two-pass variance), stored in out's dtype."""
+        if PDL:
+            tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_wait()
         rm = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
         rn = tl.arange(0, BLOCK_N)
         mask = (rm[:, None] < M) & (rn[None, :] < N)
@@ -76,10 +75,10 @@ if triton is not None:
 
 
 def add_layer_norm(
-    a: torch.Tensor, r: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, eps: float
+    a: torch.Tensor, r: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, eps: float, pdl: bool = False
 ) -> torch.Tensor:
     """``F.layer_norm(a + r, (N,), gamma, beta, eps)``: one Triton kernel on CUDA (what Inductor makes of the add and
-    the LayerNorm), torch elsewhere."""
+    the LayerNorm; ``pdl``: launched as a programmatic dependent), torch elsewhere."""
     n = a.shape[-1]
     if not (a.is_cuda and triton is not None):
         return F.layer_norm(a + r, (n,), gamma, beta, eps)
@@ -92,21 +91,16 @@ def add_layer_norm(
     rows = max(1, min(8, 4096 // block_n))
     _add_ln_kernel[(triton.cdiv(m, rows),)](
         a2, r2, gamma, beta, out, m, n, a2.stride(0), r2.stride(0), out.stride(0), eps,
-        ROWS=rows, BLOCK_N=block_n, num_warps=4,
+        ROWS=rows, BLOCK_N=block_n, PDL=pdl, num_warps=4, launch_pdl=pdl,
     )  # fmt: skip
     return out.view(a.shape)
 
 
-def fused_configs(
-    rows: int, w1: torch.Tensor, w2: torch.Tensor
-) -> tuple[skinny_gemm.SkinnyConfig, skinny_gemm.SkinnyConfig] | None:
-    """The table's configurations for both products at ``rows`` rows, or None where the op runs unfused: either
-    product missing, or the second one splitting K."""
-    first = skinny_gemm.SKINNY_BEST.get((rows, w1.shape[0], w1.shape[1]))
-    second = skinny_gemm.SKINNY_BEST.get((rows, w2.shape[0], w2.shape[1]))
-    if first is None or second is None or second[3] != 1:
-        return None
-    return first, second
+def fused_config(rows: int, w1: torch.Tensor) -> skinny_gemm.SkinnyConfig | None:
+    """The table's configuration for the first product at ``rows`` rows where it splits K (the reduce then does the
+    LayerNorm), else None: the op runs unfused."""
+    cfg = skinny_gemm.SKINNY_BEST.get((rows, w1.shape[0], w1.shape[1]))
+    return cfg if cfg is not None and cfg[3] > 1 else None
 
 
 @torch.library.custom_op("miaohui::proj_ln_proj", mutates_args=())
@@ -124,12 +118,12 @@ def proj_ln_proj(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(``y``, ``h``): ``h = LayerNorm(r + x @ w1ᵀ + b1)``, ``y = h @ w2ᵀ + b2`` (then tanh GELU); see the module."""
     k = x.shape[-1]
-    cfgs = fused_configs(x.numel() // k, w1, w2) if x.is_cuda and triton is not None else None
-    if cfgs is not None:
-        pdl = skinny_gemm.SKINNY_PDL
-        s, stats = skinny_gemm.skinny_linear_stats(x, w1, b1, cfgs[0], residual=r, pdl=pdl)
-        return skinny_gemm.skinny_ln_linear(s, stats, gamma, beta, eps, w2, b2, cfgs[1], gelu=gelu, pdl=pdl)
-    h = add_layer_norm(skinny_gemm.skinny_op(x, w1, b1, False), r, gamma, beta, eps)
+    cfg = fused_config(x.numel() // k, w1) if x.is_cuda and triton is not None else None
+    if cfg is not None:
+        h = skinny_gemm.skinny_linear(x, w1, b1, cfg, pdl=skinny_gemm.SKINNY_PDL, residual_ln=(r, gamma, beta, eps))
+    else:  # PDL where the first product ran the skinny kernel: a chain of small kernels, as the ops around it
+        pdl = skinny_gemm.SKINNY_PDL and (x.numel() // k, *w1.shape) in skinny_gemm.SKINNY_BEST
+        h = add_layer_norm(skinny_gemm.skinny_op(x, w1, b1, False), r, gamma, beta, eps, pdl=pdl)
     return skinny_gemm.skinny_op(h, w2, b2, gelu), h
 
 
