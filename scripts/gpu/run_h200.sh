@@ -753,6 +753,11 @@ case $stage in
       > "$OUT/gpu_tests_gpu_kernels_h200_s30f.txt" 2>&1
     grep -E "passed|failed|FAILED|Error|assert|engine vs" "$OUT/gpu_tests_gpu_kernels_h200_s30f.txt" | tail -16
     ;;
+  s30g)
+    timeout 150 python3 -X faulthandler -m pytest -q tests/gpu/test_gpu_kernels_gpu.py -p no:cacheprovider -rA -s \
+      -k "manifest or 1-16 or 4-96" > "$OUT/gpu_tests_gpu_kernels_h200_s30g.txt" 2>&1
+    grep -E "passed|failed|FAILED|Error|assert|engine vs" "$OUT/gpu_tests_gpu_kernels_h200_s30g.txt" | tail -12
+    ;;
   s30b)
     timeout 240 python3 -X faulthandler -m pytest -q tests/gpu/test_gpu_kernels_gpu.py -p no:cacheprovider -rA -s \
       > "$OUT/gpu_tests_gpu_kernels_h200_s30b.txt" 2>&1
