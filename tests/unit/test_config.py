@@ -126,3 +126,13 @@ def test_pdl_is_an_inductor_choice_and_auto_keeps_the_build_key() -> None:
     assert plain.pdl == "auto"
     assert plain.compute_hash() == plain.model_copy(update={"pdl": "auto"}).compute_hash()
     assert plain.compute_hash() != BuildConfig(backend="inductor", precision="fp16", pdl="off").compute_hash()
+
+
+def test_ln_fusion_is_an_inductor_choice_and_auto_keeps_the_build_key() -> None:
+    with pytest.raises(ConfigError, match="ln_fusion off with backend onnxruntime") as err:
+        BuildConfig(backend="onnxruntime", ln_fusion="off")
+    assert "drop --ln-fusion" in str(err.value)
+    plain = BuildConfig(backend="inductor", precision="fp16")
+    assert plain.ln_fusion == "auto"
+    assert plain.compute_hash() == plain.model_copy(update={"ln_fusion": "auto"}).compute_hash()
+    assert plain.compute_hash() != BuildConfig(backend="inductor", precision="fp16", ln_fusion="off").compute_hash()

@@ -79,8 +79,9 @@ def test_build_switches_the_layers_where_a_table_exists(clean_tables: None, monk
         "attention_shapes": 5,
         "pdl": True,
         "pdl_max_rows": 128,
+        "ln_fusion": True,
     }
-    assert all(layer.skinny and layer.triton_attention for layer in layers)
+    assert all(layer.skinny and layer.triton_attention and layer.ln_fusion for layer in layers)
     assert skinny_gemm.SKINNY_PDL and encoder_attention.ATTN_SHAPES_ONLY
     assert (1, 12, 16, 64) in encoder_attention.ATTN_BEST and (16, 2304, 768) in skinny_gemm.SKINNY_BEST
     # an artifact built so loads the same tables; one built with library kernels touches nothing
@@ -102,6 +103,8 @@ def test_pdl_off_and_the_row_limit(clean_tables: None, monkeypatch: pytest.Monke
     enc = random_bert(hidden=768, layers=1, heads=12, vocab=100, intermediate=3072, seed=0)
     model = fast_bert.from_module(IntentClassifier(enc, 24).eval())
     monkeypatch.setattr(kernel_tables, "device_capability", lambda: (9, 0))
+    no_ln = inductor.use_gpu_kernels(model, "triton", "fp16", ln_fusion=False)  # BuildConfig.ln_fusion off
+    assert no_ln["ln_fusion"] is False and not any(m.ln_fusion for m in model.modules() if hasattr(m, "ln_fusion"))
     off = inductor.use_gpu_kernels(model, "triton", "fp16", pdl=False)
     assert off["mode"] == "triton" and off["pdl"] is False and "pdl_max_rows" not in off
     assert skinny_gemm.SKINNY_PDL and not inductor.program_pdl(off, None) and not inductor.program_pdl(off, 16)
@@ -132,10 +135,12 @@ def test_exported_program_with_the_custom_ops_saves_and_loads(clean_tables: None
         want = model(ids, mask)
     fast_bert.use_skinny(model)
     fast_bert.use_triton_attention(model)
+    fast_bert.use_ln_fusion(model)
     batch, seq = torch.export.Dim("batch", min=1, max=8), torch.export.Dim("sequence", min=2, max=64)
     ep = torch.export.export(model, (ids, mask), dynamic_shapes=({0: batch, 1: seq}, {0: batch, 1: seq}))
     targets = {str(n.target) for n in ep.graph.nodes if n.op == "call_function"}
-    assert {"miaohui.skinny_linear.default", "miaohui.encoder_attention.default"} <= targets
+    ops = {"miaohui.skinny_linear.default", "miaohui.encoder_attention.default", "miaohui.proj_ln_proj.default"}
+    assert ops <= targets
     torch.export.save(ep, str(tmp_path / "program.pt2"))
     loaded = torch.export.load(str(tmp_path / "program.pt2")).module()
     with torch.inference_mode():
@@ -152,7 +157,7 @@ def test_gpu_kernels_is_an_inductor_option() -> None:
     # other backends' build keys do not change with the option's arrival: it is not hashed for them
     ort = BuildConfig(backend="onnxruntime")
     fields = ort.model_dump(mode="json")
-    for name in ("calibration", "autotune", "inductor_format", "gpu_kernels", "static_shapes", "pdl"):
+    for name in ("calibration", "autotune", "inductor_format", "gpu_kernels", "static_shapes", "pdl", "ln_fusion"):
         fields.pop(name)
     assert ort.compute_hash() == digest_json(fields)
     a = BuildConfig(backend="inductor", precision="fp16")
