@@ -134,6 +134,7 @@
 #           GEMM + LayerNorm kernel and the Triton attention, pdl_probe.py (48 chained skinny GEMMs of BERT-base at 16 /
 #           128 rows, cuBLAS vs Triton vs Triton with PDL), then encoder_variants.py: every GEMM skinny, with PDL, with
 #           PDL + s26c's attention, with GEMM + LayerNorm fused (models/skinny_ln.py), and all of them together
+#           (session 27 replaced that kernel and its GPU test; the attention test moved to test_encoder_kernels_gpu.py)
 #   s26d:   (next session) the decode steps (1 and 64 rows) with Inductor's PDL off / on (TORCHINDUCTOR_ENABLE_PDL;
 #           its Triton kernels only)
 #   s27a:   scripts/gpu/attn_probe.py (the encoder attention's launch configurations per shape against the SDPA form),
