@@ -118,21 +118,12 @@ def test_static_shapes_parse_sort_and_validate() -> None:
     )  # type: ignore[arg-type]
 
 
-def test_pdl_is_an_inductor_choice_and_auto_keeps_the_build_key() -> None:
-    with pytest.raises(ConfigError, match="pdl off with backend onnxruntime") as err:
-        BuildConfig(backend="onnxruntime", pdl="off")
-    assert "drop --pdl" in str(err.value)
+@pytest.mark.parametrize(("field", "flag"), [("pdl", "--pdl"), ("ln_fusion", "--ln-fusion")])
+def test_inductor_switches_refuse_other_backends_and_auto_keeps_the_build_key(field: str, flag: str) -> None:
+    with pytest.raises(ConfigError, match=f"{field} off with backend onnxruntime") as err:
+        BuildConfig.model_validate({"backend": "onnxruntime", field: "off"})
+    assert f"drop {flag}" in str(err.value)
     plain = BuildConfig(backend="inductor", precision="fp16")
-    assert plain.pdl == "auto"
-    assert plain.compute_hash() == plain.model_copy(update={"pdl": "auto"}).compute_hash()
-    assert plain.compute_hash() != BuildConfig(backend="inductor", precision="fp16", pdl="off").compute_hash()
-
-
-def test_ln_fusion_is_an_inductor_choice_and_auto_keeps_the_build_key() -> None:
-    with pytest.raises(ConfigError, match="ln_fusion off with backend onnxruntime") as err:
-        BuildConfig(backend="onnxruntime", ln_fusion="off")
-    assert "drop --ln-fusion" in str(err.value)
-    plain = BuildConfig(backend="inductor", precision="fp16")
-    assert plain.ln_fusion == "auto"
-    assert plain.compute_hash() == plain.model_copy(update={"ln_fusion": "auto"}).compute_hash()
-    assert plain.compute_hash() != BuildConfig(backend="inductor", precision="fp16", ln_fusion="off").compute_hash()
+    assert getattr(plain, field) == "auto"
+    assert plain.compute_hash() == plain.model_copy(update={field: "auto"}).compute_hash()
+    assert plain.compute_hash() != plain.model_copy(update={field: "off"}).compute_hash()
