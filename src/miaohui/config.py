@@ -144,6 +144,17 @@ class CalibrationConfig(Frozen):
         return self
 
 
+_INDUCTOR_ONLY: dict[str, tuple[str, str]] = {
+    "inductor_format": ("--inductor-format", "the artifact format is an inductor option"),
+    "gpu_kernels": ("--gpu-kernels", "the GPU kernel choice is an inductor option"),
+    "pdl": ("--pdl", "programmatic dependent launch is an inductor (GPU) choice"),
+    "ln_fusion": ("--ln-fusion", "LayerNorm fusion is an inductor (GPU) choice"),
+    "static_shapes": ("--static-shapes", "static programs per bucket are an inductor option"),
+}
+"""BuildConfig fields that only the ``inductor`` backend reads → (CLI flag, what the field is): another backend with
+a value other than the default is refused, naming the fix."""
+
+
 class BuildConfig(Frozen):
     """Everything that changes the compiled graph. Its hash is part of the build key."""
 
@@ -233,31 +244,14 @@ class BuildConfig(Frozen):
                 "ONNX Runtime's CPU kernels are fp32/int8; use --precision int8 or fp32, "
                 "or a GPU backend (tensorrt, tensorrt-rtx, inductor) for fp16/bf16",
             )
-        if self.backend != "inductor" and self.inductor_format != "auto":
-            raise ConfigError(
-                f"inductor_format {self.inductor_format} with backend {self.backend}",
-                "the artifact format is an inductor option: drop --inductor-format or use --backend inductor",
-            )
-        if self.backend != "inductor" and self.gpu_kernels != "triton":
-            raise ConfigError(
-                f"gpu_kernels {self.gpu_kernels} with backend {self.backend}",
-                "the GPU kernel choice is an inductor option: drop --gpu-kernels or use --backend inductor",
-            )
-        if self.backend != "inductor" and self.pdl != "auto":
-            raise ConfigError(
-                f"pdl {self.pdl} with backend {self.backend}",
-                "programmatic dependent launch is an inductor (GPU) choice: drop --pdl or use --backend inductor",
-            )
-        if self.backend != "inductor" and self.ln_fusion != "auto":
-            raise ConfigError(
-                f"ln_fusion {self.ln_fusion} with backend {self.backend}",
-                "LayerNorm fusion is an inductor (GPU) choice: drop --ln-fusion or use --backend inductor",
-            )
-        if self.backend != "inductor" and self.static_shapes:
-            raise ConfigError(
-                f"static_shapes with backend {self.backend}",
-                "static programs per bucket are an inductor option: drop --static-shapes or use --backend inductor",
-            )
+        if self.backend != "inductor":
+            for name, (flag, what) in _INDUCTOR_ONLY.items():
+                value = getattr(self, name)
+                if value != type(self).model_fields[name].default:
+                    shown = f"{name} {value}" if isinstance(value, str) else name
+                    raise ConfigError(
+                        f"{shown} with backend {self.backend}", f"{what}: drop {flag} or use --backend inductor"
+                    )
         if self.backend in ("tensorrt", "tensorrt-rtx") and self.precision == "bf16":
             # TensorRT supports bf16 from 9.0 on; kept explicit so the error is ours if the library refuses.
             pass

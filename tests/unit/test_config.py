@@ -127,3 +127,19 @@ def test_inductor_switches_refuse_other_backends_and_auto_keeps_the_build_key(fi
     assert getattr(plain, field) == "auto"
     assert plain.compute_hash() == plain.model_copy(update={field: "auto"}).compute_hash()
     assert plain.compute_hash() != plain.model_copy(update={field: "off"}).compute_hash()
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "shown"),
+    [
+        ("inductor_format", "exported-program", "inductor_format exported-program"),
+        ("gpu_kernels", "library", "gpu_kernels library"),
+        ("pdl", "off", "pdl off"),
+        ("ln_fusion", "off", "ln_fusion off"),
+        ("static_shapes", "1x16", "static_shapes"),
+    ],
+)
+def test_every_inductor_only_field_is_refused_for_other_backends(field: str, value: str, shown: str) -> None:
+    with pytest.raises(ConfigError, match=f"{shown} with backend tensorrt-rtx") as err:
+        BuildConfig.model_validate({"backend": "tensorrt-rtx", "precision": "fp16", field: value})
+    assert "drop --" + field.replace("_", "-") in str(err.value) and "use --backend inductor" in str(err.value)
