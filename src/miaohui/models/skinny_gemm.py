@@ -136,6 +136,17 @@ if triton is not None:
         tl.store(out_ptr + (offs // N) * stride_om + col, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
+    def _layer_norm_rows(v, mask, rn, N, g_ptr, beta_ptr, eps):  # no annotations: see above
+        """LayerNorm of the fp32 rows ``v`` [rows, BLOCK_N ≥ N] (columns ``rn``, valid where ``mask``): two-pass
+        variance, then ``g`` and ``beta``."""
+        mean = tl.sum(v, 1) / N
+        d = tl.where(mask, v - mean[:, None], 0.0)
+        rstd = 1.0 / tl.sqrt(tl.sum(d * d, 1) / N + eps)
+        g = tl.load(g_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)
+        beta = tl.load(beta_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)
+        return d * rstd[:, None] * g[None, :] + beta[None, :]
+
+    @triton.jit
     def _skinny_reduce_ln(
         ws_ptr,
         b_ptr,
@@ -168,12 +179,7 @@ if triton is not None:
             v += tl.load(b_ptr + rn, mask=cmask, other=0.0).to(tl.float32)[None, :]
         for i in tl.static_range(SPLIT):
             v += tl.load(ws_ptr + (i * M + rm[:, None]) * N + rn[None, :], mask=mask, other=0.0)
-        mean = tl.sum(v, 1) / N
-        d = tl.where(mask, v - mean[:, None], 0.0)
-        rstd = 1.0 / tl.sqrt(tl.sum(d * d, 1) / N + eps)
-        g = tl.load(g_ptr + rn, mask=cmask, other=0.0).to(tl.float32)
-        beta = tl.load(beta_ptr + rn, mask=cmask, other=0.0).to(tl.float32)
-        y = d * rstd[:, None] * g[None, :] + beta[None, :]
+        y = _layer_norm_rows(v, mask, rn, N, g_ptr, beta_ptr, eps)
         tl.store(out_ptr + rm[:, None] * stride_om + rn[None, :], y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -207,8 +213,7 @@ def skinny_linear(
         )
     block_m, block_n, block_k, split, warps = config
     lead = x.shape[:-1]
-    x2 = x.reshape(-1, x.shape[-1])
-    x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()
+    x2 = rows_of(x)
     w = w if w.stride(-1) == 1 else w.contiguous()
     m, k = x2.shape
     n = w.shape[0]
@@ -233,8 +238,7 @@ def skinny_linear(
         launch_pdl=pdl, **flags,
     )  # fmt: skip
     if residual_ln is not None:
-        r2 = residual_ln[0].reshape(m, n)
-        r2 = r2 if r2.stride(-1) == 1 else r2.contiguous()
+        r2 = rows_of(residual_ln[0])
         _skinny_reduce_ln[(m,)](
             ws, b, r2, residual_ln[1], residual_ln[2], out, m, n, r2.stride(0), out.stride(0), residual_ln[3],
             SPLIT=split, HAS_BIAS=bias is not None, ROWS=1, BLOCK_N=triton.next_power_of_2(n), num_warps=4, PDL=pdl,
@@ -245,6 +249,12 @@ def skinny_linear(
             ws, b, out, m, n, out.stride(0), SPLIT=split, BLOCK=1024, PDL=pdl, launch_pdl=pdl, **flags
         )
     return out.reshape(*lead, n)
+
+
+def rows_of(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as [rows, last dim] with unit stride along the last dim (a view where it can be), as kernels read it."""
+    t2 = t.reshape(-1, t.shape[-1])
+    return t2 if t2.stride(-1) == 1 else t2.contiguous()
 
 
 SKINNY_BEST: dict[tuple[int, int, int], SkinnyConfig] = {}

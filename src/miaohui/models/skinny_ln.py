@@ -33,6 +33,8 @@ from miaohui.models import skinny_gemm
 try:  # Triton comes with CUDA builds of torch; CPU installs may lack it
     import triton
     import triton.language as tl
+
+    from miaohui.models.skinny_gemm import _layer_norm_rows
 except ImportError:  # pragma: no cover - exercised only where triton is missing
     triton = None
 
@@ -65,12 +67,7 @@ if triton is not None:
         mask = (rm[:, None] < M) & (rn[None, :] < N)
         v = tl.load(a_ptr + rm[:, None] * stride_am + rn[None, :], mask=mask, other=0.0).to(tl.float32)
         v += tl.load(r_ptr + rm[:, None] * stride_rm + rn[None, :], mask=mask, other=0.0).to(tl.float32)
-        mean = tl.sum(v, 1) / N
-        d = tl.where(mask, v - mean[:, None], 0.0)
-        rstd = 1.0 / tl.sqrt(tl.sum(d * d, 1) / N + eps)
-        g = tl.load(g_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)
-        b = tl.load(beta_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)
-        y = d * rstd[:, None] * g[None, :] + b[None, :]
+        y = _layer_norm_rows(v, mask, rn, N, g_ptr, beta_ptr, eps)
         tl.store(out_ptr + rm[:, None] * stride_om + rn[None, :], y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -82,9 +79,7 @@ def add_layer_norm(
     n = a.shape[-1]
     if not (a.is_cuda and triton is not None):
         return F.layer_norm(a + r, (n,), gamma, beta, eps)
-    a2, r2 = a.reshape(-1, n), r.reshape(-1, n)
-    a2 = a2 if a2.stride(-1) == 1 else a2.contiguous()
-    r2 = r2 if r2.stride(-1) == 1 else r2.contiguous()
+    a2, r2 = skinny_gemm.rows_of(a), skinny_gemm.rows_of(r)
     m = a2.shape[0]
     out = torch.empty((m, n), dtype=a.dtype, device=a.device)
     block_n = triton.next_power_of_2(n)
