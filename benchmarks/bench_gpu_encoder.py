@@ -338,6 +338,21 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def ln_split_override(choice: str) -> dict[str, Any]:
+    """``--ln-split none`` or probe JSONs: replace :data:`kernel_tables.LN_SPLIT_H200` for this run; returns what the
+    run used, per widths."""
+    from miaohui.models import kernel_tables
+
+    if choice == "none":
+        kernel_tables.LN_SPLIT_H200.clear()
+    else:
+        for path in choice.split(","):
+            report = json.loads(Path(path).read_text())
+            widths = (int(report["hidden"]), int(report["intermediate"]))
+            kernel_tables.LN_SPLIT_H200[widths] = kernel_tables.ln_split_entries(report)
+    return {f"{h}x{i}": v for (h, i), v in kernel_tables.LN_SPLIT_H200.items()}
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--models", default="bert-base,e5-intent")
@@ -352,6 +367,13 @@ def main() -> None:
         type=Path,
         help="attn_probe.py's JSON: its entries that pass kernel_tables.MIN_ATTN_GAIN join the H200's attention "
         "table for this run's builds (try a probe before committing its entries)",
+    )
+    p.add_argument(
+        "--ln-split",
+        default="table",
+        help="the forced splits of proj_ln_proj's first product: 'table' (kernel_tables.LN_SPLIT_H200), 'none' (no "
+        "forced split: the A/B), or ln_fusion_probe.py JSONs (comma-separated) whose winners replace the table's "
+        "entries for their widths (try a probe before committing its entries)",
     )
     p.add_argument("--shapes", default="1x16,1x128,8x64,32x128,128x128")
     p.add_argument("--variants", default="eager_fp32,eager_fp16,compile_fp16,engine_fp16,engine_bf16")
@@ -389,6 +411,9 @@ def main() -> None:
         kernel_tables.ATTN_H200.update(entries)
         results["attn_probe_entries"] = {"x".join(map(str, k)): list(v) for k, v in entries.items()}
         print("attention entries from the probe:", results["attn_probe_entries"], flush=True)
+    if args.ln_split != "table":
+        results["ln_split_entries"] = ln_split_override(args.ln_split)
+        print("forced splits for the fused LayerNorm:", results["ln_split_entries"], flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         repo = Path(tmp) / "repo"
         for name in args.models.split(","):

@@ -6,8 +6,11 @@ is timed alone as a CUDA graph of 20 calls (median of 30 replays, µs a call), w
   ``--ln-fusion off`` (there Inductor's add + LayerNorm kernel); and each of the three alone;
 * ``fused``: ``proj_ln_proj`` (the LayerNorm in the first GEMM's split-K reduce where the table splits it);
   ``first_gemm_ln``: that GEMM with its reduce alone;
-* ``fused_split2`` / ``fused_split4``: the first GEMM forced to split K in 2 / 4 so that its reduce can do the
-  LayerNorm, for products whose table entry does not split (does the split cost less than the kernel it removes?).
+* ``fused_split{S}_bk{B}``: the first GEMM forced to split K in S slices of BLOCK_K B (:func:`forced_splits`) so
+  that its reduce can do the LayerNorm, for products whose table entry does not split (does the split cost less than
+  the kernel it removes?); the winners become ``kernel_tables.LN_SPLIT_H200`` (``kernel_tables.ln_split_entries``);
+* ``--add-ln-rows``: ``add_layer_norm`` alone at each launch (rows a program × warps) against Inductor's kernel for
+  the same add + LayerNorm, at rows outside the skinny table (where the op runs it).
 
 Session 27's ``s30e`` ran the previous form (the LayerNorm in the second GEMM's prologue): that GEMM took 40 µs
 against 4.8 at 128 rows (``ln_fusion_probe_h200_s30e.json``).
@@ -21,10 +24,12 @@ import argparse
 import json
 import platform
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
+import triton
 from decode_kernel_probe import _time_graph
 
 from miaohui.models import kernel_tables, skinny_gemm
@@ -56,8 +61,7 @@ def pieces(o: Operands, pdl: bool) -> dict[str, Callable[[], Any]]:
         a = add_layer_norm(skinny_linear(o.x, o.w1, o.b1, o.cfg1, pdl=pdl), o.r, o.g, o.beta, 1e-12, pdl=pdl)
         return skinny_linear(a, o.w2, o.b2, o.cfg2, gelu=o.gelu, pdl=pdl)
 
-    def forced(split: int) -> Callable[[], Any]:
-        cfg = (*o.cfg1[:3], split, o.cfg1[4])
+    def forced(cfg: SkinnyConfig) -> Callable[[], Any]:
         return lambda: skinny_linear(
             skinny_linear(o.x, o.w1, o.b1, cfg, pdl=pdl, residual_ln=ln), o.w2, o.b2, o.cfg2, gelu=o.gelu, pdl=pdl
         )
@@ -72,7 +76,52 @@ def pieces(o: Operands, pdl: bool) -> dict[str, Callable[[], Any]]:
     if o.cfg1[3] > 1:
         out["first_gemm_ln"] = lambda: skinny_linear(o.x, o.w1, o.b1, o.cfg1, pdl=pdl, residual_ln=ln)
     else:
-        out |= {"fused_split2": forced(2), "fused_split4": forced(4)}
+        out |= {f"fused_split{c[3]}_bk{c[2]}": forced(c) for c in forced_splits(o.cfg1, o.x.shape[-1])}
+    return out
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def forced_splits(cfg: SkinnyConfig, k: int) -> list[SkinnyConfig]:
+    """``cfg``'s tile with K split in 2, 3, 4 or 6 and slices of BLOCK_K 64 or 128, where every slice has work (the
+    kernel gives each of SPLIT programs ``cdiv(cdiv(K, SPLIT), BLOCK_K)`` steps: K 768 in 4 of 128 leaves one idle)."""
+    out = []
+    for split in (2, 3, 4, 6):
+        for bk in (64, 128):
+            steps = _cdiv(_cdiv(k, split), bk)
+            if (split - 1) * steps * bk < k:
+                out.append((cfg[0], cfg[1], bk, split, cfg[4]))
+    return out
+
+
+def add_ln_pieces(m: int, n: int, dev: str, dtype: torch.dtype, gen: torch.Generator) -> dict[str, Callable[[], Any]]:
+    """``add_layer_norm`` at ``m`` × ``n`` at each launch (rows a program × warps, at most 8,192 elements a program),
+    and Inductor's kernel for the same add + LayerNorm (``torch.compile``; CPU: torch's)."""
+    a, r = (torch.randn(m, n, generator=gen).to(dev, dtype) for _ in range(2))
+    g, beta = torch.ones(n, device=dev, dtype=dtype), torch.zeros(n, device=dev, dtype=dtype)
+
+    def ref() -> torch.Tensor:
+        return torch.nn.functional.layer_norm(a + r, (n,), g, beta, 1e-12)
+
+    out: dict[str, Callable[[], Any]] = {"inductor": torch.compile(ref, dynamic=False) if dev == "cuda" else ref}
+    for per in (p for p in (1, 2, 4, 8, 16) if p * triton.next_power_of_2(n) <= 8192):
+        for warps in (1, 2, 4, 8):
+            out[f"rows{per}_w{warps}"] = partial(add_layer_norm, a, r, g, beta, 1e-12, launch=(per, warps))
+    return out
+
+
+def add_ln_sweep(rows: list[int], widths: list[int], dev: str, dtype: torch.dtype) -> list[dict[str, Any]]:
+    """:func:`add_ln_pieces` timed at rows the skinny table does not have (there the op runs ``add_layer_norm``)."""
+    out: list[dict[str, Any]] = []
+    gen = torch.Generator().manual_seed(1)
+    for n in widths:
+        for m in rows:
+            for name, fn in add_ln_pieces(m, n, dev, dtype, gen).items():
+                us = _time_graph(fn, 20, dev == "cuda")
+                out.append({"rows": m, "width": n, "launch": name, "us": us})
+                print(f"add_ln {m:5d}x{n:<4d} {name:12s} {us:7.2f} us", flush=True)
     return out
 
 
@@ -81,6 +130,7 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=768)
     ap.add_argument("--inter", type=int, default=3072)
     ap.add_argument("--rows", default="16,128")
+    ap.add_argument("--add-ln-rows", default="", help="also sweep add_layer_norm's launch at these rows, e.g. 512,4096")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     cuda = torch.cuda.is_available()
@@ -109,9 +159,11 @@ def main() -> None:
             ops = Operands(x, w1, b1, r, g, beta, w2, b2, cfg1, cfg2, gelu)
             for pdl in (False, True) if cuda else (False,):  # the interpreter has no PDL
                 skinny_gemm.SKINNY_PDL = pdl
+                forced = {f"fused_split{c[3]}_bk{c[2]}": c for c in forced_splits(cfg1, k1)}
                 for name, fn in pieces(ops, pdl).items():
                     us = _time_graph(fn, 20, cuda)
-                    rows_out.append({"rows": m, "pair": pair, "pdl": pdl, "piece": name, "us": us})
+                    row = {"rows": m, "pair": pair, "pdl": pdl, "piece": name, "us": us}
+                    rows_out.append(row | ({"config": list(forced[name])} if name in forced else {}))
                     print(f"{m:4d} {pair:17s} pdl={pdl!s:5s} {name:15s} {us:7.2f} us", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     report = {
@@ -121,6 +173,7 @@ def main() -> None:
         "hidden": args.hidden,
         "intermediate": args.inter,
         "rows": rows_out,
+        "add_ln": add_ln_sweep([int(v) for v in args.add_ln_rows.split(",") if v], [h], dev, dtype),
     }
     (args.out / "ln_fusion_probe.json").write_text(json.dumps(report, indent=1))
 

@@ -152,6 +152,8 @@
 #   s30e:   scripts/gpu/ln_fusion_probe.py: each kernel of the fusion alone against the unfused form (+ a sweep)
 #   s30f:   the LayerNorm in the FFN output's split-K reduce instead (the prologue forms were slower): the kernels'
 #           GPU test, ln_fusion_probe.py, BERT-base dynamic / static / static without it, test_gpu_kernels_gpu.py
+#   s31a:   ln_fusion_probe.py at both widths (forced splits of the first product; add_layer_norm's launch at 512 and
+#           4,096 rows against Inductor's), then BERT-base dynamic + static without forced splits and with the probe's
 #   s30b:   tests/gpu/test_gpu_kernels_gpu.py (the engine with ln_fusion), then the e5-shaped model with and without it
 #   s29f:   BERT-base with PDL_MAX_ROWS_H200 = 128 (static programs above 128 rows without Inductor's PDL) and the
 #           skinny GEMMs' PDL never reset by a later load: dynamic / static / library at the five shapes, two rounds
@@ -722,6 +724,23 @@ case $stage in
     grep -E "passed|failed|PASSED|FAILED|Error|assert" "$OUT/gpu_tests_inductor_h200_s27c.txt" | tail -16
     timeout 190 python3 -m pytest -q tests/gpu/test_gpu_kernels_gpu.py -p no:cacheprovider -rA -s 2>&1 \
       | grep -E "passed|failed|PASSED|FAILED|Error|assert|engine vs fp32" | tail -12 | tee "$OUT/gpu_tests_gpu_kernels_h200_s27c.txt"
+    ;;
+  s31a)
+    # forced splits of proj_ln_proj's first product and add_layer_norm's launch, at both widths; then the BERT-base
+    # engine without forced splits and with the probe's winners, one after another
+    for w in bert:768:3072 e5:384:1536; do
+      IFS=: read -r name h i <<< "$w"
+      timeout 170 python3 scripts/gpu/ln_fusion_probe.py --hidden "$h" --inter "$i" --rows 16,128 \
+        --add-ln-rows 512,4096 --out "$OUT/$name" 2>&1 | grep -E "pdl=True|add_ln|Error" | tail -70
+      mv "$OUT/$name/ln_fusion_probe.json" "$OUT/ln_fusion_probe_${name}_h200_s31a.json"; rmdir "$OUT/$name"
+    done
+    for split in none "$OUT/ln_fusion_probe_bert_h200_s31a.json"; do
+      tag=split; if [ "$split" = none ]; then tag=nosplit; fi
+      timeout 200 python3 benchmarks/bench_gpu_encoder.py --models bert-base --no-autotune \
+        --inductor-format exported-program --shapes 1x16,1x128,32x128 --rounds 2 \
+        --variants engine_fp16,engine_fp16_static --ln-split "$split" --out "$OUT/gpu_encoder_bert_${tag}_s31a.json" \
+        2>&1 | grep -E "^bert.*median|forced|FAIL" | grep -v "e2e\|copies" | tail -14
+    done
     ;;
   s30a|s30c)
     timeout 150 python3 -X faulthandler -m pytest -q tests/gpu/test_encoder_kernels_gpu.py -p no:cacheprovider -rA \

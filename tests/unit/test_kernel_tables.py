@@ -13,7 +13,7 @@ import torch
 from miaohui.config import BuildConfig, digest_json
 from miaohui.engines import inductor
 from miaohui.errors import ConfigError
-from miaohui.models import encoder_attention, fast_bert, kernel_tables, skinny_gemm
+from miaohui.models import encoder_attention, fast_bert, kernel_tables, skinny_gemm, skinny_ln
 from miaohui.models.intent import IntentClassifier, random_bert
 
 
@@ -24,6 +24,7 @@ def clean_tables(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(skinny_gemm, "SKINNY_PDL", False)
     monkeypatch.setattr(encoder_attention, "ATTN_BEST", {})
     monkeypatch.setattr(encoder_attention, "ATTN_SHAPES_ONLY", False)
+    monkeypatch.setattr(skinny_ln, "LN_SPLIT_BEST", {})
 
 
 def _model() -> torch.nn.Module:
@@ -76,6 +77,7 @@ def test_build_switches_the_layers_where_a_table_exists(clean_tables: None, monk
         "capability": "9.0",
         "dims": [768, 3072, 12],
         "skinny_gemm_shapes": 8,
+        "ln_split_shapes": len(kernel_tables.ln_split_table(768, 3072)),
         "attention_shapes": 5,
         "pdl": True,
         "pdl_max_rows": 128,
@@ -84,6 +86,7 @@ def test_build_switches_the_layers_where_a_table_exists(clean_tables: None, monk
     assert all(layer.skinny and layer.triton_attention and layer.ln_fusion for layer in layers)
     assert skinny_gemm.SKINNY_PDL and encoder_attention.ATTN_SHAPES_ONLY
     assert (1, 12, 16, 64) in encoder_attention.ATTN_BEST and (16, 2304, 768) in skinny_gemm.SKINNY_BEST
+    assert kernel_tables.ln_split_table(768, 3072) == skinny_ln.LN_SPLIT_BEST and skinny_ln.LN_SPLIT_BEST
     # an artifact built so loads the same tables; one built with library kernels touches nothing
     monkeypatch.setattr(skinny_gemm, "SKINNY_BEST", {})
     assert inductor.gpu_kernels_at_load({"gpu_kernels": info}) == info
@@ -217,3 +220,24 @@ def test_the_committed_gemm_rows_are_their_probes_configurations_and_beat_cublas
     chain = {(r["rows"], r["variant"]): r["us_per_chain"] for r in report["rows"]}
     for rows in table:
         assert chain[(rows, "skinny_pdl")] < chain[(rows, "cublas")], (probe, rows)
+
+
+def test_a_forced_split_needs_its_pair_five_percent_faster() -> None:
+    """``ln_split_entries``: per rows and first product, the fastest forced split of the probe's pairs with PDL, kept
+    only where it beats the unfused pair by MIN_LN_SPLIT_GAIN; runs without PDL and plain pieces are not candidates."""
+
+    def row(rows: int, pair: str, piece: str, us: float, pdl: bool = True, cfg: list[int] | None = None) -> dict:
+        return {"rows": rows, "pair": pair, "pdl": pdl, "piece": piece, "us": us} | ({"config": cfg} if cfg else {})
+
+    report = {"rows": [
+        row(128, "attn_out->ffn_in", "unfused", 12.0),
+        row(128, "attn_out->ffn_in", "fused_split2_bk128", 11.5, cfg=[64, 32, 128, 2, 4]),  # 4 %: not alone
+        row(128, "attn_out->ffn_in", "fused_split4_bk64", 10.5, cfg=[64, 32, 64, 4, 4]),  # 12.5 %: the entry
+        row(128, "attn_out->ffn_in", "fused_split6_bk64", 9.0, pdl=False, cfg=[64, 32, 64, 6, 4]),  # without PDL
+        row(16, "attn_out->ffn_in", "unfused", 8.0),
+        row(16, "attn_out->ffn_in", "fused_split3_bk64", 7.8, cfg=[16, 32, 64, 3, 4]),  # 2.5 %: no entry
+        row(16, "ffn_out->qkv", "unfused", 9.0),
+        row(16, "ffn_out->qkv", "fused", 7.0),  # the table's own split: not a forced one
+    ]}  # fmt: skip
+    assert kernel_tables.ln_split_entries(report) == {128: {"attn_out": (64, 32, 64, 4, 4)}}
+    assert kernel_tables.ln_split_entries({"rows": []}) == {}

@@ -1,6 +1,6 @@
 """``miaohui.models.skinny_ln``: the LayerNorm after a split-K GEMM done by the kernel that sums its partials, and the
 add + LayerNorm kernel of the unfused form. Under Triton's interpreter against torch (ragged rows, N not a power of
-two, split 2 and 4, with and without bias, fp16, a row whose mean is far from zero), compiled for the H200 on the CPU,
+two, split 2, 3, 4 and 6, with and without bias, fp16, a row whose mean is far from zero), compiled for the H200 on the CPU,
 and the op's CPU form; the engine's CUDA path runs in ``tests/gpu/test_encoder_kernels_gpu.py`` and
 ``test_gpu_kernels_gpu.py``."""
 
@@ -25,6 +25,8 @@ cases = [  # rows, K, N, config (split > 1), bias, dtype
     (40, 100, 80, (16, 32, 32, 4, 4), True, torch.float32),  # ragged rows and K, N not a power of two
     (16, 256, 128, (16, 32, 64, 4, 4), True, torch.float16),
     (24, 64, 48, (32, 16, 32, 2, 4), False, torch.float16),  # no bias; a row block wider than the rows
+    (32, 192, 96, (16, 32, 32, 3, 4), True, torch.float16),  # split 3 (kernel_tables.LN_SPLIT_H200's forced splits)
+    (8, 192, 64, (16, 32, 32, 6, 4), True, torch.float32),  # split 6, one BLOCK_K a slice
 ]
 for m, k, n, cfg, bias, dtype in cases:
     x, w = torch.randn(m, k).to(dtype), (torch.randn(n, k) * k**-0.5).to(dtype)
@@ -51,7 +53,7 @@ print("ok", len(cases) + 2)
 
 
 def test_kernels_match_torch_under_the_interpreter() -> None:
-    assert run_interpreted(CHECK) == "ok 6"
+    assert run_interpreted(CHECK) == "ok 8"
 
 
 def test_kernels_compile_for_the_h200() -> None:
@@ -89,6 +91,10 @@ def test_fused_only_where_the_table_splits_the_first_product(monkeypatch: pytest
     assert sl.fused_config(128, w1) == (64, 32, 128, 4, 4)
     assert sl.fused_config(16, w1) is None  # no split: no reduce to do the LayerNorm
     assert sl.fused_config(256, w1) is None  # not in the table
+    # a forced split for the fused form (kernel_tables.LN_SPLIT_H200) wins over the plain product's entry
+    monkeypatch.setattr(sl, "LN_SPLIT_BEST", {(16, 768, 3072): (16, 32, 64, 6, 4)})
+    assert sl.fused_config(16, w1) == (16, 32, 64, 6, 4)
+    assert sl.fused_config(128, w1) == (64, 32, 128, 4, 4)
 
 
 def test_bad_operands_are_named() -> None:

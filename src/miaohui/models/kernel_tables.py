@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from miaohui.models import encoder_attention, skinny_gemm
+from miaohui.models import encoder_attention, skinny_gemm, skinny_ln
 from miaohui.models.encoder_attention import AttnConfig
 from miaohui.models.skinny_gemm import SkinnyConfig
 
@@ -61,6 +61,19 @@ SKINNY_H200: dict[tuple[int, int], dict[int, dict[str, SkinnyConfig]]] = {
 them: a 48-GEMM chain (12 layers) launched as programmatic dependents against cuBLAS. BERT-base: 254.8 vs 255.1 µs at
 16 rows, 317.2 vs 337.9 at 128. e5-small (its sweep's fastest configuration per product): 167.6 vs 196.1 µs at 16
 rows, 205.6 vs 229.2 at 128."""
+
+LN_SPLIT_H200: dict[tuple[int, int], dict[int, dict[str, SkinnyConfig]]] = {
+    (768, 3072): {128: {"attn_out": (64, 32, 128, 4, 4)}},  # BERT-base, ln_fusion_probe_h200_s30f.json
+}
+"""(hidden, intermediate) → rows → GEMM → the configuration of a product that :data:`SKINNY_H200` does not split,
+split when the LayerNorm after it is fused (``miaohui::proj_ln_proj``; :data:`miaohui.models.skinny_ln.LN_SPLIT_BEST`):
+the split's extra reduce costs less than the add + LayerNorm kernel it replaces. ``ln_fusion_probe.py``'s pairs with
+PDL (:func:`ln_split_entries`): BERT-base's attention output → LayerNorm → FFN in at 128 rows 10.50 µs with K split in
+4 against 11.88 unfused (``s30f``)."""
+
+MIN_LN_SPLIT_GAIN = 0.05
+"""A forced split becomes an :data:`LN_SPLIT_H200` entry only if its pair is at least this much faster than the
+unfused pair (GEMM, add + LayerNorm, GEMM) in ``ln_fusion_probe.py``."""
 
 SKINNY_ROWS = SKINNY_H200[(BERT_BASE["hidden"], BERT_BASE["intermediate"])]
 """BERT-base's rows (``pdl_probe.py``'s default configurations)."""
@@ -123,11 +136,41 @@ def attention_entries(report: dict[str, Any]) -> dict[tuple[int, int, int, int],
     return {k: v for k, v in table.items() if k in fast}
 
 
-def skinny_table(hidden: int, intermediate: int) -> dict[tuple[int, int, int], SkinnyConfig]:
-    """(M, N, K) → configuration: :data:`SKINNY_H200`'s rows for a model of these widths (other widths: none)."""
-    rows = SKINNY_H200.get((hidden, intermediate), {})
+def ln_split_entries(report: dict[str, Any]) -> dict[int, dict[str, SkinnyConfig]]:
+    """``ln_fusion_probe.py``'s report → rows → first product → its fastest forced split, where that pair (with PDL)
+    beats the unfused one by :data:`MIN_LN_SPLIT_GAIN` (how :data:`LN_SPLIT_H200`'s entries are chosen)."""
+    best: dict[tuple[int, str], tuple[float, SkinnyConfig]] = {}
+    unfused: dict[tuple[int, str], float] = {}
+    for row in report["rows"]:
+        if not row["pdl"]:
+            continue
+        key = (int(row["rows"]), str(row["pair"]).split("->")[0])
+        if row["piece"] == "unfused":
+            unfused[key] = float(row["us"])
+        elif "config" in row and float(row["us"]) < best.get(key, (float("inf"),))[0]:
+            best[key] = (float(row["us"]), tuple(int(v) for v in row["config"]))  # type: ignore[assignment]
+    out: dict[int, dict[str, SkinnyConfig]] = {}
+    for (rows, product), (us, cfg) in sorted(best.items()):
+        if us <= (1 - MIN_LN_SPLIT_GAIN) * unfused.get((rows, product), 0.0):
+            out.setdefault(rows, {})[product] = cfg
+    return out
+
+
+def ln_split_table(hidden: int, intermediate: int) -> dict[tuple[int, int, int], SkinnyConfig]:
+    """(M, N, K) → configuration: :data:`LN_SPLIT_H200`'s rows for a model of these widths (other widths: none)."""
+    return _by_shape(LN_SPLIT_H200.get((hidden, intermediate), {}), hidden, intermediate)
+
+
+def _by_shape(
+    rows: dict[int, dict[str, SkinnyConfig]], hidden: int, intermediate: int
+) -> dict[tuple[int, int, int], SkinnyConfig]:
     products = bert_products(hidden, intermediate)
     return {(m, *products[name]): cfg for m, configs in rows.items() for name, cfg in configs.items()}
+
+
+def skinny_table(hidden: int, intermediate: int) -> dict[tuple[int, int, int], SkinnyConfig]:
+    """(M, N, K) → configuration: :data:`SKINNY_H200`'s rows for a model of these widths (other widths: none)."""
+    return _by_shape(SKINNY_H200.get((hidden, intermediate), {}), hidden, intermediate)
 
 
 def model_dims(module: torch.nn.Module) -> tuple[int, int, int] | None:
@@ -165,13 +208,20 @@ def apply(
     entries) must not change how an earlier engine's kernels launch when its buckets are captured (session 26 saw
     exactly that: BERT-base 1×128 at 0.406 ms, its skinny GEMMs captured without PDL after a ``--pdl off`` build)."""
     skinny, attn = tables_for(capability, dims)
+    ln_split = ln_split_table(dims[0], dims[1]) if skinny else {}
     use_pdl = bool(skinny) and pdl
     skinny_gemm.SKINNY_BEST.update(skinny)
+    skinny_ln.LN_SPLIT_BEST.update(ln_split)
     if skinny:
         skinny_gemm.SKINNY_PDL = True
     encoder_attention.ATTN_BEST.update(attn)
     encoder_attention.ATTN_SHAPES_ONLY = True
-    info: dict[str, Any] = {"skinny_gemm_shapes": len(skinny), "attention_shapes": len(attn), "pdl": use_pdl}
+    info: dict[str, Any] = {
+        "skinny_gemm_shapes": len(skinny),
+        "ln_split_shapes": len(ln_split),
+        "attention_shapes": len(attn),
+        "pdl": use_pdl,
+    }
     if use_pdl and pdl_max_rows is not None:
         info["pdl_max_rows"] = pdl_max_rows
     return info

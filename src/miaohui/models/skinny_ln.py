@@ -71,30 +71,55 @@ if triton is not None:
         tl.store(out_ptr + rm[:, None] * stride_om + rn[None, :], y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+AddLnLaunch = tuple[int, int]
+"""(rows a program, num_warps) of :func:`add_layer_norm`'s kernel."""
+
+
+def add_ln_launch(m: int, n: int) -> AddLnLaunch:
+    """The default launch of :func:`add_layer_norm` for ``m`` rows of ``n``: up to 8 rows a program (4,096 elements of
+    the power-of-two row), 4 warps."""
+    block_n = 1 << max(0, n - 1).bit_length()
+    return max(1, min(8, 4096 // block_n)), 4
+
+
 def add_layer_norm(
-    a: torch.Tensor, r: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, eps: float, pdl: bool = False
+    a: torch.Tensor,
+    r: torch.Tensor,
+    gamma: torch.Tensor,
+    beta: torch.Tensor,
+    eps: float,
+    pdl: bool = False,
+    launch: AddLnLaunch | None = None,
 ) -> torch.Tensor:
     """``F.layer_norm(a + r, (N,), gamma, beta, eps)``: one Triton kernel on CUDA (what Inductor makes of the add and
-    the LayerNorm; ``pdl``: launched as a programmatic dependent), torch elsewhere."""
+    the LayerNorm; ``pdl``: launched as a programmatic dependent; ``launch``: rows a program and warps, else
+    :func:`add_ln_launch`), torch elsewhere."""
     n = a.shape[-1]
     if not (a.is_cuda and triton is not None):
         return F.layer_norm(a + r, (n,), gamma, beta, eps)
     a2, r2 = skinny_gemm.rows_of(a), skinny_gemm.rows_of(r)
     m = a2.shape[0]
     out = torch.empty((m, n), dtype=a.dtype, device=a.device)
-    block_n = triton.next_power_of_2(n)
-    rows = max(1, min(8, 4096 // block_n))
+    rows, warps = launch or add_ln_launch(m, n)
     _add_ln_kernel[(triton.cdiv(m, rows),)](
         a2, r2, gamma, beta, out, m, n, a2.stride(0), r2.stride(0), out.stride(0), eps,
-        ROWS=rows, BLOCK_N=block_n, PDL=pdl, num_warps=4, launch_pdl=pdl,
+        ROWS=rows, BLOCK_N=triton.next_power_of_2(n), PDL=pdl, num_warps=warps, launch_pdl=pdl,
     )  # fmt: skip
     return out.view(a.shape)
 
 
+LN_SPLIT_BEST: dict[tuple[int, int, int], skinny_gemm.SkinnyConfig] = {}
+"""(M, N, K) → the first product's configuration when the LayerNorm after it is fused: a split of K that the plain
+product's entry in :data:`~miaohui.models.skinny_gemm.SKINNY_BEST` does not have, measured to pay as a pair (the
+split costs less than the add + LayerNorm kernel it removes). Filled by ``kernel_tables.apply`` from
+``kernel_tables.LN_SPLIT_H200``."""
+
+
 def fused_config(rows: int, w1: torch.Tensor) -> skinny_gemm.SkinnyConfig | None:
-    """The table's configuration for the first product at ``rows`` rows where it splits K (the reduce then does the
-    LayerNorm), else None: the op runs unfused."""
-    cfg = skinny_gemm.SKINNY_BEST.get((rows, w1.shape[0], w1.shape[1]))
+    """The first product's configuration at ``rows`` rows where it splits K (the reduce then does the LayerNorm):
+    :data:`LN_SPLIT_BEST`'s, else the skinny table's if that splits; None: the op runs unfused."""
+    key = (rows, w1.shape[0], w1.shape[1])
+    cfg = LN_SPLIT_BEST.get(key) or skinny_gemm.SKINNY_BEST.get(key)
     return cfg if cfg is not None and cfg[3] > 1 else None
 
 
