@@ -154,6 +154,7 @@
 #           GPU test, ln_fusion_probe.py, BERT-base dynamic / static / static without it, test_gpu_kernels_gpu.py
 #   s31a:   ln_fusion_probe.py at both widths (forced splits of the first product; add_layer_norm's launch at 512 and
 #           4,096 rows against Inductor's), then BERT-base dynamic + static without forced splits and with the probe's
+#           winners (bench_gpu_encoder.py --ln-split none / the probe's JSON)
 #   s30b:   tests/gpu/test_gpu_kernels_gpu.py (the engine with ln_fusion), then the e5-shaped model with and without it
 #   s29f:   BERT-base with PDL_MAX_ROWS_H200 = 128 (static programs above 128 rows without Inductor's PDL) and the
 #           skinny GEMMs' PDL never reset by a later load: dynamic / static / library at the five shapes, two rounds
