@@ -155,6 +155,9 @@
 #   s31a:   ln_fusion_probe.py at both widths (forced splits of the first product; add_layer_norm's launch at 512 and
 #           4,096 rows against Inductor's), then BERT-base dynamic + static without forced splits and with the probe's
 #           winners (bench_gpu_encoder.py --ln-split none / the probe's JSON)
+#   s31b:   the committed forced splits (LN_SPLIT_H200) and add_layer_norm's launch rule: test_encoder_kernels_gpu.py,
+#           BERT-base dynamic / static / static --ln-fusion off, e5-shape with and without the fusion (two rounds),
+#           test_gpu_kernels_gpu.py, test_inductor_gpu.py -k fp16
 #   s30b:   tests/gpu/test_gpu_kernels_gpu.py (the engine with ln_fusion), then the e5-shaped model with and without it
 #   s29f:   BERT-base with PDL_MAX_ROWS_H200 = 128 (static programs above 128 rows without Inductor's PDL) and the
 #           skinny GEMMs' PDL never reset by a later load: dynamic / static / library at the five shapes, two rounds
@@ -742,6 +745,26 @@ case $stage in
         --variants engine_fp16,engine_fp16_static --ln-split "$split" --out "$OUT/gpu_encoder_bert_${tag}_s31a.json" \
         2>&1 | grep -E "^bert.*median|forced|FAIL" | grep -v "e2e\|copies" | tail -14
     done
+    ;;
+  s31b)
+    # the committed forced splits + add_layer_norm launch rule: kernels' GPU test, BERT-base and e5-shape engines with
+    # and without the LN fusion, the engine's kernel test, then the inductor GPU tests (fp16)
+    timeout 60 python3 -X faulthandler -m pytest -q tests/gpu/test_encoder_kernels_gpu.py -p no:cacheprovider -rA -s \
+      > "$OUT/gpu_tests_encoder_kernels_h200_s31b.txt" 2>&1
+    grep -E "passed|failed|FAILED|Error|assert" "$OUT/gpu_tests_encoder_kernels_h200_s31b.txt" | tail -6
+    timeout 140 python3 benchmarks/bench_gpu_encoder.py --models bert-base --no-autotune --inductor-format exported-program \
+      --shapes 1x16,1x128,8x64,32x128 --rounds 1 --variants engine_fp16,engine_fp16_static,engine_fp16_static_noln \
+      --out "$OUT/gpu_encoder_bert_ln_s31b.json" 2>&1 | grep -E "^bert.*median|FAIL" | grep -v "e2e\|copies" | tail -12
+    python3 scripts/gpu/e5_shape_model.py var/models/intent-e5-shape | tail -1
+    timeout 130 python3 benchmarks/bench_gpu_encoder.py --models e5-shape --no-autotune --inductor-format exported-program \
+      --shapes 1x16,1x128,8x64,32x128 --rounds 2 --variants engine_fp16,engine_fp16_noln \
+      --out "$OUT/gpu_encoder_e5shape_ln_s31b.json" 2>&1 | grep -E "^e5-shape.*median|FAIL" | grep -v "e2e\|copies" | tail -16
+    timeout 150 python3 -X faulthandler -m pytest -q tests/gpu/test_gpu_kernels_gpu.py -p no:cacheprovider -rA -s \
+      > "$OUT/gpu_tests_gpu_kernels_h200_s31b.txt" 2>&1
+    grep -E "passed|failed|FAILED|Error|assert|engine vs" "$OUT/gpu_tests_gpu_kernels_h200_s31b.txt" | tail -10
+    MIAOHUI_GPU_TEST_FORMAT=exported-program timeout 100 python3 -m pytest -q tests/gpu/test_inductor_gpu.py -k fp16 \
+      -p no:cacheprovider -rA > "$OUT/gpu_tests_inductor_h200_s31b.txt" 2>&1
+    grep -E "passed|failed|FAILED|Error|assert" "$OUT/gpu_tests_inductor_h200_s31b.txt" | tail -6
     ;;
   s30a|s30c)
     timeout 150 python3 -X faulthandler -m pytest -q tests/gpu/test_encoder_kernels_gpu.py -p no:cacheprovider -rA \

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from miaohui.models import kernel_tables, skinny_gemm
+from miaohui.models import kernel_tables, skinny_gemm, skinny_ln
 from miaohui.models.encoder_attention import sdpa_encoder_attention, triton_encoder_attention
 from miaohui.models.fast_bert import MASK_BIAS
 from miaohui.models.skinny_ln import add_layer_norm, fused_config, proj_ln_proj
@@ -37,6 +37,7 @@ def test_proj_ln_proj_matches_torch_over_many_calls_and_graph_replays(
     hidden, inter = widths
     monkeypatch.setattr(skinny_gemm, "SKINNY_BEST", kernel_tables.skinny_table(hidden, inter))
     monkeypatch.setattr(skinny_gemm, "SKINNY_PDL", True)
+    monkeypatch.setattr(skinny_ln, "LN_SPLIT_BEST", kernel_tables.ln_split_table(hidden, inter))
     k1, n2, gelu = (hidden, inter, True) if pair == "attn_out→ffn_in" else (inter, 3 * hidden, False)
     x, w1, b1, r, g, beta, w2, b2 = _operands(rows, k1, hidden, n2)
     print(f"{widths} {rows} rows {pair}: {'fused' if fused_config(rows, w1) else 'unfused'}")
@@ -63,7 +64,7 @@ def test_proj_ln_proj_matches_torch_over_many_calls_and_graph_replays(
             check(y, h)
 
 
-@pytest.mark.parametrize(("m", "n"), [(512, 768), (4096, 768), (300, 384)])
+@pytest.mark.parametrize(("m", "n"), [(512, 768), (4096, 768), (300, 384), (4096, 384)])
 def test_add_layer_norm_matches_torch(m: int, n: int) -> None:
     gen = torch.Generator().manual_seed(m)
     a, r = (torch.randn(m, n, generator=gen).half().cuda() for _ in range(2))

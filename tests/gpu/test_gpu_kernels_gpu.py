@@ -16,7 +16,7 @@ from miaohui.engines.inductor_engine import InductorEngine
 from miaohui.engines.loader import load_engine
 from miaohui.engines.store import build_artifact, read_manifest
 from miaohui.models.checkpoint import load_checkpoint
-from miaohui.models.kernel_tables import SKINNY_ROWS
+from miaohui.models.kernel_tables import LN_SPLIT_H200, SKINNY_ROWS
 from miaohui.zoo.tiny import save_bert_base_intent
 
 pytestmark = pytest.mark.gpu
@@ -101,9 +101,10 @@ def test_triton_engine_matches_the_library_engine(
     # the bucket's shape decides: the table's shapes run miaohui's kernels, the others cuBLAS / SDPA
     assert any("_encoder_kernel" in n for n in names) == in_table
     assert any("_skinny_kernel" in n for n in names) == (b * s in (16, 128))
-    # ln_fusion: where the table splits K of the product before a LayerNorm, its reduce does the LayerNorm (BERT-base:
-    # the FFN output at 16 and 128 rows, the attention output at 16); the add + LayerNorm kernel does the others
-    splits = {name: cfg[3] > 1 for name, cfg in SKINNY_ROWS.get(b * s, {}).items()}
+    # ln_fusion: where the table splits K of the product before a LayerNorm (or LN_SPLIT_H200 forces a split), its
+    # reduce does the LayerNorm (BERT-base: both products at 16 and 128 rows); the add + LayerNorm kernel the others
+    forced = LN_SPLIT_H200[(768, 3072)].get(b * s, {})
+    splits = {name: cfg[3] > 1 or name in forced for name, cfg in SKINNY_ROWS.get(b * s, {}).items()}
     assert any("_skinny_reduce_ln" in n for n in names) == splits.get("ffn_out", False)
     assert any("_add_ln_kernel" in n for n in names) == (not splits.get("attn_out", False))
     assert not any("_encoder_kernel" in n or "_skinny_kernel" in n for n in _kernel_names(engines["library"], feeds))

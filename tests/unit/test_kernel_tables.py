@@ -241,3 +241,31 @@ def test_a_forced_split_needs_its_pair_five_percent_faster() -> None:
     ]}  # fmt: skip
     assert kernel_tables.ln_split_entries(report) == {128: {"attn_out": (64, 32, 64, 4, 4)}}
     assert kernel_tables.ln_split_entries({"rows": []}) == {}
+
+
+@pytest.mark.parametrize("model", ["bert", "e5"])
+def test_the_committed_forced_splits_are_their_probes_winners(model: str) -> None:
+    import json
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / f"ln_fusion_probe_{model}_h200_s31a.json"
+    report = json.loads(path.read_text())
+    widths = (report["hidden"], report["intermediate"])
+    assert kernel_tables.LN_SPLIT_H200[widths] == kernel_tables.ln_split_entries(report)
+    for rows, products in kernel_tables.LN_SPLIT_H200[widths].items():  # only products the plain table does not split
+        assert all(kernel_tables.SKINNY_H200[widths][rows][name][3] == 1 for name in products)
+
+
+@pytest.mark.parametrize("model", ["bert", "e5"])
+def test_add_ln_launch_is_within_five_percent_of_the_probes_fastest(model: str) -> None:
+    """``skinny_ln.add_ln_launch``'s rule against ``ln_fusion_probe.py --add-ln-rows``'s sweep, at every probed
+    shape."""
+    import json
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / f"ln_fusion_probe_{model}_h200_s31a.json"
+    sweep = json.loads(path.read_text())["add_ln"]
+    shapes = {(r["rows"], r["width"]) for r in sweep}
+    assert len(shapes) == 2
+    for m, n in shapes:
+        times = {r["launch"]: r["us"] for r in sweep if (r["rows"], r["width"]) == (m, n) and r["launch"] != "inductor"}
+        rows, warps = skinny_ln.add_ln_launch(m, n)
+        assert times[f"rows{rows}_w{warps}"] <= 1.05 * min(times.values()), (m, n, rows, warps)

@@ -63,13 +63,17 @@ them: a 48-GEMM chain (12 layers) launched as programmatic dependents against cu
 rows, 205.6 vs 229.2 at 128."""
 
 LN_SPLIT_H200: dict[tuple[int, int], dict[int, dict[str, SkinnyConfig]]] = {
-    (768, 3072): {128: {"attn_out": (64, 32, 128, 4, 4)}},  # BERT-base, ln_fusion_probe_h200_s30f.json
+    (768, 3072): {128: {"attn_out": (64, 32, 128, 2, 4)}},  # BERT-base, ln_fusion_probe_bert_h200_s31a.json
+    (384, 1536): {16: {"attn_out": (16, 32, 64, 3, 4)}, 128: {"attn_out": (64, 32, 64, 2, 4)}},  # e5-small, _e5_
 }
 """(hidden, intermediate) → rows → GEMM → the configuration of a product that :data:`SKINNY_H200` does not split,
 split when the LayerNorm after it is fused (``miaohui::proj_ln_proj``; :data:`miaohui.models.skinny_ln.LN_SPLIT_BEST`):
-the split's extra reduce costs less than the add + LayerNorm kernel it replaces. ``ln_fusion_probe.py``'s pairs with
-PDL (:func:`ln_split_entries`): BERT-base's attention output → LayerNorm → FFN in at 128 rows 10.50 µs with K split in
-4 against 11.88 unfused (``s30f``)."""
+the split's extra reduce costs less than the add + LayerNorm kernel it replaces. ``ln_fusion_probe.py``'s pairs
+(attention output → LayerNorm → FFN in) with PDL, the fastest forced split against the unfused pair
+(:func:`ln_split_entries`, ``ln_fusion_probe_{bert,e5}_h200_s31a.json``): BERT-base at 128 rows 10.70 µs against
+11.89; e5-small at 16 rows 4.94 against 5.94, at 128 rows 6.41 against 8.16. In the engine (``s31a``, same call):
+BERT-base 1×128 0.341 ms static / 0.344 dynamic, against 0.350 / 0.352 without (``gpu_encoder_bert_{split,nosplit}_
+s31a.json``)."""
 
 MIN_LN_SPLIT_GAIN = 0.05
 """A forced split becomes an :data:`LN_SPLIT_H200` entry only if its pair is at least this much faster than the

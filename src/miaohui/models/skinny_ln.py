@@ -5,14 +5,17 @@
 LayerNorm after it, and the GEMM that reads the LayerNorm. In BERT that is the attention output → LayerNorm → FFN in,
 and the FFN output → LayerNorm → the next layer's QKV. ``h`` is the next residual.
 
-Where :data:`miaohui.models.skinny_gemm.SKINNY_BEST` has the first product at these rows with K split over programs
-(CUDA), the kernel that sums the split's partials — it holds whole rows — also adds bias and residual and normalizes
-(``skinny_linear(..., residual_ln=...)``): the add + LayerNorm kernel is gone, two or three kernels instead of three
-or four. On the H200 that is BERT-base's and e5-small's FFN output at 16 and 128 rows and BERT-base's attention
-output at 16 rows (``kernel_tables.SKINNY_H200``). The second GEMM runs by ``miaohui::skinny_linear``'s rule.
+Where :data:`miaohui.models.skinny_gemm.SKINNY_BEST` has the first product at these rows with K split over programs,
+or :data:`LN_SPLIT_BEST` has a split for it (CUDA), the kernel that sums the split's partials — it holds whole rows —
+also adds bias and residual and normalizes (``skinny_linear(..., residual_ln=...)``): the add + LayerNorm kernel is
+gone, two or three kernels instead of three or four. On the H200 that is both products of BERT-base and e5-small at
+16 and 128 rows: the FFN output and BERT-base's attention output at 16 by ``kernel_tables.SKINNY_H200``'s own splits,
+the other attention outputs by ``kernel_tables.LN_SPLIT_H200``'s. The second GEMM runs by ``miaohui::skinny_linear``'s
+rule.
 
 Elsewhere (other rows; a first product without split K) it runs what the engine ran before: the first GEMM, one add
-+ LayerNorm kernel (:func:`add_layer_norm`, Triton on CUDA, as Inductor would make of them), the second GEMM.
++ LayerNorm kernel (:func:`add_layer_norm`, Triton on CUDA, as Inductor would make of them; its launch by
+:func:`add_ln_launch`), the second GEMM.
 
 Why: at 1×128 a BERT-base call is ~105 kernels of ~3.3 µs, latency rather than work, and 24 of them are add +
 LayerNorm kernels (``benchmarks/NOTES_gpu.md``, sessions 23–27). Three tries that did not pay, all measured on the
@@ -76,10 +79,15 @@ AddLnLaunch = tuple[int, int]
 
 
 def add_ln_launch(m: int, n: int) -> AddLnLaunch:
-    """The default launch of :func:`add_layer_norm` for ``m`` rows of ``n``: up to 8 rows a program (4,096 elements of
-    the power-of-two row), 4 warps."""
+    """The launch of :func:`add_layer_norm` for ``m`` rows of ``n``: one row a program below 1,024 rows, two from
+    there; a warp per 1,024 elements of the program's power-of-two block. ``ln_fusion_probe.py --add-ln-rows`` on the
+    H200 (``ln_fusion_probe_{bert,e5}_h200_s31a.json``, each launch alone in a 20-call graph): within 4 % of the
+    fastest of 16–20 launches at 512 and 4,096 rows of 768 and 384 (BERT-base 512 rows 2.52 µs, 4,096 rows 4.72;
+    e5-small 2.03, 3.40), where session 27's 4–8 rows of 4 warps took 2.75 / 4.99 / 2.45 / 3.71. Inductor's kernel for
+    the same add + LayerNorm: 2.33 / 5.25 / 1.96 / 3.37."""
     block_n = 1 << max(0, n - 1).bit_length()
-    return max(1, min(8, 4096 // block_n)), 4
+    rows = 1 if m < 1024 else 2
+    return rows, max(1, rows * block_n // 1024)
 
 
 def add_layer_norm(
