@@ -73,6 +73,7 @@ def test_manifest_says_which_kernels(engines: dict[str, InductorEngine]) -> None
         "capability": "9.0",
         "dims": [768, 3072, 12],
         "skinny_gemm_shapes": 8,
+        "ln_split_shapes": len(LN_SPLIT_H200[(768, 3072)]),
         "attention_shapes": 5,
         "pdl": True,
         "pdl_max_rows": 128,
