@@ -159,7 +159,8 @@
 #           BERT-base dynamic / static / static --ln-fusion off, e5-shape with and without the fusion (two rounds),
 #           test_gpu_kernels_gpu.py, test_inductor_gpu.py -k fp16 (the BERT-base run timed out at 140 s: no figures)
 #   s31c:   e5-shape 1x16 / 1x128 with the fusion (forced splits off, then on) and without, kernel tables; then
-#           s31b's BERT-base run again with 250 s
+#           s31b's BERT-base run again with 250 s (the e5 builds failed: a batch-1-only profile)
+#   s31d:   s31c's e5-shape half, with the batch dim static where the profile fixes it
 #   s30b:   tests/gpu/test_gpu_kernels_gpu.py (the engine with ln_fusion), then the e5-shaped model with and without it
 #   s29f:   BERT-base with PDL_MAX_ROWS_H200 = 128 (static programs above 128 rows without Inductor's PDL) and the
 #           skinny GEMMs' PDL never reset by a later load: dynamic / static / library at the five shapes, two rounds
@@ -746,6 +747,17 @@ case $stage in
         --inductor-format exported-program --shapes 1x16,1x128,32x128 --rounds 2 \
         --variants engine_fp16,engine_fp16_static --ln-split "$split" --out "$OUT/gpu_encoder_bert_${tag}_s31a.json" \
         2>&1 | grep -E "^bert.*median|forced|FAIL" | grep -v "e2e\|copies" | tail -14
+    done
+    ;;
+  s31d)
+    # s31c's e5-shape half again (its builds failed on a batch-1-only profile, now a static batch dim)
+    python3 scripts/gpu/e5_shape_model.py var/models/intent-e5-shape | tail -1
+    for split in none table; do
+      variants=engine_fp16; if [ "$split" = none ]; then variants=engine_fp16,engine_fp16_noln; fi
+      timeout 120 python3 benchmarks/bench_gpu_encoder.py --models e5-shape --no-autotune \
+        --inductor-format exported-program --shapes 1x16,1x128 --rounds 2 --variants "$variants" --ln-split "$split" \
+        --profile --out "$OUT/gpu_encoder_e5shape_ln_${split}_s31d.json" 2>&1 \
+        | grep -E "^e5-shape.*median|kernels 1x|FAIL" | grep -v "e2e\|copies" | tail -14
     done
     ;;
   s31c)

@@ -100,10 +100,9 @@ def build(ctx: BuildContext) -> BuiltEngine:
     if kernels["mode"] == "triton":
         ctx.log(f"miaohui's Triton kernels where measured faster on this GPU: {kernels}")
     model = FloatLogits(module).to(device=device, dtype=DTYPES[ctx.cfg.precision]).eval()
-    batch = torch.export.Dim("batch", min=rng.min[0], max=rng.max[0])
-    seq = torch.export.Dim("sequence", min=rng.min[1], max=rng.max[1])
-    # example sizes > 1 so export does not specialise the dynamic dims to 1
-    b, s = max(2, min(rng.opt[0], rng.max[0])), max(2, min(rng.opt[1], rng.max[1]))
+    batch, seq = _export_dim("batch", rng.min[0], rng.max[0]), _export_dim("sequence", rng.min[1], rng.max[1])
+    # example sizes > 1 so export does not specialise the dynamic dims to 1; a dim fixed by the profile is that size
+    b, s = (rng.max[i] if rng.min[i] == rng.max[i] else max(2, min(rng.opt[i], rng.max[i])) for i in (0, 1))
     ids = torch.randint(5, 1000, (b, s), device=device)
     mask = torch.ones_like(ids)
     ctx.log(f"torch.export with batch {rng.min[0]}..{rng.max[0]}, sequence {rng.min[1]}..{rng.max[1]}")
@@ -287,6 +286,12 @@ def static_view(module: torch.nn.Module) -> torch.nn.Module:
     if not isinstance(module, torch.fx.GraphModule):
         raise TypeError(f"static programs are compiled from an exported program's module, not {type(module)}")
     return torch.fx.GraphModule(module, module.graph)
+
+
+def _export_dim(name: str, lo: int, hi: int) -> Any:
+    """The profile's range of a dim as ``torch.export``'s: a ``Dim``, or None (static) where min equals max — a
+    batch-1-only profile (``input_ids:1x1,1x64,1x128``) — as ``Dim`` refuses an empty range."""
+    return None if lo == hi else torch.export.Dim(name, min=lo, max=hi)
 
 
 def use_gpu_kernels(
