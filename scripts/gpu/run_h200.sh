@@ -161,6 +161,7 @@
 #   s31c:   e5-shape 1x16 / 1x128 with the fusion (forced splits off, then on) and without, kernel tables; then
 #           s31b's BERT-base run again with 250 s (the e5 builds failed: a batch-1-only profile)
 #   s31d:   s31c's e5-shape half, with the batch dim static where the profile fixes it
+#   s31e:   test_gpu_kernels_gpu.py's manifest test (its expectation now has ln_split_shapes) and 1x128
 #   s30b:   tests/gpu/test_gpu_kernels_gpu.py (the engine with ln_fusion), then the e5-shaped model with and without it
 #   s29f:   BERT-base with PDL_MAX_ROWS_H200 = 128 (static programs above 128 rows without Inductor's PDL) and the
 #           skinny GEMMs' PDL never reset by a later load: dynamic / static / library at the five shapes, two rounds
@@ -748,6 +749,11 @@ case $stage in
         --variants engine_fp16,engine_fp16_static --ln-split "$split" --out "$OUT/gpu_encoder_bert_${tag}_s31a.json" \
         2>&1 | grep -E "^bert.*median|forced|FAIL" | grep -v "e2e\|copies" | tail -14
     done
+    ;;
+  s31e)
+    timeout 150 python3 -X faulthandler -m pytest -q tests/gpu/test_gpu_kernels_gpu.py -p no:cacheprovider -rA -s \
+      -k "manifest or 1-128" > "$OUT/gpu_tests_gpu_kernels_h200_s31e.txt" 2>&1
+    grep -E "passed|failed|FAILED|Error|assert|engine vs" "$OUT/gpu_tests_gpu_kernels_h200_s31e.txt" | tail -8
     ;;
   s31d)
     # s31c's e5-shape half again (its builds failed on a batch-1-only profile, now a static batch dim)
