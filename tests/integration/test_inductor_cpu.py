@@ -358,3 +358,20 @@ async def test_fast_start_version_serves_while_it_compiles(
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
     finally:
         await served.stop()
+
+
+def test_a_batch_one_profile_exports_a_static_batch(tiny_model: Path, repo: Path) -> None:
+    """``input_ids:1x1,1x16,1x32`` (a one-conversation service): torch.export refuses a ``Dim`` whose min equals
+    its max, so the batch dim is exported static; the engine answers batch 1 at any sequence of the profile."""
+    cfg = CFG.model_copy(
+        update={"shapes": parse_shapes("input_ids:1x1,1x16,1x32"), "inductor_format": "exported-program"}
+    )
+    engine = load_engine(build_artifact(tiny_model, "intent-batch1", cfg, repo, log=print).path)
+    assert isinstance(engine, InductorEngine) and engine.batches == [1]
+    model = load_checkpoint(tiny_model).module.eval()
+    for s in (1, 9, 32):
+        feeds = _feeds(1, s, seed=s)
+        with torch.inference_mode():
+            want = model(torch.from_numpy(feeds["input_ids"]), torch.from_numpy(feeds["attention_mask"])).numpy()
+        got = engine.infer(feeds)["logits"]
+        assert float(np.linalg.norm(got - want) / np.linalg.norm(want)) < 1e-4, s
