@@ -162,6 +162,7 @@
 #           s31b's BERT-base run again with 250 s (the e5 builds failed: a batch-1-only profile)
 #   s31d:   s31c's e5-shape half, with the batch dim static where the profile fixes it
 #   s31e:   test_gpu_kernels_gpu.py's manifest test (its expectation now has ln_split_shapes) and 1x128
+#   (s31f:  by hand on the warm machine: test_inductor_gpu.py -k bf16, exported-program format; NOTES_gpu.md)
 #   s30b:   tests/gpu/test_gpu_kernels_gpu.py (the engine with ln_fusion), then the e5-shaped model with and without it
 #   s29f:   BERT-base with PDL_MAX_ROWS_H200 = 128 (static programs above 128 rows without Inductor's PDL) and the
 #           skinny GEMMs' PDL never reset by a later load: dynamic / static / library at the five shapes, two rounds
