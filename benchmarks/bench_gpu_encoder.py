@@ -16,7 +16,9 @@ output copy back are captured in it (``graph_copies``, the server's default). ``
 captured inside the graph. ``engine_fp16_static`` is ``engine_fp16`` built with ``--static-shapes`` set to the
 benchmark's shapes (each of them a program compiled for exactly that shape); a ``_nopdl`` suffix builds with ``--pdl
 off`` (no programmatic dependent launch anywhere), the A/B of the launch mode. ``--rounds N`` times the engine
-variants N times, one after another per round, so run-to-run drift shows. Every variant's output is checked
+variants N times, one after another per round, so run-to-run drift shows. ``--ln-split none`` builds without the fused
+LayerNorm's forced splits (``kernel_tables.LN_SPLIT_H200``), ``--ln-split PROBE.json`` with a probe's winners instead.
+Every variant's output is checked
 against fp32 eager (relative error).
 
     python benchmarks/bench_gpu_encoder.py --models bert-base,e5-intent --out benchmarks/results/gpu_encoder.json
