@@ -19,7 +19,7 @@ from miaohui.engines import inductor
 from miaohui.engines.inductor_engine import InductorEngine
 from miaohui.engines.loader import load_engine
 from miaohui.engines.store import build_artifact, read_manifest
-from miaohui.errors import ArtifactError, BuildError, ConfigError
+from miaohui.errors import ArtifactError, BuildError, ConfigError, ShapeError
 from miaohui.models.checkpoint import load_checkpoint
 from miaohui.models.fast_bert import FAST_WEIGHTS, has_fast
 from miaohui.nlp.tokenizer import pad_batch
@@ -375,3 +375,25 @@ def test_a_batch_one_profile_exports_a_static_batch(tiny_model: Path, repo: Path
             want = model(torch.from_numpy(feeds["input_ids"]), torch.from_numpy(feeds["attention_mask"])).numpy()
         got = engine.infer(feeds)["logits"]
         assert float(np.linalg.norm(got - want) / np.linalg.norm(want)) < 1e-4, s
+
+
+def test_a_profile_whose_batch_starts_above_one(tiny_model: Path, repo: Path) -> None:
+    """``input_ids:4x1,4x16,8x32``: the program refuses batches below 4, so the engine's buckets, and the batches it
+    traces, start at 4; a smaller request is refused with the profile's range, not passed to the program."""
+    cfg = CFG.model_copy(
+        update={"shapes": parse_shapes("input_ids:4x1,4x16,8x32"), "inductor_format": "exported-program"}
+    )
+    engine = load_engine(build_artifact(tiny_model, "intent-batch4", cfg, repo, log=print).path)
+    assert isinstance(engine, InductorEngine)
+    assert engine.bucket(1, 9) == (4, 16) and engine.bucket(5, 9) == (8, 16)
+    assert {b for b, _ in engine.all_buckets()} == {4, 8}
+    engine.upgrade()  # traces the smallest bucket's batch (the first program call of a load)
+    model = load_checkpoint(tiny_model).module.eval()
+    for b, s in [(4, 9), (6, 32)]:
+        feeds = _feeds(b, s, seed=b)
+        with torch.inference_mode():
+            want = model(torch.from_numpy(feeds["input_ids"]), torch.from_numpy(feeds["attention_mask"])).numpy()
+        got = engine.infer(feeds)["logits"]
+        assert float(np.linalg.norm(got - want) / np.linalg.norm(want)) < 1e-4, (b, s)
+    with pytest.raises(ShapeError, match="outside the profile min 4x1"):
+        engine.infer(_feeds(1, 9, seed=0))

@@ -128,7 +128,7 @@ class InductorEngine(Engine):
         self.load_seconds = time.perf_counter() - started
         profile = manifest.inputs[0].profile
         max_b, max_s = profile.max if profile else (64, manifest.max_length or 128)
-        self.min_s = profile.min[1] if profile else 1
+        self.min_b, self.min_s = profile.min if profile else (1, 1)
         self.batches, self.seqs = batch_buckets(max_b), seq_buckets(max_s)
         self.width = int(manifest.outputs[0].dims[-1])
         self._graphs: dict[tuple[int, int], _Bucket] = {}
@@ -208,11 +208,12 @@ class InductorEngine(Engine):
         self.upgrade_seconds = time.perf_counter() - started
 
     def _trace(self, stream: Any) -> None:
-        """Run the compiled program at batch 1 and batch 2 (Dynamo specialises size 1: two graphs), and each
-        static program at its shape, so their traces are done before any capture."""
+        """Run the compiled program at batch 1 and batch 2 (Dynamo specialises size 1: two graphs; a profile whose
+        batch starts higher: its smallest bucket), and each static program at its shape, so their traces are done
+        before any capture."""
         s = self.bucket(1, self.min_s)[1] if self.use_graphs else max(4, self.min_s)
         ctx = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
-        shapes = [(b, s) for b in sorted({1, min(2, self.batches[-1])})] + list(self._static)
+        shapes = sorted({(self.bucket(b, s)[0], s) for b in (1, min(2, self.batches[-1]))}) + list(self._static)
         with torch.no_grad(), ctx:
             for b, n in shapes:
                 ids = torch.full((b, n), 5, dtype=torch.int64, device=self.device)
@@ -245,13 +246,13 @@ class InductorEngine(Engine):
 
     def bucket(self, b: int, s: int) -> tuple[int, int]:
         return (
-            self.batches[bisect.bisect_left(self.batches, b)],
+            self.batches[bisect.bisect_left(self.batches, max(b, self.min_b))],
             self.seqs[bisect.bisect_left(self.seqs, max(s, self.min_s))],
         )
 
     def all_buckets(self) -> list[tuple[int, int]]:
         """Every (batch, sequence) bucket of the profile."""
-        return [(b, s) for b in self.batches for s in self.seqs if s >= self.min_s]
+        return [(b, s) for b in self.batches for s in self.seqs if b >= self.min_b and s >= self.min_s]
 
     def warmup_buckets(self) -> list[tuple[int, int]]:
         """Every bucket, so none is captured while serving — except before a ``fast_start`` upgrade: then only the
