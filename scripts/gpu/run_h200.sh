@@ -285,6 +285,17 @@ server_kernels_ab() {
   rm -f "$OUT"/*.png "$OUT"/serve_w*.log
 }
 
+e5_ln_ab() {  # STAGE TIMEOUT: e5-shape at 1x16 / 1x128 with the LN fusion (forced splits off, then on) and without
+  python3 scripts/gpu/e5_shape_model.py var/models/intent-e5-shape | tail -1
+  for split in none table; do
+    variants=engine_fp16; if [ "$split" = none ]; then variants=engine_fp16,engine_fp16_noln; fi
+    timeout "$2" python3 benchmarks/bench_gpu_encoder.py --models e5-shape --no-autotune \
+      --inductor-format exported-program --shapes 1x16,1x128 --rounds 2 --variants "$variants" --ln-split "$split" \
+      --profile --out "$OUT/gpu_encoder_e5shape_ln_${split}_$1.json" 2>&1 \
+      | grep -E "^e5-shape.*median|kernels 1x|FAIL" | grep -v "e2e\|copies" | tail -14
+  done
+}
+
 case $stage in
   stage1)
     timeout 150 python3 -X faulthandler scripts/gpu/diag_inductor.py 2>&1 | grep -E "diag|Error|error|Fatal|File" | tail -30
@@ -758,26 +769,12 @@ case $stage in
     ;;
   s31d)
     # s31c's e5-shape half again (its builds failed on a batch-1-only profile, now a static batch dim)
-    python3 scripts/gpu/e5_shape_model.py var/models/intent-e5-shape | tail -1
-    for split in none table; do
-      variants=engine_fp16; if [ "$split" = none ]; then variants=engine_fp16,engine_fp16_noln; fi
-      timeout 120 python3 benchmarks/bench_gpu_encoder.py --models e5-shape --no-autotune \
-        --inductor-format exported-program --shapes 1x16,1x128 --rounds 2 --variants "$variants" --ln-split "$split" \
-        --profile --out "$OUT/gpu_encoder_e5shape_ln_${split}_s31d.json" 2>&1 \
-        | grep -E "^e5-shape.*median|kernels 1x|FAIL" | grep -v "e2e\|copies" | tail -14
-    done
+    e5_ln_ab s31d 120
     ;;
   s31c)
     # e5-shape at 1x16 / 1x128 (s31b: 1x128 0.264 ms with the LN fusion against 0.251 without): with and without the
     # fusion, no forced splits, then with them, kernel tables (--profile); then s31b's BERT-base run with time enough
-    python3 scripts/gpu/e5_shape_model.py var/models/intent-e5-shape | tail -1
-    for split in none table; do
-      variants=engine_fp16; if [ "$split" = none ]; then variants=engine_fp16,engine_fp16_noln; fi
-      timeout 110 python3 benchmarks/bench_gpu_encoder.py --models e5-shape --no-autotune \
-        --inductor-format exported-program --shapes 1x16,1x128 --rounds 2 --variants "$variants" --ln-split "$split" \
-        --profile --out "$OUT/gpu_encoder_e5shape_ln_${split}_s31c.json" 2>&1 \
-        | grep -E "^e5-shape.*median|kernels 1x|FAIL" | grep -v "e2e\|copies" | tail -14
-    done
+    e5_ln_ab s31c 110
     timeout 250 python3 benchmarks/bench_gpu_encoder.py --models bert-base --no-autotune --inductor-format exported-program \
       --shapes 1x16,1x128,8x64,32x128 --rounds 1 --variants engine_fp16,engine_fp16_static,engine_fp16_static_noln \
       --out "$OUT/gpu_encoder_bert_ln_s31c.json" 2>&1 | grep -E "^bert.*median|FAIL" | grep -v "e2e\|copies" | tail -12
