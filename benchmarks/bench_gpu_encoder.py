@@ -152,8 +152,12 @@ def with_input_copies(replay: Replay) -> Any:
 
 
 def kernel_table(fn: Any, args: tuple[torch.Tensor, torch.Tensor], calls: int = 20, top: int = 15) -> dict[str, Any]:
-    """The CUDA kernels of ``calls`` calls of ``fn`` (an engine replay: the graph's kernels), per call, by time."""
+    """The CUDA kernels of ``calls`` calls of ``fn`` (an engine replay: the graph's kernels), per call: each kernel's
+    summed duration and its exclusive time (:mod:`miaohui.bench.kernel_timeline`: under PDL a kernel's duration
+    includes its wait for the one before), the busy time and the summed durations (``device_us_per_call``)."""
     from torch.profiler import ProfilerActivity, profile
+
+    from miaohui.bench.kernel_timeline import cuda_kernels, summarize
 
     fn(*args)
     torch.cuda.synchronize()
@@ -161,15 +165,8 @@ def kernel_table(fn: Any, args: tuple[torch.Tensor, torch.Tensor], calls: int = 
         for _ in range(calls):
             fn(*args)
         torch.cuda.synchronize()
-    events = sorted(prof.key_averages(), key=lambda e: -e.device_time_total)
-    return {
-        "kernels_per_call": sum(e.count for e in events) / calls,
-        "device_us_per_call": sum(e.device_time_total for e in events) / calls,
-        "top": [
-            {"kernel": e.key[:100], "per_call": e.count / calls, "us_per_call": e.device_time_total / calls}
-            for e in events[:top]
-        ],
-    }
+    table = summarize(cuda_kernels(prof), calls, top)
+    return table | {"device_us_per_call": table["duration_us_per_call"]}
 
 
 def run_model(name: str, ckpt: Path, args: argparse.Namespace, repo: Path, results: dict[str, Any]) -> None:
@@ -285,10 +282,12 @@ def run_model(name: str, ckpt: Path, args: argparse.Namespace, repo: Path, resul
                     row["peak_fraction"] = row["tflops"] / PEAK_TFLOPS
                     if args.profile and rnd == 0 and vname.startswith("engine") and not vname.endswith("_e2e"):
                         row["kernels"] = kernel_table(fn, sets[0])
-                        for k in row["kernels"]["top"]:
-                            print(f"  kernel {b}x{s} {k['us_per_call']:8.1f} us {k['per_call']:5.1f}x {k['kernel']}")
-                        print(f"  kernels {b}x{s}: {row['kernels']['kernels_per_call']:.0f} per call, "
-                              f"{row['kernels']['device_us_per_call']:.1f} us of device time", flush=True)  # fmt: skip
+                        kt = row["kernels"]
+                        for k in kt["top"]:
+                            print(f"  kernel {b}x{s} {k['exclusive_us_per_call']:8.1f} us alone "
+                                  f"({k['us_per_call']:8.1f} us) {k['per_call']:5.1f}x {k['kernel']}")  # fmt: skip
+                        print(f"  kernels {b}x{s}: {kt['kernels_per_call']:.0f} per call, {kt['busy_us_per_call']:.1f} "
+                              f"us busy, {kt['duration_us_per_call']:.1f} us summed", flush=True)  # fmt: skip
                     rows.append(row)
                     print(
                         f"{name:10s} {vname:18s} {b:4d}x{s:<4d} median {st['median_ms']:8.3f} ms  p99 "

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from miaohui.bench.kernel_timeline import cuda_kernels, exclusive
 from miaohui.generation import mixed_step, static_kv, w8a16
 from miaohui.generation.dims import DecoderDims
 from miaohui.generation.slot_engine import TorchSlotEngine
@@ -68,12 +69,13 @@ def _profile(graph: torch.cuda.CUDAGraph, label: str, table_path: Path) -> dict[
 def _write_order(prof: torch.profiler.profile, n: int, path: Path) -> None:
     """The first replay's kernels in the order they ran (start offset, µs, name): what precedes what, e.g. which
     operation a graph's memcpy nodes (``memcpy32_post``) belong to."""
-    kernels = sorted(
-        (e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA), key=lambda e: e.time_range.start
-    )[:n]
-    t0 = kernels[0].time_range.start if kernels else 0
-    lines = [f"{e.time_range.start - t0:9.1f} {e.device_time_total:7.2f}  {e.name[:120]}" for e in kernels]
-    path.write_text("start_us  dur_us  kernel\n" + "\n".join(lines) + "\n")
+    kernels = cuda_kernels(prof)[:n]
+    t0 = kernels[0].start if kernels else 0
+    lines = [
+        f"{k.start - t0:9.1f} {k.end - k.start:7.2f} {x:7.2f}  {k.name[:120]}"
+        for k, x in zip(kernels, exclusive(kernels), strict=True)
+    ]
+    path.write_text("start_us  dur_us  alone_us  kernel\n" + "\n".join(lines) + "\n")
 
 
 def main() -> None:

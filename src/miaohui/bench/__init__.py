@@ -7,4 +7,5 @@ report.py   percentiles, throughput, error accounting (sent == answered + errors
 plot.py     PNG: latency percentiles vs throughput
 sweep.py    texts, load levels, one measurement per level
 cli.py      the typer command (registered in miaohui.cli)
+kernel_timeline.py  a GPU profile's kernels as a timeline: each kernel's time alone under PDL overlap (GPU benchmarks)
 """
