@@ -269,3 +269,22 @@ def test_add_ln_launch_is_within_five_percent_of_the_probes_fastest(model: str) 
         times = {r["launch"]: r["us"] for r in sweep if (r["rows"], r["width"]) == (m, n) and r["launch"] != "inductor"}
         rows, warps = skinny_ln.add_ln_launch(m, n)
         assert times[f"rows{rows}_w{warps}"] <= 1.05 * min(times.values()), (m, n, rows, warps)
+
+
+def test_bench_ln_split_override_none_and_a_probe(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``bench_gpu_encoder.py --ln-split``: ``none`` empties the forced splits for the run (the A/B), a probe's JSON
+    puts its winners in for its widths."""
+    import sys
+
+    bench_dir = Path(__file__).resolve().parents[2] / "benchmarks"
+    sys.path.insert(0, str(bench_dir))
+    try:
+        import bench_gpu_encoder
+    finally:
+        sys.path.remove(str(bench_dir))
+    monkeypatch.setattr(kernel_tables, "LN_SPLIT_H200", {k: dict(v) for k, v in kernel_tables.LN_SPLIT_H200.items()})
+    probe = bench_dir / "results" / "ln_fusion_probe_e5_h200_s31a.json"
+    kernel_tables.LN_SPLIT_H200[(384, 1536)] = {}
+    used = bench_gpu_encoder.ln_split_override(str(probe))
+    assert used["384x1536"] == {16: {"attn_out": (16, 32, 64, 3, 4)}, 128: {"attn_out": (64, 32, 64, 2, 4)}}
+    assert bench_gpu_encoder.ln_split_override("none") == {} and kernel_tables.ln_split_table(768, 3072) == {}
