@@ -5,6 +5,7 @@ custom ops survives ``torch.export`` save and load (the engine's format), and th
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,12 @@ def _model() -> torch.nn.Module:
 
 
 BERT_BASE = (768, 3072, 12)
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+
+
+def _report(name: str) -> dict:
+    """A committed probe's JSON from ``benchmarks/results``."""
+    return json.loads((RESULTS / name).read_text())
 
 
 def test_only_the_h200_has_tables_for_bert_base_and_e5_small() -> None:
@@ -193,11 +200,9 @@ def test_probe_entries_need_a_ten_percent_gain_over_sdpa() -> None:
     ],
 )
 def test_the_committed_attention_table_is_its_probes_under_the_rule(probes: list[str], head_size: int) -> None:
-    import json
-
     entries = {}
     for probe in probes:
-        report = json.loads((Path(__file__).resolve().parents[2] / "benchmarks" / "results" / probe).read_text())
+        report = _report(probe)
         assert report["head_size"] == head_size
         entries |= kernel_tables.attention_entries(report)
     assert {k: v for k, v in kernel_tables.ATTN_H200.items() if k[3] == head_size} == entries
@@ -210,9 +215,7 @@ def test_the_committed_gemm_rows_are_their_probes_configurations_and_beat_cublas
 ) -> None:
     """Each width's skinny rows are the configurations ``pdl_probe.py`` timed, and at every row count the chain of
     12 layers' GEMMs launched as programmatic dependents was faster than cuBLAS's (the rule the table was made by)."""
-    import json
-
-    report = json.loads((Path(__file__).resolve().parents[2] / "benchmarks" / "results" / probe).read_text())
+    report = _report(probe)
     assert (report.get("hidden", 768), report.get("intermediate", 3072)) == dims  # s26b's predates the fields
     table = kernel_tables.SKINNY_H200[dims]
     if "configs" in report:  # s26b's timed the table itself
@@ -245,10 +248,7 @@ def test_a_forced_split_needs_its_pair_five_percent_faster() -> None:
 
 @pytest.mark.parametrize("model", ["bert", "e5"])
 def test_the_committed_forced_splits_are_their_probes_winners(model: str) -> None:
-    import json
-
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / f"ln_fusion_probe_{model}_h200_s31a.json"
-    report = json.loads(path.read_text())
+    report = _report(f"ln_fusion_probe_{model}_h200_s31a.json")
     widths = (report["hidden"], report["intermediate"])
     assert kernel_tables.LN_SPLIT_H200[widths] == kernel_tables.ln_split_entries(report)
     for rows, products in kernel_tables.LN_SPLIT_H200[widths].items():  # only products the plain table does not split
@@ -259,10 +259,7 @@ def test_the_committed_forced_splits_are_their_probes_winners(model: str) -> Non
 def test_add_ln_launch_is_within_five_percent_of_the_probes_fastest(model: str) -> None:
     """``skinny_ln.add_ln_launch``'s rule against ``ln_fusion_probe.py --add-ln-rows``'s sweep, at every probed
     shape."""
-    import json
-
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / f"ln_fusion_probe_{model}_h200_s31a.json"
-    sweep = json.loads(path.read_text())["add_ln"]
+    sweep = _report(f"ln_fusion_probe_{model}_h200_s31a.json")["add_ln"]
     shapes = {(r["rows"], r["width"]) for r in sweep}
     assert len(shapes) == 2
     for m, n in shapes:
@@ -276,14 +273,14 @@ def test_bench_ln_split_override_none_and_a_probe(monkeypatch: pytest.MonkeyPatc
     puts its winners in for its widths."""
     import sys
 
-    bench_dir = Path(__file__).resolve().parents[2] / "benchmarks"
+    bench_dir = RESULTS.parent
     sys.path.insert(0, str(bench_dir))
     try:
         import bench_gpu_encoder
     finally:
         sys.path.remove(str(bench_dir))
     monkeypatch.setattr(kernel_tables, "LN_SPLIT_H200", {k: dict(v) for k, v in kernel_tables.LN_SPLIT_H200.items()})
-    probe = bench_dir / "results" / "ln_fusion_probe_e5_h200_s31a.json"
+    probe = RESULTS / "ln_fusion_probe_e5_h200_s31a.json"
     kernel_tables.LN_SPLIT_H200[(384, 1536)] = {}
     used = bench_gpu_encoder.ln_split_override(str(probe))
     assert used["384x1536"] == {16: {"attn_out": (16, 32, 64, 3, 4)}, 128: {"attn_out": (64, 32, 64, 2, 4)}}

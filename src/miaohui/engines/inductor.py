@@ -100,9 +100,9 @@ def build(ctx: BuildContext) -> BuiltEngine:
     if kernels["mode"] == "triton":
         ctx.log(f"miaohui's Triton kernels where measured faster on this GPU: {kernels}")
     model = FloatLogits(module).to(device=device, dtype=DTYPES[ctx.cfg.precision]).eval()
-    batch, seq = _export_dim("batch", rng.min[0], rng.max[0]), _export_dim("sequence", rng.min[1], rng.max[1])
-    # example sizes > 1 so export does not specialise the dynamic dims to 1; a dim fixed by the profile is that size
-    b, s = (rng.max[i] if rng.min[i] == rng.max[i] else max(2, min(rng.opt[i], rng.max[i])) for i in (0, 1))
+    (batch, b), (seq, s) = (
+        _export_dim(n, rng.min[i], rng.opt[i], rng.max[i]) for i, n in enumerate(("batch", "sequence"))
+    )
     ids = torch.randint(5, 1000, (b, s), device=device)
     mask = torch.ones_like(ids)
     ctx.log(f"torch.export with batch {rng.min[0]}..{rng.max[0]}, sequence {rng.min[1]}..{rng.max[1]}")
@@ -288,10 +288,13 @@ def static_view(module: torch.nn.Module) -> torch.nn.Module:
     return torch.fx.GraphModule(module, module.graph)
 
 
-def _export_dim(name: str, lo: int, hi: int) -> Any:
-    """The profile's range of a dim as ``torch.export``'s: a ``Dim``, or None (static) where min equals max — a
+def _export_dim(name: str, lo: int, opt: int, hi: int) -> tuple[Any, int]:
+    """The profile's range of a dim as ``torch.export``'s and the example size to trace it at: a ``Dim`` and a size
+    > 1 (so export does not specialise the dim to 1), or None (static) and that size where min equals max — a
     batch-1-only profile (``input_ids:1x1,1x64,1x128``) — as ``Dim`` refuses an empty range."""
-    return None if lo == hi else torch.export.Dim(name, min=lo, max=hi)
+    if lo == hi:
+        return None, hi
+    return torch.export.Dim(name, min=lo, max=hi), max(2, min(opt, hi))
 
 
 def use_gpu_kernels(
