@@ -296,7 +296,47 @@ e5_ln_ab() {  # STAGE TIMEOUT: e5-shape at 1x16 / 1x128 with the LN fusion (forc
   done
 }
 
+server_ln_ab() {  # STAGE: the e5-shaped intent server (shared engine, 6 workers, delay 0), LN fusion auto then off
+  python3 scripts/gpu/e5_shape_model.py var/models/intent-e5-shape | tail -1
+  for ln in auto off; do
+    rm -rf /tmp/gpurepo
+    LN_FUSION=$ln MODEL=var/models/intent-e5-shape INDUCTOR_FORMAT=exported-program \
+      python3 scripts/gpu/build_intent_gpu.py /tmp/gpurepo 0 1 0 2>&1 | tail -1
+    python3 -c "import json; print(json.load(open('/tmp/gpurepo/intent/1/manifest.json'))['extra']['gpu_kernels'])"
+    SHARED=1 TAG="_e5shape_shared_delay0_ln${ln}_$1" WORKERS=6 LEVELS=32,40 \
+      timeout 130 bash scripts/gpu/serve_workers.sh "$OUT" 2>&1 | grep -E "ready after|c=|exit" | tail -5
+  done
+  rm -f "$OUT"/*.png "$OUT"/serve_w*.log
+}
+
 case $stage in
+  s32a)
+    # e5-shape 1x128: where the fused program's extra ~11 us go (--profile: exclusive kernel times), then the fusion
+    # off at 128 rows only (dynamic: the op's unfused path; static: plain ops); BERT-base static 8x64 / 32x128 with
+    # static programs keeping Inductor's add + LayerNorm where add_layer_norm is not faster (skinny_ln.traced_as_op)
+    python3 scripts/gpu/e5_shape_model.py var/models/intent-e5-shape | tail -1
+    timeout 150 python3 benchmarks/bench_gpu_encoder.py --models e5-shape --no-autotune \
+      --inductor-format exported-program --shapes 1x16,1x128 --rounds 2 --variants engine_fp16,engine_fp16_noln \
+      --profile --out "$OUT/gpu_encoder_e5shape_ln_profile_s32a.json" 2>&1 \
+      | grep -E "^e5-shape.*median|kernels 1x|busy|FAIL" | grep -v "e2e\|copies" | tail -14
+    timeout 150 python3 benchmarks/bench_gpu_encoder.py --models e5-shape --no-autotune \
+      --inductor-format exported-program --shapes 1x16,1x128 --rounds 2 --ln-unfused-rows 128 \
+      --variants engine_fp16,engine_fp16_static,engine_fp16_noln --out "$OUT/gpu_encoder_e5shape_unfused128_s32a.json" \
+      2>&1 | grep -E "^e5-shape.*median|FAIL" | grep -v "e2e\|copies" | tail -14
+    timeout 220 python3 benchmarks/bench_gpu_encoder.py --models bert-base --no-autotune --inductor-format exported-program \
+      --shapes 8x64,32x128 --rounds 2 --variants engine_fp16_static,engine_fp16_static_noln \
+      --out "$OUT/gpu_encoder_bert_static_s32a.json" 2>&1 | grep -E "^bert.*median|FAIL" | grep -v "e2e\|copies" | tail -10
+    ;;
+  s32b)
+    # the intent server with and without the LayerNorm fusion; the kernels' and the engine's GPU tests
+    server_ln_ab s32b
+    timeout 60 python3 -X faulthandler -m pytest -q tests/gpu/test_encoder_kernels_gpu.py -p no:cacheprovider -rA -s \
+      > "$OUT/gpu_tests_encoder_kernels_h200_s32b.txt" 2>&1
+    grep -E "passed|failed|FAILED|Error|assert" "$OUT/gpu_tests_encoder_kernels_h200_s32b.txt" | tail -4
+    timeout 150 python3 -X faulthandler -m pytest -q tests/gpu/test_gpu_kernels_gpu.py -p no:cacheprovider -rA -s \
+      > "$OUT/gpu_tests_gpu_kernels_h200_s32b.txt" 2>&1
+    grep -E "passed|failed|FAILED|Error|assert|engine vs" "$OUT/gpu_tests_gpu_kernels_h200_s32b.txt" | tail -8
+    ;;
   stage1)
     timeout 150 python3 -X faulthandler scripts/gpu/diag_inductor.py 2>&1 | grep -E "diag|Error|error|Fatal|File" | tail -30
     timeout 400 python3 -X faulthandler benchmarks/bench_gpu_encoder.py --models bert-base --iters 200 --no-autotune \

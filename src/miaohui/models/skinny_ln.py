@@ -123,12 +123,42 @@ split costs less than the add + LayerNorm kernel it removes). Filled by ``kernel
 ``kernel_tables.LN_SPLIT_H200``."""
 
 
+UNFUSED_ROWS: set[tuple[int, int]] = set()
+"""(rows, N) where the op runs unfused even though a split would let it fuse: the fused pair measured slower in the
+whole engine than without the fusion. Filled by ``kernel_tables.apply`` from ``kernel_tables.LN_UNFUSED_H200``
+(``bench_gpu_encoder.py --ln-unfused-rows`` for one run)."""
+
+ADD_LN_ROWS: set[tuple[int, int]] = set()
+"""(rows, N) where :func:`add_layer_norm` was measured faster than Inductor's kernel for the same add + LayerNorm.
+A static program (concrete rows) traces an unfused pair as plain ops — Inductor's kernel — everywhere else (see
+:func:`traced_as_op`). Filled by ``kernel_tables.apply`` from ``kernel_tables.ADD_LN_H200``."""
+
+
 def fused_config(rows: int, w1: torch.Tensor) -> skinny_gemm.SkinnyConfig | None:
     """The first product's configuration at ``rows`` rows where it splits K (the reduce then does the LayerNorm):
-    :data:`LN_SPLIT_BEST`'s, else the skinny table's if that splits; None: the op runs unfused."""
+    :data:`LN_SPLIT_BEST`'s, else the skinny table's if that splits; None: the op runs unfused (also at
+    :data:`UNFUSED_ROWS`)."""
+    if (rows, w1.shape[0]) in UNFUSED_ROWS:
+        return None
     key = (rows, w1.shape[0], w1.shape[1])
     cfg = LN_SPLIT_BEST.get(key) or skinny_gemm.SKINNY_BEST.get(key)
     return cfg if cfg is not None and cfg[3] > 1 else None
+
+
+def traced_as_op(rows: int | torch.SymInt, w1: torch.Tensor, on_cuda: bool) -> bool:
+    """Whether a FastBert stack traced at ``rows`` rows (batch × sequence) runs a pair as :func:`proj_ln_proj`.
+
+    Symbolic rows (a dynamic program): yes, the op decides per captured bucket. Concrete rows (a static program,
+    ``BuildConfig.static_shapes``): only where the op does better than what Inductor makes of the plain ops — where
+    it fuses (:func:`fused_config`), or where :func:`add_layer_norm` beats Inductor's add + LayerNorm
+    (:data:`ADD_LN_ROWS`). Elsewhere the plain ops, so that Inductor's own kernel does the add and the LayerNorm: at
+    512 rows it took 2.33 µs against ``add_layer_norm``'s 2.52 (BERT-base 8×64: 0.461 ms static without the fusion
+    against 0.470 with it, ``gpu_encoder_bert_ln_s31c.json``)."""
+    if not isinstance(rows, int):
+        return True
+    if not (on_cuda and triton is not None):
+        return False
+    return fused_config(rows, w1) is not None or (rows, w1.shape[0]) in ADD_LN_ROWS
 
 
 @torch.library.custom_op("miaohui::proj_ln_proj", mutates_args=())
