@@ -310,6 +310,25 @@ server_ln_ab() {  # STAGE: the e5-shaped intent server (shared engine, 6 workers
 }
 
 case $stage in
+  s32c)
+    # the stack's last LayerNorm as miaohui::proj_ln (s32a: Inductor's LayerNorm + pooling kernel took 9.4 us at
+    # e5 1x128 in the program with the ops, 2.3 without): e5-shape with and without the fusion (--profile), the
+    # engine's GPU tests, BERT-base's table, the kernels' GPU tests
+    python3 scripts/gpu/e5_shape_model.py var/models/intent-e5-shape | tail -1
+    timeout 130 python3 benchmarks/bench_gpu_encoder.py --models e5-shape --no-autotune \
+      --inductor-format exported-program --shapes 1x16,1x128 --rounds 2 --variants engine_fp16,engine_fp16_noln \
+      --profile --out "$OUT/gpu_encoder_e5shape_projln_s32c.json" 2>&1 \
+      | grep -E "^e5-shape.*median|kernels 1x|FAIL" | grep -v "e2e\|copies" | tail -14
+    timeout 150 python3 -X faulthandler -m pytest -q tests/gpu/test_gpu_kernels_gpu.py -p no:cacheprovider -rA -s \
+      > "$OUT/gpu_tests_gpu_kernels_h200_s32c.txt" 2>&1
+    grep -E "passed|failed|FAILED|Error|assert|engine vs" "$OUT/gpu_tests_gpu_kernels_h200_s32c.txt" | tail -8
+    timeout 230 python3 benchmarks/bench_gpu_encoder.py --models bert-base --no-autotune --inductor-format exported-program \
+      --shapes 1x16,1x128,8x64,32x128 --rounds 1 --variants engine_fp16,engine_fp16_static,engine_fp16_static_noln \
+      --out "$OUT/gpu_encoder_bert_projln_s32c.json" 2>&1 | grep -E "^bert.*median|FAIL" | grep -v "e2e\|copies" | tail -12
+    timeout 60 python3 -X faulthandler -m pytest -q tests/gpu/test_encoder_kernels_gpu.py -p no:cacheprovider -rA -s \
+      > "$OUT/gpu_tests_encoder_kernels_h200_s32c.txt" 2>&1
+    grep -E "passed|failed|FAILED|Error|assert" "$OUT/gpu_tests_encoder_kernels_h200_s32c.txt" | tail -4
+    ;;
   s32a)
     # e5-shape 1x128: where the fused program's extra ~11 us go (--profile: exclusive kernel times), then the fusion
     # off at 128 rows only (dynamic: the op's unfused path; static: plain ops); BERT-base static 8x64 / 32x128 with

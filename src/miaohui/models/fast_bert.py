@@ -133,16 +133,28 @@ class FastBert(nn.Module):
 
 def _fused_stack(layers: list[FastBertLayer], h: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """The layers with each inner LayerNorm and the GEMMs around it as one ``miaohui::proj_ln_proj``: attention output
-    → LayerNorm → FFN in, and FFN output → LayerNorm → the next layer's QKV; the last LayerNorm stays as it was. A
-    static program keeps the plain ops where the op would not do better (``skinny_ln.traced_as_op``)."""
+    → LayerNorm → FFN in, and FFN output → LayerNorm → the next layer's QKV; the last FFN output and LayerNorm as
+    ``miaohui::proj_ln``. A static program keeps the plain ops where the op would not do better
+    (``skinny_ln.traced_as_op``)."""
     qkv = layers[0]._proj(layers[0].qkv, h)
     for i, layer in enumerate(layers):
         a = layer.attention(qkv, bias)
         f, h = _ln_pair(layer, layer.attn_out, a, h, layer.ln1, layer.ffn_in, True)
         if i + 1 == len(layers):
-            return layer._proj_ln(layer.ffn_out, f, h, layer.ln2)
+            return _last_ln(layer, f, h)
         qkv, h = _ln_pair(layer, layer.ffn_out, f, h, layer.ln2, layers[i + 1].qkv, False)
     raise ValueError("FastBert without layers")
+
+
+def _last_ln(layer: FastBertLayer, f: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """The stack's last LayerNorm, ``ln2(residual + ffn_out(f))``: ``miaohui::proj_ln`` where ``traced_as_op`` says
+    so (then Inductor cannot fold it into the pooling's reduction), else the plain ops."""
+    from miaohui.models import skinny_ln  # Triton is imported only when asked for
+
+    lin, ln = layer.ffn_out, layer.ln2
+    if skinny_ln.traced_as_op(f.shape[0] * f.shape[1], lin.weight, f.is_cuda):
+        return skinny_ln.proj_ln(f, lin.weight, lin.bias, residual, ln.weight, ln.bias, ln.eps)
+    return layer._proj_ln(lin, f, residual, ln)
 
 
 def _ln_pair(
