@@ -17,9 +17,9 @@ captured inside the graph. ``engine_fp16_static`` is ``engine_fp16`` built with 
 benchmark's shapes (each of them a program compiled for exactly that shape); a ``_nopdl`` suffix builds with ``--pdl
 off`` (no programmatic dependent launch anywhere), the A/B of the launch mode. ``--rounds N`` times the engine
 variants N times, one after another per round, so run-to-run drift shows. ``--ln-split none`` builds without the fused
-LayerNorm's forced splits (``kernel_tables.LN_SPLIT_H200``), ``--ln-split PROBE.json`` with a probe's winners instead;
-``--ln-unfused-rows 128`` turns the fusion off at those rows (``kernel_tables.LN_UNFUSED_H200``'s A/B). Every
-variant's output is checked against fp32 eager (relative error).
+LayerNorm's forced splits (``kernel_tables.LN_SPLIT_H200``), ``--ln-split PROBE.json`` with a probe's winners instead.
+Every variant's output is checked
+against fp32 eager (relative error).
 
     python benchmarks/bench_gpu_encoder.py --models bert-base,e5-intent --out benchmarks/results/gpu_encoder.json
 """
@@ -354,17 +354,6 @@ def ln_split_override(choice: str) -> dict[str, Any]:
     return {f"{h}x{i}": v for (h, i), v in kernel_tables.LN_SPLIT_H200.items()}
 
 
-def ln_unfused_override(rows: str) -> dict[str, list[int]]:
-    """``--ln-unfused-rows 128,…``: the LayerNorm fusion off at these rows for every width with skinny entries
-    (replaces :data:`kernel_tables.LN_UNFUSED_H200` for this run); returns what the run used, per widths."""
-    from miaohui.models import kernel_tables
-
-    chosen = {int(v) for v in rows.split(",") if v}
-    for widths in kernel_tables.SKINNY_H200:
-        kernel_tables.LN_UNFUSED_H200[widths] = set(chosen)
-    return {f"{h}x{i}": sorted(v) for (h, i), v in kernel_tables.LN_UNFUSED_H200.items()}
-
-
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--models", default="bert-base,e5-intent")
@@ -386,12 +375,6 @@ def main() -> None:
         help="the forced splits of proj_ln_proj's first product: 'table' (kernel_tables.LN_SPLIT_H200), 'none' (no "
         "forced split: the A/B), or ln_fusion_probe.py JSONs (comma-separated) whose winners replace the table's "
         "entries for their widths (try a probe before committing its entries)",
-    )
-    p.add_argument(
-        "--ln-unfused-rows",
-        default=None,
-        help="rows (batch × sequence, comma-separated) where proj_ln_proj runs unfused for this run, in place of "
-        "kernel_tables.LN_UNFUSED_H200 ('' for none): the A/B of an entry",
     )
     p.add_argument("--shapes", default="1x16,1x128,8x64,32x128,128x128")
     p.add_argument("--variants", default="eager_fp32,eager_fp16,compile_fp16,engine_fp16,engine_bf16")
@@ -432,9 +415,6 @@ def main() -> None:
     if args.ln_split != "table":
         results["ln_split_entries"] = ln_split_override(args.ln_split)
         print("forced splits for the fused LayerNorm:", results["ln_split_entries"], flush=True)
-    if args.ln_unfused_rows is not None:
-        results["ln_unfused_rows"] = ln_unfused_override(args.ln_unfused_rows)
-        print("the LayerNorm fusion off at rows:", results["ln_unfused_rows"], flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         repo = Path(tmp) / "repo"
         for name in args.models.split(","):

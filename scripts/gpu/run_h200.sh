@@ -313,7 +313,8 @@ case $stage in
   s32c)
     # the stack's last LayerNorm as miaohui::proj_ln (s32a: Inductor's LayerNorm + pooling kernel took 9.4 us at
     # e5 1x128 in the program with the ops, 2.3 without): e5-shape with and without the fusion (--profile), the
-    # engine's GPU tests, BERT-base's table, the kernels' GPU tests
+    # engine's GPU tests, BERT-base's table, the kernels' GPU tests. Ran at commit 8847eaa: the three engine runs
+    # stalled in Inductor's compile until their timeouts; proj_ln reverted (benchmarks/NOTES_gpu.md, session 29)
     python3 scripts/gpu/e5_shape_model.py var/models/intent-e5-shape | tail -1
     timeout 130 python3 benchmarks/bench_gpu_encoder.py --models e5-shape --no-autotune \
       --inductor-format exported-program --shapes 1x16,1x128 --rounds 2 --variants engine_fp16,engine_fp16_noln \
@@ -332,7 +333,8 @@ case $stage in
   s32a)
     # e5-shape 1x128: where the fused program's extra ~11 us go (--profile: exclusive kernel times), then the fusion
     # off at 128 rows only (dynamic: the op's unfused path; static: plain ops); BERT-base static 8x64 / 32x128 with
-    # static programs keeping Inductor's add + LayerNorm where add_layer_norm is not faster (skinny_ln.traced_as_op)
+    # static programs keeping Inductor's add + LayerNorm where add_layer_norm is not faster (skinny_ln.traced_as_op).
+    # Ran at commit 9f4d79b (--ln-unfused-rows, traced_as_op); both reverted (benchmarks/NOTES_gpu.md, session 29)
     python3 scripts/gpu/e5_shape_model.py var/models/intent-e5-shape | tail -1
     timeout 150 python3 benchmarks/bench_gpu_encoder.py --models e5-shape --no-autotune \
       --inductor-format exported-program --shapes 1x16,1x128 --rounds 2 --variants engine_fp16,engine_fp16_noln \

@@ -26,8 +26,6 @@ def clean_tables(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(encoder_attention, "ATTN_BEST", {})
     monkeypatch.setattr(encoder_attention, "ATTN_SHAPES_ONLY", False)
     monkeypatch.setattr(skinny_ln, "LN_SPLIT_BEST", {})
-    monkeypatch.setattr(skinny_ln, "ADD_LN_ROWS", set())
-    monkeypatch.setattr(skinny_ln, "UNFUSED_ROWS", set())
 
 
 def _model() -> torch.nn.Module:
@@ -151,8 +149,7 @@ def test_exported_program_with_the_custom_ops_saves_and_loads(clean_tables: None
     batch, seq = torch.export.Dim("batch", min=1, max=8), torch.export.Dim("sequence", min=2, max=64)
     ep = torch.export.export(model, (ids, mask), dynamic_shapes=({0: batch, 1: seq}, {0: batch, 1: seq}))
     targets = {str(n.target) for n in ep.graph.nodes if n.op == "call_function"}
-    ops = {"miaohui.skinny_linear.default", "miaohui.encoder_attention.default", "miaohui.proj_ln_proj.default",
-           "miaohui.proj_ln.default"}  # fmt: skip
+    ops = {"miaohui.skinny_linear.default", "miaohui.encoder_attention.default", "miaohui.proj_ln_proj.default"}
     assert ops <= targets
     torch.export.save(ep, str(tmp_path / "program.pt2"))
     loaded = torch.export.load(str(tmp_path / "program.pt2")).module()
@@ -269,35 +266,6 @@ def test_add_ln_launch_is_within_five_percent_of_the_probes_fastest(model: str) 
         times = {r["launch"]: r["us"] for r in sweep if (r["rows"], r["width"]) == (m, n) and r["launch"] != "inductor"}
         rows, warps = skinny_ln.add_ln_launch(m, n)
         assert times[f"rows{rows}_w{warps}"] <= 1.05 * min(times.values()), (m, n, rows, warps)
-
-
-def test_the_committed_add_ln_rows_are_their_probes_winners() -> None:
-    """``ADD_LN_H200``: where ``add_layer_norm`` beat Inductor's add + LayerNorm in both probes (BERT-base 4,096 rows
-    only), and the rule keeps no shape where it lost or won by less than the margin."""
-    entries: dict[int, set[int]] = {}
-    for model in ("bert", "e5"):
-        entries.update(kernel_tables.add_ln_entries(_report(f"ln_fusion_probe_{model}_h200_s31a.json")))
-    assert kernel_tables.ADD_LN_H200 == entries == {768: {4096}}
-    report = {"add_ln": [
-        {"rows": 512, "width": 64, "launch": "inductor", "us": 3.0},
-        {"rows": 512, "width": 64, "launch": "rows1_w1", "us": 2.0},  # add_ln_launch(512, 64): 1 row, 1 warp
-        {"rows": 512, "width": 64, "launch": "rows2_w1", "us": 1.0},  # faster, but not the rule's launch
-        {"rows": 2048, "width": 64, "launch": "inductor", "us": 3.0},
-        {"rows": 2048, "width": 64, "launch": "rows2_w1", "us": 2.9},  # 3 %: not enough
-    ]}  # fmt: skip
-    assert kernel_tables.add_ln_entries(report) == {64: {512}}
-
-
-@pytest.mark.usefixtures("clean_tables")
-def test_apply_loads_the_add_ln_and_unfused_rows(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(kernel_tables, "LN_UNFUSED_H200", {(384, 1536): {128}})
-    unfused, add_ln = skinny_ln.UNFUSED_ROWS, skinny_ln.ADD_LN_ROWS  # the sets apply() fills
-    kernel_tables.apply((9, 0), (384, 1536, 12))
-    assert unfused == {(128, 384)} and add_ln == set()
-    kernel_tables.apply((9, 0), (768, 3072, 12))
-    assert add_ln == {(4096, 768)}
-    kernel_tables.apply(None, (768, 3072, 12))  # no GPU table: nothing more
-    assert add_ln == {(4096, 768)}
 
 
 def test_bench_ln_split_override_none_and_a_probe(monkeypatch: pytest.MonkeyPatch) -> None:

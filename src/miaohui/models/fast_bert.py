@@ -133,49 +133,21 @@ class FastBert(nn.Module):
 
 def _fused_stack(layers: list[FastBertLayer], h: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """The layers with each inner LayerNorm and the GEMMs around it as one ``miaohui::proj_ln_proj``: attention output
-    → LayerNorm → FFN in, and FFN output → LayerNorm → the next layer's QKV; the last FFN output and LayerNorm as
-    ``miaohui::proj_ln``. A static program keeps the plain ops where the op would not do better
-    (``skinny_ln.traced_as_op``)."""
+    → LayerNorm → FFN in, and FFN output → LayerNorm → the next layer's QKV; the last LayerNorm stays as it was."""
+    from miaohui.models.skinny_ln import proj_ln_proj  # Triton is imported only when asked for
+
     qkv = layers[0]._proj(layers[0].qkv, h)
     for i, layer in enumerate(layers):
         a = layer.attention(qkv, bias)
-        f, h = _ln_pair(layer, layer.attn_out, a, h, layer.ln1, layer.ffn_in, True)
+        lo, li = layer.attn_out, layer.ffn_in
+        f, h = proj_ln_proj(a, lo.weight, lo.bias, h, layer.ln1.weight, layer.ln1.bias, layer.ln1.eps, li.weight,
+                            li.bias, True)  # fmt: skip
         if i + 1 == len(layers):
-            return _last_ln(layer, f, h)
-        qkv, h = _ln_pair(layer, layer.ffn_out, f, h, layer.ln2, layers[i + 1].qkv, False)
+            return layer._proj_ln(layer.ffn_out, f, h, layer.ln2)
+        fo, nq = layer.ffn_out, layers[i + 1].qkv
+        qkv, h = proj_ln_proj(f, fo.weight, fo.bias, h, layer.ln2.weight, layer.ln2.bias, layer.ln2.eps, nq.weight,
+                              nq.bias, False)  # fmt: skip
     raise ValueError("FastBert without layers")
-
-
-def _last_ln(layer: FastBertLayer, f: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-    """The stack's last LayerNorm, ``ln2(residual + ffn_out(f))``: ``miaohui::proj_ln`` where ``traced_as_op`` says
-    so (then Inductor cannot fold it into the pooling's reduction), else the plain ops."""
-    from miaohui.models import skinny_ln  # Triton is imported only when asked for
-
-    lin, ln = layer.ffn_out, layer.ln2
-    if skinny_ln.traced_as_op(f.shape[0] * f.shape[1], lin.weight, f.is_cuda):
-        return skinny_ln.proj_ln(f, lin.weight, lin.bias, residual, ln.weight, ln.bias, ln.eps)
-    return layer._proj_ln(lin, f, residual, ln)
-
-
-def _ln_pair(
-    layer: FastBertLayer,
-    lin1: nn.Linear,
-    x: torch.Tensor,
-    residual: torch.Tensor,
-    ln: nn.LayerNorm,
-    lin2: nn.Linear,
-    gelu: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(``lin2(h)`` then GELU when ``gelu``, ``h``) with ``h = ln(residual + lin1(x))``: ``miaohui::proj_ln_proj``
-    or, where ``traced_as_op`` says so, the plain ops."""
-    from miaohui.models import skinny_ln  # Triton is imported only when asked for
-
-    if skinny_ln.traced_as_op(x.shape[0] * x.shape[1], lin1.weight, x.is_cuda):
-        return skinny_ln.proj_ln_proj(
-            x, lin1.weight, lin1.bias, residual, ln.weight, ln.bias, ln.eps, lin2.weight, lin2.bias, gelu
-        )
-    h = layer._proj_ln(lin1, x, residual, ln)
-    return layer._proj(lin2, h, gelu=gelu), h
 
 
 def _embedding(n: int, dim: int, init: bool) -> nn.Embedding:

@@ -79,18 +79,6 @@ MIN_LN_SPLIT_GAIN = 0.05
 """A forced split becomes an :data:`LN_SPLIT_H200` entry only if its pair is at least this much faster than the
 unfused pair (GEMM, add + LayerNorm, GEMM) in ``ln_fusion_probe.py``."""
 
-LN_UNFUSED_H200: dict[tuple[int, int], set[int]] = {}
-"""(hidden, intermediate) → rows where ``miaohui::proj_ln_proj`` runs unfused although a split would let it fuse
-(:data:`miaohui.models.skinny_ln.UNFUSED_ROWS`): the fused pairs measured faster alone but slower in the whole
-engine. ``bench_gpu_encoder.py --ln-unfused-rows`` is the A/B."""
-
-ADD_LN_H200: dict[int, set[int]] = {768: {4096}}
-"""Width → rows where ``skinny_ln.add_layer_norm`` (at ``add_ln_launch``'s launch) beat Inductor's kernel for the same
-add + LayerNorm by :data:`MIN_LN_SPLIT_GAIN` (:func:`add_ln_entries`; ``ln_fusion_probe_{bert,e5}_h200_s31a.json``:
-4,096 × 768 4.72 µs against 5.25). A static program runs Inductor's kernel at every other unfused pair
-(:data:`miaohui.models.skinny_ln.ADD_LN_ROWS`, ``skinny_ln.traced_as_op``): 512 × 768 2.33 against 2.52, 512 × 384
-1.96 against 2.03, 4,096 × 384 3.37 against 3.40."""
-
 SKINNY_ROWS = SKINNY_H200[(BERT_BASE["hidden"], BERT_BASE["intermediate"])]
 """BERT-base's rows (``pdl_probe.py``'s default configurations)."""
 
@@ -172,21 +160,6 @@ def ln_split_entries(report: dict[str, Any]) -> dict[int, dict[str, SkinnyConfig
     return out
 
 
-def add_ln_entries(report: dict[str, Any]) -> dict[int, set[int]]:
-    """``ln_fusion_probe.py --add-ln-rows``'s sweep → width → rows where ``add_layer_norm`` at ``add_ln_launch``'s
-    launch beat Inductor's kernel by :data:`MIN_LN_SPLIT_GAIN` (how :data:`ADD_LN_H200` is chosen)."""
-    us = {(int(r["rows"]), int(r["width"]), str(r["launch"])): float(r["us"]) for r in report["add_ln"]}
-    out: dict[int, set[int]] = {}
-    for rows, width, launch in us:
-        if launch != "inductor":
-            continue
-        per, warps = skinny_ln.add_ln_launch(rows, width)
-        ours = us.get((rows, width, f"rows{per}_w{warps}"))
-        if ours is not None and ours <= (1 - MIN_LN_SPLIT_GAIN) * us[(rows, width, launch)]:
-            out.setdefault(width, set()).add(rows)
-    return out
-
-
 def ln_split_table(hidden: int, intermediate: int) -> dict[tuple[int, int, int], SkinnyConfig]:
     """(M, N, K) → configuration: :data:`LN_SPLIT_H200`'s rows for a model of these widths (other widths: none)."""
     return _by_shape(LN_SPLIT_H200.get((hidden, intermediate), {}), hidden, intermediate)
@@ -243,10 +216,6 @@ def apply(
     use_pdl = bool(skinny) and pdl
     skinny_gemm.SKINNY_BEST.update(skinny)
     skinny_ln.LN_SPLIT_BEST.update(ln_split)
-    if skinny:
-        hidden = dims[0]
-        skinny_ln.UNFUSED_ROWS.update((m, hidden) for m in LN_UNFUSED_H200.get((dims[0], dims[1]), ()))
-        skinny_ln.ADD_LN_ROWS.update((m, hidden) for m in ADD_LN_H200.get(hidden, ()))
     if skinny:
         skinny_gemm.SKINNY_PDL = True
     encoder_attention.ATTN_BEST.update(attn)

@@ -123,42 +123,12 @@ split costs less than the add + LayerNorm kernel it removes). Filled by ``kernel
 ``kernel_tables.LN_SPLIT_H200``."""
 
 
-UNFUSED_ROWS: set[tuple[int, int]] = set()
-"""(rows, N) where the op runs unfused even though a split would let it fuse: the fused pair measured slower in the
-whole engine than without the fusion. Filled by ``kernel_tables.apply`` from ``kernel_tables.LN_UNFUSED_H200``
-(``bench_gpu_encoder.py --ln-unfused-rows`` for one run)."""
-
-ADD_LN_ROWS: set[tuple[int, int]] = set()
-"""(rows, N) where :func:`add_layer_norm` was measured faster than Inductor's kernel for the same add + LayerNorm.
-A static program (concrete rows) traces an unfused pair as plain ops — Inductor's kernel — everywhere else (see
-:func:`traced_as_op`). Filled by ``kernel_tables.apply`` from ``kernel_tables.ADD_LN_H200``."""
-
-
 def fused_config(rows: int, w1: torch.Tensor) -> skinny_gemm.SkinnyConfig | None:
     """The first product's configuration at ``rows`` rows where it splits K (the reduce then does the LayerNorm):
-    :data:`LN_SPLIT_BEST`'s, else the skinny table's if that splits; None: the op runs unfused (also at
-    :data:`UNFUSED_ROWS`)."""
-    if (rows, w1.shape[0]) in UNFUSED_ROWS:
-        return None
+    :data:`LN_SPLIT_BEST`'s, else the skinny table's if that splits; None: the op runs unfused."""
     key = (rows, w1.shape[0], w1.shape[1])
     cfg = LN_SPLIT_BEST.get(key) or skinny_gemm.SKINNY_BEST.get(key)
     return cfg if cfg is not None and cfg[3] > 1 else None
-
-
-def traced_as_op(rows: int | torch.SymInt, w1: torch.Tensor, on_cuda: bool) -> bool:
-    """Whether a FastBert stack traced at ``rows`` rows (batch × sequence) runs a pair as :func:`proj_ln_proj`.
-
-    Symbolic rows (a dynamic program): yes, the op decides per captured bucket. Concrete rows (a static program,
-    ``BuildConfig.static_shapes``): only where the op does better than what Inductor makes of the plain ops — where
-    it fuses (:func:`fused_config`), or where :func:`add_layer_norm` beats Inductor's add + LayerNorm
-    (:data:`ADD_LN_ROWS`). Elsewhere the plain ops, so that Inductor's own kernel does the add and the LayerNorm: at
-    512 rows it took 2.33 µs against ``add_layer_norm``'s 2.52 (BERT-base 8×64: 0.461 ms static without the fusion
-    against 0.470 with it, ``gpu_encoder_bert_ln_s31c.json``)."""
-    if not isinstance(rows, int):
-        return True
-    if not (on_cuda and triton is not None):
-        return False
-    return fused_config(rows, w1) is not None or (rows, w1.shape[0]) in ADD_LN_ROWS
 
 
 @torch.library.custom_op("miaohui::proj_ln_proj", mutates_args=())
@@ -175,53 +145,14 @@ def proj_ln_proj(
     gelu: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(``y``, ``h``): ``h = LayerNorm(r + x @ w1ᵀ + b1)``, ``y = h @ w2ᵀ + b2`` (then tanh GELU); see the module."""
-    h = _proj_ln(x, w1, b1, r, gamma, beta, eps)
-    return skinny_gemm.skinny_op(h, w2, b2, gelu), h
-
-
-def _proj_ln(
-    x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, r: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor,
-    eps: float,
-) -> torch.Tensor:  # fmt: skip
-    """``LayerNorm(r + x @ w1ᵀ + b1)``: in the split's reduce where :func:`fused_config` has one, else the product
-    then :func:`add_layer_norm`."""
     k = x.shape[-1]
     cfg = fused_config(x.numel() // k, w1) if x.is_cuda and triton is not None else None
     if cfg is not None:
-        return skinny_gemm.skinny_linear(x, w1, b1, cfg, pdl=skinny_gemm.SKINNY_PDL, residual_ln=(r, gamma, beta, eps))
-    # PDL where the first product ran the skinny kernel: a chain of small kernels, as the ops around it
-    pdl = skinny_gemm.SKINNY_PDL and (x.numel() // k, *w1.shape) in skinny_gemm.SKINNY_BEST
-    return add_layer_norm(skinny_gemm.skinny_op(x, w1, b1, False), r, gamma, beta, eps, pdl=pdl)
-
-
-@torch.library.custom_op("miaohui::proj_ln", mutates_args=())
-def proj_ln(
-    x: torch.Tensor,
-    w1: torch.Tensor,
-    b1: torch.Tensor,
-    r: torch.Tensor,
-    gamma: torch.Tensor,
-    beta: torch.Tensor,
-    eps: float,
-) -> torch.Tensor:
-    """``h = LayerNorm(r + x @ w1ᵀ + b1)``: :func:`proj_ln_proj` without the second GEMM, for the stack's last
-    LayerNorm. Left to Inductor, that LayerNorm fuses with the mean pooling after it into one looped reduction, which
-    took 9.4 µs at e5-small 1×128 in the program with the ops against 2.3 in the program without them
-    (``gpu_encoder_e5shape_ln_profile_s32a.json``, exclusive kernel times)."""
-    return _proj_ln(x, w1, b1, r, gamma, beta, eps)
-
-
-@proj_ln.register_fake
-def _proj_ln_fake(
-    x: torch.Tensor,
-    w1: torch.Tensor,
-    b1: torch.Tensor,
-    r: torch.Tensor,
-    gamma: torch.Tensor,
-    beta: torch.Tensor,
-    eps: float,
-) -> torch.Tensor:
-    return x.new_empty((*x.shape[:-1], w1.shape[0]))
+        h = skinny_gemm.skinny_linear(x, w1, b1, cfg, pdl=skinny_gemm.SKINNY_PDL, residual_ln=(r, gamma, beta, eps))
+    else:  # PDL where the first product ran the skinny kernel: a chain of small kernels, as the ops around it
+        pdl = skinny_gemm.SKINNY_PDL and (x.numel() // k, *w1.shape) in skinny_gemm.SKINNY_BEST
+        h = add_layer_norm(skinny_gemm.skinny_op(x, w1, b1, False), r, gamma, beta, eps, pdl=pdl)
+    return skinny_gemm.skinny_op(h, w2, b2, gelu), h
 
 
 @proj_ln_proj.register_fake
