@@ -8,6 +8,7 @@ HOST   ?= 127.0.0.1
 PORT   ?= 8000
 GRPC_PORT ?= 8001
 PYTEST_ARGS ?=
+TEST_WORKERS ?= 2
 
 .PHONY: install run prepare test test-fast lint format bench clean promtool
 
@@ -29,13 +30,14 @@ prepare: $(STAMP)
 promtool:
 	@bash scripts/install_prometheus.sh || echo "warning: promtool not installed; the Prometheus rule tests will skip"
 
-## The CPU test suite (what CI runs). Real models, real engines, real servers on localhost.
+## The CPU test suite (what CI runs). Real models, real engines, real servers on localhost. Test files are spread
+## over TEST_WORKERS pytest-xdist processes (a file's tests stay in one); TEST_WORKERS=0 runs them in this process.
 test: $(STAMP) promtool
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 ## Quick loop while developing: skips the tests marked slow.
 test-fast: $(STAMP)
-	$(BIN)/pytest -m "not slow" $(PYTEST_ARGS)
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile -m "not slow" $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks scripts

@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from tests.conftest import cache_lock
 from tests.servers import UvicornThread
 
 from miaohui.generation.engine_loop import LLMEngine
@@ -52,13 +53,14 @@ def llm_repository() -> Path:
     from miaohui.generation.artifact import build_causal_lm
 
     repo = CACHE / f"llm-repo-{_code_key()}"
-    for old in CACHE.glob("llm-repo-*"):
-        if old != repo:
-            shutil.rmtree(old, ignore_errors=True)
-    path = build_causal_lm(repo, MODEL, "fp32", source_cache=MODEL_CACHE)  # reused when the build key is equal
-    for old in path.parent.iterdir():
-        if old != path:  # an older version (the source model or a library changed)
-            shutil.rmtree(old, ignore_errors=True)
+    with cache_lock("llm-repo"):  # one test worker builds it, another reuses it
+        for old in CACHE.glob("llm-repo-*"):
+            if old != repo:
+                shutil.rmtree(old, ignore_errors=True)
+        path = build_causal_lm(repo, MODEL, "fp32", source_cache=MODEL_CACHE)  # reused when the build key is equal
+        for old in path.parent.iterdir():
+            if old != path:  # an older version (the source model or a library changed)
+                shutil.rmtree(old, ignore_errors=True)
     return repo
 
 

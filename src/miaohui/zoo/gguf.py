@@ -81,11 +81,17 @@ def save_converted(out_dir: Path, model: Any, tokenizer: Any, source: dict[str, 
 
 
 def ensure_converted(gguf: Path, cache: Path, convert: Callable[[Path, Path, dict[str, object]], None]) -> Path:
-    """``convert(gguf, cache, source)`` unless ``cache`` already holds a conversion of this very GGUF; ``cache``."""
-    source = file_digest(gguf)
-    if not cache_is_fresh(cache, source):
-        from rich.console import Console
+    """``convert(gguf, cache, source)`` unless ``cache`` already holds a conversion of this very GGUF; ``cache``.
+    Under a file lock beside ``cache``: processes that need it at once (``serve --workers N``, parallel test workers)
+    convert it once, the others wait and read it."""
+    from filelock import FileLock
 
-        with Console(stderr=True).status(f"converting {gguf.name} → fp32 safetensors in {cache} (once)"):
-            convert(gguf, cache, source)
+    source = file_digest(gguf)
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(cache.parent / f".{cache.name}.lock")):
+        if not cache_is_fresh(cache, source):
+            from rich.console import Console
+
+            with Console(stderr=True).status(f"converting {gguf.name} → fp32 safetensors in {cache} (once)"):
+                convert(gguf, cache, source)
     return cache
