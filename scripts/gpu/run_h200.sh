@@ -310,6 +310,19 @@ server_ln_ab() {  # STAGE: the e5-shaped intent server (shared engine, 6 workers
 }
 
 case $stage in
+  s33a)
+    # (prepared in session 29, not run) Inductor's source for e5-shape 1x128 with and without the LayerNorm fusion:
+    # why the last LayerNorm + mean pooling kernel takes 9.4 us with the ops in the graph and 2.3 without (s32a)
+    python3 scripts/gpu/e5_shape_model.py var/models/intent-e5-shape | tail -1
+    for v in engine_fp16 engine_fp16_noln; do
+      TORCH_LOGS=output_code timeout 200 python3 benchmarks/bench_gpu_encoder.py --models e5-shape --no-autotune \
+        --inductor-format exported-program --shapes 1x128 --variants "$v" --iters 50 --profile \
+        --out "$OUT/gpu_encoder_e5shape_code_${v}_s33a.json" > "$OUT/output_code_e5shape_${v}_s33a.txt" 2>&1
+      grep -E "^e5-shape.*median" "$OUT/output_code_e5shape_${v}_s33a.txt" | grep -v "e2e\|copies"
+      grep -n "def triton_red_fused.*native_layer_norm_sum" "$OUT/output_code_e5shape_${v}_s33a.txt" | head -3
+    done
+    rm -f "$OUT"/*.png
+    ;;
   s32c)
     # the stack's last LayerNorm as miaohui::proj_ln (s32a: Inductor's LayerNorm + pooling kernel took 9.4 us at
     # e5 1x128 in the program with the ops, 2.3 without): e5-shape with and without the fusion (--profile), the
