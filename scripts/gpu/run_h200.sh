@@ -270,20 +270,22 @@ gen_ab() {  # TAG OPTION "V1 V2 ..." FLAGS...: the async 1.5B server (staggered,
   done
   rm -f "$OUT"/${tag}_*/*.png "$OUT/nvidia-smi.txt"
 }
-# The e5-shaped intent server (6 workers, shared engine, queue delay 0) at c=32/40, built with miaohui's kernels and
-# then with library kernels, one after the other: gpu_server_w6_e5shape_shared_delay0_{triton,library}_$1.json
-server_kernels_ab() {
+# The e5-shaped intent server (6 workers, shared engine, queue delay 0) at c=32/40, two builds one after the other
+server_ab() {  # STAGE ENV "V1 V2" TAG: the e5-shaped intent server (shared engine, 6 workers, delay 0), built with
+  # ENV=V1, then ENV=V2 (build_intent_gpu.py's GPU_KERNELS or LN_FUSION) → gpu_server_w6_…_TAG${V}_STAGE.json
   python3 scripts/gpu/e5_shape_model.py var/models/intent-e5-shape | tail -1
-  for k in triton library; do
+  for v in $3; do
     rm -rf /tmp/gpurepo
-    GPU_KERNELS=$k MODEL=var/models/intent-e5-shape INDUCTOR_FORMAT=exported-program \
+    env "$2=$v" MODEL=var/models/intent-e5-shape INDUCTOR_FORMAT=exported-program \
       python3 scripts/gpu/build_intent_gpu.py /tmp/gpurepo 0 1 0 2>&1 | tail -1
     python3 -c "import json; print(json.load(open('/tmp/gpurepo/intent/1/manifest.json'))['extra']['gpu_kernels'])"
-    SHARED=1 TAG="_e5shape_shared_delay0_${k}_$1" WORKERS=6 LEVELS=32,40 \
+    SHARED=1 TAG="_e5shape_shared_delay0_$4${v}_$1" WORKERS=6 LEVELS=32,40 \
       timeout 130 bash scripts/gpu/serve_workers.sh "$OUT" 2>&1 | grep -E "ready after|c=|exit" | tail -5
   done
   rm -f "$OUT"/*.png "$OUT"/serve_w*.log
 }
+server_kernels_ab() { server_ab "$1" GPU_KERNELS "triton library" ""; }  # miaohui's kernels against the library's
+server_ln_ab() { server_ab "$1" LN_FUSION "auto off" ln; }  # the LayerNorm fusion on and off
 
 e5_ln_ab() {  # STAGE TIMEOUT: e5-shape at 1x16 / 1x128 with the LN fusion (forced splits off, then on) and without
   python3 scripts/gpu/e5_shape_model.py var/models/intent-e5-shape | tail -1
@@ -294,19 +296,6 @@ e5_ln_ab() {  # STAGE TIMEOUT: e5-shape at 1x16 / 1x128 with the LN fusion (forc
       --profile --out "$OUT/gpu_encoder_e5shape_ln_${split}_$1.json" 2>&1 \
       | grep -E "^e5-shape.*median|kernels 1x|FAIL" | grep -v "e2e\|copies" | tail -14
   done
-}
-
-server_ln_ab() {  # STAGE: the e5-shaped intent server (shared engine, 6 workers, delay 0), LN fusion auto then off
-  python3 scripts/gpu/e5_shape_model.py var/models/intent-e5-shape | tail -1
-  for ln in auto off; do
-    rm -rf /tmp/gpurepo
-    LN_FUSION=$ln MODEL=var/models/intent-e5-shape INDUCTOR_FORMAT=exported-program \
-      python3 scripts/gpu/build_intent_gpu.py /tmp/gpurepo 0 1 0 2>&1 | tail -1
-    python3 -c "import json; print(json.load(open('/tmp/gpurepo/intent/1/manifest.json'))['extra']['gpu_kernels'])"
-    SHARED=1 TAG="_e5shape_shared_delay0_ln${ln}_$1" WORKERS=6 LEVELS=32,40 \
-      timeout 130 bash scripts/gpu/serve_workers.sh "$OUT" 2>&1 | grep -E "ready after|c=|exit" | tail -5
-  done
-  rm -f "$OUT"/*.png "$OUT"/serve_w*.log
 }
 
 case $stage in
