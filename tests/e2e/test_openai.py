@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from tests.conftest import cache_lock
+from tests.conftest import CACHE, ROOT, cache_lock
 from tests.servers import UvicornThread
 
 from miaohui.generation.engine_loop import LLMEngine
@@ -31,8 +31,6 @@ from miaohui.server.openai_api import GenerationService, create_openai_app
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
-CACHE = ROOT / "var" / "test-cache"
 MODEL_CACHE = CACHE / "smollm2-135m"
 MODEL = "smollm2"
 MAX_MODEL_LEN = 512
