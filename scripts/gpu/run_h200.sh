@@ -299,6 +299,23 @@ e5_ln_ab() {  # STAGE TIMEOUT: e5-shape at 1x16 / 1x128 with the LN fusion (forc
 }
 
 case $stage in
+  s33e)
+    # the build and the load make the same first calls (inductor.first_calls: batch 1 and the opt batch at the opt
+    # sequence): e5-shape 1x16 / 1x128 plain and served (graph copies) with kernel tables (s33a: the last LayerNorm +
+    # pooling kernel 2.0 us in one load, 4.0-9.0 in another); the inductor GPU tests (fp16, tiny model: a load
+    # compiles nothing, into an empty Inductor cache); the kernels' engine tests
+    python3 scripts/gpu/e5_shape_model.py var/models/intent-e5-shape | tail -1
+    timeout 170 python3 benchmarks/bench_gpu_encoder.py --models e5-shape --no-autotune --inductor-format exported-program \
+      --shapes 1x16,1x128 --rounds 2 --variants engine_fp16 --profile --out "$OUT/gpu_encoder_e5shape_firstcalls_s33e.json" \
+      2>&1 | grep -E "^e5-shape.*median|FAIL" | tail -14
+    rm -f "$OUT"/*.png
+    MIAOHUI_GPU_TEST_FORMAT=exported-program timeout 150 python3 -m pytest -q tests/gpu/test_inductor_gpu.py -k fp16 \
+      -p no:cacheprovider -rA -s > "$OUT/gpu_tests_inductor_h200_s33e.txt" 2>&1
+    grep -E "passed|failed|FAILED|Error|assert|cold start" "$OUT/gpu_tests_inductor_h200_s33e.txt" | tail -8
+    timeout 200 python3 -X faulthandler -m pytest -q tests/gpu/test_gpu_kernels_gpu.py -p no:cacheprovider -rA -s \
+      > "$OUT/gpu_tests_gpu_kernels_h200_s33e.txt" 2>&1
+    grep -E "passed|failed|FAILED|Error|assert" "$OUT/gpu_tests_gpu_kernels_h200_s33e.txt" | tail -6
+    ;;
   s33a)
     # (carry .whl .whlg .gpu1: e5 part 1 stays in /tmp for s33b) Inductor's source for e5-shape 1x128 with and without
     # the LayerNorm fusion: why the last LayerNorm + mean pooling kernel takes 9.4 us with the ops in the graph and 2.3

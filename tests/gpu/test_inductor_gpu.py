@@ -17,6 +17,7 @@ import httpx
 import numpy as np
 import pytest
 import torch
+from torch._dynamo.utils import counters
 
 from miaohui.config import BuildConfig, parse_shapes
 from miaohui.engines.inductor_engine import InductorEngine
@@ -69,7 +70,14 @@ def test_manifest_records_the_gpu(artifact: Path) -> None:
     assert m.extra["compile_seconds"] > 0
 
 
-def test_load_is_fast_and_matches_fp32(artifact: Path, source: Path) -> None:
+def test_load_does_not_recompile_and_matches_fp32(
+    artifact: Path, source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Loading compiles nothing: the package holds compiled code (no Dynamo trace either); the exported program's
+    Inductor graphs all come from the artifact's saved cache (Dynamo traces, Inductor hits), here into an empty
+    Inductor cache as on a fresh machine. The cold start is printed, not asserted (``bench_cold_start.py``)."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor-cache"))
+    misses, traced = counters["inductor"]["fxgraph_cache_miss"], counters["stats"]["unique_graphs"]
     t0 = time.perf_counter()
     engine = load_engine(artifact)
     ids = np.random.default_rng(0).integers(5, 30000, (5, 23)).astype(np.int64)
@@ -82,7 +90,9 @@ def test_load_is_fast_and_matches_fp32(artifact: Path, source: Path) -> None:
         f"cold start (load + first bucket capture + infer): {cold:.3f}s; load {engine.load_seconds:.3f}s; "
         f"{'AOTInductor package' if engine.packaged else 'exported program'}"
     )
-    assert cold < 10
+    assert counters["inductor"]["fxgraph_cache_miss"] == misses, "the load recompiled a graph"
+    if engine.packaged:
+        assert counters["stats"]["unique_graphs"] == traced, "the package load traced the model"
     ref_model = load_checkpoint(source).module.eval()
     with torch.inference_mode():
         ref = ref_model(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()

@@ -127,8 +127,9 @@ def _cache_entries(compiled: object) -> int:
 
 def test_static_shapes_get_programs_of_their_own(tiny_model: Path, repo: Path) -> None:
     """``static_shapes``: the build compiles a program for exactly 4x16 next to the dynamic one (no AOTInductor
-    package: it holds one program); the engine answers inputs of that shape from it — its own Dynamo cache fills,
-    the dynamic program's is not asked — and every other shape from the dynamic program, all matching PyTorch."""
+    package: it holds one program); the engine traces it at load at that shape only, answers inputs of that shape
+    from it — the dynamic program's cache is not asked — and every other shape from the dynamic program (whose
+    calls never reach the static one), all matching PyTorch."""
     cfg = BuildConfig.model_validate({**CFG.model_dump(), "static_shapes": "4x16"})
     assert cfg.static_shapes == ((4, 16),) and cfg.compute_hash() != CFG.compute_hash()
     out = build_artifact(tiny_model, "intent-static", cfg, repo, log=print).path
@@ -138,9 +139,9 @@ def test_static_shapes_get_programs_of_their_own(tiny_model: Path, repo: Path) -
     engine = load_engine(out)
     assert isinstance(engine, InductorEngine) and set(engine._static) == {(4, 16)}
     static = engine._static[(4, 16)]
-    assert _cache_entries(static) == 0
+    assert _cache_entries(static) == 1  # traced at load, at its shape (as at build)
     _check_matches_pytorch(engine, tiny_model)  # 1x1, 1x9, 3x16, 16x32: the dynamic program
-    assert _cache_entries(static) == 0
+    assert _cache_entries(static) == 1
     model = load_checkpoint(tiny_model).module.eval()
     feeds = _feeds(4, 16, seed=5)
     dynamic_graphs = _cache_entries(engine._runner)
@@ -260,6 +261,19 @@ def test_fused_gelu_layer_exports_as_one_gemm_epilogue(tiny_model: Path) -> None
 def exported(tiny_model: Path, repo: Path) -> Path:
     cfg = CFG.model_copy(update={"inductor_format": "exported-program"})
     return build_artifact(tiny_model, "intent-fast", cfg, repo, log=print).path
+
+
+def test_exported_program_loads_from_its_saved_cache(
+    exported: Path, tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Loading the exported program recompiles nothing, even into an empty Inductor cache (a fresh machine): Dynamo
+    traces it, and every Inductor graph comes from the compile cache saved in the artifact."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor-cache"))
+    hits, misses = counters["inductor"]["fxgraph_cache_hit"], counters["inductor"]["fxgraph_cache_miss"]
+    engine = load_engine(exported)
+    _check_matches_pytorch(engine, tiny_model)
+    assert counters["inductor"]["fxgraph_cache_miss"] == misses, "the load recompiled a graph"
+    assert counters["inductor"]["fxgraph_cache_hit"] > hits  # the program was compiled, from the saved cache
 
 
 def test_fast_start_answers_eagerly_then_swaps_in_the_compiled_program(exported: Path, tiny_model: Path) -> None:

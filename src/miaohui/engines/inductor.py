@@ -26,13 +26,14 @@ The loaded engine (CUDA graphs per bucket, fast start, polled batches) is :mod:`
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -134,7 +135,7 @@ def build(ctx: BuildContext) -> BuiltEngine:
             )
         if not aoti["ok"]:
             ctx.log(f"AOTInductor package not used ({aoti['reason']}): saving the exported program + Inductor cache")
-            _build_exported_program(ctx, ep, shapes, device, kernels)
+            _build_exported_program(ctx, ep, first_calls(rng.min, rng.opt, rng.max), device, kernels)
             save_fast(module, ctx.out_dir)  # what ``fast_start`` answers with while the program loads and compiles
     compile_s = time.perf_counter() - started - export_s
     meta = ctx.model.meta
@@ -161,24 +162,61 @@ def build(ctx: BuildContext) -> BuiltEngine:
     )
 
 
+def first_calls(lo: tuple[int, ...], opt: tuple[int, ...], hi: tuple[int, ...]) -> list[tuple[int, int]]:
+    """The dynamic program's first calls, the same at build and at load: the build saves Inductor's compile of
+    exactly these, and the engine makes them before any other, so a load is all cache hits.
+
+    One call at batch 1 where the profile has it (Dynamo specialises size 1: a graph of its own), one at the opt
+    batch (at least 2), both at the opt sequence (at least 2). Same sequence in both and the same calls at both
+    ends, because Dynamo names the batch graph's sequence symbol after whether the sequence changed since the
+    first call, and the name is part of Inductor's cache key: a load that ran 1×9 then 4×16 recompiled the graph a
+    build had compiled after 1×16 then 4×16. At opt, too, Inductor's kernels take their size hints and its
+    runtime autotuning picks each reduction's launch configuration (what TensorRT tunes for)."""
+    s = min(max(2, opt[1], lo[1]), hi[1])
+    calls = [(1, s)] if lo[0] == 1 else []
+    if hi[0] > 1:
+        calls.append((min(max(2, opt[0], lo[0]), hi[0]), s))
+    return calls
+
+
+@contextlib.contextmanager
+def _private_inductor_cache() -> Iterator[None]:
+    """Compile into an empty Inductor cache of the build's own, removed after: every graph is compiled here and so
+    recorded in what ``save_cache_artifacts`` saves. Over the shared cache, a graph an earlier build of this process
+    had compiled came back as a cache hit without its Inductor entry being recorded, and the artifact then made a
+    fresh machine recompile it at load."""
+    previous = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    with tempfile.TemporaryDirectory(prefix="miaohui-inductor-cache-") as private:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = private
+        try:
+            yield
+        finally:
+            if previous is None:
+                os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+            else:
+                os.environ["TORCHINDUCTOR_CACHE_DIR"] = previous
+
+
 def _build_exported_program(
-    ctx: BuildContext, ep: Any, shapes: list[tuple[int, int]], device: str, kernels: dict[str, Any]
+    ctx: BuildContext, ep: Any, calls: list[tuple[int, int]], device: str, kernels: dict[str, Any]
 ) -> None:
-    """The fallback format: the exported program + Inductor's compile cache of the profile's shapes and of each
+    """The fallback format: the exported program + Inductor's compile cache of its :func:`first_calls` and of each
     static shape's own program (each with PDL or not as ``kernels``, what ``use_gpu_kernels`` recorded, says)."""
     torch.export.save(ep, str(ctx.out_dir / ENGINE_FILE))
     ctx.log(f"Inductor compile ({ctx.cfg.precision}, max-autotune {'on' if ctx.cfg.autotune else 'off'})")
     torch.compiler.reset()
     module = ep.module()
     fn = compile_program(module, ctx.cfg.autotune, program_pdl(kernels, None))
-    runs = [(fn, shape) for shape in shapes]
+    runs = [(fn, shape) for shape in calls]
     for shape in ctx.cfg.static_shapes:
         pdl = program_pdl(kernels, shape[0] * shape[1])
         ctx.log(f"Inductor compile of the static program for {shape[0]}x{shape[1]}" + (" (PDL)" if pdl else ""))
         runs.append((compile_program(static_view(module), ctx.cfg.autotune, pdl, dynamic=False), shape))
-    for run, (wb, ws) in runs:
-        run(torch.randint(5, 1000, (wb, ws), device=device), torch.ones((wb, ws), dtype=torch.int64, device=device))
-    saved = torch.compiler.save_cache_artifacts()
+    with _private_inductor_cache():
+        for run, (wb, ws) in runs:
+            ids = torch.randint(5, 1000, (wb, ws), device=device)
+            run(ids, torch.ones_like(ids))
+        saved = torch.compiler.save_cache_artifacts()
     if saved is None:
         raise BuildError("Inductor produced no compile cache to save", "report the torch version; rebuild")
     (ctx.out_dir / CACHE_FILE).write_bytes(saved[0])

@@ -28,6 +28,7 @@ from miaohui.engines.inductor import (
     CACHE_FILE,
     FloatLogits,
     compile_program,
+    first_calls,
     gpu_kernels_at_load,
     load_package,
     program_pdl,
@@ -129,6 +130,7 @@ class InductorEngine(Engine):
         profile = manifest.inputs[0].profile
         max_b, max_s = profile.max if profile else (64, manifest.max_length or 128)
         self.min_b, self.min_s = profile.min if profile else (1, 1)
+        self._first_calls = first_calls((self.min_b, self.min_s), profile.opt if profile else (1, 16), (max_b, max_s))
         self.batches, self.seqs = batch_buckets(max_b), seq_buckets(max_s)
         self.width = int(manifest.outputs[0].dims[-1])
         self._graphs: dict[tuple[int, int], _Bucket] = {}
@@ -146,6 +148,9 @@ class InductorEngine(Engine):
             self.upgraded.set()
         self._upgrader: threading.Thread | None = None
         self.upgrade_seconds = 0.0
+        if self._eager is None and not self.packaged:  # the program's first calls, as at build: all cache hits
+            self._trace(self.stream if self.device.type == "cuda" else None)
+            self.load_seconds = time.perf_counter() - started
 
     def _load_program(self) -> torch.nn.Module:
         """The exported program as a module, with Inductor's cache of its kernels loaded (so compiling it is all
@@ -208,12 +213,11 @@ class InductorEngine(Engine):
         self.upgrade_seconds = time.perf_counter() - started
 
     def _trace(self, stream: Any) -> None:
-        """Run the compiled program at batch 1 and batch 2 (Dynamo specialises size 1: two graphs; a profile whose
-        batch starts higher: its smallest bucket), and each static program at its shape, so their traces are done
-        before any capture."""
-        s = self.bucket(1, self.min_s)[1] if self.use_graphs else max(4, self.min_s)
+        """Run the compiled program at its :func:`~miaohui.engines.inductor.first_calls` (the build's: Dynamo's two
+        graphs, batch 1 and larger, traced as at build, so Inductor's compile of each is a cache hit; runtime
+        autotuning at the profile's opt shape) and each static program at its shape, before any capture."""
         ctx = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
-        shapes = sorted({(self.bucket(b, s)[0], s) for b in (1, min(2, self.batches[-1]))}) + list(self._static)
+        shapes = self._first_calls + list(self._static)
         with torch.no_grad(), ctx:
             for b, n in shapes:
                 ids = torch.full((b, n), 5, dtype=torch.int64, device=self.device)
