@@ -238,7 +238,7 @@
 #           the engine's per-layer pieces, both CUDA graphs (scripts/gpu/decode_whole_step.py), without / with
 #           Inductor's coordinate-descent tuning; batch 1 and 64, and the pieces with SDPA decode attention
 #   llm2:   join the SmolLM2 GGUF (parts from llm1 + llm2), SmolLM2 decoder benchmark, tests/gpu (tiny models)
-# Carried (ignored) folders: .whl (pure-python wheels), .gpu1 / .gpu2 (e5 parts, intent delta),
+# Carried (ignored) folders: .whl (pure-python wheels), .gpu1 / .gpu2 (e5 parts, intent delta: pack_intent.sh),
 # .llm1 / .llm2 (SmolLM2 GGUF parts).
 set -uo pipefail
 stage=$1
