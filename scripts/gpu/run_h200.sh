@@ -299,6 +299,14 @@ e5_ln_ab() {  # STAGE TIMEOUT: e5-shape at 1x16 / 1x128 with the LN fusion (forc
 }
 
 case $stage in
+  s33f)
+    # BERT-base 32x128 with the first calls (the dynamic program's batch graph autotuned at the profile's opt, 32x128
+    # here) against its static program (autotuned at its shape since session 25); the leftover device time of session 30
+    timeout 125 python3 benchmarks/bench_gpu_encoder.py --models bert-base --no-autotune --inductor-format exported-program \
+      --shapes 32x128 --rounds 2 --variants engine_fp16,engine_fp16_static --out "$OUT/gpu_encoder_bert_firstcalls_s33f.json" \
+      2>&1 | grep -E "^bert.*median|FAIL" | grep -v "e2e\|copies" | tail -6
+    rm -f "$OUT"/*.png
+    ;;
   s33e)
     # the build and the load make the same first calls (inductor.first_calls: batch 1 and the opt batch at the opt
     # sequence): e5-shape 1x16 / 1x128 plain and served (graph copies) with kernel tables (s33a: the last LayerNorm +
