@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -181,10 +182,14 @@ def first_calls(lo: tuple[int, ...], opt: tuple[int, ...], hi: tuple[int, ...]) 
 
 @contextlib.contextmanager
 def _private_inductor_cache() -> Iterator[None]:
-    """Compile into an empty Inductor cache of the build's own, removed after: every graph is compiled here and so
-    recorded in what ``save_cache_artifacts`` saves. Over the shared cache, a graph an earlier build of this process
-    had compiled came back as a cache hit without its Inductor entry being recorded, and the artifact then made a
-    fresh machine recompile it at load."""
+    """Compile into an empty Inductor cache of the build's own: every graph is compiled there and so recorded in
+    what ``save_cache_artifacts`` saves. Over the shared cache, a graph an earlier build of this process had
+    compiled came back as a cache hit without its Inductor entry being recorded, and the artifact then made a fresh
+    machine recompile it at load. Afterwards the private cache is merged into this machine's (its entries are
+    content-addressed), so loads here still find the compiled kernels — on the CPU the saved cache carries the
+    graphs but not their compiled C++, which a machine that did not build them compiles at its first load."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
     previous = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     with tempfile.TemporaryDirectory(prefix="miaohui-inductor-cache-") as private:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = private
@@ -195,6 +200,7 @@ def _private_inductor_cache() -> Iterator[None]:
                 os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
             else:
                 os.environ["TORCHINDUCTOR_CACHE_DIR"] = previous
+        shutil.copytree(private, previous or default_cache_dir(), dirs_exist_ok=True)
 
 
 def _build_exported_program(
