@@ -73,7 +73,7 @@ def test_manifest_records_the_gpu(artifact: Path) -> None:
 def test_load_does_not_recompile_and_matches_fp32(
     artifact: Path, source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Loading compiles nothing: the package holds compiled code (no Dynamo trace either); the exported program's
+    """Loading compiles no graph: the package holds compiled code (no Dynamo trace either); the exported program's
     Inductor graphs all come from the artifact's saved cache (Dynamo traces, Inductor hits), here into an empty
     Inductor cache as on a fresh machine. The cold start is printed, not asserted (``bench_cold_start.py``)."""
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor-cache"))
