@@ -6,6 +6,7 @@ The same backend on the H200 (fp16/bf16, CUDA graphs) is tests/gpu/test_inductor
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 from pathlib import Path
 
@@ -275,6 +276,19 @@ def test_exported_program_loads_from_its_saved_cache(
     _check_matches_pytorch(engine, tiny_model)
     assert counters["inductor"]["fxgraph_cache_miss"] == misses, "the load recompiled a graph"
     assert counters["inductor"]["fxgraph_cache_hit"] > hits  # the program was compiled, from the saved cache
+
+
+def test_a_program_failing_its_first_calls_is_refused_at_load(exported: Path, tmp_path: Path) -> None:
+    """A program that cannot run its first calls — here a manifest whose profile reaches past the exported range — is
+    refused at load with the calls and the fix, not left to fail a request."""
+    bad = tmp_path / "bad"
+    shutil.copytree(exported, bad)
+    manifest = json.loads((bad / "manifest.json").read_text())
+    for spec in manifest["inputs"]:
+        spec["profile"]["opt"] = spec["profile"]["max"] = [64, 64]
+    (bad / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ArtifactError, match=r"failed its first calls \[\(1, 64\), \(64, 64\)\]: .* — rebuild it"):
+        load_engine(bad)
 
 
 def test_fast_start_answers_eagerly_then_swaps_in_the_compiled_program(exported: Path, tiny_model: Path) -> None:

@@ -149,7 +149,14 @@ class InductorEngine(Engine):
         self._upgrader: threading.Thread | None = None
         self.upgrade_seconds = 0.0
         if self._eager is None and not self.packaged:  # the program's first calls, as at build: all cache hits
-            self._trace(self.stream if self.device.type == "cuda" else None)
+            try:
+                self._trace(self.stream if self.device.type == "cuda" else None)
+            except Exception as exc:  # the first line names it (Dynamo's full report stays on the chained cause)
+                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                raise ArtifactError(
+                    f"inductor engine {path} failed its first calls {self._first_calls}: {first}",
+                    "rebuild it with this torch on this machine; on a GPU, check it has memory free",
+                ) from exc
             self.load_seconds = time.perf_counter() - started
 
     def _load_program(self) -> torch.nn.Module:
