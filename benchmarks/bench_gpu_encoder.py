@@ -18,6 +18,8 @@ benchmark's shapes (each of them a program compiled for exactly that shape); a `
 off`` (no programmatic dependent launch anywhere), the A/B of the launch mode. ``--rounds N`` times the engine
 variants N times, one after another per round, so run-to-run drift shows. ``--ln-split none`` builds without the fused
 LayerNorm's forced splits (``kernel_tables.LN_SPLIT_H200``), ``--ln-split PROBE.json`` with a probe's winners instead.
+A ``_nolt`` suffix builds with ``--cublaslt off`` (torch's cuBLAS call for every GEMM that is not a skinny one);
+``--lt PROBE.json`` replaces ``kernel_tables.LT_H200``'s rows for the probe's widths with its winners.
 Every variant's output is checked
 against fp32 eager (relative error).
 
@@ -53,9 +55,11 @@ ENGINE_VARIANTS = (
     "engine_fp16_static_nopdl",
     "engine_fp16_noln",
     "engine_fp16_static_noln",
+    "engine_fp16_nolt",
+    "engine_fp16_static_nolt",
 )
 """miaohui's engine as built by ``miaohui build``: precision, ``--gpu-kernels library``, ``--static-shapes`` (the
-benchmark's shapes), ``--pdl off``, ``--ln-fusion off``."""
+benchmark's shapes), ``--pdl off``, ``--ln-fusion off``, ``--cublaslt off``."""
 
 PEAK_TFLOPS = 790.0  # measured bf16 dense matrix rate of the H200 here (shared/GPU.md)
 
@@ -192,6 +196,7 @@ def run_model(name: str, ckpt: Path, args: argparse.Namespace, repo: Path, resul
         static = ",".join(f"{b}x{s}" for b, s in shapes) if "_static" in variant else ""  # static_shapes
         pdl = "off" if variant.endswith("_nopdl") else "auto"
         ln_fusion = "off" if variant.endswith("_noln") else "auto"
+        cublaslt = "off" if variant.endswith("_nolt") else "auto"
         t0 = time.perf_counter()
         prof = f"input_ids:1x1,{min(32, max_b)}x{min(128, max_s)},{max_b}x{max_s}"
         bcfg = BuildConfig(
@@ -204,6 +209,7 @@ def run_model(name: str, ckpt: Path, args: argparse.Namespace, repo: Path, resul
             static_shapes=static,  # type: ignore[arg-type]
             pdl=pdl,  # type: ignore[arg-type]
             ln_fusion=ln_fusion,  # type: ignore[arg-type]
+            cublaslt=cublaslt,  # type: ignore[arg-type]
         )
         try:
             out = build_artifact(
@@ -212,7 +218,8 @@ def run_model(name: str, ckpt: Path, args: argparse.Namespace, repo: Path, resul
                 + ("-library" if kernels == "library" else "")
                 + ("-static" if static else "")
                 + ("-nopdl" if pdl == "off" else "")
-                + ("-noln" if ln_fusion == "off" else ""),
+                + ("-noln" if ln_fusion == "off" else "")
+                + ("-nolt" if cublaslt == "off" else ""),
                 bcfg,
                 repo,
                 log=lambda m: print("  ·", m, flush=True),
@@ -354,6 +361,22 @@ def ln_split_override(choice: str) -> dict[str, Any]:
     return {f"{h}x{i}": v for (h, i), v in kernel_tables.LN_SPLIT_H200.items()}
 
 
+def lt_override(choice: str) -> dict[str, Any]:
+    """``--lt none`` or probe JSONs: replace :data:`kernel_tables.LT_H200` for this run (a probe's version becomes
+    the table's); returns what the run used, per widths."""
+    from miaohui.models import kernel_tables
+
+    if choice == "none":
+        kernel_tables.LT_H200.clear()
+    else:
+        for path in choice.split(","):
+            report = json.loads(Path(path).read_text())
+            widths = (int(report["hidden"]), int(report["intermediate"]))
+            kernel_tables.LT_H200[widths] = kernel_tables.lt_entries(report)
+            kernel_tables.LT_H200_CUBLASLT = int(report["cublaslt"])
+    return {f"{h}x{i}": {m: sorted(v) for m, v in rows.items()} for (h, i), rows in kernel_tables.LT_H200.items()}
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--models", default="bert-base,e5-intent")
@@ -375,6 +398,12 @@ def main() -> None:
         help="the forced splits of proj_ln_proj's first product: 'table' (kernel_tables.LN_SPLIT_H200), 'none' (no "
         "forced split: the A/B), or ln_fusion_probe.py JSONs (comma-separated) whose winners replace the table's "
         "entries for their widths (try a probe before committing its entries)",
+    )
+    p.add_argument(
+        "--lt",
+        default="table",
+        help="cuBLASLt algorithms: 'table' (kernel_tables.LT_H200), 'none', or cublaslt_probe.py JSONs "
+        "(comma-separated) whose winners replace the table's rows for their widths",
     )
     p.add_argument("--shapes", default="1x16,1x128,8x64,32x128,128x128")
     p.add_argument("--variants", default="eager_fp32,eager_fp16,compile_fp16,engine_fp16,engine_bf16")
@@ -415,6 +444,9 @@ def main() -> None:
     if args.ln_split != "table":
         results["ln_split_entries"] = ln_split_override(args.ln_split)
         print("forced splits for the fused LayerNorm:", results["ln_split_entries"], flush=True)
+    if args.lt != "table":
+        results["lt_entries"] = lt_override(args.lt)
+        print("cuBLASLt algorithms:", results["lt_entries"], flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         repo = Path(tmp) / "repo"
         for name in args.models.split(","):

@@ -11,8 +11,8 @@ BIN=$(PYTHONPATH=src .venv/bin/python -c "from miaohui.zoo.e5 import e5_model_pa
 sha256sum "$BIN"
 rm -rf .gpu1 .gpu2 && mkdir .gpu1 .gpu2
 xz -T2 -6 -c "$BIN" > .gpu1/e5.xz
-head -c 43000000 .gpu1/e5.xz > .gpu1/e5.xz.part1
-tail -c +43000001 .gpu1/e5.xz > .gpu2/e5.xz.part2
+head -c 40500000 .gpu1/e5.xz > .gpu1/e5.xz.part1
+tail -c +40500001 .gpu1/e5.xz > .gpu2/e5.xz.part2
 rm .gpu1/e5.xz
 PYTHONPATH=src .venv/bin/python scripts/gpu/intent_delta.py save "$MODEL" .gpu2/intent-delta.safetensors
 cp "$MODEL/miaohui-model.json" .gpu2/

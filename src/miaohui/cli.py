@@ -162,6 +162,9 @@ def build(
     ln_fusion: Annotated[
         str, typer.Option(help="inductor, gpu-kernels triton: LayerNorms folded into the GEMMs, auto | off")
     ] = "auto",
+    cublaslt: Annotated[
+        str, typer.Option(help="inductor, gpu-kernels triton: timed cuBLASLt algorithms where measured, auto | off")
+    ] = "auto",
     repository: RepoOpt = None,
     force: Annotated[bool, typer.Option(help="Rebuild even if the build key is cached.")] = False,
 ) -> None:
@@ -194,6 +197,7 @@ def build(
             static_shapes=static_shapes,
             pdl=pdl,
             ln_fusion=ln_fusion,
+            cublaslt=cublaslt,
         )
         texts = _calibration_texts(calib_data) if precision == "int8" else []
         outcome = build_artifact(

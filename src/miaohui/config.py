@@ -149,6 +149,7 @@ _INDUCTOR_ONLY: dict[str, tuple[str, str]] = {
     "gpu_kernels": ("--gpu-kernels", "the GPU kernel choice is an inductor option"),
     "pdl": ("--pdl", "programmatic dependent launch is an inductor (GPU) choice"),
     "ln_fusion": ("--ln-fusion", "LayerNorm fusion is an inductor (GPU) choice"),
+    "cublaslt": ("--cublaslt", "timed cuBLASLt algorithms are an inductor (GPU) choice"),
     "static_shapes": ("--static-shapes", "static programs per bucket are an inductor option"),
 }
 """BuildConfig fields that only the ``inductor`` backend reads → (CLI flag, what the field is): another backend with
@@ -198,6 +199,12 @@ class BuildConfig(Frozen):
     of it in one op (``miaohui::proj_ln_proj``) where the GPU's table has skinny GEMMs: where the table splits K of
     the GEMM before it, the kernel that sums the split does the residual add and the LayerNorm (one kernel fewer);
     elsewhere the same three kernels as before. ``off``: the LayerNorm stays Inductor's kernel (an A/B)."""
+
+    cublaslt: Literal["auto", "off"] = "auto"
+    """inductor, ``gpu_kernels triton``: ``auto`` runs the GEMMs that would take torch's cuBLAS call as one cuBLASLt
+    call with the algorithm the GPU's table timed fastest for the product and rows (``kernel_tables.LT_H200``:
+    TensorRT's tactic timing, done offline for cuBLAS), where it has one and this cuBLASLt is the version it was
+    timed with; ``off``: torch's call (the heuristic's pick) everywhere (an A/B)."""
 
     static_shapes: tuple[tuple[int, int], ...] = ()
     """inductor: (batch, sequence) buckets that get a program of their own, compiled for exactly that shape
@@ -290,6 +297,8 @@ class BuildConfig(Frozen):
             fields.pop("pdl")
         if self.ln_fusion == "auto":  # likewise
             fields.pop("ln_fusion")
+        if self.cublaslt == "auto":  # likewise
+            fields.pop("cublaslt")
         if self.backend != "inductor":
             fields.pop("autotune")
             fields.pop("inductor_format")

@@ -1,7 +1,8 @@
 """``gpu_kernels triton`` on the H200: the BERT-base-shaped intent engine (random weights) built with miaohui's Triton
 kernels from ``models/kernel_tables.py`` against the same build with library kernels only — the manifest says which,
 the table's shapes run the Triton kernels (profiled kernel names), every shape gives the library engine's logits,
-and a bucket outside the tables falls back to cuBLAS / SDPA."""
+and a bucket outside the tables falls back to cuBLAS / SDPA. At 32×128 the table's cuBLASLt algorithms run (other
+GEMM kernels than the library engine's) where this cuBLASLt is the table's version."""
 
 from __future__ import annotations
 
@@ -15,12 +16,14 @@ from miaohui.config import BuildConfig, parse_shapes
 from miaohui.engines.inductor_engine import InductorEngine
 from miaohui.engines.loader import load_engine
 from miaohui.engines.store import build_artifact, read_manifest
+from miaohui.models import cublaslt, skinny_gemm
 from miaohui.models.checkpoint import load_checkpoint
-from miaohui.models.kernel_tables import LN_SPLIT_H200, SKINNY_ROWS
+from miaohui.models.kernel_tables import LN_SPLIT_H200, LT_H200, LT_H200_CUBLASLT, SKINNY_ROWS
 from miaohui.zoo.tiny import save_bert_base_intent
 
 pytestmark = pytest.mark.gpu
 H200 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+LT_TABLE = sum(map(len, LT_H200[(768, 3072)].values())) if H200 and cublaslt.version() == LT_H200_CUBLASLT else 0
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +39,7 @@ def engines(bert_base: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[s
         cfg = BuildConfig(
             backend="inductor",
             precision="fp16",
-            shapes=parse_shapes("input_ids:1x1,8x64,8x128"),
+            shapes=parse_shapes("input_ids:1x1,8x64,32x128"),
             inductor_format="exported-program",
             gpu_kernels=kernels,
             static_shapes=static,  # type: ignore[arg-type]
@@ -78,12 +81,16 @@ def test_manifest_says_which_kernels(engines: dict[str, InductorEngine]) -> None
         "pdl": True,
         "pdl_max_rows": 128,
         "ln_fusion": True,
+        "cublaslt_shapes": LT_TABLE,
+        "cublaslt": LT_TABLE > 0,
     }
     assert read_manifest(engines["library"].path).extra["gpu_kernels"] == {"mode": "library"}
 
 
 @pytest.mark.skipif(not H200, reason="the kernel tables are the H200's (compute capability 9.0)")
-@pytest.mark.parametrize(("b", "s", "in_table"), [(1, 16, True), (1, 128, True), (8, 64, True), (4, 96, False)])
+@pytest.mark.parametrize(
+    ("b", "s", "in_table"), [(1, 16, True), (1, 128, True), (8, 64, True), (32, 128, True), (4, 96, False)]
+)
 def test_triton_engine_matches_the_library_engine(
     engines: dict[str, InductorEngine], bert_base: Path, b: int, s: int, in_table: bool
 ) -> None:
@@ -108,7 +115,16 @@ def test_triton_engine_matches_the_library_engine(
     splits = {name: cfg[3] > 1 or name in forced for name, cfg in SKINNY_ROWS.get(b * s, {}).items()}
     assert any("_skinny_reduce_ln" in n for n in names) == splits.get("ffn_out", False)
     assert any("_add_ln_kernel" in n for n in names) == (not splits.get("attn_out", False))
-    assert not any("_encoder_kernel" in n or "_skinny_kernel" in n for n in _kernel_names(engines["library"], feeds))
+    library = _kernel_names(engines["library"], feeds)
+    assert not any("_encoder_kernel" in n or "_skinny_kernel" in n for n in library)
+    # the cuBLASLt table's rows (BERT-base: 4,096 = 32×128) ran its algorithms (their plans exist: made at capture);
+    # the library kernels that only this engine ran are printed (cuBLAS's Hopper kernels are "nvjet_…", not "gemm")
+    ours = ("triton", "_encoder_kernel", "_skinny", "_add_ln", "Memcpy", "Memset")
+    print(
+        f"{b}x{s}: kernels only this engine ran: {sorted(n for n in names - library if not any(o in n for o in ours))}"
+    )
+    planned = {key[:4] for key in skinny_gemm._LT_PLANS}
+    assert ((b * s, 3072, 768, True) in planned) == (LT_TABLE > 0 and b * s in LT_H200[(768, 3072)])
 
 
 @pytest.mark.skipif(not H200, reason="the kernel tables are the H200's (compute capability 9.0)")

@@ -118,7 +118,9 @@ def test_static_shapes_parse_sort_and_validate() -> None:
     )  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(("field", "flag"), [("pdl", "--pdl"), ("ln_fusion", "--ln-fusion")])
+@pytest.mark.parametrize(
+    ("field", "flag"), [("pdl", "--pdl"), ("ln_fusion", "--ln-fusion"), ("cublaslt", "--cublaslt")]
+)
 def test_inductor_switches_refuse_other_backends_and_auto_keeps_the_build_key(field: str, flag: str) -> None:
     with pytest.raises(ConfigError, match=f"{field} off with backend onnxruntime") as err:
         BuildConfig.model_validate({"backend": "onnxruntime", field: "off"})
@@ -136,6 +138,7 @@ def test_inductor_switches_refuse_other_backends_and_auto_keeps_the_build_key(fi
         ("gpu_kernels", "library", "gpu_kernels library"),
         ("pdl", "off", "pdl off"),
         ("ln_fusion", "off", "ln_fusion off"),
+        ("cublaslt", "off", "cublaslt off"),
         ("static_shapes", "1x16", "static_shapes"),
     ],
 )

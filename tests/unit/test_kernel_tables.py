@@ -26,6 +26,7 @@ def clean_tables(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(encoder_attention, "ATTN_BEST", {})
     monkeypatch.setattr(encoder_attention, "ATTN_SHAPES_ONLY", False)
     monkeypatch.setattr(skinny_ln, "LN_SPLIT_BEST", {})
+    monkeypatch.setattr(skinny_gemm, "LT_BEST", {})
 
 
 def _model() -> torch.nn.Module:
@@ -87,10 +88,13 @@ def test_build_switches_the_layers_where_a_table_exists(clean_tables: None, monk
         "ln_split_shapes": len(kernel_tables.ln_split_table(768, 3072)),
         "attention_shapes": 5,
         "pdl": True,
+        "cublaslt_shapes": 0,  # no GPU here, so no cuBLASLt whose version could match the table's
         "pdl_max_rows": 128,
         "ln_fusion": True,
+        "cublaslt": False,
     }
     assert all(layer.skinny and layer.triton_attention and layer.ln_fusion for layer in layers)
+    assert not any(layer.cublaslt for layer in layers) and not skinny_gemm.LT_BEST
     assert skinny_gemm.SKINNY_PDL and encoder_attention.ATTN_SHAPES_ONLY
     assert (1, 12, 16, 64) in encoder_attention.ATTN_BEST and (16, 2304, 768) in skinny_gemm.SKINNY_BEST
     assert kernel_tables.ln_split_table(768, 3072) == skinny_ln.LN_SPLIT_BEST and skinny_ln.LN_SPLIT_BEST
@@ -167,7 +171,16 @@ def test_gpu_kernels_is_an_inductor_option() -> None:
     # other backends' build keys do not change with the option's arrival: it is not hashed for them
     ort = BuildConfig(backend="onnxruntime")
     fields = ort.model_dump(mode="json")
-    for name in ("calibration", "autotune", "inductor_format", "gpu_kernels", "static_shapes", "pdl", "ln_fusion"):
+    for name in (
+        "calibration",
+        "autotune",
+        "inductor_format",
+        "gpu_kernels",
+        "static_shapes",
+        "pdl",
+        "ln_fusion",
+        "cublaslt",
+    ):
         fields.pop(name)
     assert ort.compute_hash() == digest_json(fields)
     a = BuildConfig(backend="inductor", precision="fp16")
@@ -285,3 +298,92 @@ def test_bench_ln_split_override_none_and_a_probe(monkeypatch: pytest.MonkeyPatc
     used = bench_gpu_encoder.ln_split_override(str(probe))
     assert used["384x1536"] == {16: {"attn_out": (16, 32, 64, 3, 4)}, 128: {"attn_out": (64, 32, 64, 2, 4)}}
     assert bench_gpu_encoder.ln_split_override("none") == {} and kernel_tables.ln_split_table(768, 3072) == {}
+
+
+def test_a_cublaslt_algorithm_needs_a_three_percent_gain_over_torchs_faster_timing() -> None:
+    """``lt_entries``: per rows and product, the probe's fastest candidate is kept only where it beats torch's call by
+    MIN_LT_GAIN, torch's call taken as the faster of its two timings (before and after the candidates)."""
+
+    def best(m: int, gemm: str, torch_us: float, again: float, us: float) -> dict:
+        return {"m": m, "gemm": gemm, "torch_us": torch_us, "torch_again_us": again, "best_us": us,
+                "best": {"hex": f"{m}-{gemm}"}}  # fmt: skip
+
+    report = {"best": [
+        best(4096, "ffn_in", 36.6, 36.9, 33.9),  # 7.4 %: an entry
+        best(4096, "attn_out", 10.2, 10.3, 9.95),  # 2.5 %: no entry
+        best(16384, "qkv", 102.4, 93.0, 92.7),  # 9.5 % against the first timing, 0.3 % against the faster: none
+        best(16384, "attn_out", 33.8, 34.8, 31.8),  # 5.9 %
+    ]}  # fmt: skip
+    assert kernel_tables.lt_entries(report) == {4096: {"ffn_in": "4096-ffn_in"}, 16384: {"attn_out": "16384-attn_out"}}
+    del report["best"][0]["torch_again_us"]  # s34a's probe timed torch once
+    assert kernel_tables.lt_entries(report)[4096] == {"ffn_in": "4096-ffn_in"}
+
+
+@pytest.mark.parametrize("model", ["bert", "e5"])
+def test_the_committed_cublaslt_table_is_its_probes_winners(model: str) -> None:
+    report = _report(f"cublaslt_probe_{model}_h200_s34c.json")
+    widths = (report["hidden"], report["intermediate"])
+    assert kernel_tables.LT_H200[widths] == kernel_tables.lt_entries(report) and kernel_tables.LT_H200[widths]
+    assert report["cublaslt"] == kernel_tables.LT_H200_CUBLASLT and report["pool"]
+    for entry in report["best"]:  # every winner was checked against fp32 on the GPU
+        assert entry["best"]["rel_err"] < 5e-3
+
+
+def test_the_cublaslt_table_loads_only_for_its_version(clean_tables: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An H200 whose cuBLASLt is the table's version gets its entries (keyed by rows, N, K and the GELU epilogue) and
+    the build switches the layers' ``cublaslt`` on; another version, another GPU or ``cublaslt off``: none of it."""
+    from miaohui.models import cublaslt
+
+    enc = random_bert(hidden=768, layers=1, heads=12, vocab=100, intermediate=3072, seed=0)
+    model = fast_bert.from_module(IntentClassifier(enc, 24).eval())
+    monkeypatch.setattr(kernel_tables, "device_capability", lambda: (9, 0))
+    monkeypatch.setattr(cublaslt, "version_or_none", lambda: kernel_tables.LT_H200_CUBLASLT)
+    table = kernel_tables.lt_table((9, 0), 768, 3072)
+    assert (4096, 3072, 768, True) in table and (4096, 768, 768, False) in table
+    off = inductor.use_gpu_kernels(model, "triton", "fp16", cublaslt=False)  # BuildConfig.cublaslt off
+    assert off["cublaslt_shapes"] == len(table) and off["cublaslt"] is False
+    assert not any(m.cublaslt for m in model.modules() if isinstance(m, fast_bert.FastBertLayer))
+    info = inductor.use_gpu_kernels(model, "triton", "fp16")
+    assert info["cublaslt"] is True and table == skinny_gemm.LT_BEST
+    assert all(m.cublaslt for m in model.modules() if isinstance(m, fast_bert.FastBertLayer))
+    assert kernel_tables.lt_table((8, 9), 768, 3072) == {}
+    monkeypatch.setattr(cublaslt, "version_or_none", lambda: kernel_tables.LT_H200_CUBLASLT + 1)
+    assert kernel_tables.lt_table((9, 0), 768, 3072) == {}
+    assert inductor.use_gpu_kernels(model, "triton", "fp16")["cublaslt"] is False
+
+
+def test_cublaslt_on_a_machine_without_a_gpu() -> None:
+    """No GPU: the version is None and the library refuses with the fix; a table's algorithm must be 64 bytes; the
+    op's ``lt`` changes nothing on the CPU (torch's call)."""
+    from miaohui.models import cublaslt
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    assert cublaslt.version_or_none() is None
+    with pytest.raises(cublaslt.LtError, match="needs a CUDA build of torch and a GPU"):
+        cublaslt.library()
+    with pytest.raises(ValueError, match="64 bytes, not 3"):
+        cublaslt.Algo.from_hex("abcdef")
+    algo = cublaslt.Algo.from_hex(kernel_tables.LT_H200[(768, 3072)][4096]["ffn_in"])
+    assert len(algo.blob) == 64 and algo.hex() == kernel_tables.LT_H200[(768, 3072)][4096]["ffn_in"]
+    x, w, b = torch.randn(2, 8, 16), torch.randn(24, 16), torch.randn(24)
+    assert torch.equal(skinny_gemm.skinny_op(x, w, b, False, True), torch.nn.functional.linear(x, w, b))
+
+
+def test_bench_lt_override_none_and_a_probe(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``bench_gpu_encoder.py --lt``: ``none`` empties the cuBLASLt table for the run, a probe's JSON puts its winners
+    in for its widths (and its cuBLASLt version)."""
+    import sys
+
+    bench_dir = RESULTS.parent
+    sys.path.insert(0, str(bench_dir))
+    try:
+        import bench_gpu_encoder
+    finally:
+        sys.path.remove(str(bench_dir))
+    monkeypatch.setattr(kernel_tables, "LT_H200", {})
+    monkeypatch.setattr(kernel_tables, "LT_H200_CUBLASLT", 0)
+    used = bench_gpu_encoder.lt_override(str(RESULTS / "cublaslt_probe_e5_h200_s34c.json"))
+    assert used == {"384x1536": {4096: ["attn_out", "qkv"], 16384: ["attn_out", "ffn_in", "qkv"]}}
+    assert kernel_tables.LT_H200_CUBLASLT == 130100
+    assert bench_gpu_encoder.lt_override("none") == {}

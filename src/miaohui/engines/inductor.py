@@ -27,6 +27,7 @@ The loaded engine (CUDA graphs per bucket, fast start, polled batches) is :mod:`
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 import subprocess
@@ -49,11 +50,14 @@ from miaohui.models.checkpoint import load_checkpoint
 from miaohui.models.fast_bert import (
     from_module,
     save_fast,
+    use_cublaslt,
     use_fused_gelu,
     use_ln_fusion,
     use_skinny,
     use_triton_attention,
 )
+
+log = logging.getLogger(__name__)
 
 AOTI_FILE = "model.pt2"
 """The AOTInductor package (preferred format)."""
@@ -98,6 +102,7 @@ def build(ctx: BuildContext) -> BuiltEngine:
         ctx.cfg.precision,
         ctx.cfg.pdl != "off",
         ctx.cfg.ln_fusion != "off",
+        ctx.cfg.cublaslt != "off",
     )
     if kernels["mode"] == "triton":
         ctx.log(f"miaohui's Triton kernels where measured faster on this GPU: {kernels}")
@@ -342,11 +347,17 @@ def _export_dim(name: str, lo: int, opt: int, hi: int) -> tuple[Any, int]:
 
 
 def use_gpu_kernels(
-    module: torch.nn.Module, choice: str, precision: str = "fp16", pdl: bool = True, ln_fusion: bool = True
+    module: torch.nn.Module,
+    choice: str,
+    precision: str = "fp16",
+    pdl: bool = True,
+    ln_fusion: bool = True,
+    cublaslt: bool = True,
 ) -> dict[str, Any]:
     """``gpu_kernels``: with ``triton``, fp16 and entries for this model on this GPU
     (:mod:`miaohui.models.kernel_tables`), switch FastBert's layers to the custom ops and load the entries; returns
-    what the manifest records. ``pdl`` / ``ln_fusion`` False: ``BuildConfig.pdl`` / ``ln_fusion`` off."""
+    what the manifest records. ``pdl`` / ``ln_fusion`` / ``cublaslt`` False: ``BuildConfig.pdl`` / ``ln_fusion`` /
+    ``cublaslt`` off."""
     if choice != "triton":
         return {"mode": "library"}
     from miaohui.models import kernel_tables  # imports Triton (~0.3 s): only when the kernels are asked for
@@ -365,6 +376,8 @@ def use_gpu_kernels(
     use_triton_attention(module, info["attention_shapes"] > 0)
     info["ln_fusion"] = ln_fusion and info["skinny_gemm_shapes"] > 0
     use_ln_fusion(module, info["ln_fusion"])
+    info["cublaslt"] = cublaslt and info["skinny_gemm_shapes"] > 0 and info["cublaslt_shapes"] > 0
+    use_cublaslt(module, info["cublaslt"])
     return {"mode": "triton", "capability": ".".join(map(str, capability or ())), "dims": list(dims), **info}
 
 
@@ -377,7 +390,14 @@ def gpu_kernels_at_load(extra: dict[str, Any]) -> dict[str, Any]:
     from miaohui.models import kernel_tables  # imports Triton: not on the load path of other artifacts
 
     hidden, intermediate, heads = (int(v) for v in info["dims"])
-    kernel_tables.apply(kernel_tables.device_capability(), (hidden, intermediate, heads))
+    now = kernel_tables.apply(kernel_tables.device_capability(), (hidden, intermediate, heads))
+    if info.get("cublaslt") and not now["cublaslt_shapes"]:
+        log.warning(
+            "this artifact was built to run %d GEMMs with timed cuBLASLt algorithms, but this GPU or cuBLASLt (%s) "
+            "has none of the table's: they run torch's cuBLAS call (rebuild here to drop them from the record)",
+            info.get("cublaslt_shapes", 0),
+            kernel_tables.cublaslt.version_or_none(),
+        )
     return info
 
 

@@ -54,6 +54,12 @@ class FastBertLayer(nn.Module):
     by :func:`use_ln_fusion`: by the ``inductor`` build with ``gpu_kernels triton`` and ``ln_fusion auto`` where the
     GPU has skinny entries."""
 
+    cublaslt: bool = False
+    """With ``skinny`` (and ``ln_fusion``): the GEMMs that run cuBLAS run one cuBLASLt call with the algorithm the
+    GPU's table timed fastest for the product and rows, where it has one (:data:`miaohui.models.skinny_gemm.LT_BEST`,
+    TensorRT's tactic choice for cuBLAS), instead of the heuristic's pick. Set by :func:`use_cublaslt`: by the
+    ``inductor`` build with ``gpu_kernels triton`` and ``cublaslt auto`` where the GPU has entries."""
+
     def __init__(self, hidden: int, heads: int, intermediate: int, eps: float) -> None:
         super().__init__()
         self.heads, self.head_dim = heads, hidden // heads
@@ -88,7 +94,7 @@ class FastBertLayer(nn.Module):
         if self.skinny:
             from miaohui.models.skinny_gemm import skinny_op  # Triton is imported only when asked for
 
-            return skinny_op(x, lin.weight, lin.bias, gelu)
+            return skinny_op(x, lin.weight, lin.bias, gelu, self.cublaslt)
         if gelu and self.fused_gelu:
             b, s, h = x.shape
             return torch._addmm_activation(lin.bias, x.reshape(b * s, h), lin.weight.t(), use_gelu=True).view(b, s, -1)
@@ -141,12 +147,12 @@ def _fused_stack(layers: list[FastBertLayer], h: torch.Tensor, bias: torch.Tenso
         a = layer.attention(qkv, bias)
         lo, li = layer.attn_out, layer.ffn_in
         f, h = proj_ln_proj(a, lo.weight, lo.bias, h, layer.ln1.weight, layer.ln1.bias, layer.ln1.eps, li.weight,
-                            li.bias, True)  # fmt: skip
+                            li.bias, True, layer.cublaslt)  # fmt: skip
         if i + 1 == len(layers):
             return layer._proj_ln(layer.ffn_out, f, h, layer.ln2)
         fo, nq = layer.ffn_out, layers[i + 1].qkv
         qkv, h = proj_ln_proj(f, fo.weight, fo.bias, h, layer.ln2.weight, layer.ln2.bias, layer.ln2.eps, nq.weight,
-                              nq.bias, False)  # fmt: skip
+                              nq.bias, False, layer.cublaslt)  # fmt: skip
     raise ValueError("FastBert without layers")
 
 
@@ -166,6 +172,11 @@ def _set_layer_flag(module: nn.Module, flag: str, on: bool) -> nn.Module:
 def use_skinny(module: nn.Module, on: bool = True) -> nn.Module:
     """Switch every :class:`FastBertLayer` of ``module`` to ``miaohui::skinny_linear`` (see ``skinny``)."""
     return _set_layer_flag(module, "skinny", on)
+
+
+def use_cublaslt(module: nn.Module, on: bool = True) -> nn.Module:
+    """Switch ``module``'s FastBert layers to cuBLASLt's timed algorithms where the table has them (``cublaslt``)."""
+    return _set_layer_flag(module, "cublaslt", on)
 
 
 def use_ln_fusion(module: nn.Module, on: bool = True) -> nn.Module:

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from miaohui.models import encoder_attention, skinny_gemm, skinny_ln
+from miaohui.models import cublaslt, encoder_attention, skinny_gemm, skinny_ln
 from miaohui.models.encoder_attention import AttnConfig
 from miaohui.models.skinny_gemm import SkinnyConfig
 
@@ -117,6 +117,56 @@ e5-small's entries took its engine (random weights of its shape, ``gpu_encoder_e
 128×128."""
 
 
+LT_H200: dict[tuple[int, int], dict[int, dict[str, str]]] = {
+    (768, 3072): {  # BERT-base, cublaslt_probe_bert_h200_s34c.json
+        4096: {
+            "attn_out": "4200000021000000230000000100000000000000000000000300000000000500"
+            "0100000034fc0100020000000200000002000200440000000000000000000000",
+            "ffn_in": "4200000014000000230000000100000000000000000000000100000000000300"
+            "0100000034fc0100020000000200000002000200440000000000000000000000",
+        },
+        16384: {
+            "attn_out": "4200000014000000230000000100000000000000000000000100000000000300"
+            "0100000034fc0100020000000200000002000200440000000000000000000000",
+        },
+    },
+    (384, 1536): {  # e5-small, cublaslt_probe_e5_h200_s34c.json
+        4096: {
+            "qkv": "420000001d000000230000000100000000000000000000000700000000000500"
+            "0100000034fc0100020000000200000002000200440000000000000000000000",
+            "attn_out": "4200000021000000230000000100000000000000000000000300000000000500"
+            "0100000034fc0100020000000200000002000200440000000000000000000000",
+        },
+        16384: {
+            "qkv": "4200000014000000230000000100000000000000000000000300000000000500"
+            "0100000034fc0100020000000200000002000200440000000000000000000000",
+            "attn_out": "4200000076000000230000000100000000000000000000000500000000000300"
+            "0100000034fc0100020000000200000002000200440000000000000000000000",
+            "ffn_in": "4200000014000000230000000100000000000000000000000100000000000300"
+            "0100000034fc0100020000000200000002000200440000000000000000000000",
+        },
+    },
+}  # fmt: skip
+"""(hidden, intermediate) → rows → GEMM → the cuBLASLt algorithm (its 64 bytes in hex) that
+``scripts/gpu/cublaslt_probe.py`` timed fastest for the product at those rows, where it beat torch's call (the
+heuristic's pick) by :data:`MIN_LT_GAIN` (:func:`lt_entries`). Valid for cuBLASLt :data:`LT_H200_CUBLASLT` only.
+
+The probe (``cublaslt_probe_{bert,e5}_h200_s34c.json``) timed 41–57 candidates a product: the heuristic's ~8 for
+the shape and those it offers for the same product at other row counts. Winners, in µs against torch's call:
+BERT-base at 4,096 rows (32×128) FFN in 33.9 vs 36.6, attention output 9.8 vs 10.2; at 16,384 attention output 31.8
+vs 33.8. e5-small at 4,096 QKV 9.3 vs 9.8, attention output 5.0 vs 5.7; at 16,384 QKV 28.9 vs 32.2, attention output
+11.7 vs 12.2, FFN in 44.0 vs 45.6. No product at 512 rows passed. The e5-small intent engine with them
+(``gpu_encoder_e5_lt_s34d.json``, two rounds): 32×128 0.684–0.685 ms against 0.703–0.704 with ``--cublaslt off``,
+128×128 2.117 / 2.192 against 2.154 / 2.204."""
+
+LT_H200_CUBLASLT = 130100
+"""The cuBLASLt version :data:`LT_H200` was probed with (``cublaslt.version()``; torch 2.11 + CUDA 13.0 on the
+H200): with any other, :func:`apply` loads none of it (an algorithm's bytes belong to one version)."""
+
+MIN_LT_GAIN = 0.03
+"""A probed cuBLASLt algorithm becomes an :data:`LT_H200` entry only if it is at least this much faster than torch's
+call, taken as the faster of the probe's two timings of it (before and after the candidates)."""
+
 PDL_MAX_ROWS_H200: int | None = 128
 """Static programs (``BuildConfig.static_shapes``) of buckets with more rows (batch × sequence) than this are
 compiled without PDL for Inductor's kernels (None: every program uses it where the table has skinny GEMMs). PDL pays
@@ -158,6 +208,29 @@ def ln_split_entries(report: dict[str, Any]) -> dict[int, dict[str, SkinnyConfig
         if us <= (1 - MIN_LN_SPLIT_GAIN) * unfused.get((rows, product), 0.0):
             out.setdefault(rows, {})[product] = cfg
     return out
+
+
+def lt_entries(report: dict[str, Any]) -> dict[int, dict[str, str]]:
+    """``cublaslt_probe.py``'s report → rows → GEMM → algorithm hex, where the fastest candidate beat torch's call
+    (the faster of its two timings) by :data:`MIN_LT_GAIN` (how :data:`LT_H200` is chosen)."""
+    out: dict[int, dict[str, str]] = {}
+    for e in report["best"]:
+        torch_us = min(float(e["torch_us"]), float(e.get("torch_again_us", e["torch_us"])))
+        if float(e["best_us"]) <= (1 - MIN_LT_GAIN) * torch_us:
+            out.setdefault(int(e["m"]), {})[str(e["gemm"])] = str(e["best"]["hex"])
+    return out
+
+
+def lt_table(
+    capability: tuple[int, int] | None, hidden: int, intermediate: int
+) -> dict[tuple[int, int, int, bool], str]:
+    """(M, N, K, GELU) → algorithm hex: :data:`LT_H200`'s rows for a model of these widths, on an H200 whose cuBLASLt
+    is :data:`LT_H200_CUBLASLT` (else none)."""
+    if capability != (9, 0) or cublaslt.version_or_none() != LT_H200_CUBLASLT:
+        return {}
+    products = bert_products(hidden, intermediate)
+    rows = LT_H200.get((hidden, intermediate), {})
+    return {(m, *products[name], name == "ffn_in"): algo for m, algos in rows.items() for name, algo in algos.items()}
 
 
 def ln_split_table(hidden: int, intermediate: int) -> dict[tuple[int, int, int], SkinnyConfig]:
@@ -213,9 +286,11 @@ def apply(
     exactly that: BERT-base 1×128 at 0.406 ms, its skinny GEMMs captured without PDL after a ``--pdl off`` build)."""
     skinny, attn = tables_for(capability, dims)
     ln_split = ln_split_table(dims[0], dims[1]) if skinny else {}
+    lt = lt_table(capability, dims[0], dims[1])
     use_pdl = bool(skinny) and pdl
     skinny_gemm.SKINNY_BEST.update(skinny)
     skinny_ln.LN_SPLIT_BEST.update(ln_split)
+    skinny_gemm.LT_BEST.update(lt)
     if skinny:
         skinny_gemm.SKINNY_PDL = True
     encoder_attention.ATTN_BEST.update(attn)
@@ -224,6 +299,7 @@ def apply(
         "skinny_gemm_shapes": len(skinny),
         "ln_split_shapes": len(ln_split),
         "attention_shapes": len(attn),
+        "cublaslt_shapes": len(lt),
         "pdl": use_pdl,
     }
     if use_pdl and pdl_max_rows is not None:

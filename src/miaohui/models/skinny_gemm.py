@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from miaohui.models.cublaslt import Algo, LtLinear
+
 try:  # Triton comes with CUDA builds of torch; CPU installs may lack it
     import triton
     import triton.language as tl
@@ -278,15 +280,43 @@ def table_from_sweep(report: dict[str, Any]) -> dict[tuple[int, int, int], Skinn
     return out
 
 
+LT_BEST: dict[tuple[int, int, int, bool], str] = {}
+"""(M, N, K, GELU) → the cuBLASLt algorithm to run (:mod:`miaohui.models.cublaslt`), for the products where timing
+cuBLASLt's candidates found one faster than the heuristic's pick that torch runs; a call with ``lt`` True runs it
+(fp16 only, where :data:`SKINNY_BEST` has no entry), the algorithm as its 64 bytes in hex. Filled by
+``kernel_tables.apply`` from ``kernel_tables.LT_H200`` when this process's cuBLASLt is the version the table was
+measured with."""
+
+_LT_PLANS: dict[tuple[int, int, int, bool, torch.dtype], LtLinear] = {}
+
+
+def lt_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor, gelu: bool, algo: Algo | str) -> torch.Tensor:
+    """``linear(x, w, bias)`` (+ tanh GELU) as one cuBLASLt call with ``algo`` (its plan cached per problem)."""
+    k = x.shape[-1]
+    m, n = x.numel() // k, w.shape[0]
+    key = (m, n, k, gelu, x.dtype)
+    plan = _LT_PLANS.get(key)
+    if plan is None:
+        plan = _LT_PLANS[key] = LtLinear(m, n, k, x.dtype, "gelu_bias" if gelu else "bias")
+    x2 = x.reshape(m, k)
+    algo = Algo.from_hex(algo) if isinstance(algo, str) else algo
+    out = plan(x2 if x2.is_contiguous() else x2.contiguous(), w.contiguous(), bias.contiguous(), algo)
+    return out.view(*x.shape[:-1], n)
+
+
 @torch.library.custom_op("miaohui::skinny_linear", mutates_args=())
-def skinny_op(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor, gelu: bool) -> torch.Tensor:
+def skinny_op(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor, gelu: bool, lt: bool = False) -> torch.Tensor:
     """The encoder's ``linear(x, w, bias)`` (+ tanh GELU): :func:`skinny_linear` where :data:`SKINNY_BEST` has the
-    product's (rows, N, K), else what the engine runs without it (cuBLAS; its GELU epilogue for the FFN)."""
+    product's (rows, N, K); else, with ``lt``, cuBLASLt with :data:`LT_BEST`'s algorithm where it has one; else what
+    the engine runs without either (cuBLAS; its GELU epilogue for the FFN)."""
     k = x.shape[-1]
     m = x.numel() // k
     cfg = SKINNY_BEST.get((m, w.shape[0], k)) if x.is_cuda and triton is not None else None
     if cfg is not None:
         return skinny_linear(x, w, bias, cfg, gelu=gelu, pdl=SKINNY_PDL)
+    algo = LT_BEST.get((m, w.shape[0], k, gelu)) if lt and x.is_cuda and x.dtype == torch.float16 else None
+    if algo is not None:
+        return lt_linear(x, w, bias, gelu, algo)
     if gelu:
         if x.is_cuda:  # cuBLASLt's GEMM + bias + GELU (tanh) epilogue, as fast_bert's fused_gelu
             out = torch._addmm_activation(bias, x.reshape(m, k), w.t(), use_gelu=True)
@@ -296,5 +326,5 @@ def skinny_op(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor, gelu: bool) 
 
 
 @skinny_op.register_fake
-def _skinny_fake(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor, gelu: bool) -> torch.Tensor:
+def _skinny_fake(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor, gelu: bool, lt: bool = False) -> torch.Tensor:
     return x.new_empty((*x.shape[:-1], w.shape[0]))

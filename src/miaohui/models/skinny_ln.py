@@ -143,16 +143,18 @@ def proj_ln_proj(
     w2: torch.Tensor,
     b2: torch.Tensor,
     gelu: bool,
+    lt: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(``y``, ``h``): ``h = LayerNorm(r + x @ w1ᵀ + b1)``, ``y = h @ w2ᵀ + b2`` (then tanh GELU); see the module."""
+    """(``y``, ``h``): ``h = LayerNorm(r + x @ w1ᵀ + b1)``, ``y = h @ w2ᵀ + b2`` (then tanh GELU); see the module.
+    ``lt``: the GEMMs that run cuBLAS run cuBLASLt's timed algorithm where it has one (``skinny_op``'s ``lt``)."""
     k = x.shape[-1]
     cfg = fused_config(x.numel() // k, w1) if x.is_cuda and triton is not None else None
     if cfg is not None:
         h = skinny_gemm.skinny_linear(x, w1, b1, cfg, pdl=skinny_gemm.SKINNY_PDL, residual_ln=(r, gamma, beta, eps))
     else:  # PDL where the first product ran the skinny kernel: a chain of small kernels, as the ops around it
         pdl = skinny_gemm.SKINNY_PDL and (x.numel() // k, *w1.shape) in skinny_gemm.SKINNY_BEST
-        h = add_layer_norm(skinny_gemm.skinny_op(x, w1, b1, False), r, gamma, beta, eps, pdl=pdl)
-    return skinny_gemm.skinny_op(h, w2, b2, gelu), h
+        h = add_layer_norm(skinny_gemm.skinny_op(x, w1, b1, False, lt), r, gamma, beta, eps, pdl=pdl)
+    return skinny_gemm.skinny_op(h, w2, b2, gelu, lt), h
 
 
 @proj_ln_proj.register_fake
@@ -167,5 +169,6 @@ def _proj_ln_proj_fake(
     w2: torch.Tensor,
     b2: torch.Tensor,
     gelu: bool,
+    lt: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     return x.new_empty((*x.shape[:-1], w2.shape[0])), x.new_empty((*x.shape[:-1], w1.shape[0]))

@@ -1,0 +1,103 @@
+"""cuBLASLt through ``ctypes`` (:mod:`miaohui.models.cublaslt`) on CUDA: every candidate algorithm the heuristic
+offers computes ``linear`` (with its bias, GELU-bias epilogue, or residual as C) as torch does; the encoder's op runs
+a table's algorithm only where asked (``lt``), the same inside a replayed CUDA graph; and the committed H200 table's
+algorithms run at their shapes and match fp32, where this process has the cuBLASLt they were timed with."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from miaohui.models import cublaslt, kernel_tables, skinny_gemm
+
+pytestmark = pytest.mark.gpu
+
+
+def _operands(m: int, n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=gen).half().cuda()
+    w = (torch.randn(n, k, generator=gen) * k**-0.5).half().cuda()
+    b = (torch.randn(n, generator=gen) * 0.1).half().cuda()
+    return x, w, b
+
+
+def _want(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, gelu: bool) -> torch.Tensor:
+    y = F.linear(x.float(), w.float(), b.float())
+    return F.gelu(y, approximate="tanh") if gelu else y
+
+
+def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got.float() - want).abs().max() / want.abs().max())
+
+
+@pytest.mark.parametrize(("m", "n", "k"), [(512, 2304, 768), (4096, 768, 3072), (300, 384, 1536)])
+@pytest.mark.parametrize("epilogue", ["bias", "gelu_bias"])
+def test_every_candidate_algorithm_computes_the_linear(m: int, n: int, k: int, epilogue: str) -> None:
+    x, w, b = _operands(m, n, k)
+    want = _want(x, w, b, epilogue == "gelu_bias")
+    plan = cublaslt.LtLinear(m, n, k, torch.float16, epilogue)
+    algos = plan.algos(8)
+    assert algos and all(a.config["id"] >= 0 and len(a.blob) == 64 for a in algos)
+    for algo in algos:
+        assert _rel(plan(x, w, b, algo), want) < 5e-3, algo.config
+    # a table's algorithm from its hex (no configuration read) runs the same
+    again = plan(x, w, b, cublaslt.Algo.from_hex(algos[0].hex()))
+    assert torch.equal(again, plan(x, w, b, algos[0]))
+    pooled = plan.candidates(8, pool_rows=(16, 8192))
+    assert len(pooled) >= len(algos) and [a.blob for a in pooled[: len(algos)]] == [a.blob for a in algos]
+
+
+def test_the_residual_as_c_and_bad_operands() -> None:
+    m, n, k = 256, 768, 768
+    x, w, b = _operands(m, n, k, seed=1)
+    r = torch.randn(m, n, device="cuda").half()
+    plan = cublaslt.LtLinear(m, n, k, torch.float16, "bias", residual=True)
+    algo = plan.algos(1)[0]
+    assert _rel(plan(x, w, b, algo, residual=r), _want(x, w, b, False) + r.float()) < 5e-3
+    with pytest.raises(ValueError, match="residual needed"):
+        plan(x, w, b, algo)
+    with pytest.raises(ValueError, match=r"got x \(256, 384\)"):
+        plan(x[:, :384].contiguous(), w, b, algo, residual=r)
+
+
+def test_the_op_runs_a_table_algorithm_only_when_asked_and_in_a_graph(monkeypatch: pytest.MonkeyPatch) -> None:
+    m, n, k = 512, 3072, 768
+    x, w, b = _operands(m, n, k, seed=2)
+    plan = cublaslt.LtLinear(m, n, k, torch.float16, "gelu_bias")
+    algo = plan.algos(8)[-1]  # not the heuristic's first: the one torch would not run
+    monkeypatch.setattr(skinny_gemm, "SKINNY_BEST", {})
+    monkeypatch.setattr(skinny_gemm, "LT_BEST", {(m, n, k, True): algo.hex()})
+    x3 = x.view(4, 128, k)
+    want = _want(x, w, b, True).view(4, 128, n)
+    lt = skinny_gemm.skinny_op(x3, w, b, True, True)
+    assert torch.equal(lt, plan(x, w, b, algo).view(4, 128, n)) and _rel(lt, want) < 5e-3
+    plain = skinny_gemm.skinny_op(x3, w, b, True)  # lt False: torch's call
+    assert torch.equal(plain.view(m, n), torch._addmm_activation(b, x, w.t(), use_gelu=True))
+    # captured into a CUDA graph, replayed on new inputs written into the same buffer
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        skinny_gemm.skinny_op(x3, w, b, True, True)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = skinny_gemm.skinny_op(x3, w, b, True, True)
+    fresh, _, _ = _operands(m, n, k, seed=3)
+    x.copy_(fresh)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert _rel(out, _want(fresh, w, b, True).view(4, 128, n)) < 5e-3
+
+
+def test_the_committed_table_runs_at_its_shapes() -> None:
+    if cublaslt.version() != kernel_tables.LT_H200_CUBLASLT or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip(f"the table is for cuBLASLt {kernel_tables.LT_H200_CUBLASLT} on compute capability 9.0")
+    checked = 0
+    for hidden, inter in kernel_tables.LT_H200:
+        for (m, n, k, gelu), text in kernel_tables.lt_table((9, 0), hidden, inter).items():
+            x, w, b = _operands(m, n, k, seed=m + n)
+            got = skinny_gemm.lt_linear(x, w, b, gelu, text)
+            assert _rel(got, _want(x, w, b, gelu)) < 5e-3, (m, n, k, gelu)
+            checked += 1
+    assert checked == sum(len(v) for rows in kernel_tables.LT_H200.values() for v in rows.values())
