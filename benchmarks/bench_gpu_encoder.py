@@ -109,6 +109,29 @@ def time_cuda(fn: Any, sets: list[tuple[torch.Tensor, torch.Tensor]], warmup: in
     return [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
 
 
+def time_alternating(
+    fns: dict[str, Replay], sets: list[tuple[torch.Tensor, torch.Tensor]], warmup: int, iters: int
+) -> dict[str, list[float]]:
+    """The engines' replays timed call by call in turn (the order reversed every other call), so a drift of the GPU's
+    speed over the run hits each alike: ``--alternate``, the A/B for differences smaller than the drift between
+    rounds."""
+    names = list(fns)
+    for i in range(warmup):
+        for fn in fns.values():
+            fn(*sets[i % len(sets)])
+    torch.cuda.synchronize()
+    events = {n: [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+              for n in names}  # fmt: skip
+    for i in range(iters):
+        for n in names if i % 2 == 0 else names[::-1]:
+            fns[n].stage(*sets[i % len(sets)])
+            events[n][i][0].record()
+            fns[n].replay()
+            events[n][i][1].record()
+    torch.cuda.synchronize()
+    return {n: [s.elapsed_time(e) for s, e in events[n]] for n in names}
+
+
 def summary(ms: list[float]) -> dict[str, float]:
     a = np.asarray(ms)
     return {"median_ms": float(np.median(a)), "p99_ms": float(np.percentile(a, 99)), "mean_ms": float(a.mean())}
@@ -253,6 +276,8 @@ def run_model(name: str, ckpt: Path, args: argparse.Namespace, repo: Path, resul
         sets = inputs(cfg.vocab_size, b, s, 4, seed=b * 1000 + s)
         with torch.inference_mode():
             ref = hf32(*sets[0]).float()
+            if args.alternate:
+                alternate(name, cfg, labels, b, s, variants, sets, args, rows)
             rounds = [(r, v, fn) for r in range(args.rounds) for v, fn in variants.items() if r == 0 or "engine" in v]
             for rnd, vname, fn in rounds:
                 try:
@@ -308,6 +333,32 @@ def run_model(name: str, ckpt: Path, args: argparse.Namespace, repo: Path, resul
     results.setdefault("compile_seconds", {})[name] = compile_s
     del variants
     torch.cuda.empty_cache()
+
+
+def alternate(
+    name: str,
+    cfg: Any,
+    labels: int,
+    b: int,
+    s: int,
+    variants: dict[str, Any],
+    sets: list[tuple[torch.Tensor, torch.Tensor]],
+    args: argparse.Namespace,
+    rows: list[dict[str, Any]],
+) -> None:
+    """``--alternate``: the engine variants' replays at ``b``×``s`` timed in turn (:func:`time_alternating`); rows
+    named ``<variant>_alternating``, each with its median per-call difference from the first variant's."""
+    fns = {v: fn for v, fn in variants.items() if v in ENGINE_VARIANTS}
+    times = time_alternating(fns, sets, args.warmup, args.iters * args.rounds)
+    first = np.asarray(times[next(iter(fns))])
+    for v, ms in times.items():
+        st = summary(ms)
+        diff = float(np.median(np.asarray(ms) - first))
+        tflops = flops(cfg, b, s, labels) / (st["median_ms"] * 1e-3) / 1e12
+        row = {"model": name, "variant": f"{v}_alternating", "batch": b, "seq": s, "round": 0, **st}
+        rows.append(row | {"median_diff_vs_first_ms": diff, "tflops": tflops, "peak_fraction": tflops / PEAK_TFLOPS})
+        print(f"{name:10s} {v + '_alt':18s} {b:4d}x{s:<4d} median {st['median_ms']:8.3f} ms  p99 {st['p99_ms']:8.3f}  "
+              f"per-call difference from {next(iter(fns))}: {diff * 1e3:+.1f} us", flush=True)  # fmt: skip
 
 
 def speedups(rows: list[dict[str, Any]]) -> None:
@@ -410,6 +461,11 @@ def main() -> None:
     p.add_argument("--iters", type=int, default=200)
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--rounds", type=int, default=1, help="time the engine variants this many times, interleaved")
+    p.add_argument(
+        "--alternate",
+        action="store_true",
+        help="also time the engine variants call by call in turn (iters × rounds calls each): drift hits each alike",
+    )
     p.add_argument("--autotune", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument(
         "--inductor-format",
