@@ -20,6 +20,8 @@ variants N times, one after another per round, so run-to-run drift shows. ``--ln
 LayerNorm's forced splits (``kernel_tables.LN_SPLIT_H200``), ``--ln-split PROBE.json`` with a probe's winners instead.
 A ``_nolt`` suffix builds with ``--cublaslt off`` (torch's cuBLAS call for every GEMM that is not a skinny one);
 ``--lt PROBE.json`` replaces ``kernel_tables.LT_H200``'s rows for the probe's widths with its winners.
+``--alternate`` also times the engine variants' replays call by call in turn (rows ``<variant>_alternating``, with the
+median per-call difference from the first variant): the A/B for differences smaller than the drift between rounds.
 Every variant's output is checked
 against fp32 eager (relative error).
 
