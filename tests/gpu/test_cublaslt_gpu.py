@@ -101,3 +101,21 @@ def test_the_committed_table_runs_at_its_shapes() -> None:
             assert _rel(got, _want(x, w, b, gelu)) < 5e-3, (m, n, k, gelu)
             checked += 1
     assert checked == sum(len(v) for rows in kernel_tables.LT_H200.values() for v in rows.values())
+
+
+def test_each_stream_has_its_own_workspace() -> None:
+    """Two engine instances run on their own streams: their cuBLASLt calls (and the graphs that capture them) must not
+    share a workspace, as torch keeps one per stream for its own."""
+    m, n, k = 256, 768, 768
+    x, w, b = _operands(m, n, k, seed=4)
+    plan = cublaslt.LtLinear(m, n, k, torch.float16, "bias")
+    algo = plan.algos(1)[0]
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    outs = []
+    for s in streams:
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            outs.append(plan(x, w, b, algo))
+    torch.cuda.synchronize()
+    spaces = {cublaslt._WORKSPACE[(x.device.index or 0, s.cuda_stream)].data_ptr() for s in streams}
+    assert len(spaces) == 2 and torch.equal(outs[0], outs[1])

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -166,18 +167,23 @@ def describe(blob: bytes) -> dict[str, int]:
     return out
 
 
-_WORKSPACE: dict[int, torch.Tensor] = {}
+_WORKSPACE: dict[tuple[int, int], torch.Tensor] = {}
 _HANDLE: dict[int, ctypes.c_void_p] = {}
+_STATE_LOCK = threading.Lock()
 
 
-def _device_state(device: torch.device) -> tuple[ctypes.c_void_p, torch.Tensor]:
+def _device_state(device: torch.device, stream: int = 0) -> tuple[ctypes.c_void_p, torch.Tensor]:
+    """The device's cuBLASLt handle and ``stream``'s workspace: one per stream, as torch keeps its own, so engine
+    instances on their own streams (and their captured graphs) never share one while both run."""
     index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _HANDLE:
-        handle = ctypes.c_void_p()
-        _check(library().cublasLtCreate(ctypes.byref(handle)), "cublasLtCreate", f"cuda:{index}")
-        _HANDLE[index] = handle
-        _WORKSPACE[index] = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=f"cuda:{index}")
-    return _HANDLE[index], _WORKSPACE[index]
+    with _STATE_LOCK:
+        if index not in _HANDLE:
+            handle = ctypes.c_void_p()
+            _check(library().cublasLtCreate(ctypes.byref(handle)), "cublasLtCreate", f"cuda:{index}")
+            _HANDLE[index] = handle
+        if (index, stream) not in _WORKSPACE:
+            _WORKSPACE[(index, stream)] = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=f"cuda:{index}")
+        return _HANDLE[index], _WORKSPACE[(index, stream)]
 
 
 class LtLinear:
@@ -203,6 +209,7 @@ class LtLinear:
         for layout, (r, c, ld) in ((self._a, (k, n, k)), (self._b, (k, rows, k)), (self._c, (n, rows, n))):
             _check(lib.cublasLtMatrixLayoutCreate(ctypes.byref(layout), t, r, c, ld), "MatrixLayoutCreate", self.what)
         self._alpha, self._beta = ctypes.c_float(1.0), ctypes.c_float(1.0 if residual else 0.0)
+        self._lock = threading.Lock()  # the bias pointer is set on the shared descriptor just before each call
 
     def algos(self, limit: int = 32) -> list[Algo]:
         """Up to ``limit`` algorithms the heuristic offers, best-guess first (its first is what torch would run)."""
@@ -260,17 +267,19 @@ class LtLinear:
             raise ValueError(f"LtLinear({self.what}): residual {tuple(residual.shape)} must be a contiguous "
                              f"[{self.rows}, {self.n}]")  # fmt: skip
         lib = library()
-        handle, workspace = _device_state(x.device)
+        stream = torch.cuda.current_stream(x.device).cuda_stream
+        handle, workspace = _device_state(x.device, stream)
         out = torch.empty((self.rows, self.n), dtype=self.dtype, device=x.device)
         ptr = ctypes.c_void_p(bias.data_ptr())
-        _check(lib.cublasLtMatmulDescSetAttribute(self._desc, DESC_BIAS_POINTER, ctypes.byref(ptr), 8),
-               "DescSetAttribute(bias)", self.what)  # fmt: skip
         raw = _Algo.from_buffer_copy(algo.blob)
         c = residual if residual is not None else out
-        stream = torch.cuda.current_stream(x.device).cuda_stream
-        _check(lib.cublasLtMatmul(handle, self._desc, ctypes.byref(self._alpha), w.data_ptr(), self._a, x.data_ptr(),
-               self._b, ctypes.byref(self._beta), c.data_ptr(), self._c, out.data_ptr(), self._c, ctypes.byref(raw),
-               workspace.data_ptr(), WORKSPACE_BYTES, stream), "cublasLtMatmul", self.what)  # fmt: skip
+        with self._lock:
+            _check(lib.cublasLtMatmulDescSetAttribute(self._desc, DESC_BIAS_POINTER, ctypes.byref(ptr), 8),
+                   "DescSetAttribute(bias)", self.what)  # fmt: skip
+            _check(lib.cublasLtMatmul(handle, self._desc, ctypes.byref(self._alpha), w.data_ptr(), self._a,
+                   x.data_ptr(), self._b, ctypes.byref(self._beta), c.data_ptr(), self._c, out.data_ptr(), self._c,
+                   ctypes.byref(raw), workspace.data_ptr(), WORKSPACE_BYTES, stream), "cublasLtMatmul",
+                   self.what)  # fmt: skip
         return out
 
     def close(self) -> None:
