@@ -14,6 +14,7 @@ arithmetic checked on the CPU under Triton's interpreter (``tests/unit/test_skin
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -298,10 +299,15 @@ def lt_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor, gelu: bool, 
     plan = _LT_PLANS.get(key)
     if plan is None:
         plan = _LT_PLANS[key] = LtLinear(m, n, k, x.dtype, "gelu_bias" if gelu else "bias")
-    x2 = x.reshape(m, k)
-    algo = Algo.from_hex(algo) if isinstance(algo, str) else algo
-    out = plan(x2 if x2.is_contiguous() else x2.contiguous(), w.contiguous(), bias.contiguous(), algo)
+    algo = _algo(algo) if isinstance(algo, str) else algo
+    out = plan(x.reshape(m, k).contiguous(), w.contiguous(), bias.contiguous(), algo)
     return out.view(*x.shape[:-1], n)
+
+
+@functools.cache
+def _algo(text: str) -> Algo:
+    """A table's algorithm, parsed once (an eager call, e.g. a ``fast_start`` engine's, runs this per GEMM)."""
+    return Algo.from_hex(text)
 
 
 @torch.library.custom_op("miaohui::skinny_linear", mutates_args=())
