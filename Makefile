@@ -10,7 +10,7 @@ GRPC_PORT ?= 8001
 PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 
-.PHONY: install run prepare test test-fast lint format bench clean promtool
+.PHONY: install run prepare test test-fast lint format bench docs clean promtool
 
 install: $(STAMP)
 
@@ -50,6 +50,10 @@ format: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_intent_cpu.py
+
+## docs/model-repository.md from the config docstrings (tests/unit/test_config_docs.py fails when it is stale).
+docs: $(STAMP)
+	$(BIN)/python scripts/gen_config_docs.py
 
 clean:
 	rm -rf var .pytest_cache .mypy_cache .ruff_cache
