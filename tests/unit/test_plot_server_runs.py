@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-RUNS = sorted((ROOT / "benchmarks" / "results").glob("gpu_server_w6_e5shape_shared_delay0_copiespoll_*_s15a.json"))
+RUNS = sorted((ROOT / "benchmarks" / "results").glob("gpu_server_intent_gpu_wait_*_h200.json"))
 SCRIPT = ROOT / "benchmarks" / "plot_server_runs.py"
 
 
