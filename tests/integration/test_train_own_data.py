@@ -235,3 +235,35 @@ async def test_server_dialogue_reports_routes_the_served_model_lacks(
         assert info.value.message == failed["meeting_assistant"].message
     finally:
         await manager.stop()
+
+
+def test_backbone_dir_forms_and_errors(tmp_path: Path) -> None:
+    from transformers import GPT2Config
+
+    from miaohui.zoo.backbones import load_backbone
+
+    # a sentence-transformers directory whose encoder sits in its Transformer module's folder
+    st = tmp_path / "st"
+    _hf_encoder(st / "0_Transformer", "bert")
+    (st / "0_Transformer" / "tokenizer.json").rename(st / "tokenizer.json")
+    modules = [{"idx": 0, "name": "0", "path": "0_Transformer", "type": "sentence_transformers.models.Transformer"}]
+    (st / "modules.json").write_text(json.dumps(modules))
+    encoder, tok = load_backbone(str(st))
+    assert type(encoder).__name__ == "BertModel" and encoder.pooler is None
+    assert tok.token_to_id("[PAD]") is not None
+
+    with pytest.raises(ConfigError) as info:
+        load_backbone(str(tmp_path / "nowhere"))
+    assert (
+        info.value.message == f"unknown backbone {str(tmp_path / 'nowhere')!r} (neither a shipped name nor a directory)"
+    )
+
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError) as info:
+        load_backbone(str(tmp_path / "empty"))
+    assert info.value.message == f"{tmp_path / 'empty'} is not a Hugging Face model directory (no config.json)"
+
+    GPT2Config(n_layer=1, n_embd=32, n_head=2).save_pretrained(str(tmp_path / "gpt2"))
+    with pytest.raises(ConfigError) as info:
+        load_backbone(str(tmp_path / "gpt2"))
+    assert info.value.message == f"{tmp_path / 'gpt2'}: architecture 'gpt2' is not an encoder train-intent fine-tunes"
