@@ -156,8 +156,8 @@ def _max_length(encoder: Any, wanted: int) -> int:
     """``wanted``, lowered to the positions the encoder has (RoBERTa-style ids start after the padding id)."""
     cfg = encoder.config
     limit = int(getattr(cfg, "max_position_embeddings", wanted))
-    if cfg.model_type in ("roberta", "xlm-roberta"):
-        limit -= int(cfg.pad_token_id or 1) + 1
+    if cfg.model_type in ("roberta", "xlm-roberta"):  # positions are padding_idx + 1, + 2 ...
+        limit -= (1 if cfg.pad_token_id is None else int(cfg.pad_token_id)) + 1
     return min(wanted, limit)
 
 
@@ -191,7 +191,7 @@ def train_intent(
 ) -> tuple[Path, EvalReport]:
     """Fine-tune on ``data`` (default: the project's 24-label splits), evaluate on its dev part, save a
     checkpoint to ``out_dir``. The head's labels are ``data.labels`` in that order."""
-    data = data or load_train_data(None)
+    data = load_train_data(None) if data is None else data
     labels = list(data.labels)
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
