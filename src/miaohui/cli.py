@@ -60,25 +60,41 @@ RepoOpt = Annotated[
 
 @app.command("train-intent")
 def train_intent_cmd(
+    data: Annotated[
+        Path | None,
+        typer.Option(help='Your own JSONL: {"text": ..., "intent": ...} a line ("lang" optional), any labels.'),
+    ] = None,
+    dev: Annotated[
+        Path | None,
+        typer.Option(help="Dev JSONL for --data (default: a stratified 20 % of each label is held out)."),
+    ] = None,
     out: Annotated[
         Path | None,
-        typer.Option(help="Checkpoint directory (default $MIAOHUI_HOME/models/intent-<backbone>)."),
+        typer.Option(help="Checkpoint directory (default $MIAOHUI_HOME/models/intent-<backbone or data name>)."),
     ] = None,
-    backbone: Annotated[str, typer.Option(help="e5-small (multilingual) or minilm (English).")] = "e5-small",
+    backbone: Annotated[
+        str, typer.Option(help="e5-small (multilingual), minilm (English) or a Hugging Face encoder directory.")
+    ] = "e5-small",
     epochs: Annotated[int, typer.Option(min=1)] = 8,
     trainable_layers: Annotated[int, typer.Option(min=0, help="Top encoder layers fine-tuned.")] = 4,
-    seed: int = 0,
+    seed: Annotated[int, typer.Option(help="Seeds the training and the --data hold-out.")] = 0,
 ) -> None:
-    """Fine-tune an intent classifier (encoder + head) on the project's data; report dev accuracy per label."""
+    """Fine-tune an intent classifier (encoder + head) on the project's 24-label data, or on your own with --data;
+    report dev accuracy per label."""
     from miaohui.models.train import TrainConfig, train_intent
     from miaohui.paths import models_dir
+    from miaohui.zoo.intents import load_train_data
 
     try:
         cfg = TrainConfig(backbone=backbone, epochs=epochs, trainable_layers=trainable_layers, seed=seed)
-        path, report = train_intent(cfg, out or models_dir() / f"intent-{backbone}")
+        own = load_train_data(data, dev, seed=seed)
+        default = f"intent-{data.stem}" if data is not None else f"intent-{Path(backbone).name}"
+        path, report = train_intent(cfg, out or models_dir() / default, data=own)
     except MiaohuiError as exc:
         _fail(exc)
         return
+    if data is not None:
+        console.print(f"{len(own.labels)} labels, {len(own.train)} train / {len(own.dev)} dev ({own.dev_source})")
     table = Table("label", "dev accuracy", title=f"dev accuracy {report.accuracy:.2%} on {report.n} utterances")
     for label, acc in report.per_label.items():
         table.add_row(label, f"{acc:.0%}")

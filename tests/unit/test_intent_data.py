@@ -1,4 +1,5 @@
-"""The hand-written intent dataset: coverage, balance, no train/dev leakage, and loader errors."""
+"""The hand-written intent dataset: coverage, balance, no train/dev leakage, and loader errors; users' own
+labelled files for ``train-intent --data`` (any labels): parsing, exact errors, the stratified hold-out."""
 
 from __future__ import annotations
 
@@ -11,7 +12,15 @@ from importlib import resources
 import pytest
 
 from miaohui.errors import ConfigError
-from miaohui.zoo.intents import BUSINESS_LINE, LABELS, IntentExample, load_jsonl, load_split
+from miaohui.zoo.intents import (
+    BUSINESS_LINE,
+    LABELS,
+    IntentExample,
+    load_jsonl,
+    load_split,
+    load_train_data,
+    load_user_jsonl,
+)
 
 MIN_TRAIN = {"total": 60, "zh": 42, "en": 16}
 MIN_DEV = {"total": 22, "zh": 15, "en": 6}
@@ -170,3 +179,108 @@ def test_load_jsonl_unknown_label_fix_lists_labels(tmp_path) -> None:
 def test_load_jsonl_missing_file(tmp_path) -> None:
     with pytest.raises(ConfigError, match="not found"):
         load_jsonl(tmp_path / "nope.jsonl")
+
+
+# ------------------------------------------------------------------------------------------ your own data
+
+
+def _own(tmp_path, lines: list[str], name: str = "own.jsonl"):
+    p = tmp_path / name
+    p.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return p
+
+
+def _rows(table: dict[str, int]) -> list[str]:
+    return [
+        json.dumps({"text": f"{label} example {i}", "intent": label}) for label, n in table.items() for i in range(n)
+    ]
+
+
+def test_own_data_any_labels_lang_optional_extra_keys_ignored(tmp_path) -> None:
+    lines = [
+        json.dumps({"text": "my phone has no signal", "intent": "no_signal", "lang": "en", "id": 7}),
+        "",
+        json.dumps({"text": "话费怎么这么多", "intent": "bill_question"}),
+    ]
+    rows = load_user_jsonl(_own(tmp_path, lines))
+    assert [(r.text, r.intent, r.lang) for r in rows] == [
+        ("my phone has no signal", "no_signal", "en"),
+        ("话费怎么这么多", "bill_question", None),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('{"text": "no signal", "intent": "no_signal"', "not valid JSON (Expecting ',' delimiter at column 44)"),
+        ('["no signal", "no_signal"]', "expected a JSON object, got list"),
+        ('{"intent": "no_signal"}', "missing 'text' in"),
+        ('{"text": "no signal"}', "missing 'intent' in"),
+        ('{"lang": "en"}', "missing 'text' and 'intent' in"),
+        ('{"text": "  ", "intent": "no_signal"}', "empty 'text' ('  ')"),
+        ('{"text": "no signal", "intent": 3}', "'intent' must be a non-empty string, got 3"),
+        ('{"text": "no signal", "intent": "no_signal", "lang": ""}', "'lang' must be a language code"),
+    ],
+)
+def test_own_data_malformed_line_names_file_line_and_what(tmp_path, line: str, message: str) -> None:
+    good = json.dumps({"text": "bill too high", "intent": "bill_question"})
+    path = _own(tmp_path, [good, "", line])
+    with pytest.raises(ConfigError) as info:
+        load_user_jsonl(path)
+    assert info.value.message.startswith(f"{path}:3: {message}")
+    assert info.value.fix
+
+
+def test_own_data_exact_messages(tmp_path) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_train_data(tmp_path / "missing.jsonl")
+    assert info.value.message == f"intent data file not found: {tmp_path / 'missing.jsonl'}"
+
+    empty = _own(tmp_path, ["", "   "], "empty.jsonl")
+    with pytest.raises(ConfigError) as info:
+        load_train_data(empty)
+    assert info.value.message == f"{empty} is empty: no examples"
+
+    few = _own(tmp_path, _rows({"no_signal": 5, "bill_question": 1, "roaming": 0, "sim_swap": 1}), "few.jsonl")
+    with pytest.raises(ConfigError) as info:
+        load_train_data(few)
+    assert info.value.message == f"{few}: label(s) with fewer than 2 examples: 'bill_question' (1), 'sim_swap' (1)"
+
+    one = _own(tmp_path, _rows({"no_signal": 6}), "one.jsonl")
+    with pytest.raises(ConfigError) as info:
+        load_train_data(one)
+    assert (
+        info.value.message == f"{one}: all 6 examples have the label 'no_signal'; a classifier needs 2 labels or more"
+    )
+
+    train = _own(tmp_path, _rows({"no_signal": 4, "bill_question": 4}), "train.jsonl")
+    dev = _own(tmp_path, _rows({"no_signal": 1, "roaming": 1, "sim_swap": 1}), "dev.jsonl")
+    with pytest.raises(ConfigError) as info:
+        load_train_data(train, dev)
+    assert info.value.message == f"{dev}: label(s) ['roaming', 'sim_swap'] are not in the training file {train}"
+
+    with pytest.raises(ConfigError) as info:
+        load_train_data(None, dev)
+    assert info.value.message == "--dev was given without --data"
+
+
+def test_stratified_hold_out_keeps_every_label_on_both_sides(tmp_path) -> None:
+    path = _own(tmp_path, _rows({"a": 2, "b": 3, "c": 10, "d": 12}))
+    data = load_train_data(path, seed=0)
+    assert data.labels == ("a", "b", "c", "d")
+    held = Counter(r.intent for r in data.dev)
+    kept = Counter(r.intent for r in data.train)
+    assert held == {"a": 1, "b": 1, "c": 2, "d": 2}  # round(20 %), at least 1, at most n - 1
+    assert kept == {"a": 1, "b": 2, "c": 8, "d": 10}
+    assert not {r.text for r in data.dev} & {r.text for r in data.train}
+    assert data.dev_source == f"held out 20% of each label of {path} (seed 0)"
+    again = load_train_data(path, seed=0)
+    assert again.dev == data.dev  # a fixed seed: the same split every run
+    assert load_train_data(path, seed=1).dev != data.dev
+
+
+def test_project_data_is_the_default() -> None:
+    data = load_train_data(None)
+    assert data.labels == LABELS and data.source == "project"
+    assert [r.text for r in data.train] == [r.text for r in load_split("train")]
+    assert [r.text for r in data.dev] == [r.text for r in load_split("dev")]

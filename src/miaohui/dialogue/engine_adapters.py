@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from miaohui.dialogue.pipeline import ChatMessage
-from miaohui.errors import ArtifactError, ModelNotFoundError
+from miaohui.errors import ArtifactError, MiaohuiError, ModelNotFoundError
 
 if TYPE_CHECKING:
     from miaohui.engines.base import Engine
@@ -120,6 +120,15 @@ class EngineClassifier:
         state = next((s for s in self.manager.states() if s.name == self.model_name), None)
         primary = primary_version(state.versions) if state is not None else None
         return state.versions[primary] if state is not None and primary is not None else served
+
+    @property
+    def labels(self) -> list[str] | None:
+        """The labels of the version answering now; None while the model is not loaded (nothing to check yet)."""
+        try:
+            served = self.served()
+        except MiaohuiError:
+            return None
+        return list(served.manifest.labels) if served.manifest.task == "intent" else None
 
     async def classify(self, texts: list[str]) -> list[tuple[str, float]]:
         served = self.served()

@@ -171,6 +171,7 @@ class Pipeline:
         self.sessions = sessions if sessions is not None else SessionStore(config.session)
         self.bookings = BookingTable(self.knowledge, config.max_bookings)
         self._check_routes()
+        self.check_model_labels()
 
     @classmethod
     def from_name(
@@ -203,6 +204,22 @@ class Pipeline:
                     f"pipeline {self.config.name!r} answers {where} from the FAQ, which has no entry for it",
                     f"add faq.{where} to the knowledge base or route {where} elsewhere",
                 )
+
+    def check_model_labels(self) -> None:
+        """Raise when the classifier's model lacks labels the routes name (a model trained on other data).
+        Classifiers that expose no ``labels`` (or not yet: a served model still loading) are not checked."""
+        labels = getattr(self.classifier, "labels", None)
+        if not labels:
+            return
+        missing = sorted(set(self.config.routes) - set(labels))
+        if missing:
+            model = getattr(self.classifier, "name", None) or getattr(self.classifier, "model_name", None)
+            shown = ", ".join(labels[:8]) + (f" ... ({len(labels)} in all)" if len(labels) > 8 else "")
+            raise ConfigError(
+                f"pipeline {self.config.name!r} routes intent label(s) {missing} that the intent model "
+                f"{model or type(self.classifier).__name__!r} does not have (its labels: {shown})",
+                "give the pipeline an intent model trained on those labels, or route only labels the model has",
+            )
 
     # -------------------------------------------------------------------------------------------- turn
 

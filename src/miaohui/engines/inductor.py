@@ -94,6 +94,12 @@ def build(ctx: BuildContext) -> BuiltEngine:
     device = "cuda" if target else "cpu"
     if device == "cpu" and ctx.cfg.precision == "fp16":
         raise BuildError("fp16 inductor engines need a CUDA GPU", "build on the GPU, or use fp32/bf16 on CPU")
+    model_type = ctx.model.meta.bert_config.get("model_type", "bert")
+    if model_type != "bert":  # FastBert copies BERT's weights by name: another architecture would compute wrongly
+        raise BuildError(
+            f"the inductor backend compiles BERT encoders; {ctx.model.path} holds a {model_type!r} encoder",
+            "build this model with --backend onnxruntime (or torch)",
+        )
     module = from_module(load_checkpoint(ctx.model.path, attn_implementation="sdpa").module)
     use_fused_gelu(module, device == "cuda")  # cuBLASLt's GEMM+bias+GELU epilogue (tanh GELU); CPU keeps erf GELU
     kernels = use_gpu_kernels(

@@ -9,7 +9,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -19,6 +19,9 @@ from tokenizers import Tokenizer
 from miaohui.errors import ArtifactError
 from miaohui.models.intent import IntentClassifier, SentenceEncoder
 from miaohui.paths import atomic_dir
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 META_NAME = "miaohui-model.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -35,6 +38,8 @@ class ModelMeta(BaseModel):
     base: str
     """Backbone it was made from, e.g. ``e5-small`` or ``minilm``."""
     bert_config: dict[str, Any]
+    """The encoder's HF config (``config.to_dict()``); its ``model_type`` (absent: ``bert``) picks the
+    architecture the loader rebuilds (:func:`build_encoder`)."""
     labels: list[str] = Field(default_factory=list)
     max_length: int = 128
     """Longest token sequence (special tokens included) the model accepts."""
@@ -97,12 +102,35 @@ def _hash_files(files: list[Path]) -> str:
     return h.hexdigest()
 
 
-def build_module(meta: ModelMeta, attn_implementation: str = "sdpa") -> torch.nn.Module:
-    from transformers import BertConfig, BertModel  # here, not at import: a server that only loads engines skips it
+def build_encoder(bert_config: dict[str, Any], attn_implementation: str = "sdpa") -> PreTrainedModel:
+    """The encoder a stored config describes, random weights: ``BertModel`` (no pooler) for ``model_type``
+    ``bert`` or none (checkpoints written before other architectures were trained), else the bare ``AutoModel``
+    of that ``model_type`` (RoBERTa, XLM-RoBERTa, DistilBERT, ELECTRA ...) with its pooler removed."""
+    # transformers is imported here, not at import: a server that only loads engines skips it
+    model_type = bert_config.get("model_type", "bert")
+    if model_type == "bert":
+        from transformers import BertConfig, BertModel
 
-    config = BertConfig(**meta.bert_config)
-    config._attn_implementation = attn_implementation
-    encoder = BertModel(config, add_pooling_layer=False)
+        config = BertConfig(**bert_config)
+        config._attn_implementation = attn_implementation
+        return BertModel(config, add_pooling_layer=False)
+    from transformers import AutoConfig, AutoModel
+
+    try:
+        auto = AutoConfig.for_model(**bert_config)
+    except (ValueError, KeyError) as exc:
+        raise ArtifactError(
+            f"the checkpoint's encoder architecture {model_type!r} is unknown to transformers: {exc}",
+            "upgrade transformers, or retrain the model from a supported backbone",
+        ) from exc
+    encoder = AutoModel.from_config(auto, attn_implementation=attn_implementation)
+    if getattr(encoder, "pooler", None) is not None:
+        encoder.pooler = None  # as train-intent saved it: the classifier mean-pools
+    return encoder
+
+
+def build_module(meta: ModelMeta, attn_implementation: str = "sdpa") -> torch.nn.Module:
+    encoder = build_encoder(meta.bert_config, attn_implementation)
     if meta.kind == "intent":
         return IntentClassifier(encoder, num_labels=len(meta.labels))
     return SentenceEncoder(encoder)

@@ -251,6 +251,9 @@ def _copy_encoder(hf: Any) -> FastBert:
 
 def from_module(module: Any) -> nn.Module:
     """The fast equivalent of a (HF-based) :class:`IntentClassifier` or :class:`SentenceEncoder`, eval mode."""
+    model_type = getattr(module.encoder.config, "model_type", "bert")
+    if model_type != "bert":  # RoBERTa's weights have BERT's names but its positions are offset: refuse, not copy
+        raise ValueError(f"FastBert implements BERT, the model is a {model_type!r} encoder")
     act = getattr(module.encoder.config, "hidden_act", "gelu")
     if act != "gelu":
         raise ValueError(f"FastBert implements erf GELU, the model uses {act!r}")

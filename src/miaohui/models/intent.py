@@ -1,4 +1,4 @@
-"""The intent classifier: a BERT-style encoder, masked mean pooling, a linear head."""
+"""The intent classifier: an HF encoder (BERT, RoBERTa, DistilBERT ...), masked mean pooling, a linear head."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:  # transformers is imported where a BERT is built: importing it costs the server ~2 s at start
-    from transformers import BertModel
+    from transformers import BertModel, PreTrainedModel
 
 
 def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -22,7 +22,7 @@ def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tenso
 class IntentClassifier(nn.Module):
     """``(input_ids, attention_mask) -> logits[batch, num_labels]``."""
 
-    def __init__(self, encoder: BertModel, num_labels: int, dropout: float = 0.1) -> None:
+    def __init__(self, encoder: PreTrainedModel, num_labels: int, dropout: float = 0.1) -> None:
         super().__init__()
         self.encoder = encoder
         self.dropout = nn.Dropout(dropout)
@@ -39,7 +39,7 @@ class IntentClassifier(nn.Module):
 class SentenceEncoder(nn.Module):
     """``(input_ids, attention_mask) -> L2-normalized embeddings[batch, hidden]`` (task ``encoder``)."""
 
-    def __init__(self, encoder: BertModel) -> None:
+    def __init__(self, encoder: PreTrainedModel) -> None:
         super().__init__()
         self.encoder = encoder
 

@@ -1,5 +1,8 @@
-"""``miaohui train-intent``: fine-tune encoder + head on the project's intent data, on CPU, in minutes.
+"""``miaohui train-intent``: fine-tune encoder + head on intent data, on CPU, in minutes.
 
+The data is the project's 24-label set, or a user's own JSONL with any labels
+(:func:`~miaohui.zoo.intents.load_train_data`); the encoder a shipped backbone or a Hugging Face encoder
+directory (BERT, RoBERTa, XLM-RoBERTa, DistilBERT, ELECTRA: :func:`~miaohui.zoo.backbones.load_backbone`).
 The bottom ``L - trainable_layers`` encoder layers are frozen; their outputs are computed once
 (:class:`FrozenPrefix`), so an epoch runs only the top layers and the head.
 """
@@ -10,21 +13,23 @@ import math
 import random
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from torch import nn
-from transformers import BertModel
 
+from miaohui.errors import ConfigError
 from miaohui.models.checkpoint import ModelMeta, save_checkpoint
 from miaohui.models.intent import IntentClassifier, mean_pool
 from miaohui.nlp.normalize import normalize_text
 from miaohui.nlp.tokenizer import TextTokenizer, pad_batch, truncate_ids
-from miaohui.zoo.backbones import load_backbone
-from miaohui.zoo.intents import LABELS, IntentExample, load_split
+from miaohui.zoo.backbones import BACKBONES, load_backbone
+from miaohui.zoo.intents import LABELS, TrainData, load_train_data
 
 
 class TrainConfig(BaseModel):
@@ -33,7 +38,7 @@ class TrainConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     backbone: str = "e5-small"
-    """Encoder to start from (``e5-small`` or ``minilm``)."""
+    """Encoder to start from: ``e5-small``, ``minilm`` or a Hugging Face encoder directory."""
     epochs: int = Field(default=8, ge=1, le=100)
     batch_size: int = Field(default=32, ge=1, le=1024)
     lr_encoder: float = Field(default=8e-5, gt=0)
@@ -42,12 +47,20 @@ class TrainConfig(BaseModel):
     warmup: float = Field(default=0.1, ge=0, lt=1)
     """Fraction of steps with linear warm-up."""
     max_length: int = Field(default=128, ge=8, le=512)
-    """Longest sequence the model accepts at serving time; training truncates to ``train_length``."""
+    """Longest sequence the model accepts at serving time (lowered to what the encoder's position table
+    holds); training truncates to ``train_length``."""
     train_length: int = Field(default=64, ge=8, le=512)
     trainable_layers: int = Field(default=4, ge=0, le=48)
     """Top encoder layers that are fine-tuned (the rest are frozen and cached)."""
     seed: int = 0
     threads: int = Field(default=2, ge=1)
+
+
+class _Labelled(Protocol):
+    @property
+    def text(self) -> str: ...
+    @property
+    def intent(self) -> str: ...
 
 
 @dataclass
@@ -88,9 +101,9 @@ class FrozenPrefix:
             for start in range(0, len(order), 64):
                 rows = order[start : start + 64]
                 a, m = (torch.from_numpy(x) for x in pad_batch([ids[i] for i in rows], pad_id))
-                h = enc.embeddings(input_ids=a)
+                h = embed_tokens(enc, a)
                 ext = _additive_mask(m, h.dtype)
-                for layer in enc.encoder.layer[:frozen]:
+                for layer in encoder_layers(enc)[:frozen]:
                     h = _run_layer(layer, h, ext)
                 for r, i in enumerate(rows):
                     self.states[i] = h[r, : len(ids[i])].clone()
@@ -114,14 +127,49 @@ def _run_layer(layer: nn.Module, h: torch.Tensor, ext_mask: torch.Tensor) -> tor
 
 def _top_forward(model: IntentClassifier, h: torch.Tensor, m: torch.Tensor, frozen: int) -> torch.Tensor:
     ext = _additive_mask(m, h.dtype)
-    for layer in model.encoder.encoder.layer[frozen:]:
+    for layer in encoder_layers(model.encoder)[frozen:]:
         h = _run_layer(layer, h, ext)
     return model.head(model.dropout(mean_pool(h, m)))
 
 
+def encoder_layers(encoder: Any) -> nn.ModuleList:
+    """The transformer layers of an HF encoder: ``encoder.layer`` (BERT, RoBERTa, XLM-R, ELECTRA) or
+    ``transformer.layer`` (DistilBERT); each is called as ``layer(hidden, attention_mask=additive_mask)``."""
+    for owner in ("encoder", "transformer"):
+        layers = getattr(getattr(encoder, owner, None), "layer", None)
+        if isinstance(layers, nn.ModuleList):
+            return layers
+    raise ConfigError(
+        f"cannot find the layers of {type(encoder).__name__} (no encoder.layer or transformer.layer)",
+        "use a BERT, RoBERTa, XLM-RoBERTa, DistilBERT or ELECTRA encoder",
+    )
+
+
+def embed_tokens(encoder: Any, input_ids: torch.Tensor) -> torch.Tensor:
+    """The input of the first layer: the embeddings (and ELECTRA's projection to the hidden size)."""
+    h = encoder.embeddings(input_ids)
+    project = getattr(encoder, "embeddings_project", None)
+    return project(h) if project is not None else h
+
+
+def _max_length(encoder: Any, wanted: int) -> int:
+    """``wanted``, lowered to the positions the encoder has (RoBERTa-style ids start after the padding id)."""
+    cfg = encoder.config
+    limit = int(getattr(cfg, "max_position_embeddings", wanted))
+    if cfg.model_type in ("roberta", "xlm-roberta"):  # positions are padding_idx + 1, + 2 ...
+        limit -= (1 if cfg.pad_token_id is None else int(cfg.pad_token_id)) + 1
+    return min(wanted, limit)
+
+
 @torch.inference_mode()
-def evaluate(model: IntentClassifier, tok: TextTokenizer, data: list[IntentExample], length: int) -> EvalReport:
-    """Accuracy of the full model (no cache) on ``data``, overall and per label."""
+def evaluate(
+    model: IntentClassifier,
+    tok: TextTokenizer,
+    data: Sequence[_Labelled],
+    length: int,
+    labels: Sequence[str] = LABELS,
+) -> EvalReport:
+    """Accuracy of the full model (no cache) on ``data``, overall and per label (``labels``: the head's order)."""
     model.eval()
     hits: dict[str, list[int]] = defaultdict(list)
     for start in range(0, len(data), 64):
@@ -129,7 +177,7 @@ def evaluate(model: IntentClassifier, tok: TextTokenizer, data: list[IntentExamp
         a, m = (torch.from_numpy(x) for x in pad_batch(_token_ids(tok, [x.text for x in batch], length), tok.pad_id))
         pred = model(a, m).argmax(-1).tolist()
         for ex, p in zip(batch, pred, strict=True):
-            hits[ex.intent].append(int(LABELS[p] == ex.intent))
+            hits[ex.intent].append(int(labels[p] == ex.intent))
     total = sum(sum(v) for v in hits.values())
     return EvalReport(
         accuracy=total / max(1, len(data)),
@@ -138,24 +186,33 @@ def evaluate(model: IntentClassifier, tok: TextTokenizer, data: list[IntentExamp
     )
 
 
-def train_intent(cfg: TrainConfig, out_dir: Path, progress: bool = True) -> tuple[Path, EvalReport]:
-    """Fine-tune, evaluate on the dev split, save a checkpoint to ``out_dir``."""
+def train_intent(
+    cfg: TrainConfig, out_dir: Path, progress: bool = True, data: TrainData | None = None
+) -> tuple[Path, EvalReport]:
+    """Fine-tune on ``data`` (default: the project's 24-label splits), evaluate on its dev part, save a
+    checkpoint to ``out_dir``. The head's labels are ``data.labels`` in that order."""
+    data = load_train_data(None) if data is None else data
+    labels = list(data.labels)
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
     encoder, raw_tok = load_backbone(cfg.backbone)
-    tok = TextTokenizer(raw_tok, cfg.max_length)
-    model = IntentClassifier(encoder, len(LABELS))
-    n_layers = len(encoder.encoder.layer)
-    frozen = n_layers - min(cfg.trainable_layers, n_layers)
-    for p in list(encoder.embeddings.parameters()) + list(encoder.encoder.layer[:frozen].parameters()):
+    max_length = _max_length(encoder, cfg.max_length)
+    train_length = min(cfg.train_length, max_length)
+    tok = TextTokenizer(raw_tok, max_length)
+    model = IntentClassifier(encoder, len(labels))
+    layers = encoder_layers(encoder)
+    frozen = len(layers) - min(cfg.trainable_layers, len(layers))
+    fixed = [encoder.embeddings, *([encoder.embeddings_project] if hasattr(encoder, "embeddings_project") else [])]
+    for p in [p for mod in fixed for p in mod.parameters()] + list(layers[:frozen].parameters()):
         p.requires_grad_(False)
-    train, dev = load_split("train"), load_split("dev")
-    targets = torch.tensor([LABELS.index(x.intent) for x in train])
+    train, dev = data.train, data.dev
+    index = {label: i for i, label in enumerate(labels)}
+    targets = torch.tensor([index[x.intent] for x in train])
 
     started = time.perf_counter()
     model.eval()
-    cache = FrozenPrefix(model, _token_ids(tok, [x.text for x in train], cfg.train_length), frozen, tok.pad_id)
+    cache = FrozenPrefix(model, _token_ids(tok, [x.text for x in train], train_length), frozen, tok.pad_id)
     trainable = [p for n, p in model.named_parameters() if p.requires_grad and not n.startswith("head.")]
     opt = torch.optim.AdamW(
         [{"params": trainable, "lr": cfg.lr_encoder}, {"params": model.head.parameters(), "lr": cfg.lr_head}],
@@ -184,13 +241,13 @@ def train_intent(cfg: TrainConfig, out_dir: Path, progress: bool = True) -> tupl
                 sched.step()
                 bar.update(task, advance=1, description=f"epoch {epoch + 1}/{cfg.epochs} loss {loss.item():.3f}")
     seconds = time.perf_counter() - started
-    report = evaluate(model, tok, dev, cfg.max_length)
+    report = evaluate(model, tok, dev, max_length, labels)
     meta = ModelMeta(
         kind="intent",
-        base=cfg.backbone,
-        bert_config=_bert_config(encoder),
-        labels=list(LABELS),
-        max_length=cfg.max_length,
+        base=cfg.backbone if cfg.backbone in BACKBONES else str(Path(cfg.backbone).resolve()),
+        bert_config=encoder_config(encoder),
+        labels=labels,
+        max_length=max_length,
         train={
             "config": cfg.model_dump(),
             "seconds": round(seconds, 1),
@@ -198,15 +255,25 @@ def train_intent(cfg: TrainConfig, out_dir: Path, progress: bool = True) -> tupl
             "dev_per_label": report.per_label,
             "n_train": len(train),
             "n_dev": len(dev),
+            "data": data.source,
+            "dev_data": data.dev_source,
         },
     )
     save_checkpoint(out_dir, model, meta, raw_tok)
     return out_dir, report
 
 
-def _bert_config(encoder: BertModel) -> dict[str, object]:
-    cfg = encoder.config.to_dict()
+def encoder_config(encoder: Any) -> dict[str, object]:
+    """The encoder's HF config as the checkpoint stores it (``ModelMeta.bert_config``): ``model_type`` says
+    which architecture the loader rebuilds; ``hidden_size``, ``num_attention_heads``, ``num_hidden_layers`` and
+    ``vocab_size`` are written under those names for every architecture (DistilBERT calls them ``dim``,
+    ``n_heads`` ..., and reads these names back as aliases), so readers of the checkpoint need not know it."""
+    config = encoder.config
+    cfg = config.to_dict()
     drop = ("transformers_version", "architectures", "_attn_implementation_autoset", "dtype", "torch_dtype")
     for key in drop:
         cfg.pop(key, None)
+    if config.model_type != "bert":  # BERT's dict already has them; keep it byte-for-byte as before
+        for key in ("hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size"):
+            cfg.setdefault(key, getattr(config, key))
     return cfg

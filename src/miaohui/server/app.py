@@ -63,7 +63,8 @@ def build_app(
     )
     state.generation = generation
     generator = LLMTextGenerator(generation, dialogue_llm) if dialogue_llm else None
-    state.dialogue = DialogueService.for_manager(manager, metrics, intent_model=dialogue_intent, generator=generator)
+    dialogue = DialogueService.for_manager(manager, metrics, intent_model=dialogue_intent, generator=generator)
+    state.dialogue = dialogue
     state.shadow = ShadowManager(manager, metrics)
     encoder_models = [n for n in models if n not in llm_names] if models else None
     app = create_app(state)
@@ -73,6 +74,7 @@ def build_app(
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         if encoder_models is None or encoder_models:  # [] = only LLMs were asked for
             await manager.load_all(encoder_models)
+            dialogue.check_labels()  # logs each pipeline whose routes the intent model lacks
         await generation.start()
         await shadow.start()
         if freeze_when_warm:

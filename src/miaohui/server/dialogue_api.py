@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import re
 import time
 import uuid
@@ -42,7 +43,7 @@ from miaohui.dialogue.config import PIPELINE_NAMES
 from miaohui.dialogue.engine_adapters import EngineClassifier, engine_call
 from miaohui.dialogue.knowledge import KnowledgeBase, load_knowledge
 from miaohui.dialogue.pipeline import DialogueResponse, IntentClassifier, Pipeline, TextGenerator
-from miaohui.errors import InputError, ModelNotFoundError
+from miaohui.errors import ConfigError, InputError, ModelNotFoundError, UnavailableError
 from miaohui.server.http import error_response, read_json, timeout_ms, until_disconnect
 from miaohui.server.metrics import UNKNOWN_MODEL
 from miaohui.server.status import http_status, reason
@@ -64,6 +65,7 @@ __all__ = [
     "shadow_router",
 ]
 
+log = logging.getLogger("miaohui.server")
 PIPELINE_MODEL_PREFIX = "pipeline/"
 _MODEL_RE = re.compile(r"^pipeline[/:]([a-z][a-z0-9_]{1,63})$")
 _SESSION_OK = re.compile(r"^[A-Za-z0-9_.:@-]{1,128}$")
@@ -146,6 +148,18 @@ class DialogueService:
             raise ModelNotFoundError(f"unknown pipeline {name!r}", f"use one of {', '.join(self.pipelines)}")
         return pipe
 
+    def check_labels(self) -> dict[str, ConfigError]:
+        """Once the models are loaded: the pipelines whose routes name labels the intent model lacks, each logged
+        as an error. The server still starts (the model serves ``/v1/intent``); their turns answer 503 with it."""
+        failed: dict[str, ConfigError] = {}
+        for name, pipe in self.pipelines.items():
+            try:
+                pipe.check_model_labels()
+            except ConfigError as exc:
+                log.error("%s — %s", exc.message, exc.fix)
+                failed[name] = exc
+        return failed
+
     def describe(self) -> list[dict[str, str]]:
         return [
             {"name": n, "model": PIPELINE_MODEL_PREFIX + n, "description": p.config.description}
@@ -162,6 +176,10 @@ class DialogueService:
     ) -> tuple[DialogueResponse, dict[str, Any]]:
         """One turn of pipeline ``name``; the response and the engine that classified it. Records metrics."""
         pipe = self.get(name)
+        try:
+            pipe.check_model_labels()  # the served version may have changed since load (model control)
+        except ConfigError as exc:
+            raise UnavailableError(exc.message, exc.fix) from None
         with engine_call(deadline) as call:
             resp = await pipe.run_turn(text, session_id, lang=lang)
         self._record(name, resp)
