@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import math
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -150,7 +151,7 @@ class ConsoleSampler:
         samples = list(self.samples)
         newest = samples[-1].t if samples else 0.0
         recent = [s for s in samples if s.t >= newest - window_s - self.interval_s / 2]
-        points = [_point(a, b) for a, b in zip(recent, recent[1:], strict=False)]
+        points = [_point(a, b) for a, b in itertools.pairwise(recent)]
         return {
             "source": "ring buffer of the server's Metrics, sampled every interval_s",
             "interval_s": self.interval_s,
@@ -179,7 +180,7 @@ def _families(metrics: Metrics, names: Iterable[str]) -> dict[str, list[Sample]]
     """The samples of the named metric families: this process's, or every worker's totals (``--workers N``)."""
     wanted = set(names)
     found: dict[str, list[Sample]] = {n: [] for n in wanted}
-    collected: Iterator[Any]
+    collected: Iterable[Any]
     if metrics.multiprocess:
         collected = metrics.exposition.collect()
     else:
