@@ -48,7 +48,7 @@ function drawPlot(canvas, series, opts) {
   }
   if (maxV <= 0) maxV = opts.minMax || 1;
   const step = niceStep(maxV, 4);
-  const top = Math.ceil((maxV * 1.05) / step) * step;
+  const top = Math.ceil(maxV / step) * step;
   const x = (t) => pad.left + w * (1 - (now - t) / windowS);
   const y = (v) => pad.top + h * (1 - v / top);
 
@@ -70,10 +70,10 @@ function drawPlot(canvas, series, opts) {
   // x labels: seconds before now
   ctx.textAlign = "center";
   ctx.textBaseline = "top";
-  const xStep = niceStep(windowS, 5);
+  const xStep = [5, 10, 15, 30, 60, 120, 300, 600].find((s) => windowS / s <= 6) || 600;
   for (let ago = 0; ago <= windowS; ago += xStep) {
-    const xx = x(now - ago);
-    ctx.fillText(ago === 0 ? "now" : "-" + (ago >= 60 && ago % 60 === 0 ? ago / 60 + "m" : ago + "s"), xx, pad.top + h + 6);
+    const label = ago === 0 ? "now" : xStep >= 60 ? `-${ago / 60}m` : `-${ago}s`;
+    ctx.fillText(label, x(now - ago), pad.top + h + 6);
   }
   ctx.strokeStyle = "#9ca3af";
   ctx.beginPath();
