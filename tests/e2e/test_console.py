@@ -47,7 +47,10 @@ BANK_QUESTION = "我想买一只稳健型基金，年化收益5%左右"
 
 @pytest.fixture(scope="module")
 def repo(
-    intent_engines: dict[str, Path], tiny_model: Path, llm_repository: Path, tmp_path_factory: pytest.TempPathFactory
+    intent_engines: dict[str, Path],
+    tiny_model: Path,
+    llm_repository: Path,  # noqa: F811  (the fixture imported above)
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Path:
     repo = tmp_path_factory.mktemp("console-repo")
     install_version(intent_engines["int8"], repo, "intent")
@@ -193,7 +196,9 @@ return n;
 def test_plots_draw(browser: Any, server: UvicornThread, shots: Path) -> None:
     with httpx.Client(base_url=server.url, timeout=30) as http:
         for i in range(40):  # a few seconds of traffic, so the 1 s samples see requests
-            assert http.post("/v1/intent", json={"model": "tiny", "texts": ["查社保", "hello"] * (i % 4 + 1)}).is_success
+            assert http.post(
+                "/v1/intent", json={"model": "tiny", "texts": ["查社保", "hello"] * (i % 4 + 1)}
+            ).is_success
             time.sleep(0.05)
     open_page(browser, server, "metrics")
     for plot in ("#plot-rps", "#plot-latency", "#plot-batch", "#plot-queue"):
