@@ -92,9 +92,15 @@ def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def wait_for(check: Callable[[], Any], what: str, timeout_s: float = WAIT_S) -> Any:
+    """Poll ``check`` until it returns something true; an element re-rendered under it (stale) counts as not yet."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
     deadline = time.monotonic() + timeout_s
     while True:
-        value = check()
+        try:
+            value = check()
+        except StaleElementReferenceException:
+            value = None
         if value:
             return value
         if time.monotonic() > deadline:
@@ -159,24 +165,30 @@ def test_chat_model_reply_streams(browser: Any, server: UvicornThread) -> None:
     assert "first token" in done.find_element("css selector", ".details").text
 
 
-def row(browser: Any, model: str) -> Any:
+def row(browser: Any, model: str) -> tuple[str, str] | None:
+    """The (version, state) the models table shows for ``model``."""
     found = browser.find_elements("css selector", f'#models-table tr[data-model="{model}"]')
-    return found[0] if found else None
+    return (found[0].get_attribute("data-version"), found[0].get_attribute("data-state")) if found else None
+
+
+def click(browser: Any, selector: str) -> bool:
+    found = browser.find_elements("css selector", selector)
+    if found and found[0].is_enabled():
+        found[0].click()
+        return True
+    return False
 
 
 def test_unload_and_load_a_version(browser: Any, server: UvicornThread, shots: Path) -> None:
     open_page(browser, server, "models")
-    tiny = wait_for(lambda: row(browser, "tiny"), "the tiny model's row")
-    assert (tiny.get_attribute("data-version"), tiny.get_attribute("data-state")) == ("1", "READY")
+    assert wait_for(lambda: row(browser, "tiny"), "the tiny model's row") == ("1", "READY")
+    assert "load and unload act on this server" in browser.find_element("css selector", "#control-note").text
     browser.save_screenshot(str(shots / "console-models.png"))
-    tiny.find_element("css selector", "button.unload").click()
-    wait_for(lambda: (r := row(browser, "tiny")) is not None and r.get_attribute("data-state") == "UNAVAILABLE",
-             "tiny to be unloaded")  # fmt: skip
+    wait_for(lambda: click(browser, '#models-table tr[data-model="tiny"] button.unload'), "the Unload button")
+    wait_for(lambda: row(browser, "tiny") == ("", "UNAVAILABLE"), "tiny to be unloaded")
     assert httpx.get(f"{server.url}/v2/models/tiny/ready").status_code == 404
-    row(browser, "tiny").find_element("css selector", "button.load").click()
-    wait_for(lambda: (r := row(browser, "tiny")) is not None and r.get_attribute("data-version") == "1",
-             "tiny version 1 to be loaded")  # fmt: skip
-    assert row(browser, "tiny").get_attribute("data-state") == "READY"
+    wait_for(lambda: click(browser, '#models-table tr[data-model="tiny"] button.load'), "the Load button")
+    wait_for(lambda: row(browser, "tiny") == ("1", "READY"), "tiny version 1 to be loaded")
     assert httpx.get(f"{server.url}/v2/models/tiny/versions/1/ready").json() == {"name": "tiny", "ready": True}
     assert not browser.find_element("css selector", "#models-error").is_displayed()
 
@@ -194,13 +206,17 @@ return n;
 
 
 def test_plots_draw(browser: Any, server: UvicornThread, shots: Path) -> None:
+    from selenium.webdriver.support.ui import Select
+
     with httpx.Client(base_url=server.url, timeout=30) as http:
-        for i in range(40):  # a few seconds of traffic, so the 1 s samples see requests
-            assert http.post(
-                "/v1/intent", json={"model": "tiny", "texts": ["查社保", "hello"] * (i % 4 + 1)}
-            ).is_success
-            time.sleep(0.05)
+        started, i = time.monotonic(), 0
+        while time.monotonic() - started < 8:  # 8 s of traffic: several 1 s samples see requests
+            texts = ["查社保", "hello"] * (i % 4 + 1)
+            assert http.post("/v1/intent", json={"model": "tiny", "texts": texts}).is_success
+            time.sleep(0.03)
+            i += 1
     open_page(browser, server, "metrics")
+    Select(browser.find_element("css selector", "#metrics-window")).select_by_value("60")
     for plot in ("#plot-rps", "#plot-latency", "#plot-batch", "#plot-queue"):
         wait_for(lambda p=plot: int(browser.find_element("css selector", p).get_attribute("data-points") or 0) > 0,
                  f"{plot} to draw points")  # fmt: skip
