@@ -315,7 +315,7 @@ async function refreshMetrics() {
   const series = (key, color, label) => ({ label, color, points: pts.map((p) => [p.t, p[key]]) });
   const opts = { windowS, now };
   drawPlot($("#plot-rps"), [series("rps", "#c2410c", "req/s")], opts);
-  drawPlot($("#plot-latency"), [series("p50_ms", "#2563eb", "p50"), series("p99_ms", "#c2410c", "p99")], { ...opts, minMax: 1 });
+  drawPlot($("#plot-latency"), [series("p50_ms", "#2563eb", "p50"), series("p99_ms", "#c2410c", "p99")], { ...opts, log: true });
   drawPlot($("#plot-queue"), [series("queue_depth", "#7c3aed", "queue")], opts);
   drawPlot($("#plot-batch"), [series("batch_size", "#15803d", "batch")], opts);
   const last = pts[pts.length - 1];

@@ -1,5 +1,5 @@
 // A small line plot on a <canvas>: time on x (seconds before now), one or more series on y.
-// drawPlot(canvas, series, {windowS, now, unit}); series: [{label, color, points: [[unixSeconds, valueOrNull], ...]}].
+// drawPlot(canvas, series, {windowS, now, unit, log, minMax}); series: [{label, color, points: [[unixSeconds, valueOrNull], ...]}].
 // A null value breaks its line. Sets canvas.dataset.points to the number of values drawn (for tests and humans).
 "use strict";
 
@@ -18,7 +18,7 @@ function formatValue(v) {
   if (a >= 1000) return (v / 1000).toFixed(a >= 10000 ? 0 : 1) + "k";
   if (a >= 10) return v.toFixed(0);
   if (a >= 1) return v.toFixed(1).replace(/\.0$/, "");
-  return v.toPrecision(2);
+  return String(Number(v.toPrecision(2)));
 }
 
 function drawPlot(canvas, series, opts) {
@@ -40,17 +40,32 @@ function drawPlot(canvas, series, opts) {
   const windowS = opts.windowS;
 
   let maxV = 0;
+  let minPos = Infinity;
   let drawn = 0;
   for (const s of series) {
     for (const [, v] of s.points) {
-      if (v !== null && v !== undefined && isFinite(v)) maxV = Math.max(maxV, v);
+      if (v !== null && v !== undefined && isFinite(v)) {
+        maxV = Math.max(maxV, v);
+        if (v > 0) minPos = Math.min(minPos, v);
+      }
     }
   }
-  if (maxV <= 0) maxV = opts.minMax || 1;
-  const step = niceStep(maxV, 4);
-  const top = Math.ceil(maxV / step) * step;
+  // the y scale: linear from 0, or (opts.log) powers of ten around the positive values
+  let y;
+  let ticks = [];
+  if (opts.log) {
+    const lo = isFinite(minPos) ? Math.floor(Math.log10(minPos)) : 0;
+    const hi = Math.max(lo + 1, maxV > 0 ? Math.ceil(Math.log10(maxV)) : 1);
+    y = (v) => pad.top + h * (1 - (Math.log10(v) - lo) / (hi - lo));
+    for (let e = lo; e <= hi; e++) ticks.push(Math.pow(10, e));
+  } else {
+    if (maxV <= 0) maxV = opts.minMax || 1;
+    const step = niceStep(maxV, 4);
+    const top = Math.ceil(maxV / step) * step;
+    y = (v) => pad.top + h * (1 - v / top);
+    for (let v = 0; v <= top + step / 2; v += step) ticks.push(v);
+  }
   const x = (t) => pad.left + w * (1 - (now - t) / windowS);
-  const y = (v) => pad.top + h * (1 - v / top);
 
   // grid and y labels
   ctx.font = "11px system-ui, sans-serif";
@@ -59,7 +74,7 @@ function drawPlot(canvas, series, opts) {
   ctx.lineWidth = 1;
   ctx.textAlign = "right";
   ctx.textBaseline = "middle";
-  for (let v = 0; v <= top + step / 2; v += step) {
+  for (const v of ticks) {
     const yy = Math.round(y(v)) + 0.5;
     ctx.beginPath();
     ctx.moveTo(pad.left, yy);
@@ -96,7 +111,7 @@ function drawPlot(canvas, series, opts) {
     let open = false;
     let single = null;
     for (const [t, v] of s.points) {
-      if (v === null || v === undefined || !isFinite(v) || now - t > windowS) {
+      if (v === null || v === undefined || !isFinite(v) || now - t > windowS || (opts.log && v <= 0)) {
         open = false;
         continue;
       }
