@@ -154,7 +154,7 @@ def test_bank_advisor_turn_shows_the_disclaimer_and_its_rule(browser: Any, serve
     browser.save_screenshot(str(shots / "console-chat.png"))
 
 
-def test_chat_model_reply_streams(browser: Any, server: UvicornThread) -> None:
+def test_chat_model_reply_streams(browser: Any, server: UvicornThread, shots: Path) -> None:
     open_page(browser, server, "chat")
     browser.find_element("css selector", "#chat-new").click()
     pick(browser, f"llm:{LLM}")
@@ -163,6 +163,7 @@ def test_chat_model_reply_streams(browser: Any, server: UvicornThread) -> None:
     assert int(done.get_attribute("data-chunks")) > 1  # more than one SSE chunk reached the page
     assert done.find_element("css selector", ".bubble").text.strip()
     assert "first token" in done.find_element("css selector", ".details").text
+    browser.save_screenshot(str(shots / "console-chat-llm.png"))
 
 
 def row(browser: Any, model: str) -> tuple[str, str] | None:
