@@ -15,7 +15,7 @@ function niceStep(range, ticks) {
 function formatValue(v) {
   if (v === 0) return "0";
   const a = Math.abs(v);
-  if (a >= 1000) return (v / 1000).toFixed(a >= 10000 ? 0 : 1) + "k";
+  if (a >= 1000) return (v / 1000).toFixed(a >= 10000 ? 0 : 1).replace(/\.0$/, "") + "k";
   if (a >= 10) return v.toFixed(0);
   if (a >= 1) return v.toFixed(1).replace(/\.0$/, "");
   return String(Number(v.toPrecision(2)));
