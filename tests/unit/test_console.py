@@ -5,7 +5,10 @@
 from __future__ import annotations
 
 import math
+import os
 import re
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -121,3 +124,22 @@ async def test_models_route_says_why_control_is_refused(client: httpx.AsyncClien
 def test_latency_buckets_end_finite() -> None:
     """The summary's quantiles rely on the histogram's finite bounds (+Inf is added by the sampler)."""
     assert all(math.isfinite(b) for b in LATENCY_BUCKETS) and list(LATENCY_BUCKETS) == sorted(LATENCY_BUCKETS)
+
+
+def test_sampler_reads_every_workers_totals(tmp_path: Path) -> None:
+    """With ``--workers N`` the counters live in the shared multiprocess directory: the sampler reads the totals
+    of every worker there (two worker processes record here, a third samples)."""
+    record = (
+        "import sys; from miaohui.server.metrics import Metrics, use_worker_files; use_worker_files(int(sys.argv[1]));"
+        "m = Metrics(); [m.done('intent', '1', 'http', 200, 0.003) for _ in range(int(sys.argv[2]))];"
+        "m.observer('intent', 1).on_batch(4, 16, 16, [0.001] * 4)"
+    )
+    sample = (
+        "from miaohui.server.metrics import Metrics; from miaohui.server.console import ConsoleSampler;"
+        "s = ConsoleSampler(Metrics()).snapshot(); print(s.requests, s.batches, s.batch_rows, s.latency_buckets[3])"
+    )
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    for worker, count in ((1, 5), (2, 7)):
+        subprocess.run([sys.executable, "-c", record, str(worker), str(count)], env=env, check=True)
+    out = subprocess.run([sys.executable, "-c", sample], env=env, check=True, capture_output=True, text=True)
+    assert out.stdout.split() == ["12.0", "2.0", "8.0", "12.0"]  # 0.003 s lies in the bucket le=0.005 (index 3)
