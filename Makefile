@@ -10,7 +10,7 @@ GRPC_PORT ?= 8001
 PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 
-.PHONY: install run prepare test test-fast lint format bench docs clean promtool
+.PHONY: install run prepare test test-fast lint format bench docs clean promtool browser
 
 install: $(STAMP)
 
@@ -30,9 +30,13 @@ prepare: $(STAMP)
 promtool:
 	@bash scripts/install_prometheus.sh || echo "warning: promtool not installed; the Prometheus rule tests will skip"
 
+## Headless Chromium + chromedriver (Debian) for the web console's browser test; idempotent
+browser:
+	@bash scripts/install_browser.sh || echo "warning: chromium not installed; the console's browser test will skip"
+
 ## The CPU test suite (what CI runs). Real models, real engines, real servers on localhost. Test files are spread
 ## over TEST_WORKERS pytest-xdist processes (a file's tests stay in one); TEST_WORKERS=0 runs them in this process.
-test: $(STAMP) promtool
+test: $(STAMP) promtool browser
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 ## Quick loop while developing: skips the tests marked slow.

@@ -180,9 +180,9 @@ def test_dashboard_structure() -> None:
 
 def _k8s() -> dict[str, dict[str, Any]]:
     docs: dict[str, dict[str, Any]] = {}
-    kustomization = yaml.safe_load((DEPLOY / "k8s" / "kustomization.yaml").read_text())
+    kustomization = yaml.safe_load((DEPLOY / "k8s" / "base" / "kustomization.yaml").read_text())
     for name in kustomization["resources"]:
-        for doc in yaml.safe_load_all((DEPLOY / "k8s" / name).read_text()):
+        for doc in yaml.safe_load_all((DEPLOY / "k8s" / "base" / name).read_text()):
             assert {"apiVersion", "kind", "metadata"} <= set(doc), name
             docs[doc["kind"]] = doc
     return docs
@@ -190,7 +190,7 @@ def _k8s() -> dict[str, dict[str, Any]]:
 
 def test_k8s_manifests_match_the_server() -> None:
     docs = _k8s()
-    assert set(docs) == {"ConfigMap", "PersistentVolumeClaim", "Deployment", "Service"}
+    assert set(docs) == {"ConfigMap", "Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget"}
     deploy, service = docs["Deployment"], docs["Service"]
     pod = deploy["spec"]["template"]
     assert deploy["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()

@@ -45,6 +45,7 @@ def build_app(
     The dialogue pipelines classify with the served model ``dialogue_intent`` and generate their llm
     replies with the causal LM ``dialogue_llm`` (None: those routes answer with their templates)."""
     from miaohui.generation.artifact import causal_lm_names
+    from miaohui.server.console import mount_console
     from miaohui.server.dialogue_api import DialogueService
     from miaohui.server.generation_service import GenerationService, LLMTextGenerator
     from miaohui.serving.shadow import ShadowManager
@@ -68,6 +69,7 @@ def build_app(
     state.shadow = ShadowManager(manager, metrics)
     encoder_models = [n for n in models if n not in llm_names] if models else None
     app = create_app(state)
+    console = mount_console(app, state)  # /ui and /v1/console/*
     shadow = state.shadow
 
     @contextlib.asynccontextmanager
@@ -80,11 +82,13 @@ def build_app(
         if freeze_when_warm:
             freeze_heap(f"server pid {os.getpid()}")
         gc_flusher = asyncio.ensure_future(flush_pauses_every())
+        console.start()
         try:
             yield
         finally:
             state.shutting_down = True
             gc_flusher.cancel()
+            await console.stop()
             await shadow.stop()
             await generation.stop()
             await manager.stop()
