@@ -5,6 +5,8 @@ the file's digest is part of the build key, and the rules that turn timings into
 
 from __future__ import annotations
 
+import argparse
+import json
 import logging
 import shutil
 from pathlib import Path
@@ -296,3 +298,41 @@ def test_cublaslt_on_a_machine_without_a_gpu() -> None:
     x, w, b = torch.randn(2, 8, 16), torch.randn(24, 16), torch.randn(24)
     assert torch.equal(skinny_gemm.skinny_op(x, w, b, False, True), torch.nn.functional.linear(x, w, b))
     assert kernel_tables.model_dims(_model()) == (64, 128, 4)
+
+
+def test_tune_turns_the_probes_reports_into_the_committed_entries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``scripts/gpu/tune.py`` fed the reports its probes wrote on the H200 for e5-small (trimmed to the fields it
+    reads, ``tests/data``) gives exactly the committed file's e5-small entries: the rules and the file agree."""
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("tune_script", root / "scripts" / "gpu" / "tune.py")
+    assert spec is not None and spec.loader is not None
+    tune = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tune)
+    reports = json.loads((root / "tests" / "data" / "tune_probes_e5_small_h200.json").read_text())
+    ran: list[tuple[str, tuple[str, ...]]] = []
+
+    def probe(name: str, out: Path, *args: str) -> dict:
+        ran.append((name, args))
+        return reports.get(name, {})
+
+    monkeypatch.setattr(tune, "probe", probe)
+    args = argparse.Namespace(rows="16,128", attn_shapes=tune.ATTN_SHAPES, lt_rows="512,4096,16384")
+    got = tune.tune_model(384, 1536, 12, tmp_path, args)
+    want = next(m for m in tuning.load(H200_FILE).models if m.hidden == 384)
+    assert got.skinny == want.skinny and got.ln_split == want.ln_split and got.cublaslt == want.cublaslt
+    assert sorted(got.attention, key=lambda a: (a.batch, a.seq)) == sorted(
+        want.attention, key=lambda a: (a.batch, a.seq)
+    )
+    assert [name for name, _ in ran] == [
+        "encoder_gemm_sweep",
+        "pdl_probe",
+        "ln_fusion_probe",
+        "attn_probe",
+        "cublaslt_probe",
+    ]
+    assert ran[2][1][-4:] == ("--rows", "16,128", "--skinny", str(tmp_path / "skinny.json"))
+    assert ran[3][1][:4] == ("--heads", "12", "--head-size", "32")
