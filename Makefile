@@ -44,13 +44,13 @@ test-fast: $(STAMP)
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile -m "not slow" $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks scripts
-	$(BIN)/ruff format --check src tests benchmarks scripts
+	$(BIN)/ruff check src tests benchmarks scripts lab
+	$(BIN)/ruff format --check src tests benchmarks scripts lab
 	$(BIN)/mypy
 
 format: $(STAMP)
-	$(BIN)/ruff check --fix src tests benchmarks scripts
-	$(BIN)/ruff format src tests benchmarks scripts
+	$(BIN)/ruff check --fix src tests benchmarks scripts lab
+	$(BIN)/ruff format src tests benchmarks scripts lab
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_intent_cpu.py

@@ -9,17 +9,15 @@ Times: CUDA events around the model call (inputs already on the GPU, outputs lef
 that is one CUDA-graph replay, its inputs written into the bucket's buffers before the first event (TensorRT's
 ``trtexec`` "GPU compute time" measures the same) — median and p99 over ``--iters`` runs after warm-up, random
 token ids (never zeros), several input sets rotated. Next to each engine row: ``engine_input_copies`` times the two
-device copies into the bucket inside the events, as sessions up to 24 did (their launches from Python leave the GPU
+device copies into the bucket inside the events as well (their launches from Python leave the GPU
 idle between them); ``engine_graph_copies`` replays the serving graph, whose pinned host → device input copy and
 output copy back are captured in it (``graph_copies``, the server's default). ``engine_e2e`` is the engine's whole
 ``infer()`` (pinned H2D copy, replay, D2H, sync) timed on the host; ``engine_copies_e2e`` the same with the copies
-captured inside the graph. ``engine_fp16_static`` is ``engine_fp16`` built with ``--static-shapes`` set to the
-benchmark's shapes (each of them a program compiled for exactly that shape); a ``_nopdl`` suffix builds with ``--pdl
-off`` (no programmatic dependent launch anywhere), the A/B of the launch mode. ``--rounds N`` times the engine
-variants N times, one after another per round, so run-to-run drift shows. ``--ln-split none`` builds without the fused
-LayerNorm's forced splits (``kernel_tables.LN_SPLIT_H200``), ``--ln-split PROBE.json`` with a probe's winners instead.
-A ``_nolt`` suffix builds with ``--cublaslt off`` (torch's cuBLAS call for every GEMM that is not a skinny one);
-``--lt PROBE.json`` replaces ``kernel_tables.LT_H200``'s rows for the probe's widths with its winners.
+captured inside the graph. ``engine_fp16`` is built with ``--gpu-kernels tuned`` (the GPU's tuning file),
+``engine_fp16_library`` with ``--gpu-kernels library``: the A/B of the tuned kernels. A ``_static`` variant is built
+with ``--static-shapes`` set to the benchmark's shapes (each of them a program compiled for exactly that shape).
+``--tuning DIR`` reads the GPU's tuning file from DIR first (a file ``scripts/gpu/tune.py`` just wrote, before it is
+committed). ``--rounds N`` times the engine variants N times, one after another per round, so run-to-run drift shows.
 ``--alternate`` also times the engine variants' replays call by call in turn (rows ``<variant>_alternating``, with the
 median per-call difference from the first variant): the A/B for differences smaller than the drift between rounds.
 Every variant's output is checked
@@ -53,15 +51,10 @@ ENGINE_VARIANTS = (
     "engine_bf16",
     "engine_fp16_library",
     "engine_fp16_static",
-    "engine_fp16_nopdl",
-    "engine_fp16_static_nopdl",
-    "engine_fp16_noln",
-    "engine_fp16_static_noln",
-    "engine_fp16_nolt",
-    "engine_fp16_static_nolt",
+    "engine_fp16_static_library",
 )
-"""miaohui's engine as built by ``miaohui build``: precision, ``--gpu-kernels library``, ``--static-shapes`` (the
-benchmark's shapes), ``--pdl off``, ``--ln-fusion off``, ``--cublaslt off``."""
+"""miaohui's engine as built by ``miaohui build``: precision, ``--gpu-kernels tuned`` or ``library``,
+``--static-shapes`` (the benchmark's shapes)."""
 
 PEAK_TFLOPS = 790.0  # measured bf16 dense matrix rate of the H200 here (shared/GPU.md)
 
@@ -146,7 +139,7 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 class Replay:
     """The engine's CUDA graph of a call's bucket: :meth:`stage` writes the inputs into the bucket's buffers (device
     copies; with ``graph_copies``, the pinned host buffer the graph copies from), :meth:`replay` runs the graph.
-    Called as ``fn(ids, mask)``, both (what sessions up to 24 timed as the engine's time)."""
+    Called as ``fn(ids, mask)``, both (``engine_input_copies``)."""
 
     def __init__(self, engine: InductorEngine) -> None:
         self.engine = engine
@@ -176,7 +169,7 @@ class Replay:
 
 
 def with_input_copies(replay: Replay) -> Any:
-    """The engine's time as sessions up to 24 measured it: the two device input copies inside the events."""
+    """The engine's time with the two device input copies inside the events."""
     return lambda ids, mask: replay(ids, mask)
 
 
@@ -217,11 +210,8 @@ def run_model(name: str, ckpt: Path, args: argparse.Namespace, repo: Path, resul
         if variant not in args.variants.split(","):
             continue
         prec = variant.split("_")[1]
-        kernels = "library" if variant.endswith("_library") else "triton"  # gpu_kernels: the A/B of the same build
+        kernels = "library" if variant.endswith("_library") else "tuned"  # gpu_kernels: the A/B of the same build
         static = ",".join(f"{b}x{s}" for b, s in shapes) if "_static" in variant else ""  # static_shapes
-        pdl = "off" if variant.endswith("_nopdl") else "auto"
-        ln_fusion = "off" if variant.endswith("_noln") else "auto"
-        cublaslt = "off" if variant.endswith("_nolt") else "auto"
         t0 = time.perf_counter()
         prof = f"input_ids:1x1,{min(32, max_b)}x{min(128, max_s)},{max_b}x{max_s}"
         bcfg = BuildConfig(
@@ -232,19 +222,11 @@ def run_model(name: str, ckpt: Path, args: argparse.Namespace, repo: Path, resul
             inductor_format=args.inductor_format,
             gpu_kernels=kernels,
             static_shapes=static,  # type: ignore[arg-type]
-            pdl=pdl,  # type: ignore[arg-type]
-            ln_fusion=ln_fusion,  # type: ignore[arg-type]
-            cublaslt=cublaslt,  # type: ignore[arg-type]
         )
         try:
             out = build_artifact(
                 ckpt,
-                f"{name}-{prec}"
-                + ("-library" if kernels == "library" else "")
-                + ("-static" if static else "")
-                + ("-nopdl" if pdl == "off" else "")
-                + ("-noln" if ln_fusion == "off" else "")
-                + ("-nolt" if cublaslt == "off" else ""),
+                f"{name}-{prec}" + ("-library" if kernels == "library" else "") + ("-static" if static else ""),
                 bcfg,
                 repo,
                 log=lambda m: print("  ·", m, flush=True),
@@ -399,35 +381,13 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
-def ln_split_override(choice: str) -> dict[str, Any]:
-    """``--ln-split none`` or probe JSONs: replace :data:`kernel_tables.LN_SPLIT_H200` for this run; returns what the
-    run used, per widths."""
-    from miaohui.models import kernel_tables
+def tuning_runtime() -> dict[str, Any]:
+    """The tuning file this GPU's tuned builds read (name and digest), for the results."""
+    from miaohui.models import tuning
 
-    if choice == "none":
-        kernel_tables.LN_SPLIT_H200.clear()
-    else:
-        for path in choice.split(","):
-            report = json.loads(Path(path).read_text())
-            widths = (int(report["hidden"]), int(report["intermediate"]))
-            kernel_tables.LN_SPLIT_H200[widths] = kernel_tables.ln_split_entries(report)
-    return {f"{h}x{i}": v for (h, i), v in kernel_tables.LN_SPLIT_H200.items()}
-
-
-def lt_override(choice: str) -> dict[str, Any]:
-    """``--lt none`` or probe JSONs: replace :data:`kernel_tables.LT_H200` for this run (a probe's version becomes
-    the table's); returns what the run used, per widths."""
-    from miaohui.models import kernel_tables
-
-    if choice == "none":
-        kernel_tables.LT_H200.clear()
-    else:
-        for path in choice.split(","):
-            report = json.loads(Path(path).read_text())
-            widths = (int(report["hidden"]), int(report["intermediate"]))
-            kernel_tables.LT_H200[widths] = kernel_tables.lt_entries(report)
-            kernel_tables.LT_H200_CUBLASLT = int(report["cublaslt"])
-    return {f"{h}x{i}": {m: sorted(v) for m, v in rows.items()} for (h, i), rows in kernel_tables.LT_H200.items()}
+    rt = tuning.Runtime.detect()
+    path = tuning.find(rt.gpu, rt.capability) if rt else None
+    return {"file": str(path) if path else None, "sha256": tuning.digest(path) if path else None}
 
 
 def main() -> None:
@@ -440,23 +400,10 @@ def main() -> None:
         help="model e5-shape: scripts/gpu/e5_shape_model.py's random-weight model of e5-small's shape",
     )
     p.add_argument(
-        "--attn-probe",
+        "--tuning",
         type=Path,
-        help="attn_probe.py's JSON: its entries that pass kernel_tables.MIN_ATTN_GAIN join the H200's attention "
-        "table for this run's builds (try a probe before committing its entries)",
-    )
-    p.add_argument(
-        "--ln-split",
-        default="table",
-        help="the forced splits of proj_ln_proj's first product: 'table' (kernel_tables.LN_SPLIT_H200), 'none' (no "
-        "forced split: the A/B), or ln_fusion_probe.py JSONs (comma-separated) whose winners replace the table's "
-        "entries for their widths (try a probe before committing its entries)",
-    )
-    p.add_argument(
-        "--lt",
-        default="table",
-        help="cuBLASLt algorithms: 'table' (kernel_tables.LT_H200), 'none', or cublaslt_probe.py JSONs "
-        "(comma-separated) whose winners replace the table's rows for their widths",
+        help="a folder whose tuning file for this GPU the tuned builds read instead of the committed one (one that "
+        "scripts/gpu/tune.py just wrote)",
     )
     p.add_argument("--shapes", default="1x16,1x128,8x64,32x128,128x128")
     p.add_argument("--variants", default="eager_fp32,eager_fp16,compile_fp16,engine_fp16,engine_bf16")
@@ -492,19 +439,13 @@ def main() -> None:
         "intent model. "
         "Times: CUDA events, inputs on device; *_e2e: host wall time of engine.infer incl. copies.",
     }
-    if args.attn_probe:
-        from miaohui.models import kernel_tables
+    if args.tuning:
+        from miaohui.models import tuning
 
-        entries = kernel_tables.attention_entries(json.loads(args.attn_probe.read_text()))
-        kernel_tables.ATTN_H200.update(entries)
-        results["attn_probe_entries"] = {"x".join(map(str, k)): list(v) for k, v in entries.items()}
-        print("attention entries from the probe:", results["attn_probe_entries"], flush=True)
-    if args.ln_split != "table":
-        results["ln_split_entries"] = ln_split_override(args.ln_split)
-        print("forced splits for the fused LayerNorm:", results["ln_split_entries"], flush=True)
-    if args.lt != "table":
-        results["lt_entries"] = lt_override(args.lt)
-        print("cuBLASLt algorithms:", results["lt_entries"], flush=True)
+        tuning.SEARCH_PATH.insert(0, args.tuning)
+    runtime = tuning_runtime()
+    results["tuning_file"] = runtime
+    print("tuning file:", runtime, flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         repo = Path(tmp) / "repo"
         for name in args.models.split(","):

@@ -22,8 +22,7 @@ cfg = BuildConfig(
     autotune=False,
     shapes=parse_shapes("input_ids:1x1,32x32,256x64"),
     inductor_format=os.environ.get("INDUCTOR_FORMAT", "auto"),  # exported-program: skip a package known to crash
-    gpu_kernels=os.environ.get("GPU_KERNELS", "triton"),  # type: ignore[arg-type]  # library: the A/B's other half
-    ln_fusion=os.environ.get("LN_FUSION", "auto"),  # type: ignore[arg-type]  # off: the LayerNorm fusion's A/B
+    gpu_kernels=os.environ.get("GPU_KERNELS", "tuned"),  # type: ignore[arg-type]  # library: the A/B's other half
 )
 if not (repo / "intent" / "1").is_dir():  # a rerun (another delay) only rewrites config.yaml
     model = Path(

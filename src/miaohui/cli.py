@@ -167,20 +167,12 @@ def build(
         str, typer.Option(help="inductor: auto | aoti-package | exported-program (see README, GPU section)")
     ] = "auto",
     gpu_kernels: Annotated[
-        str, typer.Option(help="inductor on a GPU: triton (miaohui's kernels where measured faster) | library")
-    ] = "triton",
+        str,
+        typer.Option(help="inductor on a GPU: tuned (the tuning file's kernels where measured faster) | library"),
+    ] = "tuned",
     static_shapes: Annotated[
         str, typer.Option(help="inductor: buckets with a program compiled for exactly that shape, e.g. 1x16,1x128")
     ] = "",
-    pdl: Annotated[
-        str, typer.Option(help="inductor, gpu-kernels triton: PDL for Inductor's kernels, auto | off")
-    ] = "auto",
-    ln_fusion: Annotated[
-        str, typer.Option(help="inductor, gpu-kernels triton: LayerNorms folded into the GEMMs, auto | off")
-    ] = "auto",
-    cublaslt: Annotated[
-        str, typer.Option(help="inductor, gpu-kernels triton: timed cuBLASLt algorithms where measured, auto | off")
-    ] = "auto",
     repository: RepoOpt = None,
     force: Annotated[bool, typer.Option(help="Rebuild even if the build key is cached.")] = False,
 ) -> None:
@@ -211,9 +203,6 @@ def build(
             inductor_format=inductor_format,
             gpu_kernels=gpu_kernels,
             static_shapes=static_shapes,
-            pdl=pdl,
-            ln_fusion=ln_fusion,
-            cublaslt=cublaslt,
         )
         texts = _calibration_texts(calib_data) if precision == "int8" else []
         outcome = build_artifact(

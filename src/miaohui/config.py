@@ -147,9 +147,6 @@ class CalibrationConfig(Frozen):
 _INDUCTOR_ONLY: dict[str, tuple[str, str]] = {
     "inductor_format": ("--inductor-format", "the artifact format is an inductor option"),
     "gpu_kernels": ("--gpu-kernels", "the GPU kernel choice is an inductor option"),
-    "pdl": ("--pdl", "programmatic dependent launch is an inductor (GPU) choice"),
-    "ln_fusion": ("--ln-fusion", "LayerNorm fusion is an inductor (GPU) choice"),
-    "cublaslt": ("--cublaslt", "timed cuBLASLt algorithms are an inductor (GPU) choice"),
     "static_shapes": ("--static-shapes", "static programs per bucket are an inductor option"),
 }
 """BuildConfig fields that only the ``inductor`` backend reads → (CLI flag, what the field is): another backend with
@@ -172,47 +169,30 @@ class BuildConfig(Frozen):
     opt_level: int = Field(default=3, ge=0, le=5)
     """Builder optimization level (TensorRT builder level; ORT: >=1 basic, >=2 extended, >=3 all)."""
     autotune: bool = False
-    """inductor: Inductor's max-autotune GEMM selection. Off by default: on the H200 it made BERT-base slower
-    (1×128 0.58 vs 0.49 ms, 32×128 3.15 vs 1.88 ms; its Triton templates lost to cuBLAS) and the build 140 s long
-    (``benchmarks/results/gpu_encoder_bert_autotune.json``)."""
+    """inductor: Inductor's max-autotune GEMM selection. Off by default: on the H200 its Triton templates lost to
+    cuBLAS at the encoder's shapes and it made the build minutes long."""
     inductor_format: Literal["auto", "aoti-package", "exported-program"] = "auto"
     """inductor: the artifact's format. ``auto``: the AOTInductor package when a fresh process loads and runs it
     at build time, else the exported program + Inductor cache; ``aoti-package``: fail the build instead of falling
     back; ``exported-program``: skip the package (where it is known to crash on load, e.g. the H200 image with
     torch 2.11, it saves the package's compile and probe)."""
-    gpu_kernels: Literal["triton", "library"] = "triton"
-    """inductor on a GPU, fp16: ``triton`` puts miaohui's Triton kernels in the graph (skinny GEMMs, the encoder's
-    attention: :mod:`miaohui.models.kernel_tables`) for the shapes where this GPU measured them faster, library
-    kernels (cuBLAS, SDPA) for the rest, and compiles Inductor's kernels with programmatic dependent launch; the
-    artifact is then the exported program (the Triton kernels are Python custom ops, which an AOTInductor package
-    cannot hold). ``library``: cuBLAS and SDPA only. On the CPU both build the same graph."""
-
-    pdl: Literal["auto", "off"] = "auto"
-    """inductor, ``gpu_kernels triton``: programmatic dependent launch (Hopper and newer: a kernel launches while the
-    one before it runs and waits on the GPU for its writes) for Inductor's own kernels. ``auto``: where the GPU's
-    kernel table has skinny GEMMs, in the dynamic-shape program and in static programs of at most the table's
-    ``pdl_max_rows`` rows (:mod:`miaohui.models.kernel_tables`; larger ones measured faster without); ``off``: in no
-    program (an A/B). The skinny GEMMs themselves always launch as programmatic dependents, as they were measured."""
-
-    ln_fusion: Literal["auto", "off"] = "auto"
-    """inductor, ``gpu_kernels triton``: ``auto`` puts each LayerNorm inside the encoder and the GEMMs on either side
-    of it in one op (``miaohui::proj_ln_proj``) where the GPU's table has skinny GEMMs: where the table splits K of
-    the GEMM before it, the kernel that sums the split does the residual add and the LayerNorm (one kernel fewer);
-    elsewhere the same three kernels as before. ``off``: the LayerNorm stays Inductor's kernel (an A/B)."""
-
-    cublaslt: Literal["auto", "off"] = "auto"
-    """inductor, ``gpu_kernels triton``: ``auto`` runs the GEMMs that would take torch's cuBLAS call as one cuBLASLt
-    call with the algorithm the GPU's table timed fastest for the product and rows (``kernel_tables.LT_H200``:
-    TensorRT's tactic timing, done offline for cuBLAS), where it has one and this cuBLASLt is the version it was
-    timed with; ``off``: torch's call (the heuristic's pick) everywhere (an A/B)."""
+    gpu_kernels: Literal["tuned", "library"] = "tuned"
+    """inductor on a GPU, fp16: ``tuned`` runs, for each shape the GPU's tuning file (:mod:`miaohui.models.tuning`,
+    matched by GPU name, compute capability and the torch / Triton / cuBLASLt versions it was measured with) measured
+    faster than the library, miaohui's kernels: skinny split-K GEMMs with the LayerNorms fused into their reduce, the
+    encoder's attention kernel, cuBLASLt algorithms picked by timing, and Inductor's own kernels launched as
+    programmatic dependents; the library kernels everywhere else. The artifact is then the exported program (the
+    kernels are Python custom ops, which an AOTInductor package cannot hold), and the tuning file's digest is part of
+    the build key. ``library``: cuBLAS and SDPA only (the reference, and the AOTInductor package). The default is
+    ``tuned`` because each entry is there only where it measured faster; a GPU or library versions without a file
+    build the same graph as ``library``, and on the CPU both do."""
 
     static_shapes: tuple[tuple[int, int], ...] = ()
     """inductor: (batch, sequence) buckets that get a program of their own, compiled for exactly that shape
     (static sizes in every kernel), next to the dynamic-shape program every other bucket runs. Each must be a
     bucket of the profile (batch a power of two or the profile's largest, sequence one of 8, 16, 32, 48, 64, 96,
-    128, … or the longest). On the H200, BERT-base 1×128 with miaohui's kernels: 0.344 ms static against 0.358
-    dynamic (``encoder_variants_static_dynamic_h200_s28b.json``); each costs a compile at build and a Dynamo
-    trace at load. Given as ``"1x16,1x128"`` or pairs."""
+    128, … or the longest). A static program's kernels need no size arithmetic (a few percent at small shapes); each
+    costs a compile at build and a Dynamo trace at load. Given as ``"1x16,1x128"`` or pairs."""
 
     @field_validator("static_shapes", mode="before")
     @classmethod
@@ -293,12 +273,6 @@ class BuildConfig(Frozen):
             fields["calibration"] = {k: fields["calibration"][k] for k in kept}
         if not self.static_shapes:  # keeps the build keys of artifacts built before the option existed
             fields.pop("static_shapes")
-        if self.pdl == "auto":  # likewise
-            fields.pop("pdl")
-        if self.ln_fusion == "auto":  # likewise
-            fields.pop("ln_fusion")
-        if self.cublaslt == "auto":  # likewise
-            fields.pop("cublaslt")
         if self.backend != "inductor":
             fields.pop("autotune")
             fields.pop("inductor_format")

@@ -2,22 +2,18 @@
 
 A generation server process has an event loop thread (HTTP, SSE) and an engine thread that waits for the GPU with
 the GIL released. When the GPU step ends the engine thread needs the GIL back; if the event loop holds it, Python's
-default makes the engine wait up to 5 ms before the loop is asked to let go — a stall between decode steps. On the
-H200 (session 6, 1.5B decoder, 64 staggered streams, static prefill) 200 µs gave 7,760 instead of 6,878 tokens/s and
-a TTFT p99 of 26 instead of 43 ms (``benchmarks/results/generation_gpu_qwen1.5b_server_stagger10_static_prefill*``,
-one run each); in session 7, with four GIL take-backs per decode step, 50 µs gave 12,219 / 11,760 tokens/s against
-200 µs's 11,007 / 11,369 in two pairs run in opposite orders (``…_graph_argmax_stagger10_switch*``), so 50 µs.
-The encoder (intent) server showed no gain (shared engine, 6 workers: c=48 6,585 vs 6,412 req/s,
-p99 11.6 vs 12.0 ms, ``gpu_server_e5shape_shared_delay0_switch*.json``), so only a process that runs a
-generation loop shortens it by default (:data:`GENERATION_SWITCH_US`, applied when the loop starts).
+default makes the engine wait up to 5 ms before the loop is asked to let go — a stall between decode steps. A short
+interval (:data:`GENERATION_SWITCH_US`) gives the engine thread the GIL back sooner: on the H200 the 1.5B-shaped
+generation server under 64 streams measured more tokens/s and a lower TTFT p99 with it. The encoder (intent) server
+measured no gain, so only a process that runs a generation loop shortens it by default (applied when the loop
+starts).
 
 ``miaohui serve --gil-switch-us N`` sets ``MIAOHUI_GIL_SWITCH_US`` (spawned workers and the engine process inherit
 it); when set it wins in every server process, generation or not.
 
 :func:`short_switch_interval` lowers the interval for as long as a background thread does long Python work next to
-serving threads (a ``fast_start`` engine's compile): with Python's 5 ms, the e5-shaped intent server on the H200 fell
-to 122 req/s with a p99 of 3.3 s while that compile ran
-(``gpu_server_w6_e5shape_shared_delay0_faststart_true_2_s17b.json``).
+serving threads (a ``fast_start`` engine's compile): with Python's 5 ms, the serving threads wait on the compile for
+the GIL, and the intent server's throughput and tail latency collapse while it runs.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """cuBLASLt through ``ctypes`` (:mod:`miaohui.models.cublaslt`) on CUDA: every candidate algorithm the heuristic
-offers computes ``linear`` (with its bias, GELU-bias epilogue, or residual as C) as torch does; the encoder's op runs
-a table's algorithm only where asked (``lt``), the same inside a replayed CUDA graph; and the committed H200 table's
-algorithms run at their shapes and match fp32, where this process has the cuBLASLt they were timed with."""
+offers computes ``linear`` (with its bias or GELU-bias epilogue) as torch does; the encoder's op runs a tuning file's
+algorithm only where asked (``lt``), the same inside a replayed CUDA graph; and the committed H200 file's algorithms
+run at their shapes and match fp32, where this process has the cuBLASLt they were timed with."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from miaohui.models import cublaslt, kernel_tables, skinny_gemm
+from miaohui.models import cublaslt, skinny_gemm, tuning
 
 pytestmark = pytest.mark.gpu
 
@@ -48,17 +48,15 @@ def test_every_candidate_algorithm_computes_the_linear(m: int, n: int, k: int, e
     assert len(pooled) >= len(algos) and [a.blob for a in pooled[: len(algos)]] == [a.blob for a in algos]
 
 
-def test_the_residual_as_c_and_bad_operands() -> None:
+def test_bad_operands_are_refused_with_the_shapes_named() -> None:
     m, n, k = 256, 768, 768
     x, w, b = _operands(m, n, k, seed=1)
-    r = torch.randn(m, n, device="cuda").half()
-    plan = cublaslt.LtLinear(m, n, k, torch.float16, "bias", residual=True)
+    plan = cublaslt.LtLinear(m, n, k, torch.float16, "bias")
     algo = plan.algos(1)[0]
-    assert _rel(plan(x, w, b, algo, residual=r), _want(x, w, b, False) + r.float()) < 5e-3
-    with pytest.raises(ValueError, match="residual needed"):
-        plan(x, w, b, algo)
     with pytest.raises(ValueError, match=r"got x \(256, 384\)"):
-        plan(x[:, :384].contiguous(), w, b, algo, residual=r)
+        plan(x[:, :384].contiguous(), w, b, algo)
+    with pytest.raises(ValueError, match="must be contiguous"):
+        plan(x.t().contiguous().t(), w, b, algo)
 
 
 def test_the_op_runs_a_table_algorithm_only_when_asked_and_in_a_graph(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -90,17 +88,21 @@ def test_the_op_runs_a_table_algorithm_only_when_asked_and_in_a_graph(monkeypatc
     assert _rel(out, _want(fresh, w, b, True).view(4, 128, n)) < 5e-3
 
 
-def test_the_committed_table_runs_at_its_shapes() -> None:
-    if cublaslt.version() != kernel_tables.LT_H200_CUBLASLT or torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip(f"the table is for cuBLASLt {kernel_tables.LT_H200_CUBLASLT} on compute capability 9.0")
+def test_the_committed_tuning_files_algorithms_run_at_their_shapes() -> None:
+    h200 = tuning.load(tuning.TUNING_DIR / "nvidia-h200-sm90.json")
+    if cublaslt.version() != h200.versions.cublaslt or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip(f"the file's algorithms are for cuBLASLt {h200.versions.cublaslt} on compute capability 9.0")
     checked = 0
-    for hidden, inter in kernel_tables.LT_H200:
-        for (m, n, k, gelu), text in kernel_tables.lt_table((9, 0), hidden, inter).items():
-            x, w, b = _operands(m, n, k, seed=m + n)
-            got = skinny_gemm.lt_linear(x, w, b, gelu, text)
-            assert _rel(got, _want(x, w, b, gelu)) < 5e-3, (m, n, k, gelu)
-            checked += 1
-    assert checked == sum(len(v) for rows in kernel_tables.LT_H200.values() for v in rows.values())
+    for model in h200.models:
+        gemms = tuning.products(model.hidden, model.intermediate)
+        for m, row in model.cublaslt.items():
+            for name, text in row.items():
+                n, k = gemms[name]
+                x, w, b = _operands(m, n, k, seed=m + n)
+                got = skinny_gemm.lt_linear(x, w, b, name == "ffn_in", text)
+                assert _rel(got, _want(x, w, b, name == "ffn_in")) < 5e-3, (m, name)
+                checked += 1
+    assert checked == sum(len(row) for model in h200.models for row in model.cublaslt.values()) > 0
 
 
 def test_each_stream_has_its_own_workspace() -> None:

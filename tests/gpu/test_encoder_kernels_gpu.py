@@ -1,6 +1,6 @@
 """The encoder's Triton kernels on CUDA, where their programs really run at once: ``miaohui::proj_ln_proj``
 (:mod:`miaohui.models.skinny_ln`: the LayerNorm in the split-K reduce where the table splits the first product, the
-add + LayerNorm kernel elsewhere) at BERT-base's and e5-small's widths with the H200's skinny table, called many times
+add + LayerNorm kernel elsewhere) at BERT-base's and e5-small's widths with the H200 tuning file's skinny entries, called many times
 and replayed from a CUDA graph with PDL; the add + LayerNorm kernel at larger shapes; and the attention kernel
 (:mod:`miaohui.models.encoder_attention`) against SDPA, all in fp16 against fp32 torch."""
 
@@ -10,12 +10,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from miaohui.models import kernel_tables, skinny_gemm, skinny_ln
+from miaohui.models import skinny_gemm, skinny_ln, tuning
 from miaohui.models.encoder_attention import sdpa_encoder_attention, triton_encoder_attention
 from miaohui.models.fast_bert import MASK_BIAS
 from miaohui.models.skinny_ln import add_layer_norm, fused_config, proj_ln_proj
 
 pytestmark = pytest.mark.gpu
+H200 = tuning.load(tuning.TUNING_DIR / "nvidia-h200-sm90.json")
+AS_MEASURED = tuning.Runtime(H200.gpu, (9, 0), H200.versions.torch, H200.versions.triton, H200.versions.cublaslt)
+"""The H200 file's entries whatever this process's versions (the kernels' arithmetic does not depend on them)."""
 
 
 def _operands(m: int, k1: int, hid: int, n2: int) -> list[torch.Tensor]:
@@ -28,16 +31,17 @@ def _operands(m: int, k1: int, hid: int, n2: int) -> list[torch.Tensor]:
             rnd(hid, scale=0.1, shift=1.0), rnd(hid, scale=0.1), rnd(n2, hid, scale=hid**-0.5), rnd(n2, scale=0.1)]  # fmt: skip
 
 
-@pytest.mark.parametrize("widths", sorted(kernel_tables.SKINNY_H200))
+@pytest.mark.parametrize("widths", sorted((m.hidden, m.intermediate) for m in H200.models))
 @pytest.mark.parametrize("rows", [16, 128])
 @pytest.mark.parametrize("pair", ["attn_out→ffn_in", "ffn_out→qkv"])
 def test_proj_ln_proj_matches_torch_over_many_calls_and_graph_replays(
     widths: tuple[int, int], rows: int, pair: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     hidden, inter = widths
-    monkeypatch.setattr(skinny_gemm, "SKINNY_BEST", kernel_tables.skinny_table(hidden, inter))
+    entries = tuning.select(AS_MEASURED, (hidden, inter, 12))
+    monkeypatch.setattr(skinny_gemm, "SKINNY_BEST", entries.skinny)
     monkeypatch.setattr(skinny_gemm, "SKINNY_PDL", True)
-    monkeypatch.setattr(skinny_ln, "LN_SPLIT_BEST", kernel_tables.ln_split_table(hidden, inter))
+    monkeypatch.setattr(skinny_ln, "LN_SPLIT_BEST", entries.ln_split)
     k1, n2, gelu = (hidden, inter, True) if pair == "attn_out→ffn_in" else (inter, 3 * hidden, False)
     x, w1, b1, r, g, beta, w2, b2 = _operands(rows, k1, hidden, n2)
     print(f"{widths} {rows} rows {pair}: {'fused' if fused_config(rows, w1) else 'unfused'}")

@@ -1,8 +1,8 @@
-"""``gpu_kernels triton`` on the H200: the BERT-base-shaped intent engine (random weights) built with miaohui's Triton
-kernels from ``models/kernel_tables.py`` against the same build with library kernels only — the manifest says which,
-the table's shapes run the Triton kernels (profiled kernel names), every shape gives the library engine's logits,
-and a bucket outside the tables falls back to cuBLAS / SDPA. At 32×128 the table's cuBLASLt algorithms run (other
-GEMM kernels than the library engine's) where this cuBLASLt is the table's version."""
+"""``gpu_kernels tuned`` on a GPU with a tuning file (``models/tuning``, the H200's): the BERT-base-shaped intent
+engine (random weights) built with the file's kernels against the same build with library kernels only — the manifest
+says which file and what it ran, the file's shapes run miaohui's kernels (profiled kernel names), every shape gives the
+library engine's logits, and a bucket outside the file falls back to cuBLAS / SDPA. At 32×128 the file's cuBLASLt
+algorithms run where this cuBLASLt is the file's version."""
 
 from __future__ import annotations
 
@@ -16,14 +16,15 @@ from miaohui.config import BuildConfig, parse_shapes
 from miaohui.engines.inductor_engine import InductorEngine
 from miaohui.engines.loader import load_engine
 from miaohui.engines.store import build_artifact, read_manifest
-from miaohui.models import cublaslt, skinny_gemm
+from miaohui.models import skinny_gemm, tuning
 from miaohui.models.checkpoint import load_checkpoint
-from miaohui.models.kernel_tables import LN_SPLIT_H200, LT_H200, LT_H200_CUBLASLT, SKINNY_ROWS
 from miaohui.zoo.tiny import save_bert_base_intent
 
 pytestmark = pytest.mark.gpu
-H200 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
-LT_TABLE = sum(map(len, LT_H200[(768, 3072)].values())) if H200 and cublaslt.version() == LT_H200_CUBLASLT else 0
+SEL = tuning.select(tuning.Runtime.detect(), (768, 3072, 12))
+"""This GPU's tuning entries for BERT-base (none: no file for it, or other library versions)."""
+TUNED = bool(SEL.skinny and SEL.attention)
+NOT_TUNED = f"no tuning entries for BERT-base here: {SEL.reason}"
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +36,7 @@ def bert_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def engines(bert_base: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, InductorEngine]:
     repo = tmp_path_factory.mktemp("kernels-repo")
     out = {}
-    for name, kernels, static in (("triton", "triton", ""), ("library", "library", ""), ("static", "triton", "1x128")):
+    for name, kernels, static in (("tuned", "tuned", ""), ("library", "library", ""), ("static", "tuned", "1x128")):
         cfg = BuildConfig(
             backend="inductor",
             precision="fp16",
@@ -68,34 +69,33 @@ def _kernel_names(engine: InductorEngine, feeds: dict[str, np.ndarray]) -> set[s
     return {e.key for e in prof.key_averages()}
 
 
-@pytest.mark.skipif(not H200, reason="the kernel tables are the H200's (compute capability 9.0)")
+@pytest.mark.skipif(not TUNED, reason=NOT_TUNED)
 def test_manifest_says_which_kernels(engines: dict[str, InductorEngine]) -> None:
-    triton = read_manifest(engines["triton"].path).extra["gpu_kernels"]
-    assert triton == {
-        "mode": "triton",
-        "capability": "9.0",
+    tuned = read_manifest(engines["tuned"].path).extra["gpu_kernels"]
+    assert {k: v for k, v in tuned.items() if k != "reason"} == {
+        "mode": "tuned",
         "dims": [768, 3072, 12],
-        "skinny_gemm_shapes": 8,
-        "ln_split_shapes": len(LN_SPLIT_H200[(768, 3072)]),
-        "attention_shapes": 5,
+        "tuning_file": SEL.file,
+        "tuning_digest": SEL.digest,
+        "skinny_gemm_shapes": len(SEL.skinny),
+        "ln_split_shapes": len(SEL.ln_split),
+        "attention_shapes": len(SEL.attention),
+        "cublaslt_shapes": len(SEL.cublaslt),
         "pdl": True,
-        "pdl_max_rows": 128,
-        "ln_fusion": True,
-        "cublaslt_shapes": LT_TABLE,
-        "cublaslt": LT_TABLE > 0,
+        "pdl_max_rows": SEL.pdl_max_rows,
     }
     assert read_manifest(engines["library"].path).extra["gpu_kernels"] == {"mode": "library"}
 
 
-@pytest.mark.skipif(not H200, reason="the kernel tables are the H200's (compute capability 9.0)")
+@pytest.mark.skipif(not TUNED, reason=NOT_TUNED)
 @pytest.mark.parametrize(
     ("b", "s", "in_table"), [(1, 16, True), (1, 128, True), (8, 64, True), (32, 128, True), (4, 96, False)]
 )
-def test_triton_engine_matches_the_library_engine(
+def test_tuned_engine_matches_the_library_engine(
     engines: dict[str, InductorEngine], bert_base: Path, b: int, s: int, in_table: bool
 ) -> None:
     feeds = _feeds(b, s)
-    got = engines["triton"].infer(feeds)["logits"]
+    got = engines["tuned"].infer(feeds)["logits"]
     want = engines["library"].infer(feeds)["logits"]
     model = load_checkpoint(bert_base).module.cuda().eval()
     with torch.inference_mode():
@@ -103,33 +103,34 @@ def test_triton_engine_matches_the_library_engine(
     ref_np = ref.float().cpu().numpy()
     rel = float(np.linalg.norm(got - ref_np) / np.linalg.norm(ref_np))
     rel_lib = float(np.linalg.norm(want - ref_np) / np.linalg.norm(ref_np))
-    print(f"{b}x{s}: triton engine vs fp32 {rel:.2e}, library engine vs fp32 {rel_lib:.2e}")
+    print(f"{b}x{s}: tuned engine vs fp32 {rel:.2e}, library engine vs fp32 {rel_lib:.2e}")
     assert rel < 2e-2 and rel < 3 * rel_lib + 1e-3
-    names = _kernel_names(engines["triton"], feeds)
-    # the bucket's shape decides: the table's shapes run miaohui's kernels, the others cuBLAS / SDPA
+    names = _kernel_names(engines["tuned"], feeds)
+    # the bucket's shape decides: the file's shapes run miaohui's kernels, the others cuBLAS / SDPA
     assert any("_encoder_kernel" in n for n in names) == in_table
-    assert any("_skinny_kernel" in n for n in names) == (b * s in (16, 128))
-    # ln_fusion: where the table splits K of the product before a LayerNorm (or LN_SPLIT_H200 forces a split), its
-    # reduce does the LayerNorm (BERT-base: both products at 16 and 128 rows); the add + LayerNorm kernel the others
-    forced = LN_SPLIT_H200[(768, 3072)].get(b * s, {})
-    splits = {name: cfg[3] > 1 or name in forced for name, cfg in SKINNY_ROWS.get(b * s, {}).items()}
-    assert any("_skinny_reduce_ln" in n for n in names) == splits.get("ffn_out", False)
-    assert any("_add_ln_kernel" in n for n in names) == (not splits.get("attn_out", False))
+    assert any("_skinny_kernel" in n for n in names) == any(key[0] == b * s for key in SEL.skinny)
+    # the fused LayerNorm: where the file splits K of the product before a LayerNorm (or forces a split), its reduce
+    # does the LayerNorm (BERT-base: both products at 16 and 128 rows); the add + LayerNorm kernel the others
+    gemms = tuning.products(768, 3072)
+    cfgs = {name: SEL.ln_split.get((b * s, *gemms[name])) or SEL.skinny.get((b * s, *gemms[name])) for name in gemms}
+    splits = {name: cfg is not None and cfg[3] > 1 for name, cfg in cfgs.items()}
+    assert any("_skinny_reduce_ln" in n for n in names) == splits["ffn_out"]
+    assert any("_add_ln_kernel" in n for n in names) == (not splits["attn_out"])
     library = _kernel_names(engines["library"], feeds)
     assert not any("_encoder_kernel" in n or "_skinny_kernel" in n for n in library)
-    # the cuBLASLt table's rows (BERT-base: 4,096 = 32×128) ran its algorithms (their plans exist: made at capture);
+    # the file's cuBLASLt rows (BERT-base: 4,096 = 32×128) ran its algorithms (their plans exist: made at capture);
     # the library kernels that only this engine ran are printed (cuBLAS's Hopper kernels are "nvjet_…", not "gemm")
     ours = ("triton", "_encoder_kernel", "_skinny", "_add_ln", "Memcpy", "Memset")
     print(
         f"{b}x{s}: kernels only this engine ran: {sorted(n for n in names - library if not any(o in n for o in ours))}"
     )
     planned = {key[:4] for key in skinny_gemm._LT_PLANS}
-    assert ((b * s, 3072, 768, True) in planned) == (LT_TABLE > 0 and b * s in LT_H200[(768, 3072)])
+    assert ((b * s, 3072, 768, True) in planned) == ((b * s, 3072, 768, True) in SEL.cublaslt)
 
 
-@pytest.mark.skipif(not H200, reason="the kernel tables are the H200's (compute capability 9.0)")
+@pytest.mark.skipif(not TUNED, reason=NOT_TUNED)
 def test_static_shape_bucket_runs_its_own_program(engines: dict[str, InductorEngine]) -> None:
-    """``static_shapes 1x128`` with miaohui's kernels: a 1x100 batch is padded to the 1x128 bucket, whose graph was
+    """``static_shapes 1x128`` with the tuned kernels: a 1x100 batch is padded to the 1x128 bucket, whose graph was
     captured from the program compiled for exactly 1x128 (its Dynamo cache holds the graph); the logits match the
     dynamic-shape engine's, and the bucket still runs miaohui's kernels. Other buckets use the dynamic program."""
     from torch._dynamo.eval_frame import _debug_get_cache_entry_list
@@ -139,7 +140,7 @@ def test_static_shape_bucket_runs_its_own_program(engines: dict[str, InductorEng
     code = engine._static[(1, 128)]._orig_mod.forward.__code__
     for b, s in ((1, 100), (8, 64), (1, 16)):
         feeds = _feeds(b, s)
-        got, want = engine.infer(feeds)["logits"], engines["triton"].infer(feeds)["logits"]
+        got, want = engine.infer(feeds)["logits"], engines["tuned"].infer(feeds)["logits"]
         rel = float(np.linalg.norm(got - want) / np.linalg.norm(want))
         print(f"{b}x{s}: static-shape engine vs dynamic-shape engine {rel:.2e}")
         assert rel < 2e-3

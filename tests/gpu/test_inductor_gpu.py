@@ -53,7 +53,7 @@ def artifact(request: pytest.FixtureRequest, source: Path, repo: Path) -> Path:
         autotune=False,
         shapes=parse_shapes(f"input_ids:1x1,8x32,64x{max_len}"),
         # MIAOHUI_GPU_TEST_FORMAT=exported-program skips the AOTInductor package on an image where it is known to
-        # crash on load (the H200 image with torch 2.11: every package, session 6) — saves its compile and probe
+        # crash on load (the H200 image with torch 2.11: every package) — saves its compile and probe
         inductor_format=os.environ.get("MIAOHUI_GPU_TEST_FORMAT", "auto"),
     )
     return build_artifact(source, f"intent-{request.param}", cfg, repo, log=print).path
@@ -161,8 +161,8 @@ async def test_serve_on_gpu(artifact: Path, repo: Path) -> None:
 
 async def test_two_instances_serve_concurrently_with_no_capture_while_serving(artifact: Path) -> None:
     """Two engine instances (own CUDA streams) under concurrent load of every length: warm-up captured every
-    bucket, none is captured while serving, and no batch fails (H200, session 6: a bucket captured while the
-    other instance replayed failed that instance's batches with ``operation not permitted when stream is
+    bucket, none is captured while serving, and no batch fails (on the H200 a bucket captured while the other
+    instance replayed once failed that instance's batches with ``operation not permitted when stream is
     capturing``)."""
     from miaohui.serving.batcher import BatcherConfig
     from miaohui.serving.model_config import ModelConfig, WarmupShape
@@ -251,8 +251,8 @@ def test_fast_start_answers_from_eager_graphs_then_compiled_ones(artifact: Path)
 
 def test_capture_waits_for_work_queued_on_the_current_stream(artifact: Path) -> None:
     """A bucket captured while the current stream is still busy reads the inputs written there, not what the
-    memory held before (s11f, s15d: BERT-base asserted at 32×128 right after the benchmark's fp32 reference ran on
-    the default stream — the warm-up on the engine's stream had read stale, out-of-range token ids). Kept last in
+    memory held before (BERT-base once asserted at 32×128 right after the benchmark's fp32 reference ran on the
+    default stream — the warm-up on the engine's stream had read stale, out-of-range token ids). Kept last in
     the file: a device-side assert would spoil every later CUDA call of this process."""
     engine = InductorEngine(read_manifest(artifact), artifact)
     ids = np.random.default_rng(6).integers(5, 1000, (5, 37)).astype(np.int64)

@@ -75,7 +75,7 @@ def test_package_is_built_and_loads_without_compiling(packaged: Path, tiny_model
 def test_refused_package_falls_back_to_the_exported_program(
     tiny_model: Path, repo: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Stand-in for what happened on the H200 image of session 2 (aoti_load_package segfaulted in a fresh process):
+    # Stand-in for what happened on one H200 image (aoti_load_package segfaulted in a fresh process):
     # a crash there cannot be caused on this machine, so the probe's verdict is replaced; the probe's own handling
     # of a failing child process is tested with a real one below.
     monkeypatch.setattr(inductor, "probe_aoti_package", lambda *a: "a child process ended with signal 11")

@@ -118,17 +118,16 @@ def test_static_shapes_parse_sort_and_validate() -> None:
     )  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(
-    ("field", "flag"), [("pdl", "--pdl"), ("ln_fusion", "--ln-fusion"), ("cublaslt", "--cublaslt")]
-)
-def test_inductor_switches_refuse_other_backends_and_auto_keeps_the_build_key(field: str, flag: str) -> None:
-    with pytest.raises(ConfigError, match=f"{field} off with backend onnxruntime") as err:
-        BuildConfig.model_validate({"backend": "onnxruntime", field: "off"})
-    assert f"drop {flag}" in str(err.value)
+def test_gpu_kernels_is_one_choice_tuned_or_library() -> None:
+    """The build's GPU kernels are one choice; the former A/B switches are not fields any more."""
     plain = BuildConfig(backend="inductor", precision="fp16")
-    assert getattr(plain, field) == "auto"
-    assert plain.compute_hash() == plain.model_copy(update={field: "auto"}).compute_hash()
-    assert plain.compute_hash() != plain.model_copy(update={field: "off"}).compute_hash()
+    assert plain.gpu_kernels == "tuned"
+    assert plain.compute_hash() != plain.model_copy(update={"gpu_kernels": "library"}).compute_hash()
+    for gone in ("pdl", "ln_fusion", "cublaslt"):
+        with pytest.raises(ValueError, match=gone):
+            BuildConfig.model_validate({"backend": "inductor", gone: "off"})
+    with pytest.raises(ValueError, match="'tuned' or 'library'"):
+        BuildConfig.model_validate({"backend": "inductor", "gpu_kernels": "triton"})
 
 
 @pytest.mark.parametrize(
@@ -136,9 +135,6 @@ def test_inductor_switches_refuse_other_backends_and_auto_keeps_the_build_key(fi
     [
         ("inductor_format", "exported-program", "inductor_format exported-program"),
         ("gpu_kernels", "library", "gpu_kernels library"),
-        ("pdl", "off", "pdl off"),
-        ("ln_fusion", "off", "ln_fusion off"),
-        ("cublaslt", "off", "cublaslt off"),
         ("static_shapes", "1x16", "static_shapes"),
     ],
 )

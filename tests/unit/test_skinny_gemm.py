@@ -4,13 +4,6 @@ tanh). The interpreter must be on before Triton is imported, so the check runs i
 
 from __future__ import annotations
 
-import functools
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 from tests.triton_checks import compile_for_h200, run_interpreted
@@ -57,8 +50,9 @@ def test_bad_operands_are_named() -> None:
 
 
 def test_skinny_layers_compile_and_stay_close_to_the_plain_model_on_the_cpu() -> None:
-    """``use_skinny``: the four GEMMs go through ``miaohui::skinny_linear`` (on the CPU: ``F.linear`` with tanh GELU),
-    which ``torch.compile(fullgraph=True)`` takes as one opaque op; logits within tanh-vs-erf GELU of the plain model."""
+    """``use_kernels(skinny=True)``: the GEMMs go through ``miaohui::skinny_linear`` and ``miaohui::proj_ln_proj`` (on
+    the CPU: ``F.linear`` with tanh GELU, the add + LayerNorm), which ``torch.compile(fullgraph=True)`` takes as opaque
+    ops; logits within tanh-vs-erf GELU of the plain model."""
     from miaohui.models import fast_bert
     from miaohui.models.intent import IntentClassifier, random_bert
 
@@ -69,27 +63,17 @@ def test_skinny_layers_compile_and_stay_close_to_the_plain_model_on_the_cpu() ->
     mask[1, 8:] = 0
     with torch.inference_mode():
         want = model(ids, mask)
-        fast_bert.use_skinny(model)
+        fast_bert.use_kernels(model, skinny=True, attention=False)
         got = torch.compile(model, fullgraph=True, dynamic=False)(ids, mask)
     err = float((got - want).norm() / want.norm())
     assert 0 < err < 2e-3, err  # not 0: the skinny path's GELU is the tanh form
 
 
-def test_table_from_sweep_keeps_only_the_products_that_beat_cublas() -> None:
-    from miaohui.models.skinny_gemm import table_from_sweep
-
-    report = {"best": [
-        {"m": 128, "n": 2304, "k": 768, "config": [32, 64, 64, 1, 4], "us": 3.1, "cublas_us": 5.3},
-        {"m": 512, "n": 2304, "k": 768, "config": [64, 128, 64, 1, 4], "us": 7.0, "cublas_us": 6.2},
-    ]}  # fmt: skip
-    assert table_from_sweep(report) == {(128, 2304, 768): (32, 64, 64, 1, 4)}
-
-
 @pytest.mark.parametrize(("gelu", "pdl"), [(False, False), (True, False), (True, True)])
 def test_kernels_compile_for_the_h200(gelu: bool, pdl: bool) -> None:
     """The tile kernel and the split-K reduction with and without the GELU epilogue, compiled down to a cubin for
-    compute capability 9.0 on the CPU: with GELU both failed on the H200 in session 18 (the epilogue helper's type
-    annotations read as globals by ``@jit``), which the interpreter tests above never saw. With ``PDL`` both begin
+    compute capability 9.0 on the CPU: a kernel can fail to compile for the GPU (e.g. an ``@jit`` helper's type
+    annotations read as globals) where the interpreter tests above pass. With ``PDL`` both begin
     with Hopper's grid-dependency instructions (and only then)."""
     from miaohui.models import skinny_gemm as sk
 
@@ -106,63 +90,3 @@ def test_kernels_compile_for_the_h200(gelu: bool, pdl: bool) -> None:
     for kernel in (tile, reduce):
         ptx = kernel.asm["ptx"]
         assert ("griddepcontrol.wait" in ptx) is pdl and ("griddepcontrol.launch_dependents" in ptx) is pdl
-
-
-def test_pdl_probe_smoke_runs_on_the_cpu(tmp_path: Path) -> None:
-    """``scripts/gpu/pdl_probe.py``'s CPU mode (one layer under Triton's interpreter, no timing, no PDL): the chain of
-    skinny GEMMs gives cuBLAS's (here ``F.linear``'s) output, so a script error shows here, not in device time."""
-    root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(root / "src")}
-    done = subprocess.run(
-        [sys.executable, "pdl_probe.py", "--device", "cpu", "--out", str(tmp_path)],
-        cwd=root / "scripts" / "gpu", env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    rows = json.loads((tmp_path / "pdl_probe.json").read_text())["rows"]
-    assert {(r["rows"], r["variant"]) for r in rows} == {
-        (16, "cublas"),
-        (16, "skinny"),
-        (128, "cublas"),
-        (128, "skinny"),
-    }
-    assert all(r["max_rel_err_vs_cublas"] < 1e-5 for r in rows)
-
-
-def test_pdl_probe_takes_other_widths_with_a_sweeps_configurations(tmp_path: Path) -> None:
-    """e5-small's widths (384 / 1536) with configurations from an ``encoder_gemm_sweep.py`` report (prepared for the
-    H200, session 25): the chain runs and matches cuBLAS's output; other widths without ``--sweep`` are refused."""
-    root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(root / "src")}
-    cfg = {16: [16, 32, 64, 1, 4], 128: [64, 64, 64, 2, 4]}
-    sweep = {"best": [{"m": m, "gemm": g, "config": c} for m, c in cfg.items()
-                      for g in ("qkv", "attn_out", "ffn_in", "ffn_out")]}  # fmt: skip
-    (tmp_path / "sweep.json").write_text(json.dumps(sweep))
-    base = [sys.executable, "pdl_probe.py", "--device", "cpu", "--hidden", "384", "--inter", "1536"]
-    run = functools.partial(subprocess.run, cwd=root / "scripts" / "gpu", env=env, capture_output=True, text=True)
-    refused = run([*base, "--out", str(tmp_path)], timeout=120)
-    assert refused.returncode != 0 and "--sweep" in refused.stderr
-    done = run([*base, "--sweep", str(tmp_path / "sweep.json"), "--out", str(tmp_path)], timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads((tmp_path / "pdl_probe.json").read_text())
-    assert (report["hidden"], report["intermediate"]) == (384, 1536)
-    assert report["configs"]["128"]["ffn_out"] == cfg[128]
-    assert len(report["rows"]) == 4 and all(r["max_rel_err_vs_cublas"] < 1e-5 for r in report["rows"])
-
-
-@pytest.mark.slow
-def test_encoder_variants_smoke_runs_the_new_variants_on_the_cpu(tmp_path: Path) -> None:
-    """``scripts/gpu/encoder_variants.py``'s CPU mode (a tiny BERT, no timing) with the variants ``run_h200.sh s26b``
-    and ``s26c`` measure (the skinny table from ``pdl_probe.py`` and Inductor's PDL switch set; the attention op):
-    the compiled model's logits still the fp32 eager ones, so a script error shows here, not in device time."""
-    root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "PYTHONPATH": str(root / "src")}
-    done = subprocess.run(
-        [sys.executable, "scripts/gpu/encoder_variants.py", "--device", "cpu", "--tiny", "--variants",
-         "static_skinny_pdl,static_triton_attn,static_skinny_ln_pdl_attn", "--shapes", "1x16", "--iters", "2", "--out", str(tmp_path)],
-        cwd=root, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "(128, 2304, 768)" in done.stdout  # the probe's table was installed
-    rows = json.loads((tmp_path / "encoder_variants.json").read_text())["results"]
-    assert [r["variant"] for r in rows] == ["static_skinny_pdl", "static_triton_attn", "static_skinny_ln_pdl_attn"]
-    assert all("error" not in r and r["rel_err"] < 1e-4 for r in rows), rows

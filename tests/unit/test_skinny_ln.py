@@ -25,7 +25,7 @@ cases = [  # rows, K, N, config (split > 1), bias, dtype
     (40, 100, 80, (16, 32, 32, 4, 4), True, torch.float32),  # ragged rows and K, N not a power of two
     (16, 256, 128, (16, 32, 64, 4, 4), True, torch.float16),
     (24, 64, 48, (32, 16, 32, 2, 4), False, torch.float16),  # no bias; a row block wider than the rows
-    (32, 192, 96, (16, 32, 32, 3, 4), True, torch.float16),  # split 3 (kernel_tables.LN_SPLIT_H200's forced splits)
+    (32, 192, 96, (16, 32, 32, 3, 4), True, torch.float16),  # split 3 (a tuning file's forced split)
     (8, 192, 64, (16, 32, 32, 6, 4), True, torch.float32),  # split 6, one BLOCK_K a slice
 ]
 for m, k, n, cfg, bias, dtype in cases:
@@ -91,7 +91,7 @@ def test_fused_only_where_the_table_splits_the_first_product(monkeypatch: pytest
     assert sl.fused_config(128, w1) == (64, 32, 128, 4, 4)
     assert sl.fused_config(16, w1) is None  # no split: no reduce to do the LayerNorm
     assert sl.fused_config(256, w1) is None  # not in the table
-    # a forced split for the fused form (kernel_tables.LN_SPLIT_H200) wins over the plain product's entry
+    # a forced split for the fused form (a tuning file's ln_split) wins over the plain product's entry
     monkeypatch.setattr(sl, "LN_SPLIT_BEST", {(16, 768, 3072): (16, 32, 64, 6, 4)})
     assert sl.fused_config(16, w1) == (16, 32, 64, 6, 4)
     assert sl.fused_config(128, w1) == (64, 32, 128, 4, 4)
@@ -110,13 +110,13 @@ def test_bad_operands_are_named() -> None:
 
 
 def test_exported_stack_has_one_op_per_inner_layer_norm() -> None:
-    """``use_ln_fusion`` on a 3-layer FastBert, exported with dynamic sizes as the engine does: the five inner
+    """``use_kernels(skinny=True)`` on a 3-layer FastBert, exported with dynamic sizes as the engine does: the five inner
     LayerNorms are ``proj_ln_proj`` calls; only the embeddings' and the last one stay LayerNorms."""
     from miaohui.models import fast_bert
     from miaohui.models.intent import IntentClassifier, random_bert
 
     enc = random_bert(hidden=64, layers=3, heads=4, vocab=500, intermediate=128, seed=0)
-    model = fast_bert.use_ln_fusion(fast_bert.use_skinny(fast_bert.from_module(IntentClassifier(enc, 24).eval())))
+    model = fast_bert.use_kernels(fast_bert.from_module(IntentClassifier(enc, 24).eval()), skinny=True, attention=False)
     ids, mask = torch.randint(5, 500, (2, 12)), torch.ones(2, 12, dtype=torch.int64)
     dims = {0: torch.export.Dim("batch", max=8), 1: torch.export.Dim("sequence", max=64)}
     with torch.no_grad():

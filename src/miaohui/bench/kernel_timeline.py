@@ -2,7 +2,7 @@
 
 With programmatic dependent launch (PDL) a kernel starts while the one before it still runs and waits on the GPU for
 its writes, so each kernel's profiled duration includes that wait: the durations of a PDL chain sum to more than the
-chain took (session 27 read 50 µs a call for a reduce kernel of ~2 µs). :func:`summarize` attributes each stretch of
+chain took (a reduce kernel of ~2 µs can read as 50 µs a call). :func:`summarize` attributes each stretch of
 device time to one kernel instead: a kernel's *exclusive* time is the part of its interval after every kernel that
 started before it has ended — for a chain, the time the GPU spent on it alone — and the busy time is the union of
 the intervals. Exclusive times sum to the busy time; busy time plus the gaps is the span.

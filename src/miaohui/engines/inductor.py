@@ -8,7 +8,7 @@ Build: the model is rewritten as :mod:`miaohui.models.fast_bert` (fused QKV GEMM
   Inductor): the e5 intent engine (fp32, this CPU) is loaded and has answered two request shapes after 1.4 s,
   against 6.9 s for the exported-program format (``benchmarks/bench_cold_start.py``). Before it is accepted, the
   package is loaded and run in a **fresh child process** and its outputs compared with the exported program's: on
-  the H200 image of session 2 ``aoti_load_package`` segfaulted, and a crash must fail the probe, not the server
+  one H200 image ``aoti_load_package`` segfaulted, and a crash must fail the probe, not the server
   that loads the artifact later.
 * **exported program + Inductor cache** (fallback when the package does not build or fails its probe): the
   exported program ``program.pt2``, compiled by Inductor over the profile's buckets, the compiled kernels saved with
@@ -46,16 +46,9 @@ from miaohui.engines.encoder_buckets import check_static_shapes
 from miaohui.engines.onnxruntime import io_specs
 from miaohui.engines.target import cpu_target, cuda_target
 from miaohui.errors import BuildError
+from miaohui.models import tuning
 from miaohui.models.checkpoint import load_checkpoint
-from miaohui.models.fast_bert import (
-    from_module,
-    save_fast,
-    use_cublaslt,
-    use_fused_gelu,
-    use_ln_fusion,
-    use_skinny,
-    use_triton_attention,
-)
+from miaohui.models.fast_bert import from_module, save_fast, use_fused_gelu, use_kernels
 
 log = logging.getLogger(__name__)
 
@@ -102,16 +95,9 @@ def build(ctx: BuildContext) -> BuiltEngine:
         )
     module = from_module(load_checkpoint(ctx.model.path, attn_implementation="sdpa").module)
     use_fused_gelu(module, device == "cuda")  # cuBLASLt's GEMM+bias+GELU epilogue (tanh GELU); CPU keeps erf GELU
-    kernels = use_gpu_kernels(
-        module,
-        ctx.cfg.gpu_kernels if device == "cuda" else "library",
-        ctx.cfg.precision,
-        ctx.cfg.pdl != "off",
-        ctx.cfg.ln_fusion != "off",
-        ctx.cfg.cublaslt != "off",
-    )
-    if kernels["mode"] == "triton":
-        ctx.log(f"miaohui's Triton kernels where measured faster on this GPU: {kernels}")
+    kernels = use_gpu_kernels(module, ctx.cfg.gpu_kernels if device == "cuda" else "library", ctx.cfg.precision)
+    if kernels["mode"] == "tuned":
+        ctx.log(f"miaohui's kernels where the tuning file measured them faster on this GPU: {kernels}")
     model = FloatLogits(module).to(device=device, dtype=DTYPES[ctx.cfg.precision]).eval()
     (batch, b), (seq, s) = (
         _export_dim(n, rng.min[i], rng.opt[i], rng.max[i]) for i, n in enumerate(("batch", "sequence"))
@@ -127,17 +113,17 @@ def build(ctx: BuildContext) -> BuiltEngine:
         ep = torch.export.export(model, (ids, mask), dynamic_shapes=({0: batch, 1: seq}, {0: batch, 1: seq}))
         export_s = time.perf_counter() - started
         fmt = ctx.cfg.inductor_format
-        if fmt == "aoti-package" and kernels["mode"] == "triton":
+        if fmt == "aoti-package" and kernels["mode"] == "tuned":
             raise BuildError(
-                "an AOTInductor package cannot hold miaohui's Triton kernels (Python custom ops)",
+                "an AOTInductor package cannot hold miaohui's tuned kernels (Python custom ops)",
                 "build with --gpu-kernels library for a package, or --inductor-format auto / exported-program",
             )
         if fmt == "exported-program":
             aoti: dict[str, Any] = {"ok": False, "reason": "not tried (inductor_format exported-program)"}
         elif ctx.cfg.static_shapes:
             aoti = {"ok": False, "reason": "not tried (static_shapes: a program per static shape)"}
-        elif kernels["mode"] == "triton":
-            aoti = {"ok": False, "reason": "not tried (gpu_kernels triton: Python custom ops in the graph)"}
+        elif kernels["mode"] == "tuned":
+            aoti = {"ok": False, "reason": "not tried (gpu_kernels tuned: Python custom ops in the graph)"}
         else:
             aoti = build_aoti_package(ep, ctx.out_dir / AOTI_FILE, shapes, ctx.cfg.precision, ctx.cfg.autotune, ctx.log)
         if not aoti["ok"] and fmt == "aoti-package":
@@ -322,7 +308,7 @@ def probe_aoti_package(ep: Any, package: Path, shapes: list[tuple[int, int]], pr
 
 def compile_program(module: torch.nn.Module, autotune: bool, pdl: bool = False, dynamic: bool = True) -> Any:
     """The same compile call at build and at load, so the load is all cache hits. ``pdl``: Inductor's Triton
-    kernels launched as programmatic dependents (``gpu_kernels triton``; Hopper and newer). ``dynamic=False``: a
+    kernels launched as programmatic dependents (``gpu_kernels tuned``; Hopper and newer). ``dynamic=False``: a
     program for one shape (``static_shapes``; give it a :func:`static_view`)."""
     mode = "max-autotune-no-cudagraphs" if autotune else None
     module.requires_grad_(False)
@@ -353,57 +339,50 @@ def _export_dim(name: str, lo: int, opt: int, hi: int) -> tuple[Any, int]:
 
 
 def use_gpu_kernels(
-    module: torch.nn.Module,
-    choice: str,
-    precision: str = "fp16",
-    pdl: bool = True,
-    ln_fusion: bool = True,
-    cublaslt: bool = True,
+    module: torch.nn.Module, choice: str, precision: str = "fp16", runtime: tuning.Runtime | None = None
 ) -> dict[str, Any]:
-    """``gpu_kernels``: with ``triton``, fp16 and entries for this model on this GPU
-    (:mod:`miaohui.models.kernel_tables`), switch FastBert's layers to the custom ops and load the entries; returns
-    what the manifest records. ``pdl`` / ``ln_fusion`` / ``cublaslt`` False: ``BuildConfig.pdl`` / ``ln_fusion`` /
-    ``cublaslt`` off."""
-    if choice != "triton":
+    """``gpu_kernels``: with ``tuned`` and a tuning file for this GPU (:mod:`miaohui.models.tuning`) that has entries
+    for this model, switch FastBert's layers to miaohui's ops and load the entries; returns what the manifest
+    records (the file's name and digest among it). ``runtime``: the GPU and library versions to match the file
+    against (default: this process's)."""
+    if choice != "tuned":
         return {"mode": "library"}
     from miaohui.models import kernel_tables  # imports Triton (~0.3 s): only when the kernels are asked for
 
     dims = kernel_tables.model_dims(module)
     if dims is None:
         return {"mode": "library"}
-    if precision != "fp16":
-        return {"mode": "library", "reason": f"the kernel tables were measured in fp16, not {precision}"}
-    capability = kernel_tables.device_capability()
-    info = kernel_tables.apply(capability, dims, pdl, kernel_tables.pdl_max_rows(capability))
-    if not info["skinny_gemm_shapes"] and not info["attention_shapes"]:
-        reason = f"no measured kernel for this model {dims} on compute capability {capability}"
-        return {"mode": "library", "reason": reason}
-    use_skinny(module, info["skinny_gemm_shapes"] > 0)
-    use_triton_attention(module, info["attention_shapes"] > 0)
-    info["ln_fusion"] = ln_fusion and info["skinny_gemm_shapes"] > 0
-    use_ln_fusion(module, info["ln_fusion"])
-    info["cublaslt"] = cublaslt and info["skinny_gemm_shapes"] > 0 and info["cublaslt_shapes"] > 0
-    use_cublaslt(module, info["cublaslt"])
-    return {"mode": "triton", "capability": ".".join(map(str, capability or ())), "dims": list(dims), **info}
+    selection = tuning.select(runtime if runtime is not None else tuning.Runtime.detect(), dims, precision)
+    source = {"tuning_file": selection.file, "tuning_digest": selection.digest} if selection.file else {}
+    if not selection.skinny and not selection.attention:
+        return {"mode": "library", "reason": selection.reason or f"no tuned kernel for this model {dims}", **source}
+    info = kernel_tables.apply(selection)
+    use_kernels(module, skinny=bool(selection.skinny), attention=bool(selection.attention),
+                cublaslt=bool(selection.cublaslt))  # fmt: skip
+    if selection.reason:
+        info["reason"] = selection.reason
+    return {"mode": "tuned", "dims": list(dims), **source, **info}
 
 
 def gpu_kernels_at_load(extra: dict[str, Any]) -> dict[str, Any]:
-    """An artifact built with ``gpu_kernels triton``: load the same tables into the ops before its program runs.
-    Returns the manifest's record, from which :func:`program_pdl` compiles each program with PDL as the build did."""
+    """An artifact built with ``gpu_kernels tuned``: load this GPU's tuning entries into the ops before its program
+    runs (a tuning file changed since the build: a warning, rebuild). Returns the manifest's record, from which
+    :func:`program_pdl` compiles each program with PDL as the build did."""
     info: dict[str, Any] = extra.get("gpu_kernels") or {}
-    if info.get("mode") != "triton":
+    if info.get("mode") != "tuned":
         return info
     from miaohui.models import kernel_tables  # imports Triton: not on the load path of other artifacts
 
     hidden, intermediate, heads = (int(v) for v in info["dims"])
-    now = kernel_tables.apply(kernel_tables.device_capability(), (hidden, intermediate, heads))
-    if info.get("cublaslt") and not now["cublaslt_shapes"]:
+    selection = tuning.select(tuning.Runtime.detect(), (hidden, intermediate, heads))
+    kernel_tables.apply(selection)
+    if selection.digest != info.get("tuning_digest"):
         log.warning(
-            "this artifact was built to run %d GEMMs with timed cuBLASLt algorithms, but this GPU or cuBLASLt (%s) "
-            "has none of the table's: they run torch's cuBLAS call (rebuild here to drop them from the record)",
-            info.get("cublaslt_shapes", 0),
-            kernel_tables.cublaslt.version_or_none(),
-        )
+            "this artifact was built with tuning file %s (sha256 %s), this machine has %s (%s): the ops run "
+            "this machine's entries; rebuild the engine here to match",
+            info.get("tuning_file"), str(info.get("tuning_digest"))[:12], selection.file,
+            str(selection.digest)[:12],
+        )  # fmt: skip
     return info
 
 
@@ -411,7 +390,7 @@ def program_pdl(kernels: dict[str, Any], rows: int | None) -> bool:
     """Whether a program is compiled with Inductor's PDL, by the manifest's ``gpu_kernels`` record (what
     ``kernel_tables.apply`` returned at build): the dynamic-shape one (``rows`` None) whenever PDL is on, a static one
     of ``rows`` rows only up to ``pdl_max_rows``."""
-    if kernels.get("mode") != "triton" or not kernels.get("pdl"):
+    if kernels.get("mode") != "tuned" or not kernels.get("pdl"):
         return False
     limit = kernels.get("pdl_max_rows")
     return rows is None or limit is None or rows <= int(limit)

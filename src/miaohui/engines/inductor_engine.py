@@ -95,9 +95,9 @@ class InductorEngine(Engine):
         self.graph_copies = graph_copies
         """Capture the input copy (pinned host → device) and the output copy (device → pinned host) inside each
         bucket's graph: a batch is then one replay and one wait instead of copy, replay, copy, wait — each of them
-        a call that lets go of the GIL and must take it back while an event loop may hold it (session 13: ~0.3 ms of
-        host gaps around a 0.03 ms input copy). Falls back to copies outside the graph where this torch cannot
-        capture them. On by default (``ModelConfig.graph_copies``; measured in ``run_h200.sh s15a``)."""
+        a call that lets go of the GIL and must take it back while an event loop may hold it (host gaps of a few
+        tenths of a millisecond around a copy of tens of microseconds). Falls back to copies outside the graph where
+        this torch cannot capture them. On by default (``ModelConfig.graph_copies``)."""
         self._eager: Any = None
         """``fast_start``: the fast model rebuilt from ``eager.safetensors`` (or, in artifacts without it, the exported
         program) run as is — no Dynamo, no Inductor — until :meth:`upgrade` is done."""
@@ -105,7 +105,8 @@ class InductorEngine(Engine):
         """Buckets with a program of their own, compiled for exactly that shape (``BuildConfig.static_shapes``)."""
         started = time.perf_counter()
         self._kernels = gpu_kernels_at_load(manifest.extra)
-        """Built with ``gpu_kernels triton``: the tables are loaded, and each program compiles with PDL as at build."""
+        """Built with ``gpu_kernels tuned``: the tuning entries are loaded, and each program compiles with PDL as at
+        build."""
         try:
             if self.packaged:  # ahead-of-time compiled: nothing to trace or compile
                 # single-threaded runner: its thread-synchronisation logic conflicts with CUDA-graph capture
@@ -296,8 +297,8 @@ class InductorEngine(Engine):
         ids, mask = io[0], io[1]
         # ``io`` was written (and the weights uploaded) on the current stream: the capture stream must wait for
         # them. Without it the warm-up read whatever the block held before while the current stream was still
-        # busy — token ids out of range, a device-side assert (BERT-base at 32×128 in s11f and s15d, right after
-        # the benchmark's fp32 reference ran on the default stream).
+        # busy — token ids out of range, a device-side assert (e.g. right after an fp32 reference ran on the
+        # default stream).
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.no_grad(), torch.cuda.stream(stream):
             for _ in range(2):  # warm the kernels and the allocator outside the graph

@@ -27,6 +27,7 @@ from miaohui.engines.base import MANIFEST_NAME, BuildInfo, FileInfo, Manifest, T
 from miaohui.engines.context import BuildContext, BuiltEngine
 from miaohui.engines.target import cpu_target, cuda_target, target_key
 from miaohui.errors import ArtifactError, ConfigError
+from miaohui.models import tuning
 from miaohui.models.checkpoint import LoadedModel, load_checkpoint, model_digest, read_meta
 from miaohui.nlp.tokenizer import TextTokenizer
 from miaohui.paths import home
@@ -112,15 +113,28 @@ def planned_target(cfg: BuildConfig) -> Target:
 
 
 def build_key(source_digest: str, cfg: BuildConfig, target: Target) -> str:
-    return digest_json(
-        {
-            "source": source_digest,
-            "options": cfg.compute_hash(),
-            "backend": cfg.backend,
-            "backend_version": backend_version(cfg.backend),
-            "target": target_key(target),
-        }
-    )
+    fields = {
+        "source": source_digest,
+        "options": cfg.compute_hash(),
+        "backend": cfg.backend,
+        "backend_version": backend_version(cfg.backend),
+        "target": target_key(target),
+    }
+    tuning_digest = tuning_key(cfg, target)
+    if tuning_digest is not None:  # a tuned GPU build is rebuilt when its GPU's tuning file changes
+        fields["tuning"] = tuning_digest
+    return digest_json(fields)
+
+
+def tuning_key(cfg: BuildConfig, target: Target) -> str | None:
+    """The sha256 of the tuning file an ``inductor`` build with ``gpu_kernels tuned`` reads on ``target``'s GPU
+    (:mod:`miaohui.models.tuning`); None for other builds, or where the GPU has no file."""
+    if cfg.backend != "inductor" or cfg.gpu_kernels != "tuned" or target.device != "cuda" or not target.gpu_name:
+        return None
+    digits = (target.compute_capability or "").removeprefix("sm")
+    if not digits.isdigit() or len(digits) < 2:
+        return None
+    return tuning.digest_for(target.gpu_name, (int(digits[:-1]), int(digits[-1])))
 
 
 def versions(model_dir: Path) -> list[int]:

@@ -1,11 +1,11 @@
-"""cuBLASLt through ``ctypes``: the encoder's ``linear(x, w, bias)`` (optionally its tanh GELU, optionally a residual
-added as cuBLASLt's C matrix) with an algorithm picked by timing, the way TensorRT picks a tactic per layer.
+"""cuBLASLt through ``ctypes``: the encoder's ``linear(x, w, bias)`` (optionally its tanh GELU) with an algorithm
+picked by timing, the way TensorRT picks a tactic per layer.
 
 torch runs such a product through cuBLASLt too (``addmm`` with a bias, ``_addmm_activation`` with the GELU
 epilogue), but takes the heuristic's first algorithm. :meth:`LtLinear.algos` asks the heuristic for up to N
-candidates; ``scripts/gpu/cublaslt_probe.py`` times them on the GPU against torch's call. An :class:`Algo` is the
-64-byte ``cublasLtMatmulAlgo_t`` as cuBLASLt returns it: valid for the cuBLASLt version and GPU it was found on,
-so tables keep both.
+candidates; ``scripts/gpu/tune.py`` times them on the GPU against torch's call. An :class:`Algo` is the 64-byte
+``cublasLtMatmulAlgo_t`` as cuBLASLt returns it: valid for the cuBLASLt version and GPU it was found on, so tuning
+files keep both.
 
 No compiler and no headers are needed: the library torch has already loaded is opened by its path, and the few
 enums used are written out below (``cublasLt.h``, CUDA 12 and 13 alike). Layouts: a row-major ``y [M, N] = x [M, K]
@@ -187,16 +187,16 @@ def _device_state(device: torch.device, stream: int = 0) -> tuple[ctypes.c_void_
 
 
 class LtLinear:
-    """One problem: ``y [rows, n] = x [rows, k] · w [n, k]ᵀ + bias`` (``epilogue`` "bias" or "gelu_bias"), plus
-    ``residual`` [rows, n] when ``residual`` (cuBLASLt's C with beta 1), in ``dtype`` with fp32 accumulation."""
+    """One problem: ``y [rows, n] = x [rows, k] · w [n, k]ᵀ + bias`` (``epilogue`` "bias" or "gelu_bias") in
+    ``dtype`` with fp32 accumulation."""
 
-    def __init__(self, rows: int, n: int, k: int, dtype: torch.dtype, epilogue: str = "bias", residual: bool = False):
+    def __init__(self, rows: int, n: int, k: int, dtype: torch.dtype, epilogue: str = "bias"):
         if dtype not in DTYPES:
             raise ValueError(f"LtLinear: dtype {dtype} not supported; use one of {sorted(map(str, DTYPES))}")
         if epilogue not in EPILOGUES:
             raise ValueError(f"LtLinear: epilogue {epilogue!r} not supported; use one of {sorted(EPILOGUES)}")
-        self.rows, self.n, self.k, self.dtype, self.epilogue, self.residual = rows, n, k, dtype, epilogue, residual
-        self.what = f"rows {rows}, N {n}, K {k}, {dtype}, {epilogue}{' + residual' if residual else ''}"
+        self.rows, self.n, self.k, self.dtype, self.epilogue = rows, n, k, dtype, epilogue
+        self.what = f"rows {rows}, N {n}, K {k}, {dtype}, {epilogue}"
         lib = library()
         self._desc = ctypes.c_void_p()
         _check(lib.cublasLtMatmulDescCreate(ctypes.byref(self._desc), COMPUTE_32F, R_32F), "DescCreate", self.what)
@@ -208,7 +208,7 @@ class LtLinear:
         self._a, self._b, self._c = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
         for layout, (r, c, ld) in ((self._a, (k, n, k)), (self._b, (k, rows, k)), (self._c, (n, rows, n))):
             _check(lib.cublasLtMatrixLayoutCreate(ctypes.byref(layout), t, r, c, ld), "MatrixLayoutCreate", self.what)
-        self._alpha, self._beta = ctypes.c_float(1.0), ctypes.c_float(1.0 if residual else 0.0)
+        self._alpha, self._beta = ctypes.c_float(1.0), ctypes.c_float(0.0)
         self._lock = threading.Lock()  # the bias pointer is set on the shared descriptor just before each call
 
     def algos(self, limit: int = 32) -> list[Algo]:
@@ -242,7 +242,7 @@ class LtLinear:
         for rows in pool_rows:
             if rows == self.rows:
                 continue
-            other = LtLinear(rows, self.n, self.k, self.dtype, self.epilogue, self.residual)
+            other = LtLinear(rows, self.n, self.k, self.dtype, self.epilogue)
             try:
                 for algo in other.algos(limit):
                     seen.setdefault(algo.blob, algo)
@@ -250,34 +250,26 @@ class LtLinear:
                 other.close()
         return list(seen.values())
 
-    def __call__(
-        self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor, algo: Algo, residual: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """``y`` for ``x`` [rows, k], ``w`` [n, k], ``bias`` [n] (and ``residual`` [rows, n]), on the current stream
-        (so a CUDA graph being captured records it)."""
+    def __call__(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor, algo: Algo) -> torch.Tensor:
+        """``y`` for ``x`` [rows, k], ``w`` [n, k], ``bias`` [n], on the current stream (so a CUDA graph being
+        captured records it)."""
         shapes_ok = x.shape == (self.rows, self.k) and w.shape == (self.n, self.k) and bias.shape == (self.n,)
         if not shapes_ok or x.dtype != self.dtype or w.dtype != self.dtype or bias.dtype != self.dtype:
             raise ValueError(f"LtLinear({self.what}): got x {tuple(x.shape)} {x.dtype}, w {tuple(w.shape)}, bias "
                              f"{tuple(bias.shape)}")  # fmt: skip
         if not (x.is_contiguous() and w.is_contiguous() and bias.is_contiguous()):
             raise ValueError(f"LtLinear({self.what}): x, w and bias must be contiguous")
-        if self.residual != (residual is not None):
-            raise ValueError(f"LtLinear({self.what}): residual {'needed' if self.residual else 'not expected'}")
-        if residual is not None and (residual.shape != (self.rows, self.n) or not residual.is_contiguous()):
-            raise ValueError(f"LtLinear({self.what}): residual {tuple(residual.shape)} must be a contiguous "
-                             f"[{self.rows}, {self.n}]")  # fmt: skip
         lib = library()
         stream = torch.cuda.current_stream(x.device).cuda_stream
         handle, workspace = _device_state(x.device, stream)
         out = torch.empty((self.rows, self.n), dtype=self.dtype, device=x.device)
         ptr = ctypes.c_void_p(bias.data_ptr())
         raw = _Algo.from_buffer_copy(algo.blob)
-        c = residual if residual is not None else out
         with self._lock:
             _check(lib.cublasLtMatmulDescSetAttribute(self._desc, DESC_BIAS_POINTER, ctypes.byref(ptr), 8),
                    "DescSetAttribute(bias)", self.what)  # fmt: skip
             _check(lib.cublasLtMatmul(handle, self._desc, ctypes.byref(self._alpha), w.data_ptr(), self._a,
-                   x.data_ptr(), self._b, ctypes.byref(self._beta), c.data_ptr(), self._c, out.data_ptr(), self._c,
+                   x.data_ptr(), self._b, ctypes.byref(self._beta), out.data_ptr(), self._c, out.data_ptr(), self._c,
                    ctypes.byref(raw), workspace.data_ptr(), WORKSPACE_BYTES, stream), "cublasLtMatmul",
                    self.what)  # fmt: skip
         return out

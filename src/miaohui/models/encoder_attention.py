@@ -2,27 +2,26 @@
 flash-attention Triton kernel that reads q, k and v straight out of the QKV GEMM's output [B, S, 3·H·D] and writes
 [B, S, H·D], the output projection's input.
 
-Why: at BERT-base 32×128 fp16 on the H200, cuDNN's fused attention took 12.5 µs per layer (150 µs of a 1.63 ms call,
-``encoder_variants_h200_s11d.json``) for 1.6 GFLOP, ~2 µs at the measured peak, plus two memsets per layer and the
-permute copies around it; the (32,128) goal (≥ 60 % of peak) needs ~120 µs off that call. At ≤ 128 tokens one program
-holds a block of queries and the whole key range in one or two steps, so the kernel is short.
+Why: the library's fused attention at intent-request sizes (≤ 128 tokens) costs several times its arithmetic, plus
+memsets and the permute copies around it. At ≤ 128 tokens one program holds a block of queries and the whole key
+range in one or two steps, so the kernel is short.
 
 One program takes ``BLOCK_M`` queries of one (sequence, head) and runs an online softmax over key blocks; a key's
 score gets ``bias[b, 0, 0, key]`` added (``FastBert``'s additive padding bias, ``MASK_BIAS`` on padding keys), as
 ``F.scaled_dot_product_attention(q, k, v, attn_mask=bias)`` does. Behind the custom op
 ``torch.ops.miaohui.encoder_attention``; elsewhere (the CPU, no Triton, a head size that is not a power of two ≥ 16)
-the op runs that SDPA call itself. Checked under Triton's interpreter and compiled for compute capability 9.0 on the
-CPU (``tests/unit/test_encoder_attention.py``). On the H200 its launch configurations are swept per shape by
-``scripts/gpu/attn_probe.py``; the engine runs it at the shapes where that found it ≥ 10 % faster than the SDPA form
-(:mod:`miaohui.models.kernel_tables`; e.g. 3.0 vs 6.9 µs at 1×128, 9.9 vs 14.2 at 32×128).
+the op runs that SDPA call itself (the reference form). Checked under Triton's interpreter and compiled for compute
+capability 9.0 on the CPU (``tests/unit/test_encoder_attention.py``). ``scripts/gpu/tune.py`` sweeps its launch
+configurations per shape; the engine runs it at the shapes where that found it faster than the SDPA form by
+:data:`miaohui.models.tuning.rules.MIN_ATTN_GAIN` (the GPU's tuning file).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.nn.functional as F
+
+from miaohui.models.tuning import AttnConfig
 
 try:  # Triton comes with CUDA builds of torch; CPU installs may lack it
     import triton
@@ -30,16 +29,13 @@ try:  # Triton comes with CUDA builds of torch; CPU installs may lack it
 except ImportError:  # pragma: no cover - exercised only where triton is missing
     triton = None
 
-AttnConfig = tuple[int, int, int, int]
-"""(BLOCK_M queries per program, BLOCK_N keys per inner step, num_warps, num_stages)."""
-
 ATTN_BEST: dict[tuple[int, int, int, int], AttnConfig] = {}
-"""(batch, heads, seq, head size) → the configuration to run; other shapes take :func:`default_config`. Filled from
-``scripts/gpu/attn_probe.py``'s sweep (:func:`table_from_probe`)."""
+"""(batch, heads, seq, head size) → the configuration to run; other shapes take :func:`default_config`. Filled by
+``kernel_tables.apply`` from the tuning file."""
 
 ATTN_SHAPES_ONLY = False
 """True: the op runs the Triton kernel only for :data:`ATTN_BEST`'s shapes and the SDPA form for every other (the
-engine: ``kernel_tables.apply``); False: wherever :func:`supported` (the benchmarks)."""
+engine: ``kernel_tables.apply``); False: wherever :func:`supported` (``scripts/gpu/tune.py``, the tests)."""
 
 LOG2E = 1.4426950408889634
 
@@ -128,15 +124,6 @@ def default_config(batch: int, heads: int, seq: int) -> AttnConfig:
     24 programs at 128 tokens); 64 keys per step, 4 warps, 1 stage. Shapes without an :data:`ATTN_BEST` entry."""
     bm = 64 if batch * heads * -(-seq // 64) >= 132 else 32
     return (bm, 64, 4, 1)
-
-
-def table_from_probe(report: dict[str, Any]) -> dict[tuple[int, int, int, int], AttnConfig]:
-    """``attn_probe.py``'s ``best`` entries (each shape's fastest configuration) as :data:`ATTN_BEST` entries."""
-    out: dict[tuple[int, int, int, int], AttnConfig] = {}
-    for e in report["best"]:
-        bm, bn, warps, stages = (int(v) for v in e["config"])
-        out[(int(e["batch"]), int(e["heads"]), int(e["seq"]), int(report["head_size"]))] = (bm, bn, warps, stages)
-    return out
 
 
 def triton_encoder_attention(

@@ -30,35 +30,26 @@ MASK_BIAS = -1e4
 class FastBertLayer(nn.Module):
     fused_gelu: bool = False
     """The FFN's first GEMM, bias and GELU as one cuBLASLt call (``torch._addmm_activation``, the GEMM's GELU-bias
-    epilogue; what TensorRT's GEMM+GELU fusion does). On CUDA that GELU is the tanh form (|Δ| ≤ 5e-4 against erf);
-    on the CPU the op computes erf GELU. Set by :func:`use_fused_gelu`: the GPU engine turns it on (BERT-base fp16 on
-    the H200, static sizes: 32×128 1.78 → 1.63 ms, 1×128 0.486 → 0.467; ``scripts/gpu/encoder_variants.py``)."""
+    epilogue; what TensorRT's GEMM+GELU fusion does): one kernel fewer per layer. On CUDA that GELU is the tanh form
+    (|Δ| ≤ 5e-4 against erf); on the CPU the op computes erf GELU. Set by :func:`use_fused_gelu`: the GPU engine
+    turns it on."""
 
     skinny: bool = False
-    """The four GEMMs through ``miaohui::skinny_linear`` (:mod:`miaohui.models.skinny_gemm`: a small-tile split-K
-    Triton GEMM where its measured table has the product's rows, cuBLAS elsewhere; the FFN's GELU as tanh). Set by
-    :func:`use_skinny`: by the ``inductor`` build with ``gpu_kernels triton`` where the GPU has measured entries
-    (:mod:`miaohui.models.kernel_tables`), and by ``scripts/gpu/encoder_variants.py``'s ``static_skinny*``."""
+    """The GEMMs through ``miaohui::skinny_linear`` (:mod:`miaohui.models.skinny_gemm`: a small-tile split-K Triton
+    GEMM where the tuning file has the product's rows, cuBLAS elsewhere; the FFN's GELU as tanh), and each LayerNorm
+    inside the stack with the GEMMs on either side of it as ``miaohui::proj_ln_proj`` (:mod:`miaohui.models.skinny_ln`:
+    the residual add and LayerNorm done by the first GEMM's split-K reduce where it splits K; the same three kernels
+    as without it elsewhere). That op spans layers (the FFN output, LayerNorm, the next layer's QKV), so
+    :class:`FastBert` reads the flag from its first layer. Set by :func:`use_kernels`."""
 
     triton_attention: bool = False
     """The attention through ``miaohui::encoder_attention`` (:mod:`miaohui.models.encoder_attention`: one Triton
-    kernel reading q, k, v from the QKV output, on CUDA; the same SDPA call elsewhere). Set by
-    :func:`use_triton_attention`: by the ``inductor`` build with ``gpu_kernels triton`` where the GPU has measured
-    entries (:mod:`miaohui.models.kernel_tables`), and by ``scripts/gpu/encoder_variants.py``'s ``*_attn`` variants."""
-
-    ln_fusion: bool = False
-    """Each LayerNorm inside the stack and the GEMMs on either side of it as ``miaohui::proj_ln_proj``
-    (:mod:`miaohui.models.skinny_ln`: the residual add and LayerNorm done by the first GEMM's split-K reduce where the
-    skinny table splits that product at the rows; the same three kernels as without it elsewhere). It spans
-    layers (the FFN output, LayerNorm, the next layer's QKV), so :class:`FastBert` reads it from its first layer. Set
-    by :func:`use_ln_fusion`: by the ``inductor`` build with ``gpu_kernels triton`` and ``ln_fusion auto`` where the
-    GPU has skinny entries."""
+    kernel reading q, k, v from the QKV output, on CUDA; the same SDPA call elsewhere). Set by :func:`use_kernels`."""
 
     cublaslt: bool = False
-    """With ``skinny`` (and ``ln_fusion``): the GEMMs that run cuBLAS run one cuBLASLt call with the algorithm the
-    GPU's table timed fastest for the product and rows, where it has one (:data:`miaohui.models.skinny_gemm.LT_BEST`,
-    TensorRT's tactic choice for cuBLAS), instead of the heuristic's pick. Set by :func:`use_cublaslt`: by the
-    ``inductor`` build with ``gpu_kernels triton`` and ``cublaslt auto`` where the GPU has entries."""
+    """With ``skinny``: the GEMMs that run cuBLAS run one cuBLASLt call with the algorithm the tuning file timed
+    fastest for the product and rows, where it has one (:data:`miaohui.models.skinny_gemm.LT_BEST`), instead of the
+    heuristic's pick. Set by :func:`use_kernels`."""
 
     def __init__(self, hidden: int, heads: int, intermediate: int, eps: float) -> None:
         super().__init__()
@@ -130,7 +121,7 @@ class FastBert(nn.Module):
         x = self.word(input_ids) + self.position.weight[:s] + self.token_type.weight[0]
         x = self.ln(x)
         bias = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * MASK_BIAS
-        if self.layers[0].ln_fusion:
+        if self.layers[0].skinny:
             return _fused_stack(self.layers, x, bias)  # type: ignore[arg-type]
         for layer in self.layers:
             x = layer(x, bias)
@@ -169,24 +160,12 @@ def _set_layer_flag(module: nn.Module, flag: str, on: bool) -> nn.Module:
     return module
 
 
-def use_skinny(module: nn.Module, on: bool = True) -> nn.Module:
-    """Switch every :class:`FastBertLayer` of ``module`` to ``miaohui::skinny_linear`` (see ``skinny``)."""
-    return _set_layer_flag(module, "skinny", on)
-
-
-def use_cublaslt(module: nn.Module, on: bool = True) -> nn.Module:
-    """Switch ``module``'s FastBert layers to cuBLASLt's timed algorithms where the table has them (``cublaslt``)."""
-    return _set_layer_flag(module, "cublaslt", on)
-
-
-def use_ln_fusion(module: nn.Module, on: bool = True) -> nn.Module:
-    """Switch ``module``'s FastBert stacks to ``miaohui::proj_ln_proj`` around the inner LayerNorms (``ln_fusion``)."""
-    return _set_layer_flag(module, "ln_fusion", on)
-
-
-def use_triton_attention(module: nn.Module, on: bool = True) -> nn.Module:
-    """Switch every :class:`FastBertLayer` of ``module`` to ``miaohui::encoder_attention`` (``triton_attention``)."""
-    return _set_layer_flag(module, "triton_attention", on)
+def use_kernels(module: nn.Module, *, skinny: bool, attention: bool, cublaslt: bool = False) -> nn.Module:
+    """Switch every :class:`FastBertLayer` of ``module`` to miaohui's ops: ``skinny`` (the GEMMs and the fused
+    LayerNorms), ``attention`` (``triton_attention``), ``cublaslt`` (with ``skinny``: timed cuBLASLt algorithms)."""
+    for flag, on in (("skinny", skinny), ("triton_attention", attention), ("cublaslt", cublaslt and skinny)):
+        _set_layer_flag(module, flag, on)
+    return module
 
 
 def use_fused_gelu(module: nn.Module, on: bool = True) -> nn.Module:

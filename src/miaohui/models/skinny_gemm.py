@@ -1,25 +1,24 @@
 """A Triton GEMM for the encoder's few-row products (``x`` [M, K] @ ``w`` [N, K]ᵀ + bias, optional tanh GELU) with
 small tiles and split K, for the rows an intent request has (M = batch × sequence ≈ 16–512).
 
-Why: BERT-base fp16 at 1×128 on the H200 is 0.47 ms, ~290 µs of it in cuBLAS GEMMs of 128 rows at ~5 µs each
-(``gpu_encoder_bert_fusedgelu_h200_s11f.json``): QKV 5.3, attention out 4.4, FFN in + GELU 5.7, FFN out 8.7 (split K:
-the GEMM, a reduce kernel and a memset) per layer, against ~1 µs each for their weights at the HBM rate. At 128 rows
-a 128-wide output tile leaves most of the 132 SMs idle; smaller tiles and K split over programs give them work. The
-(1, 128) ≤ 0.35 ms goal needs about 10 µs per layer back.
+Why: at 128 rows a library GEMM's 128-wide output tile leaves most of a large GPU's SMs idle (an H200 has 132), and
+each of BERT-base's GEMMs then takes several times what reading its weights at the HBM rate would; smaller tiles and
+K split over programs give the SMs work. cuBLAS stays the reference form (``miaohui::skinny_linear`` runs it for every
+product the tuning file has no entry for).
 
-Status: in the engine (``gpu_kernels triton``) at the rows of ``kernel_tables.SKINNY_H200``, launched with PDL;
-arithmetic checked on the CPU under Triton's interpreter (``tests/unit/test_skinny_gemm.py``, ``test_skinny_ln.py``);
-``scripts/gpu/encoder_gemm_sweep.py`` and ``pdl_probe.py`` time it against cuBLAS.
+In the engine with ``gpu_kernels tuned`` at the rows of the GPU's tuning file (:mod:`miaohui.models.tuning`),
+launched with PDL; arithmetic checked on the CPU under Triton's interpreter (``tests/unit/test_skinny_gemm.py``,
+``test_skinny_ln.py``); ``scripts/gpu/tune.py`` times it against cuBLAS.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any
 
 import torch
 
 from miaohui.models.cublaslt import Algo, LtLinear
+from miaohui.models.tuning import SkinnyConfig
 
 try:  # Triton comes with CUDA builds of torch; CPU installs may lack it
     import triton
@@ -27,13 +26,10 @@ try:  # Triton comes with CUDA builds of torch; CPU installs may lack it
 except ImportError:  # pragma: no cover - exercised only where triton is missing
     triton = None
 
-SkinnyConfig = tuple[int, int, int, int, int]
-"""(BLOCK_M, BLOCK_N, BLOCK_K, SPLIT, num_warps)."""
-
 SKINNY_SWEEP: list[SkinnyConfig] = [
     (bm, bn, bk, split, 4) for bm in (16, 32, 64) for bn in (32, 64, 128) for bk in (64, 128) for split in (1, 2, 4)
 ]
-"""Every configuration ``scripts/gpu/encoder_gemm_sweep.py`` times (those with BLOCK_M ≤ M)."""
+"""The configurations ``scripts/gpu/tune.py`` times per product (those with BLOCK_M ≤ M)."""
 
 if triton is not None:
 
@@ -206,7 +202,7 @@ def skinny_linear(
     ``CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`` and begin with ``griddepcontrol.launch_dependents`` then
     ``griddepcontrol.wait``: a kernel may be launched while the one before it still runs, and waits on the GPU for
     that one's writes, instead of launching after it has ended (a latency of each of the ~120 kernels of a 1×128
-    BERT-base call; ``scripts/gpu/pdl_probe.py`` measures it)."""
+    BERT-base call)."""
     if triton is None:
         raise RuntimeError("skinny_linear needs Triton (it comes with CUDA builds of torch)")
     if w.dim() != 2 or x.shape[-1] != w.shape[1] or x.dtype != w.dtype:
@@ -261,32 +257,20 @@ def rows_of(t: torch.Tensor) -> torch.Tensor:
 
 
 SKINNY_BEST: dict[tuple[int, int, int], SkinnyConfig] = {}
-"""(M, N, K) → the configuration to run, for the products where the sweep found it faster than cuBLAS; every other
-product keeps cuBLAS. Filled by ``kernel_tables.apply`` (the engine) or the benchmarks
-(``scripts/gpu/encoder_gemm_sweep.py``; :func:`table_from_sweep`)."""
+"""(M, N, K) → the configuration to run, for the products where the tuning file has one; every other product keeps
+cuBLAS. Filled by ``kernel_tables.apply``."""
 
 
 SKINNY_PDL = False
 """Launch the table's kernels as programmatic dependents (:func:`skinny_linear`'s ``pdl``): set with the table by
-``kernel_tables.apply`` and by ``scripts/gpu/encoder_variants.py``'s ``*_pdl*`` variants."""
-
-
-def table_from_sweep(report: dict[str, Any]) -> dict[tuple[int, int, int], SkinnyConfig]:
-    """``encoder_gemm_sweep.py``'s ``best`` entries that beat cuBLAS, as :data:`SKINNY_BEST` entries."""
-    out: dict[tuple[int, int, int], SkinnyConfig] = {}
-    for e in report["best"]:
-        if e["us"] < e["cublas_us"]:
-            bm, bn, bk, split, warps = (int(v) for v in e["config"])
-            out[(int(e["m"]), int(e["n"]), int(e["k"]))] = (bm, bn, bk, split, warps)
-    return out
+``kernel_tables.apply``."""
 
 
 LT_BEST: dict[tuple[int, int, int, bool], str] = {}
-"""(M, N, K, GELU) → the cuBLASLt algorithm to run (:mod:`miaohui.models.cublaslt`), for the products where timing
-cuBLASLt's candidates found one faster than the heuristic's pick that torch runs; a call with ``lt`` True runs it
-(fp16 only, where :data:`SKINNY_BEST` has no entry), the algorithm as its 64 bytes in hex. Filled by
-``kernel_tables.apply`` from ``kernel_tables.LT_H200`` when this process's cuBLASLt is the version the table was
-measured with."""
+"""(M, N, K, GELU) → the cuBLASLt algorithm to run (:mod:`miaohui.models.cublaslt`), as its 64 bytes in hex, for the
+products where the tuning file timed one faster than the heuristic's pick that torch runs; a call with ``lt`` True
+runs it (fp16 only, where :data:`SKINNY_BEST` has no entry). Filled by ``kernel_tables.apply`` when this process's
+cuBLASLt is the version the file was measured with."""
 
 _LT_PLANS: dict[tuple[int, int, int, bool, torch.dtype], LtLinear] = {}
 

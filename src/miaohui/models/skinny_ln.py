@@ -8,22 +8,18 @@ and the FFN output → LayerNorm → the next layer's QKV. ``h`` is the next res
 Where :data:`miaohui.models.skinny_gemm.SKINNY_BEST` has the first product at these rows with K split over programs,
 or :data:`LN_SPLIT_BEST` has a split for it (CUDA), the kernel that sums the split's partials — it holds whole rows —
 also adds bias and residual and normalizes (``skinny_linear(..., residual_ln=...)``): the add + LayerNorm kernel is
-gone, two or three kernels instead of three or four. On the H200 that is both products of BERT-base and e5-small at
-16 and 128 rows: the FFN output and BERT-base's attention output at 16 by ``kernel_tables.SKINNY_H200``'s own splits,
-the other attention outputs by ``kernel_tables.LN_SPLIT_H200``'s. The second GEMM runs by ``miaohui::skinny_linear``'s
-rule.
+gone, two or three kernels instead of three or four. The splits come from the GPU's tuning file: the skinny table's
+own, and forced splits (``ln_split``) where the fused pair measured faster. The second GEMM runs by
+``miaohui::skinny_linear``'s rule.
 
-Elsewhere (other rows; a first product without split K) it runs what the engine ran before: the first GEMM, one add
-+ LayerNorm kernel (:func:`add_layer_norm`, Triton on CUDA, as Inductor would make of them; its launch by
+Elsewhere (other rows; a first product without split K) it runs the reference form: the first GEMM, one add +
+LayerNorm kernel (:func:`add_layer_norm`, Triton on CUDA, as Inductor would make of them; its launch by
 :func:`add_ln_launch`), the second GEMM.
 
 Why: at 1×128 a BERT-base call is ~105 kernels of ~3.3 µs, latency rather than work, and 24 of them are add +
-LayerNorm kernels (``benchmarks/NOTES_gpu.md``, sessions 23–27). Three tries that did not pay, all measured on the
-H200: session 23's LayerNorm in the GEMM's epilogue (a tile holds part of a row: the last program of each row block
-normalized the block alone, 14.4 µs a call); and session 27's LayerNorm in the next GEMM's prologue, the tile of
-the operand normalized in registers before ``tl.dot`` — with the row statistics read from the rows first (BERT-base
-1×128 0.59 ms against 0.36) or merged from partials the first GEMM wrote (1.14 ms; the prologue GEMM alone took 40 µs
-against 4.8, ``ln_fusion_probe_h200_s30e.json``).
+LayerNorm kernels. A LayerNorm in the GEMM's epilogue (a tile holds only part of a row) or in the next GEMM's prologue
+(the operand normalized in registers before ``tl.dot``) measured slower than the unfused pair; the split's reduce,
+which holds whole rows, is where it pays.
 """
 
 from __future__ import annotations
@@ -80,11 +76,8 @@ AddLnLaunch = tuple[int, int]
 
 def add_ln_launch(m: int, n: int) -> AddLnLaunch:
     """The launch of :func:`add_layer_norm` for ``m`` rows of ``n``: one row a program below 1,024 rows, two from
-    there; a warp per 1,024 elements of the program's power-of-two block. ``ln_fusion_probe.py --add-ln-rows`` on the
-    H200 (``ln_fusion_probe_{bert,e5}_h200_s31a.json``, each launch alone in a 20-call graph): within 4 % of the
-    fastest of 16–20 launches at 512 and 4,096 rows of 768 and 384 (BERT-base 512 rows 2.52 µs, 4,096 rows 4.72;
-    e5-small 2.03, 3.40), where session 27's 4–8 rows of 4 warps took 2.75 / 4.99 / 2.45 / 3.71. Inductor's kernel for
-    the same add + LayerNorm: 2.33 / 5.25 / 1.96 / 3.37."""
+    there; a warp per 1,024 elements of the program's power-of-two block (timed on the H200 within a few percent of
+    the fastest launch at 512 and 4,096 rows of 768 and 384, and of Inductor's own kernel for the add + LayerNorm)."""
     block_n = 1 << max(0, n - 1).bit_length()
     rows = 1 if m < 1024 else 2
     return rows, max(1, rows * block_n // 1024)
@@ -97,18 +90,17 @@ def add_layer_norm(
     beta: torch.Tensor,
     eps: float,
     pdl: bool = False,
-    launch: AddLnLaunch | None = None,
 ) -> torch.Tensor:
     """``F.layer_norm(a + r, (N,), gamma, beta, eps)``: one Triton kernel on CUDA (what Inductor makes of the add and
-    the LayerNorm; ``pdl``: launched as a programmatic dependent; ``launch``: rows a program and warps, else
-    :func:`add_ln_launch`), torch elsewhere."""
+    the LayerNorm; ``pdl``: launched as a programmatic dependent; its launch by :func:`add_ln_launch`), torch
+    elsewhere."""
     n = a.shape[-1]
     if not (a.is_cuda and triton is not None):
         return F.layer_norm(a + r, (n,), gamma, beta, eps)
     a2, r2 = skinny_gemm.rows_of(a), skinny_gemm.rows_of(r)
     m = a2.shape[0]
     out = torch.empty((m, n), dtype=a.dtype, device=a.device)
-    rows, warps = launch or add_ln_launch(m, n)
+    rows, warps = add_ln_launch(m, n)
     _add_ln_kernel[(triton.cdiv(m, rows),)](
         a2, r2, gamma, beta, out, m, n, a2.stride(0), r2.stride(0), out.stride(0), eps,
         ROWS=rows, BLOCK_N=triton.next_power_of_2(n), PDL=pdl, num_warps=warps, launch_pdl=pdl,
@@ -119,8 +111,8 @@ def add_layer_norm(
 LN_SPLIT_BEST: dict[tuple[int, int, int], skinny_gemm.SkinnyConfig] = {}
 """(M, N, K) → the first product's configuration when the LayerNorm after it is fused: a split of K that the plain
 product's entry in :data:`~miaohui.models.skinny_gemm.SKINNY_BEST` does not have, measured to pay as a pair (the
-split costs less than the add + LayerNorm kernel it removes). Filled by ``kernel_tables.apply`` from
-``kernel_tables.LN_SPLIT_H200``."""
+split costs less than the add + LayerNorm kernel it removes). Filled by ``kernel_tables.apply`` from the tuning
+file's ``ln_split``."""
 
 
 def fused_config(rows: int, w1: torch.Tensor) -> skinny_gemm.SkinnyConfig | None:

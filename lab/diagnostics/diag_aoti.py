@@ -6,7 +6,7 @@ in a fresh child process with three loaders (torch's C++ loader single- and mult
 ``aoti_load_package``). Each child prints a marker before and after load and run, with ``faulthandler`` on, under
 gdb when the machine has it (a native backtrace). Results → ``$OUT/diag_aoti.json`` after every child.
 
-    python3 scripts/gpu/diag_aoti.py "$OUT"
+    python3 lab/diagnostics/diag_aoti.py "$OUT"
 """
 
 from __future__ import annotations

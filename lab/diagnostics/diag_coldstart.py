@@ -8,7 +8,7 @@ call, calls at two more shapes, for
   B. AOTInductor: ``aoti_compile_and_package`` → ``aoti_load_package`` (segfaulted on load in session 2),
   C. ``torch.compile(...).aot_compile`` → ``save_compiled_function`` / ``torch.compiler.load_compiled_function``.
 
-    python3 scripts/gpu/diag_coldstart.py [OUT_DIR]
+    python3 lab/diagnostics/diag_coldstart.py [OUT_DIR]
 """
 
 from __future__ import annotations

@@ -5,21 +5,21 @@
 the split one at (64, 256) (``decode_whole_step.py``) yet the
 server with it was 25 % slower; is some bucket slow?
 
-    TORCH_LOGS=recompiles python3 scripts/gpu/decode_buckets.py --out /tmp/buckets
-    python3 scripts/gpu/decode_buckets.py --layers split,split+int8,fused+int8 --batches 1,64 --out /tmp/buckets
+    TORCH_LOGS=recompiles python -m lab.probes.decode_buckets --out /tmp/buckets
+    python -m lab.probes.decode_buckets --layers split,split+int8,fused+int8 --batches 1,64 --out /tmp/buckets
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from lab.harness import replay_us, summary
 from miaohui.generation.dims import DecoderDims
 from miaohui.generation.slot_engine import TorchSlotEngine
 from miaohui.generation.slot_options import SlotEngineOptions
@@ -32,15 +32,8 @@ QWEN_15B = DecoderDims(
 
 
 def _replay_ms(graph: torch.cuda.CUDAGraph, iters: int) -> float:
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    """Median ms of a replay of ``graph`` (:mod:`lab.harness`)."""
+    return summary(replay_us(graph.replay, iters))["median"] / 1000
 
 
 def one_engine(variant: str, iters: int, batches: tuple[int, ...]) -> dict[str, Any]:

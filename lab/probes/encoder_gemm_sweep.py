@@ -1,15 +1,16 @@
 """On the GPU: the encoder's few-row Triton GEMM (:func:`miaohui.models.skinny_gemm.skinny_linear`) over its
-configurations against cuBLAS — what the engine runs today — for BERT-base's four GEMMs of a layer at M = 16, 128
-and 512 rows (1×16, 1×128, 8×64), fp16, random weights.
+configurations against cuBLAS for an encoder layer's four GEMMs (BERT-base's by default) at M = 16, 128 and 512 rows
+(1×16, 1×128, 8×64), fp16, random weights.
 
 Per (GEMM, M): cuBLAS (``F.linear`` with bias; for the FFN's first GEMM ``torch._addmm_activation`` with its GELU
 epilogue, as the engine builds it), then every ``SKINNY_SWEEP`` configuration with BLOCK_M ≤ M; each a CUDA graph of
-40 calls over weights rotated past L2 (``decode_kernel_probe._time_graph``). The best configuration is checked
-against fp32 and the per-layer sums say what a 12-layer BERT-base would gain.
+40 calls over weights rotated past L2 (:mod:`lab.harness`). The best configuration is checked against fp32 and the
+per-layer sums say what a 12-layer encoder would gain. ``scripts/gpu/tune.py`` times the chain of each width's best
+configurations with ``pdl_probe``.
 
-    python3 scripts/gpu/encoder_gemm_sweep.py --out /tmp/egemm
-    python3 scripts/gpu/encoder_gemm_sweep.py --hidden 384 --inter 1536 --rows 16,128 --out /tmp/e5gemm   # e5-small
-    TRITON_INTERPRET=1 python3 scripts/gpu/encoder_gemm_sweep.py --device cpu --out /tmp/egemm   # smoke test
+    python -m lab.probes.encoder_gemm_sweep --out /tmp/egemm
+    python -m lab.probes.encoder_gemm_sweep --hidden 384 --inter 1536 --rows 16,128 --out /tmp/e5gemm   # e5-small
+    TRITON_INTERPRET=1 python -m lab.probes.encoder_gemm_sweep --device cpu --out /tmp/egemm   # smoke test
 """
 
 from __future__ import annotations
@@ -21,18 +22,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from decode_kernel_probe import _rotating, _time_graph
 from torch.nn import functional as F
 
-from miaohui.models.kernel_tables import bert_products
+from lab.harness import rotating, time_graph, write_report
 from miaohui.models.skinny_gemm import SKINNY_SWEEP, skinny_linear
+from miaohui.models.tuning import products
 
 HIDDEN, INTER = 768, 3072
 
 
 def gemms(hidden: int = HIDDEN, inter: int = INTER) -> dict[str, tuple[int, int, bool]]:
     """An encoder layer's GEMMs: name → (N, K, GELU epilogue)."""
-    return {name: (n, k, name == "ffn_in") for name, (n, k) in bert_products(hidden, inter).items()}
+    return {name: (n, k, name == "ffn_in") for name, (n, k) in products(hidden, inter).items()}
 
 
 def _cublas(gelu: bool) -> Any:
@@ -62,13 +63,13 @@ def sweep(
             x = torch.randn(m, k, device=device, dtype=dtype)
             want = F.linear(x.float(), wbs[0][0].float(), wbs[0][1].float())
             want = F.gelu(want, approximate="tanh") if gelu else want
-            cublas_us = _time_graph(_rotating(_cublas(gelu and cuda), x, wbs), 40, cuda)
+            cublas_us = time_graph(rotating(_cublas(gelu and cuda), x, items=wbs), 40, cuda)
             best: tuple[float, Any] | None = None
             configs = [c for c in SKINNY_SWEEP if c[0] <= m]
             for cfg in configs[:3] if tiny else configs:
-                run = _rotating(lambda x, wb, c=cfg, g=gelu: skinny_linear(x, wb[0], wb[1], c, gelu=g), x, wbs)
+                run = rotating(lambda x, wb, c=cfg, g=gelu: skinny_linear(x, wb[0], wb[1], c, gelu=g), x, items=wbs)
                 try:
-                    us = _time_graph(run, 40, cuda)
+                    us = time_graph(run, 40, cuda)
                 except Exception as exc:  # a configuration Triton cannot compile is a finding, not a stop
                     report["rows"].append({"gemm": name, "m": m, "config": cfg, "error": repr(exc)[:200]})
                     continue
@@ -105,18 +106,15 @@ def main() -> None:
     args = ap.parse_args()
     if args.device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         raise SystemExit("on the CPU run it under TRITON_INTERPRET=1 (Triton's interpreter)")
-    args.out.mkdir(parents=True, exist_ok=True)
     with torch.inference_mode():
         rows = tuple(int(r) for r in args.rows.split(","))
         report = sweep(args.device, tiny=args.device != "cuda", hidden=args.hidden, inter=args.inter, rows=rows)
     shape = f"hidden {args.hidden}, FFN {args.inter}"
-    report |= {"model": f"encoder GEMM shapes ({shape}), fp16 (random weights)", "torch": torch.__version__}
-    if args.device == "cuda":
-        report["gpu"] = torch.cuda.get_device_name()
+    report |= {"model": f"encoder GEMM shapes ({shape}), fp16 (random weights)"}
     for key, v in report.items():
         if key.startswith("layer_us_m"):
             print(f"{key}: skinny {v['skinny']:.1f} µs, cuBLAS {v['cublas']:.1f}, best of both {v['best_of_both']:.1f}")
-    (args.out / "encoder_gemm_sweep.json").write_text(json.dumps(report, indent=1))
+    write_report(args.out, "encoder_gemm_sweep", report)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """Summarise a py-spy ``--format raw`` file: samples per thread, then the functions with the most inclusive and
-self samples (per thread). ``python scripts/gpu/spy_top.py FILE [N]``."""
+self samples (per thread). ``python lab/diagnostics/spy_top.py FILE [N]``."""
 
 from __future__ import annotations
 

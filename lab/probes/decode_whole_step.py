@@ -11,15 +11,14 @@
 Each variant is a CUDA graph timed with CUDA events (median of ``--iters`` replays) on the same random weights; the
 max |logit difference| against the matmul pieces says they compute the same thing.
 
-    python3 scripts/gpu/decode_whole_step.py [--batches 1,64] [--profile] [--no-whole] [--coordinate-descent]
-    python3 scripts/gpu/decode_whole_step.py --tiny --device cpu     # smoke test on a CPU (no graphs, no timing)
+    python -m lab.probes.decode_whole_step [--batches 1,64] [--profile] [--no-whole] [--coordinate-descent]
+    python -m lab.probes.decode_whole_step --tiny --device cpu     # smoke test on a CPU (no graphs, no timing)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import Any
 
 import torch
 
+from lab.harness import capture, replay_us, summary
 from miaohui.generation.constants import with_constants
 from miaohui.generation.dims import DecoderDims
 from miaohui.generation.slot_engine import TorchSlotEngine
@@ -59,25 +59,9 @@ def _prompt(dec: StaticKVDecoder, device: str) -> None:
 
 
 def _graph_ms(step: Callable[[], torch.Tensor], iters: int) -> tuple[float, torch.Tensor]:
-    """Warm ``step`` on a side stream, capture it, and time ``iters`` replays with CUDA events (median ms)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = step()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times), out
+    """``step`` captured as a graph (:mod:`lab.harness`): median ms of ``iters`` replays, and its output."""
+    graph, out = capture(step)
+    return summary(replay_us(graph.replay, iters))["median"] / 1000, out
 
 
 def _kernel_table(step: Callable[[], torch.Tensor], top: int = 14) -> list[dict[str, object]]:

@@ -6,8 +6,8 @@ heads (12 query, 2 KV, head size 128), bf16; 64 decode rows at position 200 of t
 call reads from HBM; CUDA graphs of 40 calls (``decode_kernel_probe._time_graph``). The largest difference from the
 matmul forms is reported with each time.
 
-    python3 scripts/gpu/prompt_attention_probe.py --out /tmp/pattn
-    python3 scripts/gpu/prompt_attention_probe.py --device cpu --out /tmp/pattn   # smoke test, no timing
+    python -m lab.probes.prompt_attention_probe --out /tmp/pattn
+    python -m lab.probes.prompt_attention_probe --device cpu --out /tmp/pattn   # smoke test, no timing
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from decode_kernel_probe import HEADS, KV_HEADS, D, _time_graph
 
+from lab.harness import time_graph
+from lab.probes.decode_kernel_probe import HEADS, KV_HEADS, D
 from miaohui.generation.decode_attention import decode_attention
 from miaohui.generation.prompt_attention import BLOCK_M, BLOCK_N, matmul_prompt_attention, prompt_attention
 
@@ -74,12 +75,12 @@ def _one(p: int, device: str, dtype: torch.dtype) -> dict[str, Any]:
     row: dict[str, Any] = {"decode_rows": b, "prompt_tokens": p, "bucket": BUCKET}
     turn[0] = len(caches) - 1
     row["rows_err"] = float((by_rows()[b:].float() - want).abs().max())
-    row["rows_us"] = _time_graph(by_rows, 40, cuda)
+    row["rows_us"] = time_graph(by_rows, 40, cuda)
     for bm, bn in BLOCKS if cuda else [(BLOCK_M, BLOCK_N)]:
         turn[0] = len(caches) - 1
         tag = f"split_{bm}x{bn}" + ("_default" if (bm, bn) == (BLOCK_M, BLOCK_N) else "")
         row[f"{tag}_err"] = float((split(bm, bn)[b:].float() - want).abs().max())
-        row[f"{tag}_us"] = _time_graph(functools.partial(split, bm, bn), 40, cuda)
+        row[f"{tag}_us"] = time_graph(functools.partial(split, bm, bn), 40, cuda)
     return row
 
 

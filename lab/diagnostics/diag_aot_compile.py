@@ -9,8 +9,8 @@ sequence ≥ 2 are dynamic: a batch of 1 gets a padding row), save ``fn.pt`` + t
 fresh processes that load them and run 1×16, 8×32, 8×32, 3×20 (same Inductor/Triton caches), and one more with
 empty caches (a new machine: are the Triton kernels inside the artifact?). Outputs are compared with eager.
 
-    python3 scripts/gpu/diag_aot_compile.py var/models/intent-e5-shape --out DIR [--device cuda --precision fp16]
-    python3 scripts/gpu/diag_aot_compile.py var/models/intent-e5-shape --device cpu --precision fp32 --runs 1
+    python3 lab/diagnostics/diag_aot_compile.py var/models/intent-e5-shape --out DIR [--device cuda --precision fp16]
+    python3 lab/diagnostics/diag_aot_compile.py var/models/intent-e5-shape --device cpu --precision fp32 --runs 1
 """
 
 from __future__ import annotations

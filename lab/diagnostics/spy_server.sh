@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # py-spy the running `miaohui serve` process(es) while they are under load: waits for one, then records
-# $2 s of stacks per thread (collapsed "raw" format, readable with `python scripts/gpu/spy_top.py`), all
+# $2 s of stacks per thread (collapsed "raw" format, readable with `python lab/diagnostics/spy_top.py`), all
 # threads and then only the GIL holder. Usage: spy_server.sh OUT_PREFIX SECONDS DELAY_S
 set -uo pipefail
 prefix=$1; secs=${2:-6}; delay=${3:-0}

@@ -2,15 +2,14 @@
 (:mod:`miaohui.models.encoder_attention`) is fastest at each of the engine's shapes, and is it faster than the SDPA
 form the engine runs without it (cuDNN's fused attention and the permute copies around it)?
 
-Session 26 (``encoder_variants_h200_s26c.json``) timed the kernel with its first guess (64 or 32 queries per
-program, 64 keys per step, 4 warps): 4.5 µs a layer at 1×128 (cuDNN 5.0), 12.9 at 32×128 (cuDNN 12.7), 60 at
-128×128 (cuDNN 51.5). This sweeps BLOCK_M × BLOCK_N × num_warps × num_stages at BERT-base's 12 heads of 64 with one
-padded sequence per batch, fp16; each configuration's output is checked against the SDPA form. Per shape: µs per
-call (median of 30 replays of a CUDA graph holding 20 calls), the SDPA form's µs, and the best configuration
-(``best``, which :func:`miaohui.models.encoder_attention.table_from_probe` reads).
+It sweeps BLOCK_M × BLOCK_N × num_warps × num_stages at the given heads and head size (BERT-base's 12 of 64 by
+default) with one padded sequence per batch, fp16; each configuration's output is checked against the SDPA form. Per
+shape: µs per call (median of 30 replays of a CUDA graph holding 20 calls, :mod:`lab.harness`), the SDPA form's µs,
+and the best configuration (``best``: ``scripts/gpu/tune.py`` keeps those that pass
+``miaohui.models.tuning.rules.attention_entries``).
 
-    python3 scripts/gpu/attn_probe.py --out /tmp/attn
-    TRITON_INTERPRET=1 python3 scripts/gpu/attn_probe.py --device cpu --shapes 1x16 --out /tmp/attn  # smoke test
+    python -m lab.probes.attn_probe --out /tmp/attn
+    TRITON_INTERPRET=1 python -m lab.probes.attn_probe --device cpu --shapes 1x16 --out /tmp/attn  # smoke test
 """
 
 from __future__ import annotations
@@ -18,14 +17,12 @@ from __future__ import annotations
 import argparse
 import functools
 import itertools
-import json
-import platform
 from pathlib import Path
 from typing import Any
 
 import torch
-from decode_kernel_probe import _time_graph
 
+from lab.harness import time_graph, write_report
 from miaohui.models.encoder_attention import AttnConfig, sdpa_encoder_attention, triton_encoder_attention
 from miaohui.models.fast_bert import MASK_BIAS
 
@@ -34,8 +31,8 @@ HEADS, HEAD_SIZE = 12, 64
 
 
 SERVING_CONFIGS: list[AttnConfig] = [(16, 64, 4, 2), (32, 128, 2, 2), (16, 128, 4, 2), (64, 64, 4, 1), (128, 64, 4, 1)]
-"""The configurations that won the full sweeps (``attn_probe_h200_s27a.json``, ``attn_probe_e5_h200_s28e.json``):
-``--configs serving`` tries only these, so a server's whole bucket grid can be probed in one call."""
+"""The configurations that won the full sweeps on the H200 at BERT-base's and e5-small's shapes: ``--configs serving``
+tries only these, so a server's whole bucket grid can be probed in one call."""
 
 
 def configs(quick: bool, which: str = "all") -> list[AttnConfig]:
@@ -73,8 +70,6 @@ def main() -> None:
     cuda = args.device == "cuda"
     dtype = torch.float16 if cuda else torch.float32
     report: dict[str, Any] = {
-        "gpu": torch.cuda.get_device_name() if cuda else platform.processor() or "cpu",
-        "torch": torch.__version__,
         "heads": heads,
         "head_size": args.head_size,
         "dtype": str(dtype),
@@ -86,16 +81,14 @@ def main() -> None:
         qkv, bias = inputs(b, s, args.device, dtype, heads, args.head_size)
         with torch.inference_mode():
             want = sdpa_encoder_attention(qkv.float(), bias.float(), heads)
-            sdpa_us = _time_graph(functools.partial(sdpa_encoder_attention, qkv, bias, heads), 20, cuda)
+            sdpa_us = time_graph(functools.partial(sdpa_encoder_attention, qkv, bias, heads), 20, cuda)
             rows = []
             for cfg in configs(not cuda, args.configs):
                 row: dict[str, Any] = {"batch": b, "heads": heads, "seq": s, "config": list(cfg)}
                 try:
                     got = triton_encoder_attention(qkv, bias, heads, cfg)
                     row["max_err"] = float((got.float() - want).abs().max())
-                    row["us"] = _time_graph(
-                        functools.partial(triton_encoder_attention, qkv, bias, heads, cfg), 20, cuda
-                    )
+                    row["us"] = time_graph(functools.partial(triton_encoder_attention, qkv, bias, heads, cfg), 20, cuda)
                 except Exception as exc:  # a configuration that does not compile (shared memory) is a finding
                     row["error"] = repr(exc)[:300]
                 rows.append(row)
@@ -111,8 +104,7 @@ def main() -> None:
             )
         else:
             print(f"{b:4d}x{s:<4d} no configuration ran: {rows[0].get('error')}", flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "attn_probe.json").write_text(json.dumps(report, indent=1))
+    write_report(args.out, "attn_probe", report)
 
 
 if __name__ == "__main__":

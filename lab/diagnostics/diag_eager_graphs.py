@@ -12,7 +12,7 @@ included: load + these = the cold start), then every bucket's replay
 start in < 1 s at a small replay cost, a server can answer with them at once and swap in the compiled graphs
 as a background compile finishes them (built since: ``ModelConfig.fast_start``).
 
-    python3 scripts/gpu/diag_eager_graphs.py OUT_DIR [MODEL_DIR] [MODES, default engine,eager,fast]
+    python3 lab/diagnostics/diag_eager_graphs.py OUT_DIR [MODEL_DIR] [MODES, default engine,eager,fast]
 """
 
 from __future__ import annotations
@@ -143,7 +143,7 @@ def main() -> None:
         "torch": torch.__version__,
         "model": str(model),
         "build_s": round(time.perf_counter() - t, 1),
-        "command": "python3 scripts/gpu/diag_eager_graphs.py " + " ".join(sys.argv[1:]),
+        "command": "python3 lab/diagnostics/diag_eager_graphs.py " + " ".join(sys.argv[1:]),
     }
     modes = (sys.argv[3] if len(sys.argv) > 3 else "engine,eager,fast").split(",")
     for run in (1, 2):  # the second run of each finds warm OS and Triton caches

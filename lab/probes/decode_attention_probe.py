@@ -5,9 +5,9 @@ Qwen2.5 shape (12 query heads, 2 KV heads, head size 128), per layer, at the dec
 a bucket is the smallest that holds the longest row). 28 layers' caches rotated, so every call reads its keys and
 values from HBM; CUDA graphs of 40 calls. Reports µs per call, the ratio, and the largest difference between the two.
 
-    python3 scripts/gpu/decode_attention_probe.py --out /tmp/attn
-    python3 scripts/gpu/decode_attention_probe.py --sweep --out /tmp/attn   # also every (BLOCK_T, target, warps)
-    python3 scripts/gpu/decode_attention_probe.py --device cpu --out /tmp/attn   # smoke test, no timing
+    python -m lab.probes.decode_attention_probe --out /tmp/attn
+    python -m lab.probes.decode_attention_probe --sweep --out /tmp/attn   # also every (BLOCK_T, target, warps)
+    python -m lab.probes.decode_attention_probe --device cpu --out /tmp/attn   # smoke test, no timing
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from decode_kernel_probe import HEADS, KV_HEADS, D, _time_graph
 
+from lab.harness import time_graph
+from lab.probes.decode_kernel_probe import HEADS, KV_HEADS, D
 from miaohui.generation.decode_attention import (
     decode_attention_op,
     matmul_decode_attention,
@@ -68,7 +69,7 @@ def probe(device: str, dtype: torch.dtype, shapes: list[tuple[int, int]], sweep:
         for name, fn in (("matmul", matmul), ("triton", decode_attention_op)):
             got = fn(q, k0, v0, positions)
             row[f"{name}_max_abs_err"] = float((got.float() - want).abs().max())
-            row[f"{name}_us"] = _time_graph(_rotating(fn, q, caches, positions), 40, cuda)
+            row[f"{name}_us"] = time_graph(_rotating(fn, q, caches, positions), 40, cuda)
         row["kv_mb_read_triton"] = float(2 * KV_HEADS * D * (positions + 1).sum() * dtype.itemsize / 2**20)
         if cuda:
             row["speedup"] = row["matmul_us"] / row["triton_us"]
@@ -80,7 +81,7 @@ def probe(device: str, dtype: torch.dtype, shapes: list[tuple[int, int]], sweep:
                     return triton_decode_attention(q, k, v, p, block=c[0], target=c[1], warps=c[2])
 
                 err = float((fn(q, k0, v0, positions).float() - want).abs().max())
-                us = _time_graph(_rotating(fn, q, caches, positions), 40, cuda)
+                us = time_graph(_rotating(fn, q, caches, positions), 40, cuda)
                 timed.append({"config": [block, target, warps], "us": us, "max_abs_err": err})
             row["sweep"] = sorted(timed, key=lambda e: e["us"])
             row["best"] = row["sweep"][0]

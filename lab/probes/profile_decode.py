@@ -2,14 +2,14 @@
 CUDA-graph step takes, for the 1.5B Qwen-shaped model with random weights; with ``--prefills``, the same for the
 static prefill graphs of those (prompts × length) buckets.
 
-    python3 scripts/gpu/profile_decode.py [--batches 1,64] [--int8-batch1 [--int8-kernel gemv --gemv-table JSON]]
+    python -m lab.probes.profile_decode [--batches 1,64] [--int8-batch1 [--int8-kernel gemv --gemv-table JSON]]
         [--prefills 1x128,2x128,8x128] [--symbolic-heads] [--out DIR]
 
 ``--symbolic-heads``: the fused decode and mixed layers get the head count as before session 23, bound by
 ``functools.partial``, so that ``dynamic=True`` makes it a symbol of their graphs (the engine binds it with
 :func:`~miaohui.generation.constants.with_constants`, a constant): the same call can time both.
 
-``--gemv-table``: ``scripts/gpu/gemv_sweep.py``'s JSON; its fastest configuration per weight shape goes into
+``--gemv-table``: ``lab/probes/gemv_sweep.py``'s JSON; its fastest configuration per weight shape goes into
 ``w8a16.GEMV_BEST`` before the engine is built.
 """
 
@@ -18,12 +18,12 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import statistics
 import time
 from pathlib import Path
 
 import torch
 
+from lab.harness import replay_us, summary
 from miaohui.bench.kernel_timeline import cuda_kernels, exclusive
 from miaohui.generation import mixed_step, static_kv, w8a16
 from miaohui.generation.dims import DecoderDims
@@ -40,16 +40,8 @@ QWEN_15B = DecoderDims(
 
 def _profile(graph: torch.cuda.CUDAGraph, label: str, table_path: Path) -> dict[str, float]:
     """A captured graph's replay: median time of 200 (CUDA events), and its kernels (count, device time) over 10."""
-    times = []
-    for _ in range(200):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        graph.replay()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e))
-    # the graph's own kernels: calling the compiled step outside the graph ran another variant with int8_batch1
-    # (s15e: 2.95 ms of kernels per step against a 1.61 ms replay, bf16 GEMMs after int8→bf16 weight copies)
+    step = summary(replay_us(graph.replay, 200))["median"] / 1000
+    # the graph's own kernels: calling the compiled step outside the graph can run another variant of it
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(10):
             graph.replay()
@@ -58,7 +50,6 @@ def _profile(graph: torch.cuda.CUDAGraph, label: str, table_path: Path) -> dict[
     events = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
     n_kernels = sum(e.count for e in events) / 10
     gpu_us = sum(e.device_time_total for e in events) / 10
-    step = statistics.median(times)
     print(f"{label}: graph step {step:.3f} ms; {n_kernels:.0f} kernels/step, kernel time {gpu_us:.0f} us")
     print(table)
     table_path.write_text(table)

@@ -22,8 +22,8 @@ the 64-row step's GEMMs 1,544 µs at the best configuration per shape vs cuBLAS 
 
 Per row: µs per call, the bytes' TB/s, and max |error| against the dequantized weights in fp32.
 
-    python3 scripts/gpu/decode_quant_probe.py --out /tmp/quant [--variants cublas,int8_triton]
-    python3 scripts/gpu/decode_quant_probe.py --device cpu --tiny --out /tmp/quant   # smoke test, no timing
+    python -m lab.probes.decode_quant_probe --out /tmp/quant [--variants cublas,int8_triton]
+    python -m lab.probes.decode_quant_probe --device cpu --tiny --out /tmp/quant   # smoke test, no timing
 """
 
 from __future__ import annotations
@@ -35,9 +35,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from decode_kernel_probe import HEADS, HIDDEN, INTER, KV_HEADS, VOCAB, D, _rotating, _time_graph
 from torch.nn import functional as F
 
+from lab.harness import rotating, time_graph
+from lab.probes.decode_kernel_probe import HEADS, HIDDEN, INTER, KV_HEADS, VOCAB, D
 from miaohui.generation.int8_weights import quantize_int8
 from miaohui.generation.w8a16 import w8a16_linear
 
@@ -138,7 +139,7 @@ def probe(device: str, dtype: torch.dtype, scale: int, only: set[str] | None = N
                 try:
                     y = lin(x, packed[0])
                     row["max_abs_err"] = float((y.float() - x.float() @ deq.T).abs().max())
-                    us = _time_graph(_rotating(lin, x, packed), 40 if cuda else 1, cuda)
+                    us = time_graph(rotating(lin, x, items=packed), 40 if cuda else 1, cuda)
                     row |= {"us": us, "tb_s": nbytes / (us * 1e-6) / 1e12 if cuda else float("nan")}
                 except Exception as exc:
                     row["error"] = repr(exc)[:300]

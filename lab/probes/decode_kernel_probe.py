@@ -11,8 +11,8 @@ launches two ``index_copy`` kernels and two device-to-device copies).
    Inductor's generated code written to ``--out`` (why is the RoPE kernel slow?).
 3. **One eager decode layer's ops** (CPU-side op table): which aten op launches the device-to-device copies.
 
-    python3 scripts/gpu/decode_kernel_probe.py --out /tmp/probe
-    python3 scripts/gpu/decode_kernel_probe.py --device cpu --tiny --out /tmp/probe   # smoke test, no timing
+    python -m lab.probes.decode_kernel_probe --out /tmp/probe
+    python -m lab.probes.decode_kernel_probe --device cpu --tiny --out /tmp/probe   # smoke test, no timing
 """
 
 from __future__ import annotations
@@ -20,54 +20,16 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import statistics
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch.nn import functional as F
 
+from lab.harness import rotating, time_graph
 from miaohui.generation.static_kv import StaticKVDecoder, attn_in
 
 HIDDEN, HEADS, KV_HEADS, D, INTER, VOCAB = 1536, 12, 2, 128, 8960, 151936
-
-
-def _time_graph(fn: Callable[[], Any], reps: int, cuda: bool) -> float:
-    """Median µs of one ``fn()`` over 30 replays of a graph holding ``reps`` calls (CPU: one eager call, unscaled)."""
-    if not cuda:
-        fn()
-        return float("nan")
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(reps):
-            fn()
-    times = []
-    for _ in range(30):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / reps)
-    return statistics.median(times)
-
-
-def _rotating(lin: Any, x: torch.Tensor, weights: list[torch.Tensor]) -> Callable[[], Any]:
-    """``lin(x, w)`` over the next of ``weights`` at each call (a captured graph holds every pointer in turn)."""
-    turn = [0]
-
-    def call() -> Any:
-        turn[0] = (turn[0] + 1) % len(weights)
-        return lin(x, weights[turn[0]])
-
-    return call
 
 
 def probe_gemms(device: str, dtype: torch.dtype, scale: int) -> list[dict[str, Any]]:
@@ -90,7 +52,7 @@ def probe_gemms(device: str, dtype: torch.dtype, scale: int) -> list[dict[str, A
                 outs = [lin(x, w) for w in weights[:1]]  # compile once
                 ref = x.float() @ weights[0].float().T
                 row[f"{variant}_max_abs_err"] = float((outs[0].float() - ref).abs().max())
-                us = _time_graph(_rotating(lin, x, weights), 40 if cuda else 1, cuda)
+                us = time_graph(rotating(lin, x, items=weights), 40 if cuda else 1, cuda)
                 row[f"{variant}_us"] = us
                 row[f"{variant}_tb_s"] = nbytes / (us * 1e-6) / 1e12 if cuda else float("nan")
             torch._inductor.config.coordinate_descent_tuning = False
@@ -119,7 +81,7 @@ def probe_attn_in(device: str, dtype: torch.dtype, out: Path, tiny: bool) -> dic
         args = (x, norm, qkv, bias, cos, sin, 1e-6, heads, kv_heads)
         _, codes = run_and_get_code(compiled, *args)
         (out / f"attn_in_b{b}_code.txt").write_text("\n\n# ----\n\n".join(codes))
-        report[f"b{b}_us"] = _time_graph(lambda args=args: compiled(*args), 40 if cuda else 1, cuda)
+        report[f"b{b}_us"] = time_graph(lambda args=args: compiled(*args), 40 if cuda else 1, cuda)
         if cuda:
             from torch.profiler import ProfilerActivity, profile
 

@@ -1,24 +1,19 @@
-"""On the GPU: does Hopper's programmatic dependent launch (PDL) take the per-kernel latency out of a chain of small
-GEMMs? BERT-base's four GEMMs per layer × 12 layers at M = 16 and 128 rows (1×16, 1×128), fp16, random weights, each
-GEMM reading the one before it (QKV → its first 768 columns → attention out → FFN in + GELU → FFN out → next layer),
-captured as one CUDA graph:
+"""On the GPU: a chain of an encoder's GEMMs (four per layer × 12 layers, BERT-base's widths by default) at M = 16
+and 128 rows (1×16, 1×128), fp16, random weights, each GEMM reading the one before it (QKV → its first ``hidden``
+columns → attention out → FFN in + GELU → FFN out → next layer), captured as one CUDA graph:
 
-* ``cublas``: ``F.linear`` / ``torch._addmm_activation`` with its GELU epilogue (what the engine runs today);
-* ``skinny``: :func:`miaohui.models.skinny_gemm.skinny_linear` with session 18's best configuration per product
-  (``encoder_gemm_sweep_h200_s18b.json``; FFN in, which did not compile then, a guess);
+* ``cublas``: ``F.linear`` / ``torch._addmm_activation`` with its GELU epilogue (the library kernels);
+* ``skinny``: :func:`miaohui.models.skinny_gemm.skinny_linear` with the configurations of ``--sweep``
+  (``encoder_gemm_sweep``'s fastest per product) or the GPU's tuning file;
 * ``skinny_pdl``: the same kernels launched as programmatic dependents (``pdl=True``): each may be launched while
   the one before it runs and waits on the GPU for its writes.
 
-Session 18 found every GEMM of 16–128 rows costs ~4.4 µs whoever writes it (``NOTES_gpu.md``), i.e. latency, and the
-1×128 call is ~120 kernels. If PDL takes a microsecond or more off each, the (1,128) ≤ 0.35 ms goal needs all of
-a layer's kernels to be PDL-launched Triton kernels; if not, it needs fewer kernels. Per row: µs per chain (median
-of 30 replays), µs per GEMM, kernels per chain, and the largest relative error against cuBLAS (PDL must give the
-``skinny`` output exactly).
+Per row: µs per chain (median of 30 replays, :mod:`lab.harness`), µs per GEMM, kernels per chain, and the largest
+relative error against cuBLAS (PDL must give the ``skinny`` output exactly). ``scripts/gpu/tune.py`` keeps the rows
+where ``skinny_pdl`` beats ``cublas`` (``miaohui.models.tuning.rules.skinny_entries``).
 
-    python3 scripts/gpu/pdl_probe.py --out /tmp/pdl
-    python3 scripts/gpu/pdl_probe.py --hidden 384 --inter 1536 --sweep /tmp/e5gemm/encoder_gemm_sweep.json \
-      --out /tmp/e5pdl   # e5-small's widths, with the configurations its sweep found
-    TRITON_INTERPRET=1 python3 scripts/gpu/pdl_probe.py --device cpu --out /tmp/pdl   # smoke test: no timing, no PDL
+    python -m lab.probes.pdl_probe --hidden 384 --inter 1536 --sweep /tmp/e5gemm/encoder_gemm_sweep.json --out /tmp/pdl
+    TRITON_INTERPRET=1 python -m lab.probes.pdl_probe --device cpu --out /tmp/pdl   # smoke test: no timing, no PDL
 """
 
 from __future__ import annotations
@@ -26,25 +21,31 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import platform
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
-from decode_kernel_probe import _time_graph
 from torch.nn import functional as F
 
-from miaohui.models.kernel_tables import SKINNY_ROWS, bert_products
-from miaohui.models.skinny_gemm import SkinnyConfig, skinny_linear
+from lab.harness import time_graph, write_report
+from miaohui.models import tuning
+from miaohui.models.skinny_gemm import skinny_linear
+from miaohui.models.tuning import SkinnyConfig
 
 HIDDEN, INTER, LAYERS = 768, 3072, 12
-SHAPES = bert_products(HIDDEN, INTER)
+SHAPES = tuning.products(HIDDEN, INTER)
 """GEMM → (N, K) of its weight (BERT-base; ``--hidden`` / ``--inter`` set others)."""
-CONFIGS = SKINNY_ROWS
-"""Rows → GEMM → (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT, num_warps): the engine's table (``kernel_tables``), or with
-``--sweep`` the sweep's fastest configuration per product, whether or not it beat cuBLAS alone (PDL may change
-that)."""
+CONFIGS: dict[int, dict[str, SkinnyConfig]] = {}
+"""Rows → GEMM → (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT, num_warps): with ``--sweep`` the sweep's fastest configuration
+per product, whether or not it beat cuBLAS alone (PDL may change that); else the tuning file's."""
+
+
+def configs_from_tuning(hidden: int, inter: int) -> dict[int, dict[str, SkinnyConfig]]:
+    """The committed H200 tuning file's skinny rows for these widths (BERT-base's for widths it has none of)."""
+    models = tuning.load(tuning.TUNING_DIR / "nvidia-h200-sm90.json").models
+    found = next((m for m in models if (m.hidden, m.intermediate) == (hidden, inter)), None)
+    return {rows: dict(cfgs) for rows, cfgs in (found or models[0]).skinny.items()}
 
 
 def configs_from_sweep(report: dict[str, Any]) -> dict[int, dict[str, SkinnyConfig]]:
@@ -94,7 +95,7 @@ def _skinny(rows: int, pdl: bool) -> Callable[[str, torch.Tensor, Any], torch.Te
 
 def _time_chain(fn: Callable[[], torch.Tensor]) -> tuple[float, float]:
     """(median µs of 30 replays of a graph holding one chain, kernels per chain: one call profiled)."""
-    us = _time_graph(fn, 1, True)
+    us = time_graph(fn, 1, True)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
@@ -112,25 +113,18 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("/tmp"))
     args = ap.parse_args()
     global SHAPES, CONFIGS
-    SHAPES = bert_products(args.hidden, args.inter)
+    SHAPES = tuning.products(args.hidden, args.inter)
     if args.sweep:
         CONFIGS = configs_from_sweep(json.loads(args.sweep.read_text()))
-    elif (args.hidden, args.inter) != (HIDDEN, INTER):
-        ap.error("other widths need --sweep (the engine's configurations are BERT-base's)")
+    else:
+        CONFIGS = configs_from_tuning(args.hidden, args.inter)
     cuda = args.device == "cuda"
     dtype = torch.float16 if cuda else torch.float32
     layers = LAYERS if cuda else 1
     weights = [{k: (w.to(args.device, dtype), b.to(args.device, dtype)) for k, (w, b) in layer.items()}
                for layer in _weights(layers, args.device, dtype)]  # fmt: skip
-    gpu = torch.cuda.get_device_name() if cuda else platform.processor()
-    report: dict[str, Any] = {"gpu": gpu, "torch": torch.__version__, "layers": layers, "dtype": str(dtype), "rows": [],
-                              "hidden": args.hidden, "intermediate": args.inter, "configs": CONFIGS}  # fmt: skip
-    try:
-        import triton
-
-        report["triton"] = triton.__version__
-    except ImportError:
-        pass
+    report: dict[str, Any] = {"layers": layers, "dtype": str(dtype), "rows": [], "hidden": args.hidden,
+                              "intermediate": args.inter, "configs": CONFIGS}  # fmt: skip
     variants = {"cublas": lambda rows: _cublas, "skinny": lambda rows: _skinny(rows, False)}
     if cuda:
         variants["skinny_pdl"] = lambda rows: _skinny(rows, True)
@@ -156,8 +150,7 @@ def main() -> None:
             report["rows"].append(row)
             print(f"{rows:4d} rows {name:11s} {us:8.1f} us/chain {us / gemms:6.2f} us/GEMM {kernels:5.0f} kernels "
                   f"err {err:.1e}")  # fmt: skip
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "pdl_probe.json").write_text(json.dumps(report, indent=1))
+    write_report(args.out, "pdl_probe", report)
 
 
 if __name__ == "__main__":

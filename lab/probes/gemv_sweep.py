@@ -12,8 +12,8 @@ CUDA graph of 40 calls over weights rotated past L2 (``decode_kernel_probe._time
 configuration per (N, K) is checked against the dequantized weights and written as ``best`` (what
 ``w8a16.GEMV_BEST`` holds).
 
-    python3 scripts/gpu/gemv_sweep.py --out /tmp/gemv
-    python3 scripts/gpu/gemv_sweep.py --device cpu --out /tmp/gemv   # smoke test (Triton interpreter), no timing
+    python -m lab.probes.gemv_sweep --out /tmp/gemv
+    python -m lab.probes.gemv_sweep --device cpu --out /tmp/gemv   # smoke test (Triton interpreter), no timing
 """
 
 from __future__ import annotations
@@ -25,9 +25,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from decode_kernel_probe import HEADS, HIDDEN, INTER, KV_HEADS, VOCAB, D, _rotating, _time_graph
 from torch.nn import functional as F
 
+from lab.harness import rotating, time_graph
+from lab.probes.decode_kernel_probe import HEADS, HIDDEN, INTER, KV_HEADS, VOCAB, D
 from miaohui.generation.int8_weights import quantize_int8
 from miaohui.generation.w8a16 import GEMV_SWEEP, GemvConfig, w8_gemv
 
@@ -60,16 +61,16 @@ def sweep(device: str, tiny: bool, min_block_k: int = 0) -> dict[str, Any]:
         torch._dynamo.reset()
         torch._inductor.config.coordinate_descent_tuning = True
         cd = torch.compile(lambda x, w: F.linear(x, w[0].to(x.dtype)) * w[1], dynamic=False)
-        base["int8_inductor_cd"] = _time_graph(_rotating(cd, x, packed), 40, cuda)
+        base["int8_inductor_cd"] = time_graph(rotating(cd, x, items=packed), 40, cuda)
         torch._inductor.config.coordinate_descent_tuning = False
         bf16 = [q.to(dtype) * s[:, None] for q, s in packed[:copies]]
-        base["cublas_bf16"] = _time_graph(_rotating(F.linear, x, bf16), 40, cuda)
+        base["cublas_bf16"] = time_graph(rotating(F.linear, x, items=bf16), 40, cuda)
         del bf16
         best: tuple[float, GemvConfig] | None = None
         for cfg in configs[:4] if tiny else configs:
-            run = _rotating(lambda x, w, c=cfg: w8_gemv(x, w[0], w[1], config=c), x, packed)
+            run = rotating(lambda x, w, c=cfg: w8_gemv(x, w[0], w[1], config=c), x, items=packed)
             try:
-                us = _time_graph(run, 40, cuda)
+                us = time_graph(run, 40, cuda)
             except Exception as exc:  # a configuration Triton cannot compile is a finding, not a stop
                 report["rows"].append({"gemm": name, "config": cfg, "error": repr(exc)[:200]})
                 continue
