@@ -11,7 +11,7 @@ import numpy as np
 
 from miaohui.config import BuildConfig, InputRange
 from miaohui.engines.base import Target, TensorSpec
-from miaohui.models.checkpoint import LoadedModel
+from miaohui.models.checkpoint import LoadedModel, ModelMeta
 from miaohui.nlp.tokenizer import TextTokenizer
 
 
@@ -34,6 +34,14 @@ class BuildContext:
     calib_texts: list[str] = field(default_factory=list)
     tokenizer: TextTokenizer | None = None
     log: Callable[[str], None] = print
+    meta: ModelMeta | None = None
+    """What the source is (task, labels, architecture); set for every source, ONNX files included."""
+
+    def source_meta(self) -> ModelMeta:
+        meta = self.meta or (self.model.meta if self.model is not None else None)
+        if meta is None:
+            raise ValueError("the build context has no model description")
+        return meta
 
     def calibration_feeds(self, batch_size: int = 8) -> list[dict[str, np.ndarray]]:
         """Equal-shape token batches of the calibration texts (histogram calibrators need one shape),

@@ -46,7 +46,7 @@ from miaohui.engines.encoder_buckets import check_static_shapes
 from miaohui.engines.onnxruntime import io_specs
 from miaohui.engines.target import cpu_target, cuda_target
 from miaohui.errors import BuildError
-from miaohui.models.checkpoint import load_checkpoint
+from miaohui.sources.detect import load_source
 from miaohui.models.fast_bert import (
     from_module,
     save_fast,
@@ -94,16 +94,22 @@ def build(ctx: BuildContext) -> BuiltEngine:
     device = "cuda" if target else "cpu"
     if device == "cpu" and ctx.cfg.precision == "fp16":
         raise BuildError("fp16 inductor engines need a CUDA GPU", "build on the GPU, or use fp32/bf16 on CPU")
-    module = from_module(load_checkpoint(ctx.model.path, attn_implementation="sdpa").module)
-    use_fused_gelu(module, device == "cuda")  # cuBLASLt's GEMM+bias+GELU epilogue (tanh GELU); CPU keeps erf GELU
-    kernels = use_gpu_kernels(
-        module,
-        ctx.cfg.gpu_kernels if device == "cuda" else "library",
-        ctx.cfg.precision,
-        ctx.cfg.pdl != "off",
-        ctx.cfg.ln_fusion != "off",
-        ctx.cfg.cublaslt != "off",
-    )
+    loaded = load_source(ctx.model.path, attn_implementation="sdpa")
+    generic = loaded.meta.source_format != "miaohui"
+    if generic:  # a user's HF model: torch.export of its own HF forward (its own head), library kernels
+        module = loaded.module
+        kernels: dict[str, Any] = {"mode": "library", "reason": "Hugging Face source: its own forward, not FastBert"}
+    else:
+        module = from_module(loaded.module)
+        use_fused_gelu(module, device == "cuda")  # cuBLASLt's GEMM+bias+GELU epilogue (tanh GELU); CPU: erf GELU
+        kernels = use_gpu_kernels(
+            module,
+            ctx.cfg.gpu_kernels if device == "cuda" else "library",
+            ctx.cfg.precision,
+            ctx.cfg.pdl != "off",
+            ctx.cfg.ln_fusion != "off",
+            ctx.cfg.cublaslt != "off",
+        )
     if kernels["mode"] == "triton":
         ctx.log(f"miaohui's Triton kernels where measured faster on this GPU: {kernels}")
     model = FloatLogits(module).to(device=device, dtype=DTYPES[ctx.cfg.precision]).eval()
@@ -142,7 +148,8 @@ def build(ctx: BuildContext) -> BuiltEngine:
         if not aoti["ok"]:
             ctx.log(f"AOTInductor package not used ({aoti['reason']}): saving the exported program + Inductor cache")
             _build_exported_program(ctx, ep, first_calls(rng.min, rng.opt, rng.max), device, kernels)
-            save_fast(module, ctx.out_dir)  # what ``fast_start`` answers with while the program loads and compiles
+            if not generic:
+                save_fast(module, ctx.out_dir)  # what ``fast_start`` answers with while the program loads and compiles
     compile_s = time.perf_counter() - started - export_s
     meta = ctx.model.meta
     width = len(meta.labels) if meta.kind == "intent" else int(meta.bert_config["hidden_size"])
