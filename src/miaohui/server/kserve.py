@@ -6,7 +6,8 @@ For every repository model ``M`` of task ``intent``:
 * ``M``      — text model: input ``TEXT`` (BYTES, [-1]) → ``INTENT`` (BYTES, [-1]), ``CONFIDENCE`` (FP32, [-1])
 * ``M-raw``  — tensor model: ``input_ids``, ``attention_mask`` (INT64, [-1, -1]) → ``logits`` (FP32, [-1, labels])
 
-Encoder models expose only the tensor form under their own name (output ``embeddings``).
+For every model ``M`` of task ``encoder``: ``M`` takes ``TEXT`` (BYTES, [-1]) → ``EMBEDDING`` (FP32, [-1, width]);
+``M-raw`` the tensors (output ``embeddings``).
 
 HTTP binary tensor extension (Triton's ``binary_data``, what ``tritonclient.http`` sends by default): the
 header ``Inference-Header-Content-Length`` gives the length of the JSON inference header; the rest of the body
@@ -267,7 +268,11 @@ def model_metadata(manager: ModelManager, model: str, version: str | None) -> di
     platform = f"miaohui_{served.manifest.backend}"
     if served.manifest.task == "intent" and not raw:
         return text_metadata(model, versions, platform)
-    if raw and served.manifest.task != "intent":
+    if served.manifest.task == "encoder" and not raw:
+        from miaohui.server.embeddings_api import embedding_metadata
+
+        return embedding_metadata(model, versions, platform, int(served.manifest.outputs[0].dims[-1]))
+    if raw and served.manifest.task not in ("intent", "encoder"):
         raise ModelNotFoundError(f"model {model!r} does not exist", f"use {base!r} for the tensor interface")
     out = served.manifest.outputs[0]
     return tensor_metadata(model, versions, platform, out.name, int(out.dims[-1]))

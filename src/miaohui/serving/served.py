@@ -280,7 +280,27 @@ class ServedVersion:
             check_length(seq, self.max_length, i)
         return ids
 
+    def require_task(self, task: str, endpoint: str) -> None:
+        """A request for ``task`` on a model of another task is the caller's mistake: say where to send it."""
+        if self.manifest.task != task:
+            where = {"intent": "POST /v1/intent", "encoder": "POST /v1/embeddings"}.get(self.manifest.task, "KServe v2")
+            raise InputError(
+                f"model {self.name!r} is a{'n' if self.manifest.task[0] in 'aeiou' else ''} {self.manifest.task} "
+                f"model; {endpoint} needs a{'n' if task[0] in 'aeiou' else ''} {task} model",
+                f"send it to {where}, or name a{'n' if task[0] in 'aeiou' else ''} {task} model",
+            )
+
+    async def embed(self, texts: list[str], deadline: float | None) -> tuple[np.ndarray, int]:
+        """The embeddings of ``texts`` (an ``encoder`` model), through the batcher, and how many tokens they took."""
+        self.require_task("encoder", "embeddings")
+        started = time.perf_counter()
+        rows = self.tokenize(texts)
+        self._stage("tokenize", time.perf_counter() - started)
+        vectors = await self._outputs(self._submit(rows, deadline))
+        return vectors.astype(np.float32, copy=False), sum(len(r) for r in rows)
+
     async def classify(self, texts: list[str], deadline: float | None, with_slots: bool = True) -> list[IntentResult]:
+        self.require_task("intent", "intent classification")
         started = time.perf_counter()
         rows = self.tokenize(texts)
         self._stage("tokenize", time.perf_counter() - started)

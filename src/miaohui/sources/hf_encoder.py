@@ -218,13 +218,15 @@ def load_tokenizer(root: Path) -> Tokenizer:
             return Tokenizer.from_file(str(file))
         except Exception as exc:
             raise ArtifactError(f"cannot read {file}: {exc}", "save it again with tokenizer.save_pretrained(DIR)") from exc
-    try:
-        from transformers import AutoTokenizer
+    backend = None
+    vocab = [n for n in ("vocab.txt", "vocab.json", "sentencepiece.bpe.model", "spiece.model") if (root / n).is_file()]
+    if vocab:  # without a vocabulary transformers would make an empty tokenizer, not fail
+        try:
+            from transformers import AutoTokenizer
 
-        slow = AutoTokenizer.from_pretrained(str(root))
-        backend = getattr(slow, "backend_tokenizer", None)
-    except Exception:
-        backend = None
+            backend = getattr(AutoTokenizer.from_pretrained(str(root)), "backend_tokenizer", None)
+        except Exception:
+            backend = None
     if not isinstance(backend, Tokenizer):
         raise ArtifactError(
             f"{root} has no tokenizer.json and no tokenizer files transformers can convert",
