@@ -173,11 +173,14 @@ def test_openai_client_on_a_real_server(repo: Path) -> None:
 
     from miaohui.server.app import build_app
 
-    with UvicornThread(build_app(repo, ["minilm"])).start() as server:
+    with UvicornThread(build_app(repo, ["minilm"])) as server:
         client = OpenAI(base_url=server.url + "/v1", api_key="none")
-        out = client.embeddings.create(model="minilm", input=["Where is my parcel?", "hello"])
+        out = client.embeddings.create(model="minilm", input=TEXTS[:2])  # base64 on the wire
+        floats = client.embeddings.create(model="minilm", input=TEXTS[:2], encoding_format="float")
     assert [d.index for d in out.data] == [0, 1] and len(out.data[0].embedding) == 384
-    assert out.usage.prompt_tokens > 2
+    np.testing.assert_allclose([d.embedding for d in out.data], [d.embedding for d in floats.data], atol=1e-6)
+    np.testing.assert_allclose([d.embedding for d in out.data], engine_out(repo / "minilm" / "1", TEXTS[:2]), atol=1e-5)
+    assert out.usage.prompt_tokens == floats.usage.total_tokens > 4
 
 
 # ------------------------------------------------------------------------------------------ classifiers

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import base64
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -40,9 +41,17 @@ def embedding_texts(body: dict[str, Any]) -> list[str]:
         raise InputError("every item of 'input' must be a string", "send text; token-id input is not supported")
     if len(texts) > MAX_INPUTS:
         raise InputError(f"{len(texts)} inputs in one request; the limit is {MAX_INPUTS}", "split the request")
-    if body.get("encoding_format", "float") != "float":
-        raise InputError(f"encoding_format {body['encoding_format']!r} is not supported", 'use "float" (the default)')
+    if body.get("encoding_format") not in (None, "float", "base64"):
+        raise InputError(f"encoding_format {body['encoding_format']!r} is not supported", 'use "float" or "base64"')
     return texts
+
+
+def encode_vector(vector: np.ndarray, encoding: str) -> list[float] | str:
+    """A list of floats, or (``base64``, what the openai client asks for by default) the float32 little-endian
+    bytes in base64."""
+    if encoding == "base64":
+        return base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii")
+    return [float(x) for x in vector]
 
 
 def embeddings_router(manager: ModelManager, metrics: Metrics) -> APIRouter:
@@ -63,12 +72,16 @@ def embeddings_router(manager: ModelManager, metrics: Metrics) -> APIRouter:
             if not model:
                 raise InputError("missing 'model'", "name an embedding model of the repository, e.g. GET /v1/models")
             texts = embedding_texts(body)
+            encoding = str(body.get("encoding_format") or "float")
             served = manager.get(model)
             deadline = deadline_from_ms(body.get("timeout_ms") if isinstance(body.get("timeout_ms"), int) else None)
             vectors, tokens = await served.embed(texts, deadline)
             doc = {
                 "object": "list",
-                "data": [{"object": "embedding", "embedding": v.tolist(), "index": i} for i, v in enumerate(vectors)],
+                "data": [
+                    {"object": "embedding", "embedding": encode_vector(v, encoding), "index": i}
+                    for i, v in enumerate(vectors)
+                ],
                 "model": model,
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
             }
