@@ -218,9 +218,7 @@ def tiny_classifier(arch: str, minilm: Path, out: Path) -> Path:
 
 
 @pytest.mark.parametrize("arch", ["roberta", "xlm-roberta", "distilbert", "electra"])
-def test_tiny_classifiers_of_other_architectures_match_transformers(
-    arch: str, minilm: Path, tmp_path: Path
-) -> None:
+def test_tiny_classifiers_of_other_architectures_match_transformers(arch: str, minilm: Path, tmp_path: Path) -> None:
     src = tiny_classifier(arch, minilm, tmp_path / arch)
     built = build_artifact(src, "tiny", BuildConfig(), tmp_path / "repo", log=quiet)
     assert built.manifest.labels == list(LABELS.values())
@@ -309,9 +307,7 @@ def test_onnx_file_with_tokenizer_and_labels_is_a_text_model(minilm: Path, tmp_p
 # ------------------------------------------------------------------------------------------ bad input
 
 
-def assert_fails(
-    source: Path, repo: Path, error: type[MiaohuiError], text: str, **kwargs: Any
-) -> None:
+def assert_fails(source: Path, repo: Path, error: type[MiaohuiError], text: str, **kwargs: Any) -> None:
     with pytest.raises(error) as info:
         build_artifact(source, "bad", kwargs.pop("cfg", BuildConfig()), repo, log=quiet, **kwargs)
     assert str(info.value) == text

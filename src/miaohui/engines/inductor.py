@@ -46,7 +46,6 @@ from miaohui.engines.encoder_buckets import check_static_shapes
 from miaohui.engines.onnxruntime import io_specs
 from miaohui.engines.target import cpu_target, cuda_target
 from miaohui.errors import BuildError
-from miaohui.sources.detect import load_source
 from miaohui.models.fast_bert import (
     from_module,
     save_fast,
@@ -56,6 +55,7 @@ from miaohui.models.fast_bert import (
     use_skinny,
     use_triton_attention,
 )
+from miaohui.sources.detect import load_source
 
 log = logging.getLogger(__name__)
 

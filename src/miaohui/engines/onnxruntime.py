@@ -108,7 +108,9 @@ def build_from_file(ctx: BuildContext, source: Path) -> BuiltEngine:
         raise BuildError(f"precision {ctx.cfg.precision} is not built by onnxruntime", "use fp32 or int8")
     extra["op_counts"] = op_counts(out)
     graph = read_graph(source)
-    inputs = [TensorSpec(name=t.name, dtype=t.dtype, dims=list(t.dims), profile=ctx.shapes[t.name]) for t in graph.inputs]
+    inputs = [
+        TensorSpec(name=t.name, dtype=t.dtype, dims=list(t.dims), profile=ctx.shapes[t.name]) for t in graph.inputs
+    ]
     outputs = [TensorSpec(name=t.name, dtype=t.dtype, dims=list(t.dims)) for t in graph.outputs]
     return BuiltEngine(
         engine_file=ENGINE_FILE,

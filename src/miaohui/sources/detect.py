@@ -71,7 +71,9 @@ def open_source(path: Path, tokenizer: Path | None = None, labels: list[str] | N
 
     if hf_encoder.is_hf_dir(path):
         return Source(path=path, format="hf", meta=hf_encoder.inspect_hf(path), digest=hf_encoder.hf_digest(path))
-    raise ArtifactError(f"{path} is not a model directory (no {META_NAME}, config.json or modules.json)", f"pass {ACCEPTED}")
+    raise ArtifactError(
+        f"{path} is not a model directory (no {META_NAME}, config.json or modules.json)", f"pass {ACCEPTED}"
+    )
 
 
 def load_source(path: Path, attn_implementation: str = "sdpa") -> LoadedModel:

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from torch import nn
 from tokenizers import Tokenizer
+from torch import nn
 
 from miaohui.errors import ArtifactError
 from miaohui.models.checkpoint import META_NAME, WEIGHTS_NAME, LoadedModel, ModelMeta
@@ -24,7 +24,12 @@ from miaohui.models.intent import mean_pool
 
 SUPPORTED = ("bert", "roberta", "xlm-roberta", "camembert", "distilbert", "electra")
 """``model_type`` values whose encoders export to ONNX through miaohui's path (eager attention, opset 17)."""
-WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json", "pytorch_model.bin.index.json")
+WEIGHT_FILES = (
+    "model.safetensors",
+    "pytorch_model.bin",
+    "model.safetensors.index.json",
+    "pytorch_model.bin.index.json",
+)
 TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json", "merges.txt",
     "sentencepiece.bpe.model", "spiece.model", "added_tokens.json",
@@ -68,7 +73,9 @@ def read_json(file: Path) -> Any:
     try:
         return json.loads(file.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise ArtifactError(f"{file} is not readable JSON: {exc}", f"restore {file.name} from the model's source") from exc
+        raise ArtifactError(
+            f"{file} is not readable JSON: {exc}", f"restore {file.name} from the model's source"
+        ) from exc
 
 
 def model_dir(path: Path) -> Path:
@@ -217,7 +224,9 @@ def load_tokenizer(root: Path) -> Tokenizer:
         try:
             return Tokenizer.from_file(str(file))
         except Exception as exc:
-            raise ArtifactError(f"cannot read {file}: {exc}", "save it again with tokenizer.save_pretrained(DIR)") from exc
+            raise ArtifactError(
+                f"cannot read {file}: {exc}", "save it again with tokenizer.save_pretrained(DIR)"
+            ) from exc
     backend = None
     vocab = [n for n in ("vocab.txt", "vocab.json", "sentencepiece.bpe.model", "spiece.model") if (root / n).is_file()]
     if vocab:  # without a vocabulary transformers would make an empty tokenizer, not fail
@@ -285,7 +294,7 @@ def save_as_checkpoint(model: LoadedModel, out_dir: Path) -> None:
     what the torch backend's artifact holds and :func:`load_saved` reads back."""
     from safetensors.torch import save_file
 
-    hf = model.module.hf  # type: ignore[union-attr]
+    hf = model.module.get_submodule("hf")
     state = {k: v.detach().contiguous().clone() for k, v in hf.state_dict().items()}
     save_file(state, str(out_dir / WEIGHTS_NAME))
     (out_dir / META_NAME).write_text(model.meta.model_dump_json(indent=2), encoding="utf-8")

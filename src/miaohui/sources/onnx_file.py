@@ -155,19 +155,21 @@ def graph_shapes(path: Path, graph: OnnxGraph, given: dict[str, InputRange], max
             shapes[t.name] = rng
             continue
         defaults = (64, max_length) if t.name in TEXT_INPUTS else ()
-        lo, opt, hi = [], [], []
+        dims: list[tuple[int, int, int]] = []
         for i, d in enumerate(fixed):
             if d is not None:
-                lo.append(d), opt.append(d), hi.append(d)
+                dims.append((d, d, d))
             elif i < len(defaults):
-                lo.append(1), opt.append(min(8 if i == 0 else 32, defaults[i])), hi.append(defaults[i])
+                dims.append((1, min(8 if i == 0 else 32, defaults[i]), defaults[i]))
             else:
                 raise ConfigError(
                     f"{path.name}: input {t.name!r} has symbolic dimension {i} ({t.dims[i]!r}) and no profile",
                     f"give its range with --shapes '{t.name}:MIN,OPT,MAX', e.g. {t.name}:"
                     + ",".join("x".join(str(d if isinstance(d, int) else n) for d in t.dims) for n in (1, 8, 32)),
                 )
-        shapes[t.name] = InputRange(min=tuple(lo), opt=tuple(opt), max=tuple(hi))
+        shapes[t.name] = InputRange(
+            min=tuple(d[0] for d in dims), opt=tuple(d[1] for d in dims), max=tuple(d[2] for d in dims)
+        )
     return shapes
 
 
