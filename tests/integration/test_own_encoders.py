@@ -304,6 +304,68 @@ def test_onnx_file_with_tokenizer_and_labels_is_a_text_model(minilm: Path, tmp_p
     np.testing.assert_allclose(engine_out(built.path, TEXTS), want, atol=1e-5)
 
 
+class TwoHeads(torch.nn.Module):
+    """A user's non-text model: float features in, two outputs (scores and a mask) out."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.proj = torch.nn.Linear(6, 3)
+
+    def forward(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        scores = self.proj(features)
+        return scores, (scores > 0).to(torch.int64)
+
+
+@pytest.fixture(scope="module")
+def tensor_repo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("tensor")
+    file = root / "two-heads.onnx"
+    with torch.no_grad():
+        torch.onnx.export(
+            TwoHeads().eval(), (torch.randn(2, 6),), str(file), input_names=["features"],
+            output_names=["scores", "positive"], dynamic_axes={"features": {0: "rows"}}, opset_version=17,
+            dynamo=False,
+        )  # fmt: skip
+    from miaohui.config import parse_shapes
+
+    cfg = BuildConfig(shapes=parse_shapes("features:1x6,4x6,16x6"))
+    built = build_artifact(file, "heads", cfg, root / "repo", log=quiet)
+    assert built.manifest.task == "tensor" and built.manifest.tokenizer_file is None
+    return file, root / "repo"
+
+
+def test_onnx_file_served_as_its_own_tensors_through_tritonclient(tensor_repo: tuple[Path, Path]) -> None:
+    import onnxruntime as ort
+    import tritonclient.http as tc
+    from tests.servers import UvicornThread
+
+    from miaohui.server.app import build_app
+
+    file, repo = tensor_repo
+    x = np.random.default_rng(0).standard_normal((5, 6)).astype(np.float32)
+    want = ort.InferenceSession(str(file)).run(None, {"features": x})
+    with UvicornThread(build_app(repo)) as server:
+        client = tc.InferenceServerClient(server.url.removeprefix("http://"))
+        meta = client.get_model_metadata("heads")
+        assert meta["inputs"] == [{"name": "features", "datatype": "FP32", "shape": [-1, 6]}]
+        assert [(o["name"], o["datatype"]) for o in meta["outputs"]] == [("scores", "FP32"), ("positive", "INT64")]
+        inp = tc.InferInput("features", list(x.shape), "FP32")
+        inp.set_data_from_numpy(x, binary_data=True)
+        res = client.infer(
+            "heads", [inp], outputs=[tc.InferRequestedOutput("scores"), tc.InferRequestedOutput("positive")]
+        )
+        np.testing.assert_allclose(res.as_numpy("scores"), want[0], atol=1e-6)
+        np.testing.assert_array_equal(res.as_numpy("positive"), want[1])
+        too_many = tc.InferInput("features", [17, 6], "FP32")
+        too_many.set_data_from_numpy(np.zeros((17, 6), np.float32))
+        from tritonclient.utils import InferenceServerException
+
+        with pytest.raises(InferenceServerException) as info:
+            client.infer("heads", [too_many])
+        assert "input 'features' has shape 17x6, outside the profile min 1x6 .. max 16x6" in str(info.value)
+
+
 # ------------------------------------------------------------------------------------------ bad input
 
 
@@ -359,23 +421,23 @@ def test_corrupt_safetensors(minilm: Path, tmp_path: Path) -> None:
     assert not (tmp_path / "repo" / "bad").exists()
 
 
-def test_onnx_symbolic_dimension_without_a_profile(tmp_path: Path) -> None:
+def relu_onnx(file: Path) -> Path:
     import onnx
     from onnx import TensorProto, helper
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])
     graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y])
-    file = tmp_path / "relu.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(file))
-    from miaohui.sources.onnx_file import graph_shapes, read_graph
+    return file
 
-    with pytest.raises(ConfigError) as info:
-        graph_shapes(file, read_graph(file), {}, 512)
-    assert str(info.value) == (
+
+def test_onnx_symbolic_dimension_without_a_profile(tmp_path: Path) -> None:
+    assert_fails(
+        relu_onnx(tmp_path / "relu.onnx"), tmp_path / "repo", ConfigError,
         "relu.onnx: input 'x' has symbolic dimension 0 ('n') and no profile — give its range with --shapes "
-        "'x:MIN,OPT,MAX', e.g. x:1x4,8x4,32x4"
-    )
+        "'x:MIN,OPT,MAX', e.g. x:1x4,8x4,32x4",
+    )  # fmt: skip
 
 
 def test_onnx_float_inputs_with_a_tokenizer(minilm: Path, tmp_path: Path) -> None:

@@ -243,6 +243,11 @@ def build_artifact(
             f"--backend {cfg.backend} compiles a PyTorch model; {source} is an ONNX file",
             "build an ONNX file with --backend onnxruntime, tensorrt or tensorrt-rtx",
         )
+    if meta is None and cfg.precision == "int8":
+        raise ConfigError(
+            f"int8 calibrates on text; {source} is built as raw tensors (no --tokenizer)",
+            "build it fp32, or give --tokenizer and --labels to make it a text model",
+        )
     model = src.load()
     texts = list(calib_texts or [])
     if cfg.precision == "int8" and cfg.calibration.mode == "static" and not texts:
@@ -254,7 +259,7 @@ def build_artifact(
 
         log(f"checking {src.path.name} on ONNX Runtime at the profile's min and max shapes")
         source_facts["output_shapes"] = check_runs(src.path, src.onnx, shapes)
-    tok_text = (model.tokenizer if model is not None else None) or _file_tokenizer(src)
+    tok_text = model.tokenizer if model is not None else _file_tokenizer(src)
     model_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix=f".build-{name}-", dir=model_dir) as tmp_root:
@@ -277,20 +282,20 @@ def build_artifact(
             onnx_path=onnx_path,
             shapes=shapes,
             calib_texts=texts,
-            tokenizer=TextTokenizer(tok_text, meta.max_length),
+            tokenizer=TextTokenizer(tok_text, meta.max_length) if tok_text is not None and meta else None,
             log=log,
             meta=meta,
         )
         built = _run_backend(ctx)
         if src.format == "miaohui":
             shutil.copyfile(src.path / "tokenizer.json", out_dir / "tokenizer.json")
-        else:
+        elif tok_text is not None:
             (out_dir / "tokenizer.json").write_text(tok_text.to_str(), encoding="utf-8")
         version = (versions(model_dir) or [0])[-1] + 1
         manifest = Manifest(
             name=name,
             version=version,
-            task="intent" if meta.kind == "intent" else "encoder",
+            task=src.task,
             backend=cfg.backend,
             backend_version=built.backend_version,
             precision=cfg.precision,
@@ -309,10 +314,11 @@ def build_artifact(
                 miaohui_version=__version__,
             ),
             files={p.name: file_info(p) for p in sorted(out_dir.iterdir()) if p.is_file()},
-            labels=meta.labels,
-            tokenizer_file="tokenizer.json",
-            max_length=meta.max_length,
-            extra=built.extra | {"source_model": str(src.path), "source_base": meta.base, "source": source_facts},
+            labels=meta.labels if meta else [],
+            tokenizer_file="tokenizer.json" if tok_text is not None else None,
+            max_length=meta.max_length if meta else None,
+            extra=built.extra
+            | {"source_model": str(src.path), "source_base": meta.base if meta else "onnx", "source": source_facts},
         )
         write_manifest(out_dir, manifest)
         final = model_dir / str(version)
@@ -323,19 +329,18 @@ def build_artifact(
 
 
 def _source_shapes(src: Source, cfg: BuildConfig) -> dict[str, InputRange]:
-    if src.format != "onnx":
+    if src.format != "onnx" and src.meta is not None:
         return resolve_shapes(cfg, src.meta.max_length)
-    from miaohui.sources.onnx_file import graph_shapes
+    from miaohui.sources.onnx_file import DEFAULT_MAX_LENGTH, graph_shapes
 
-    return graph_shapes(src.path, src.onnx, dict(cfg.shapes), src.meta.max_length)
+    return graph_shapes(src.path, src.onnx, dict(cfg.shapes), src.meta.max_length if src.meta else DEFAULT_MAX_LENGTH)
 
 
-def _file_tokenizer(src: Source) -> Tokenizer:
+def _file_tokenizer(src: Source) -> Tokenizer | None:
+    """An ONNX text model's ``--tokenizer``; None for raw tensors."""
     from tokenizers import Tokenizer
 
-    if src.tokenizer_file is None:
-        raise ConfigError(f"{src.path} has no tokenizer", "pass --tokenizer DIR|tokenizer.json")
-    return Tokenizer.from_file(str(src.tokenizer_file))
+    return Tokenizer.from_file(str(src.tokenizer_file)) if src.tokenizer_file is not None else None
 
 
 def ensure_model_config(model_dir: Path, backend: str) -> None:

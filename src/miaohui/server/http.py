@@ -335,6 +335,12 @@ async def infer_tensors(
     contract."""
     if served.manifest.task == "encoder" and not raw:
         return await embed_tensors(served, tensors, deadline, MAX_TEXTS)
+    if served.manifest.task == "tensor":
+        if raw:
+            raise ModelNotFoundError(
+                f"model {served.name + kserve.RAW_SUFFIX!r} does not exist", f"use {served.name!r}: it takes tensors"
+            )
+        return await served.infer_raw(tensors)
     if served.manifest.task == "intent" and not raw:
         if set(tensors) != {"TEXT"}:
             raise InputError(

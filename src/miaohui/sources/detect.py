@@ -23,7 +23,8 @@ class Source:
 
     path: Path
     format: Format
-    meta: ModelMeta
+    meta: ModelMeta | None
+    """What the model is; None for an ONNX file served as raw tensors (task ``tensor``)."""
     digest: str
     onnx: Any = None
     """The ONNX file's graph facts (:class:`miaohui.sources.onnx_file.OnnxGraph`), for ``format == 'onnx'``."""
@@ -36,14 +37,16 @@ class Source:
             return None
         return load_source(self.path, attn_implementation)
 
+    @property
+    def task(self) -> Literal["intent", "encoder", "tensor"]:
+        return self.meta.kind if self.meta is not None else "tensor"
+
     def record(self) -> dict[str, Any]:
         """What the manifest records about the source."""
-        facts: dict[str, Any] = {
-            "format": self.format,
-            "path": str(self.path),
-            "digest": self.digest,
-            "architecture": self.meta.architecture or self.meta.base,
-        }
+        facts: dict[str, Any] = {"format": self.format, "path": str(self.path), "digest": self.digest}
+        if self.meta is None:
+            return facts
+        facts["architecture"] = self.meta.architecture or self.meta.base
         if self.meta.kind == "encoder":
             facts |= {"pooling": self.meta.pooling, "normalize": self.meta.normalize}
         return facts

@@ -75,11 +75,8 @@ def read_labels(spec: str | None) -> list[str]:
 
 def open_onnx(path: Path, tokenizer: Path | None, labels: list[str] | None) -> Source:
     graph = read_graph(path)
-    if tokenizer is None and not labels:
-        raise ArtifactError(
-            f"{path} without --tokenizer and --labels would be a raw-tensor model, which miaohui does not serve yet",
-            "pass --tokenizer DIR|tokenizer.json and --labels a,b,c to build it as a text classifier",
-        )
+    if tokenizer is None and not labels:  # served as its own tensors (task tensor)
+        return Source(path=path, format="onnx", meta=None, digest=_digest([path]), onnx=graph)
     if tokenizer is None or not labels:
         missing = "--tokenizer" if tokenizer is None else "--labels"
         raise ConfigError(f"{path} has {missing} missing", "a text model needs both --tokenizer and --labels")
@@ -101,11 +98,18 @@ def open_onnx(path: Path, tokenizer: Path | None, labels: list[str] | None) -> S
         source_format="onnx",
         architecture=None,
     )
+    digest = _digest([path, tok_file], "\n".join(labels))
+    return Source(path=path, format="onnx", meta=meta, digest=digest, onnx=graph, tokenizer_file=tok_file)
+
+
+def _digest(files: list[Path], extra: str = "") -> str:
     h = hashlib.sha256()
-    for file in (path, tok_file):
-        h.update(file.read_bytes())
-    h.update("\n".join(labels).encode())
-    return Source(path=path, format="onnx", meta=meta, digest=h.hexdigest(), onnx=graph, tokenizer_file=tok_file)
+    for file in files:
+        with open(file, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 22), b""):
+                h.update(chunk)
+    h.update(extra.encode())
+    return h.hexdigest()
 
 
 def check_text_graph(path: Path, graph: OnnxGraph, num_labels: int) -> None:
