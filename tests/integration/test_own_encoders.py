@@ -448,3 +448,15 @@ def test_onnx_float_inputs_with_a_tokenizer(minilm: Path, tmp_path: Path) -> Non
         "the token inputs as int64 tensors of rank 2",
         tokenizer=minilm, labels=list(LABELS.values()),
     )  # fmt: skip
+
+
+def test_torch_backend_serves_the_hf_forward(minilm: Path, tmp_path: Path) -> None:
+    src = tiny_classifier("electra", minilm, tmp_path / "electra")
+    built = build_artifact(src, "eager", BuildConfig(backend="torch"), tmp_path / "repo", log=quiet)
+    from transformers import AutoModelForSequenceClassification
+
+    model = AutoModelForSequenceClassification.from_pretrained(str(src)).eval()
+    ids, mask = TextTokenizer.from_file(src / "tokenizer.json", 64).encode(TEXTS)
+    with torch.inference_mode():
+        want = model(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask)).logits.numpy()
+    np.testing.assert_allclose(engine_out(built.path, TEXTS), want, atol=1e-5)
