@@ -460,3 +460,26 @@ def test_torch_backend_serves_the_hf_forward(minilm: Path, tmp_path: Path) -> No
     with torch.inference_mode():
         want = model(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask)).logits.numpy()
     np.testing.assert_allclose(engine_out(built.path, TEXTS), want, atol=1e-5)
+
+
+def test_onnx_file_tensors_over_grpc(tensor_repo: tuple[Path, Path]) -> None:
+    import onnxruntime as ort
+    import tritonclient.grpc as tg
+    from tests.integration.test_grpc import ServerThread
+
+    file, repo = tensor_repo
+    x = np.random.default_rng(1).standard_normal((3, 6)).astype(np.float32)
+    want = ort.InferenceSession(str(file)).run(None, {"features": x})
+    server = ServerThread(repo, ["heads"])
+    try:
+        server.start()
+        client = tg.InferenceServerClient(f"127.0.0.1:{server.port}")
+        meta = client.get_model_metadata("heads", as_json=True)
+        assert [(i["name"], i["datatype"], i["shape"]) for i in meta["inputs"]] == [("features", "FP32", ["-1", "6"])]
+        inp = tg.InferInput("features", list(x.shape), "FP32")
+        inp.set_data_from_numpy(x)
+        res = client.infer("heads", [inp])
+        np.testing.assert_allclose(res.as_numpy("scores"), want[0], atol=1e-6)
+        np.testing.assert_array_equal(res.as_numpy("positive"), want[1])
+    finally:
+        server.stop()
