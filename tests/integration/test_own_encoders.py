@@ -483,3 +483,45 @@ def test_onnx_file_tensors_over_grpc(tensor_repo: tuple[Path, Path]) -> None:
         np.testing.assert_array_equal(res.as_numpy("positive"), want[1])
     finally:
         server.stop()
+
+
+@pytest.mark.slow
+def test_inductor_compiles_the_hf_forward_on_cpu(minilm: Path, tmp_path: Path) -> None:
+    from miaohui.config import parse_shapes
+
+    src = tiny_classifier("roberta", minilm, tmp_path / "roberta")
+    cfg = BuildConfig(backend="inductor", shapes=parse_shapes("input_ids:1x1,4x16,8x32"))
+    built = build_artifact(src, "compiled", cfg, tmp_path / "repo", log=quiet)
+    assert built.manifest.extra["gpu_kernels"]["mode"] == "library"
+    from transformers import AutoModelForSequenceClassification
+
+    model = AutoModelForSequenceClassification.from_pretrained(str(src)).eval()
+    ids, mask = TextTokenizer.from_file(src / "tokenizer.json", 32).encode(TEXTS)
+    with torch.inference_mode():
+        want = model(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask)).logits.numpy()
+    np.testing.assert_allclose(engine_out(built.path, TEXTS), want, atol=1e-4)
+
+
+def test_cli_build_takes_tokenizer_and_labels(minilm: Path, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from miaohui.cli import app
+
+    file = export_onnx_file(tmp_path / "clf.onnx", minilm, tmp_path)
+    (tmp_path / "labels.txt").write_text("refund\nshipping\ncomplaint\n")
+    runner = CliRunner()
+    args = ["build", str(file), "--name", "clf", "-r", str(tmp_path / "repo"), "--tokenizer", str(minilm)]
+    too_long = runner.invoke(app, [*args, "--labels", str(tmp_path / "labels.txt")])  # 512 > its 64 positions
+    assert (
+        too_long.exit_code == 2 and "fix: check the --shapes ranges against what the graph accepts" in too_long.output
+    )
+    assert not (tmp_path / "repo" / "clf").exists()
+    args += ["--shapes", "input_ids:1x1,4x16,16x60"]
+    ok = runner.invoke(app, [*args, "--labels", str(tmp_path / "labels.txt")])
+    assert ok.exit_code == 0, ok.output
+    assert "built clf v1: onnxruntime fp32" in ok.output
+    one = runner.invoke(app, [*args, "--labels", "refund"])
+    assert one.exit_code == 2
+    assert "--labels 'refund' gives ['refund']" in one.output
+    wrong = runner.invoke(app, ["build", str(minilm), "-r", str(tmp_path / "repo"), "--labels", "a,b"])
+    assert wrong.exit_code == 2 and "--tokenizer and --labels apply to an ONNX file" in wrong.output

@@ -137,10 +137,16 @@ def check_text_graph(path: Path, graph: OnnxGraph, num_labels: int) -> None:
 
 
 def graph_shapes(path: Path, graph: OnnxGraph, given: dict[str, InputRange], max_length: int) -> dict[str, InputRange]:
-    """The profile of each input: ``--shapes`` where given, the graph's fixed sizes, and for the text inputs'
-    symbolic axes batch 1..64 and sequence 1..max_length. Any other symbolic dimension needs ``--shapes``."""
+    """The profile of each input: ``--shapes`` where given (one of ``input_ids``/``attention_mask`` gives both),
+    the graph's fixed sizes, and for the text inputs' symbolic axes batch 1..64 and sequence 1..max_length. Any
+    other symbolic dimension needs ``--shapes``."""
     shapes: dict[str, InputRange] = {}
-    unknown = sorted(set(given) - {t.name for t in graph.inputs})
+    given = dict(given)
+    names = {t.name for t in graph.inputs}
+    for a, b in (TEXT_INPUTS, TEXT_INPUTS[::-1]):  # the token inputs share their batch and sequence axes
+        if a in given and b in names and b not in given:
+            given[b] = given[a]
+    unknown = sorted(set(given) - names)
     if unknown:
         raise ConfigError(
             f"--shapes names {unknown}, which {path.name} does not have",
