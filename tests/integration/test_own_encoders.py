@@ -525,3 +525,14 @@ def test_cli_build_takes_tokenizer_and_labels(minilm: Path, tmp_path: Path) -> N
     assert "--labels 'refund' gives ['refund']" in one.output
     wrong = runner.invoke(app, ["build", str(minilm), "-r", str(tmp_path / "repo"), "--labels", "a,b"])
     assert wrong.exit_code == 2 and "--tokenizer and --labels apply to an ONNX file" in wrong.output
+
+
+def test_validate_takes_the_hf_source_as_its_torch_reference(classifier: Path) -> None:
+    from miaohui.validate.run import reference_logits
+
+    tok = TextTokenizer.from_file(classifier / "tokenizer.json", 256)
+    logits, name, labels = reference_logits("torch", str(classifier), classifier, tok, TEXTS)
+    assert name == f"torch fp32 ({classifier})" and labels == list(LABELS.values())
+    np.testing.assert_allclose(
+        torch.softmax(torch.from_numpy(logits), -1).numpy(), hf_softmax(classifier, TEXTS), atol=1e-5
+    )
