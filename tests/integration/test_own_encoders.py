@@ -536,3 +536,34 @@ def test_validate_takes_the_hf_source_as_its_torch_reference(classifier: Path) -
     np.testing.assert_allclose(
         torch.softmax(torch.from_numpy(logits), -1).numpy(), hf_softmax(classifier, TEXTS), atol=1e-5
     )
+
+
+def test_sentence_transformers_layouts_declare_pooling(minilm: Path, tmp_path: Path) -> None:
+    """The Transformer module in a subfolder (older sentence-transformers), CLS pooling without Normalize; a Dense
+    module is refused by name."""
+    import json
+
+    from miaohui.sources.hf_encoder import inspect_hf
+
+    root = tmp_path / "st"
+    (root / "0_Transformer").mkdir(parents=True)
+    (root / "1_Pooling").mkdir()
+    for name in ("config.json", "model.safetensors", *TOKENIZER_FILES):
+        (root / "0_Transformer" / name).symlink_to(minilm / name)
+    modules = [
+        {"idx": 0, "name": "0", "path": "0_Transformer", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+    ]
+    (root / "modules.json").write_text(json.dumps(modules))
+    (root / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_cls_token": True}))
+    meta = inspect_hf(root)
+    assert (meta.kind, meta.pooling, meta.normalize, meta.architecture) == ("encoder", "cls", False, "BertModel")
+    assert meta.max_length == 512
+    modules.append({"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"})
+    (root / "modules.json").write_text(json.dumps(modules))
+    with pytest.raises(ArtifactError) as info:
+        inspect_hf(root)
+    assert str(info.value) == (
+        f"{root / 'modules.json'} lists a Dense module, which miaohui does not build — use a sentence-transformers "
+        "model made of Transformer, Pooling (mean or CLS) and Normalize only"
+    )
