@@ -35,13 +35,7 @@ class BuildContext:
     tokenizer: TextTokenizer | None = None
     log: Callable[[str], None] = print
     meta: ModelMeta | None = None
-    """What the source is (task, labels, architecture); set for every source, ONNX files included."""
-
-    def source_meta(self) -> ModelMeta:
-        meta = self.meta or (self.model.meta if self.model is not None else None)
-        if meta is None:
-            raise ValueError("the build context has no model description")
-        return meta
+    """What the source is (task, labels, architecture); None for an ONNX file served as raw tensors."""
 
     def calibration_feeds(self, batch_size: int = 8) -> list[dict[str, np.ndarray]]:
         """Equal-shape token batches of the calibration texts (histogram calibrators need one shape),
