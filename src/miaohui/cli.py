@@ -131,7 +131,14 @@ def export(
 
 @app.command()
 def build(
-    model: Annotated[Path, typer.Argument(help="Model directory (from train-intent).")],
+    model: Annotated[
+        Path,
+        typer.Argument(
+            help="A miaohui checkpoint (from train-intent), a Hugging Face directory (save_pretrained: a "
+            "*ForSequenceClassification → intent, a *Model or sentence-transformers directory → encoder), or an "
+            ".onnx file (with --tokenizer and --labels)."
+        ),
+    ],
     name: Annotated[str, typer.Option(help="Model name in the repository.")] = "intent",
     backend: Annotated[
         str, typer.Option(help="onnxruntime | tensorrt | tensorrt-rtx | inductor | torch")
@@ -173,12 +180,19 @@ def build(
     static_shapes: Annotated[
         str, typer.Option(help="inductor: buckets with a program compiled for exactly that shape, e.g. 1x16,1x128")
     ] = "",
+    tokenizer: Annotated[
+        Path | None, typer.Option(help="ONNX file: its tokenizer (directory with tokenizer.json, or the file).")
+    ] = None,
+    labels: Annotated[
+        str | None, typer.Option(help="ONNX file: labels of its logit columns, a,b,c or a file (one a line).")
+    ] = None,
     repository: RepoOpt = None,
     force: Annotated[bool, typer.Option(help="Rebuild even if the build key is cached.")] = False,
 ) -> None:
     """Build an engine artifact into the model repository (reused when the build key is unchanged)."""
     from miaohui.config import BuildConfig, CalibrationConfig, parse_shapes
     from miaohui.engines.store import build_artifact
+    from miaohui.sources.onnx_file import read_labels
 
     try:
         cfg = _validated(
@@ -213,6 +227,8 @@ def build(
             calib_texts=texts,
             force=force,
             log=lambda m: console.print(f"[dim]·[/] {m}"),
+            tokenizer=tokenizer,
+            labels=read_labels(labels),
         )
     except MiaohuiError as exc:
         _fail(exc)

@@ -13,7 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from miaohui.config import BuildConfig, InputRange
 from miaohui.errors import ShapeError
 
-Task = Literal["intent", "encoder", "causal-lm"]
+Task = Literal["intent", "encoder", "causal-lm", "tensor"]
+"""``tensor``: a user's ONNX file served as its own tensors over KServe v2 (no tokenizer)."""
 MANIFEST_NAME = "manifest.json"
 MANIFEST_SCHEMA = 1
 

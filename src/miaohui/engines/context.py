@@ -11,7 +11,7 @@ import numpy as np
 
 from miaohui.config import BuildConfig, InputRange
 from miaohui.engines.base import Target, TensorSpec
-from miaohui.models.checkpoint import LoadedModel
+from miaohui.models.checkpoint import LoadedModel, ModelMeta
 from miaohui.nlp.tokenizer import TextTokenizer
 
 
@@ -34,6 +34,8 @@ class BuildContext:
     calib_texts: list[str] = field(default_factory=list)
     tokenizer: TextTokenizer | None = None
     log: Callable[[str], None] = print
+    meta: ModelMeta | None = None
+    """What the source is (task, labels, architecture); None for an ONNX file served as raw tensors."""
 
     def calibration_feeds(self, batch_size: int = 8) -> list[dict[str, np.ndarray]]:
         """Equal-shape token batches of the calibration texts (histogram calibrators need one shape),

@@ -47,8 +47,8 @@ from miaohui.engines.onnxruntime import io_specs
 from miaohui.engines.target import cpu_target, cuda_target
 from miaohui.errors import BuildError
 from miaohui.models import tuning
-from miaohui.models.checkpoint import load_checkpoint
 from miaohui.models.fast_bert import from_module, save_fast, use_fused_gelu, use_kernels
+from miaohui.sources.detect import load_source
 
 log = logging.getLogger(__name__)
 
@@ -87,15 +87,22 @@ def build(ctx: BuildContext) -> BuiltEngine:
     device = "cuda" if target else "cpu"
     if device == "cpu" and ctx.cfg.precision == "fp16":
         raise BuildError("fp16 inductor engines need a CUDA GPU", "build on the GPU, or use fp32/bf16 on CPU")
-    model_type = ctx.model.meta.bert_config.get("model_type", "bert")
-    if model_type != "bert":  # FastBert copies BERT's weights by name: another architecture would compute wrongly
-        raise BuildError(
-            f"the inductor backend compiles BERT encoders; {ctx.model.path} holds a {model_type!r} encoder",
-            "build this model with --backend onnxruntime (or torch)",
-        )
-    module = from_module(load_checkpoint(ctx.model.path, attn_implementation="sdpa").module)
-    use_fused_gelu(module, device == "cuda")  # cuBLASLt's GEMM+bias+GELU epilogue (tanh GELU); CPU keeps erf GELU
-    kernels = use_gpu_kernels(module, ctx.cfg.gpu_kernels if device == "cuda" else "library", ctx.cfg.precision)
+    loaded = load_source(ctx.model.path, attn_implementation="sdpa")
+    generic = loaded.meta.source_format != "miaohui"
+    if generic:  # a user's HF model: torch.export of its own HF forward (its own head), library kernels
+        module = loaded.module
+        kernels: dict[str, Any] = {"mode": "library", "reason": "Hugging Face source: its own forward, not FastBert"}
+    else:
+        model_type = loaded.meta.bert_config.get("model_type", "bert")
+        if model_type != "bert":  # FastBert copies BERT's weights by name: another architecture would compute wrongly
+            raise BuildError(
+                f"the inductor backend compiles BERT encoders with miaohui's kernels; {ctx.model.path} holds a "
+                f"{model_type!r} encoder",
+                "build this model with --backend onnxruntime (or torch)",
+            )
+        module = from_module(loaded.module)
+        use_fused_gelu(module, device == "cuda")  # cuBLASLt's GEMM+bias+GELU epilogue (tanh GELU); CPU: erf GELU
+        kernels = use_gpu_kernels(module, ctx.cfg.gpu_kernels if device == "cuda" else "library", ctx.cfg.precision)
     if kernels["mode"] == "tuned":
         ctx.log(f"miaohui's kernels where the tuning file measured them faster on this GPU: {kernels}")
     model = FloatLogits(module).to(device=device, dtype=DTYPES[ctx.cfg.precision]).eval()
@@ -134,7 +141,8 @@ def build(ctx: BuildContext) -> BuiltEngine:
         if not aoti["ok"]:
             ctx.log(f"AOTInductor package not used ({aoti['reason']}): saving the exported program + Inductor cache")
             _build_exported_program(ctx, ep, first_calls(rng.min, rng.opt, rng.max), device, kernels)
-            save_fast(module, ctx.out_dir)  # what ``fast_start`` answers with while the program loads and compiles
+            if not generic:
+                save_fast(module, ctx.out_dir)  # what ``fast_start`` answers with while the program loads and compiles
     compile_s = time.perf_counter() - started - export_s
     meta = ctx.model.meta
     width = len(meta.labels) if meta.kind == "intent" else int(meta.bert_config["hidden_size"])

@@ -35,9 +35,11 @@ def build(ctx: BuildContext) -> BuiltEngine:
     """fp32: fused graph. int8 static: fused graph (attention unfused) → calibrated QDQ.
     int8 dynamic: fused graph with plain LayerNorm/GELU (ORT's SkipLayerNorm/BiasGelu kernels are slow) →
     int8 weights, per-call activation scales (QAttention, DynamicQuantizeMatMul), sensitive MatMuls fp32."""
-    if ctx.onnx_path is None or ctx.model is None:
+    if ctx.onnx_path is None:
         raise BuildError("the onnxruntime builder needs an exported model", "build from a model directory")
     require_supported(ctx.onnx_path, "onnxruntime")
+    if ctx.model is None:
+        return build_from_file(ctx, ctx.onnx_path)
     bert = ctx.model.meta.bert_config
     heads, hidden = int(bert["num_attention_heads"]), int(bert["hidden_size"])
     out = ctx.out_dir / ENGINE_FILE
@@ -72,6 +74,44 @@ def build(ctx: BuildContext) -> BuiltEngine:
     output = (ctx.model.meta.kind == "intent" and "logits") or "embeddings"
     width = len(ctx.model.meta.labels) if ctx.model.meta.kind == "intent" else int(hidden)
     inputs, outputs = io_specs(ctx, output, ["batch", width])
+    return BuiltEngine(
+        engine_file=ENGINE_FILE,
+        backend_version=backend_version(),
+        target=cpu_target(),
+        inputs=inputs,
+        outputs=outputs,
+        extra=extra,
+    )
+
+
+def build_from_file(ctx: BuildContext, source: Path) -> BuiltEngine:
+    """A user's ONNX file: used as it is (fp32; ONNX Runtime fuses at load what it recognises), or quantized
+    (int8 static QDQ calibrated on ``--calib-data``, or dynamic). Inputs and outputs as the graph declares them."""
+    import shutil
+
+    from miaohui.sources.onnx_file import read_graph
+
+    out = ctx.out_dir / ENGINE_FILE
+    extra: dict[str, object] = {}
+    cal = ctx.cfg.calibration
+    if ctx.cfg.precision == "fp32":
+        shutil.copyfile(source, out)
+    elif ctx.cfg.precision == "int8" and cal.mode == "dynamic":
+        dynamic = quantize_dynamic_int8(source, out, cal, None, ctx.calib_texts)
+        extra["int8"] = {"mode": "dynamic", "per_channel": cal.per_channel, **dynamic.model_dump()}
+    elif ctx.cfg.precision == "int8":
+        ctx.log(f"calibrating on {len(ctx.calib_texts)} texts ({cal.method})")
+        summary = quantize_qdq(source, out, ctx.calibration_feeds(), ctx.calib_texts, cal, "onnxruntime")
+        (ctx.out_dir / "calibration.json").write_text(summary.model_dump_json(indent=1))
+        extra["calibration"] = summary.model_dump(exclude={"ranges"})
+    else:
+        raise BuildError(f"precision {ctx.cfg.precision} is not built by onnxruntime", "use fp32 or int8")
+    extra["op_counts"] = op_counts(out)
+    graph = read_graph(source)
+    inputs = [
+        TensorSpec(name=t.name, dtype=t.dtype, dims=list(t.dims), profile=ctx.shapes[t.name]) for t in graph.inputs
+    ]
+    outputs = [TensorSpec(name=t.name, dtype=t.dtype, dims=list(t.dims)) for t in graph.outputs]
     return BuiltEngine(
         engine_file=ENGINE_FILE,
         backend_version=backend_version(),

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from miaohui import __version__
 from miaohui.config import BuildConfig, InputRange, digest_json
@@ -28,9 +29,13 @@ from miaohui.engines.context import BuildContext, BuiltEngine
 from miaohui.engines.target import cpu_target, cuda_target, target_key
 from miaohui.errors import ArtifactError, ConfigError
 from miaohui.models import tuning
-from miaohui.models.checkpoint import LoadedModel, load_checkpoint, model_digest, read_meta
+from miaohui.models.checkpoint import LoadedModel
 from miaohui.nlp.tokenizer import TextTokenizer
 from miaohui.paths import home
+from miaohui.sources.detect import Source, load_source, open_source
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 Log = Callable[[str], None]
 
@@ -188,7 +193,7 @@ def exported_onnx(model: LoadedModel, log: Log, real_texts: list[str]) -> Path:
         log(f"reusing ONNX export {path}")
         return path
     log("exporting to ONNX and checking it against PyTorch")
-    eager = load_checkpoint(model.path, attn_implementation="eager")
+    eager = load_source(model.path, attn_implementation="eager")
     report = export_onnx(eager, path, real_texts=real_texts[:32])
     log(
         f"exported {path.name} in {report.seconds:.1f}s: max abs error {report.max_abs:.2e}, "
@@ -227,13 +232,17 @@ def build_artifact(
     calib_texts: list[str] | None = None,
     force: bool = False,
     log: Log = print,
+    tokenizer: Path | None = None,
+    labels: list[str] | None = None,
 ) -> BuildOutcome:
-    """Build (or reuse) an engine for the model directory ``source`` into ``repository/name``."""
-    meta = read_meta(source)
-    shapes = resolve_shapes(cfg, meta.max_length)
+    """Build (or reuse) an engine for ``source`` into ``repository/name``: a miaohui checkpoint, a Hugging Face
+    directory, or an ONNX file (with ``tokenizer`` and ``labels``), see :mod:`miaohui.sources`."""
+    src = open_source(source, tokenizer, labels)
+    meta = src.meta
+    shapes = _source_shapes(src, cfg)
     cfg = cfg.model_copy(update={"shapes": shapes})
     target = planned_target(cfg)
-    key = build_key(model_digest(source), cfg, target)
+    key = build_key(src.digest, cfg, target)
     model_dir = Path(repository) / name
     cached = None if force else find_cached(model_dir, key)
     if cached is not None:
@@ -243,11 +252,28 @@ def build_artifact(
         )
         return BuildOutcome(path=cached, manifest=read_manifest(cached), reused=True)
 
-    model = load_checkpoint(source)
+    if src.format == "onnx" and cfg.backend not in ("onnxruntime", "tensorrt", "tensorrt-rtx"):
+        raise ConfigError(
+            f"--backend {cfg.backend} compiles a PyTorch model; {source} is an ONNX file",
+            "build an ONNX file with --backend onnxruntime, tensorrt or tensorrt-rtx",
+        )
+    if meta is None and cfg.precision == "int8":
+        raise ConfigError(
+            f"int8 calibrates on text; {source} is built as raw tensors (no --tokenizer)",
+            "build it fp32, or give --tokenizer and --labels to make it a text model",
+        )
+    model = src.load()
     texts = list(calib_texts or [])
     if cfg.precision == "int8" and cfg.calibration.mode == "static" and not texts:
         raise ConfigError("int8 needs calibration text", "pass --calib-data FILE (JSONL with a text field, or .txt)")
     texts = texts[: cfg.calibration.num_samples]
+    source_facts = src.record()
+    if model is None:
+        from miaohui.sources.onnx_file import check_runs
+
+        log(f"checking {src.path.name} on ONNX Runtime at the profile's min and max shapes")
+        source_facts["output_shapes"] = check_runs(src.path, src.onnx, shapes)
+    tok_text = model.tokenizer if model is not None else _file_tokenizer(src)
     model_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix=f".build-{name}-", dir=model_dir) as tmp_root:
@@ -255,9 +281,12 @@ def build_artifact(
         work_dir = Path(tmp_root) / "work"
         out_dir.mkdir()
         work_dir.mkdir()
-        onnx_path = (
-            exported_onnx(model, log, texts) if cfg.backend in ("onnxruntime", "tensorrt", "tensorrt-rtx") else None
-        )
+        if model is None:
+            onnx_path: Path | None = src.path
+        elif cfg.backend in ("onnxruntime", "tensorrt", "tensorrt-rtx"):
+            onnx_path = exported_onnx(model, log, texts)
+        else:
+            onnx_path = None
         ctx = BuildContext(
             name=name,
             cfg=cfg,
@@ -267,23 +296,27 @@ def build_artifact(
             onnx_path=onnx_path,
             shapes=shapes,
             calib_texts=texts,
-            tokenizer=TextTokenizer(model.tokenizer, model.meta.max_length),
+            tokenizer=TextTokenizer(tok_text, meta.max_length) if tok_text is not None and meta else None,
             log=log,
+            meta=meta,
         )
         built = _run_backend(ctx)
-        shutil.copyfile(model.path / "tokenizer.json", out_dir / "tokenizer.json")
+        if src.format == "miaohui":
+            shutil.copyfile(src.path / "tokenizer.json", out_dir / "tokenizer.json")
+        elif tok_text is not None:
+            (out_dir / "tokenizer.json").write_text(tok_text.to_str(), encoding="utf-8")
         version = (versions(model_dir) or [0])[-1] + 1
         manifest = Manifest(
             name=name,
             version=version,
-            task="intent" if model.meta.kind == "intent" else "encoder",
+            task=src.task,
             backend=cfg.backend,
             backend_version=built.backend_version,
             precision=cfg.precision,
             engine_file=built.engine_file,
             inputs=built.inputs,
             outputs=built.outputs,
-            source_digest=model.digest,
+            source_digest=src.digest,
             options_digest=cfg.compute_hash(),
             build_key=key,
             build_config=cfg,
@@ -295,10 +328,11 @@ def build_artifact(
                 miaohui_version=__version__,
             ),
             files={p.name: file_info(p) for p in sorted(out_dir.iterdir()) if p.is_file()},
-            labels=model.meta.labels,
-            tokenizer_file="tokenizer.json",
-            max_length=model.meta.max_length,
-            extra=built.extra | {"source_model": str(model.path), "source_base": model.meta.base},
+            labels=meta.labels if meta else [],
+            tokenizer_file="tokenizer.json" if tok_text is not None else None,
+            max_length=meta.max_length if meta else None,
+            extra=built.extra
+            | {"source_model": str(src.path), "source_base": meta.base if meta else "onnx", "source": source_facts},
         )
         write_manifest(out_dir, manifest)
         final = model_dir / str(version)
@@ -306,6 +340,21 @@ def build_artifact(
     ensure_model_config(model_dir, cfg.backend)
     log(f"built {name} version {version} ({cfg.backend}, {cfg.precision}) in {manifest.build.seconds:.1f}s → {final}")
     return BuildOutcome(path=final, manifest=manifest, reused=False)
+
+
+def _source_shapes(src: Source, cfg: BuildConfig) -> dict[str, InputRange]:
+    if src.format != "onnx" and src.meta is not None:
+        return resolve_shapes(cfg, src.meta.max_length)
+    from miaohui.sources.onnx_file import DEFAULT_MAX_LENGTH, graph_shapes
+
+    return graph_shapes(src.path, src.onnx, dict(cfg.shapes), src.meta.max_length if src.meta else DEFAULT_MAX_LENGTH)
+
+
+def _file_tokenizer(src: Source) -> Tokenizer | None:
+    """An ONNX text model's ``--tokenizer``; None for raw tensors."""
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(src.tokenizer_file)) if src.tokenizer_file is not None else None
 
 
 def ensure_model_config(model_dir: Path, backend: str) -> None:

@@ -13,7 +13,8 @@ from miaohui.engines.context import BuildContext, BuiltEngine
 from miaohui.engines.onnxruntime import io_specs
 from miaohui.engines.target import cpu_target, cuda_target
 from miaohui.errors import BuildError
-from miaohui.models.checkpoint import META_NAME, WEIGHTS_NAME, load_checkpoint
+from miaohui.models.checkpoint import META_NAME, WEIGHTS_NAME
+from miaohui.sources.detect import load_source
 
 ENGINE_FILE = WEIGHTS_NAME
 
@@ -31,9 +32,14 @@ def build(ctx: BuildContext) -> BuiltEngine:
         )
     if ctx.cfg.precision not in ("fp32", "fp16", "bf16"):
         raise BuildError(f"precision {ctx.cfg.precision} is not offered by the torch baseline", "use fp32")
-    for name in (META_NAME, WEIGHTS_NAME):
-        shutil.copyfile(ctx.model.path / name, ctx.out_dir / name)
     meta = ctx.model.meta
+    if meta.source_format == "hf":  # the HF model's own state, with the meta that says how to rebuild it
+        from miaohui.sources.hf_encoder import save_as_checkpoint
+
+        save_as_checkpoint(ctx.model, ctx.out_dir)
+    else:
+        for name in (META_NAME, WEIGHTS_NAME):
+            shutil.copyfile(ctx.model.path / name, ctx.out_dir / name)
     out = "logits" if meta.kind == "intent" else "embeddings"
     width = len(meta.labels) if meta.kind == "intent" else int(meta.bert_config["hidden_size"])
     inputs, outputs = io_specs(ctx, out, ["batch", width])
@@ -54,7 +60,7 @@ class TorchEngine(Engine):
         super().__init__(manifest, path)
         if threads:
             torch.set_num_threads(threads)
-        loaded = load_checkpoint(path, attn_implementation="sdpa")
+        loaded = load_source(path, attn_implementation="sdpa")
         self.device = torch.device("cuda" if manifest.target.device == "cuda" else "cpu")
         dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(manifest.precision, torch.float32)
         self.module = loaded.module.to(self.device, dtype)

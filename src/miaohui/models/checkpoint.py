@@ -45,6 +45,15 @@ class ModelMeta(BaseModel):
     """Longest token sequence (special tokens included) the model accepts."""
     train: dict[str, Any] = Field(default_factory=dict)
     """Training settings and dev metrics, for the record."""
+    source_format: Literal["miaohui", "hf", "onnx"] = "miaohui"
+    """Where the model came from: a ``train-intent`` checkpoint, a Hugging Face directory, or an ONNX file
+    (:mod:`miaohui.sources`). ``hf``: ``bert_config`` holds the source's full ``config.json``."""
+    architecture: str | None = None
+    """The source's class, e.g. ``BertForSequenceClassification`` (``hf``); None for a miaohui checkpoint."""
+    pooling: Literal["mean", "cls"] = "mean"
+    """How an ``encoder`` pools token states into one vector (miaohui's own encoders: masked mean)."""
+    normalize: bool = True
+    """Whether an ``encoder``'s vectors are L2-normalized (miaohui's own encoders: yes)."""
 
 
 @dataclass

@@ -35,6 +35,7 @@ from starlette.types import Receive, Scope, Send
 from miaohui import __version__
 from miaohui.errors import ConflictError, InputError, MiaohuiError, ModelNotFoundError, UnavailableError
 from miaohui.server import kserve
+from miaohui.server.embeddings_api import embed_tensors, embeddings_router
 from miaohui.server.generation_service import GenerationService
 from miaohui.server.metrics import Metrics, ModelStateCollector
 from miaohui.server.openai_api import openai_router
@@ -184,6 +185,8 @@ def create_app(state: ServerState) -> FastAPI:
         if state.shadow is not None:
             app.include_router(shadow_router(state.shadow))
 
+    app.include_router(embeddings_router(manager, metrics))
+
     @app.exception_handler(MiaohuiError)
     async def _miaohui_error(_: Request, exc: MiaohuiError) -> JSONResponse:
         return error_response(exc)
@@ -328,7 +331,16 @@ def _infer_response(body: bytes, header_length: int | None) -> Response:
 async def infer_tensors(
     served: ServedVersion, raw: bool, tensors: dict[str, np.ndarray], deadline: float | None
 ) -> dict[str, np.ndarray]:
-    """Shared by HTTP and gRPC: the text contract (TEXT → INTENT, CONFIDENCE) or the tensor contract."""
+    """Shared by HTTP and gRPC: the text contract (TEXT → INTENT, CONFIDENCE; TEXT → EMBEDDING) or the tensor
+    contract."""
+    if served.manifest.task == "encoder" and not raw:
+        return await embed_tensors(served, tensors, deadline, MAX_TEXTS)
+    if served.manifest.task == "tensor":
+        if raw:
+            raise ModelNotFoundError(
+                f"model {served.name + kserve.RAW_SUFFIX!r} does not exist", f"use {served.name!r}: it takes tensors"
+            )
+        return await served.infer_raw(tensors)
     if served.manifest.task == "intent" and not raw:
         if set(tensors) != {"TEXT"}:
             raise InputError(

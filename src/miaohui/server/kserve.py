@@ -6,7 +6,8 @@ For every repository model ``M`` of task ``intent``:
 * ``M``      — text model: input ``TEXT`` (BYTES, [-1]) → ``INTENT`` (BYTES, [-1]), ``CONFIDENCE`` (FP32, [-1])
 * ``M-raw``  — tensor model: ``input_ids``, ``attention_mask`` (INT64, [-1, -1]) → ``logits`` (FP32, [-1, labels])
 
-Encoder models expose only the tensor form under their own name (output ``embeddings``).
+For every model ``M`` of task ``encoder``: ``M`` takes ``TEXT`` (BYTES, [-1]) → ``EMBEDDING`` (FP32, [-1, width]);
+``M-raw`` the tensors (output ``embeddings``).
 
 HTTP binary tensor extension (Triton's ``binary_data``, what ``tritonclient.http`` sends by default): the
 header ``Inference-Header-Content-Length`` gives the length of the JSON inference header; the rest of the body
@@ -28,6 +29,7 @@ from miaohui.server.metrics import UNKNOWN_MODEL
 from miaohui.server.tensor_codec import DTYPES, v2_dtype
 
 if TYPE_CHECKING:
+    from miaohui.engines.base import Manifest, TensorSpec
     from miaohui.serving.repository import ModelManager
 
 RAW_SUFFIX = "-raw"
@@ -267,10 +269,38 @@ def model_metadata(manager: ModelManager, model: str, version: str | None) -> di
     platform = f"miaohui_{served.manifest.backend}"
     if served.manifest.task == "intent" and not raw:
         return text_metadata(model, versions, platform)
-    if raw and served.manifest.task != "intent":
+    if served.manifest.task == "tensor" and not raw:
+        return own_tensor_metadata(model, versions, platform, served.manifest)
+    if served.manifest.task == "encoder" and not raw:
+        from miaohui.server.embeddings_api import embedding_metadata
+
+        return embedding_metadata(model, versions, platform, int(served.manifest.outputs[0].dims[-1]))
+    if raw and served.manifest.task not in ("intent", "encoder"):
         raise ModelNotFoundError(f"model {model!r} does not exist", f"use {base!r} for the tensor interface")
     out = served.manifest.outputs[0]
     return tensor_metadata(model, versions, platform, out.name, int(out.dims[-1]))
+
+
+def own_tensor_metadata(name: str, versions: list[int], platform: str, manifest: Manifest) -> dict[str, Any]:
+    """A raw-tensor model's own inputs and outputs (-1 for a dynamic dimension), as its ONNX graph declares them."""
+
+    def rows(specs: list[TensorSpec]) -> list[dict[str, Any]]:
+        return [
+            {
+                "name": s.name,
+                "datatype": tensor_codec.NUMPY_TO_V2[np.dtype(s.dtype)],
+                "shape": [d if isinstance(d, int) else -1 for d in s.dims],
+            }
+            for s in specs
+        ]
+
+    return {
+        "name": name,
+        "versions": [str(v) for v in versions],
+        "platform": platform,
+        "inputs": rows(manifest.inputs),
+        "outputs": rows(manifest.outputs),
+    }
 
 
 def text_metadata(name: str, versions: list[int], platform: str) -> dict[str, Any]:

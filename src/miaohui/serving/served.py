@@ -93,8 +93,15 @@ class ServedVersion:
         self.manifest: Manifest = self.engines[0].manifest if self.engines else read_manifest(path)
         self.name, self.version = self.manifest.name, self.manifest.version
         self.output_name = self.manifest.outputs[0].name
-        self.max_length = self.manifest.max_length or self.manifest.inputs[0].profile.max[1]  # type: ignore[union-attr]
+        self.tensors = self.manifest.task == "tensor"
+        """A raw-tensor model (a user's ONNX file): requests go to an engine as they come, no batcher."""
+        if engine_process is not None and self.tensors:
+            raise UnavailableError(
+                f"{self.name} serves raw tensors, which the shared engine process does not carry",
+                "serve it without --shared-engine",
+            )
         profile = self.manifest.inputs[0].profile
+        self.max_length = self.manifest.max_length or (profile.max[-1] if profile else 1 << 30)
         self.max_batch = min(config.batching.max_batch_size, profile.max[0] if profile else 1 << 30)
         self.tokenizer = (
             TextTokenizer.from_file(path / self.manifest.tokenizer_file, self.max_length)
@@ -186,6 +193,10 @@ class ServedVersion:
         return list(dict.fromkeys((max(1, min(b, self.max_batch)), max(2, min(s, self.max_length))) for b, s in wanted))
 
     def _warm_up(self, engine: Engine) -> None:
+        if self.tensors:  # each input at its profile's opt shape, once
+            engine.infer({t.name: np.zeros(t.profile.opt if t.profile else [], t.dtype) for t in self.manifest.inputs})
+            engine.warmed_up()
+            return
         took: list[tuple[float, int, int]] = []
         for batch, seq in self.warmup_shapes(engine):
             ids = np.full((batch, seq), 5, dtype=np.int64)
@@ -280,7 +291,37 @@ class ServedVersion:
             check_length(seq, self.max_length, i)
         return ids
 
+    async def infer_raw(self, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """A raw-tensor model's request, on a free engine instance as it is (the engine checks names, dtypes and
+        the profile)."""
+        self.require_task("tensor", "raw tensor inference")
+        engine = await self._free.get()
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._pool, engine.infer, tensors)
+        finally:
+            self._free.put_nowait(engine)
+
+    def require_task(self, task: str, endpoint: str) -> None:
+        """A request for ``task`` on a model of another task is the caller's mistake: say where to send it."""
+        if self.manifest.task != task:
+            where = {"intent": "POST /v1/intent", "encoder": "POST /v1/embeddings"}.get(self.manifest.task, "KServe v2")
+            raise InputError(
+                f"model {self.name!r} is a{'n' if self.manifest.task[0] in 'aeiou' else ''} {self.manifest.task} "
+                f"model; {endpoint} needs a{'n' if task[0] in 'aeiou' else ''} {task} model",
+                f"send it to {where}, or name a{'n' if task[0] in 'aeiou' else ''} {task} model",
+            )
+
+    async def embed(self, texts: list[str], deadline: float | None) -> tuple[np.ndarray, int]:
+        """The embeddings of ``texts`` (an ``encoder`` model), through the batcher, and how many tokens they took."""
+        self.require_task("encoder", "embeddings")
+        started = time.perf_counter()
+        rows = self.tokenize(texts)
+        self._stage("tokenize", time.perf_counter() - started)
+        vectors = await self._outputs(self._submit(rows, deadline))
+        return vectors.astype(np.float32, copy=False), sum(len(r) for r in rows)
+
     async def classify(self, texts: list[str], deadline: float | None, with_slots: bool = True) -> list[IntentResult]:
+        self.require_task("intent", "intent classification")
         started = time.perf_counter()
         rows = self.tokenize(texts)
         self._stage("tokenize", time.perf_counter() - started)

@@ -43,9 +43,9 @@ def reference_logits(
             )
         import torch
 
-        from miaohui.models.checkpoint import load_checkpoint
+        from miaohui.sources.detect import load_source  # a checkpoint or a Hugging Face directory
 
-        loaded = load_checkpoint(Path(source_model))
+        loaded = load_source(Path(source_model))
         module = loaded.module
 
         def fn(feeds: dict[str, np.ndarray]) -> np.ndarray:
