@@ -1,6 +1,6 @@
 """``int8_kernel: gemv_layer``'s kernels (``miaohui.generation.w8_layer``): the QKV product with RMSNorm, bias, RoPE
 and the KV-cache write, and the gate/up product with SwiGLU, checked against the layer's own torch arithmetic
-(:func:`~miaohui.generation.static_kv.attn_in` and the MLP's ``silu(gate) · up``) under Triton's interpreter (fp32),
+(:func:`~miaohui.generation.static_kv_layers.attn_in` and the MLP's ``silu(gate) · up``) under Triton's interpreter (fp32),
 on the ops' CPU paths, and compiled for the H200."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ REFERENCE = """
 import torch
 from torch.nn import functional as F
 from miaohui.generation.int8_weights import quantize_int8
-from miaohui.generation.static_kv import _rope
+from miaohui.generation.static_kv_layers import rope as _rope
 from miaohui.generation.w8_layer import interleave_glu, pair_halves
 
 def qkv_reference(x, q, s, b, pos, cos, sin, heads, kv_heads, d):
@@ -117,7 +117,7 @@ def test_pairing_is_undone_by_unpair() -> None:
 
 def test_ops_on_the_cpu_match_the_layer_arithmetic() -> None:
     """The custom ops' torch paths (what CPU engines and the GPU tests' references run)."""
-    from miaohui.generation.static_kv import _rope
+    from miaohui.generation.static_kv_layers import rope as _rope
 
     torch.manual_seed(2)
     heads, kvh, d, k = 4, 2, 16, 32
