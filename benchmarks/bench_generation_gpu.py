@@ -22,8 +22,8 @@ Per model, in one process, bf16 everywhere except the fp32 reference:
 5. ``--server`` (first model only): the artifact saved, ``miaohui serve`` started, and ``--streams`` streaming
    ``/v1/completions`` clients (``--client-procs`` processes) in a closed loop for ``--duration`` s:
    output tokens/s (counted from each stream's usage chunk), TTFT and inter-chunk latency ("ITL") p50/p99 — a
-   chunk carries every token that queued up while its stream waited for the event loop (session 9 on: under
-   load, ``tokens_per_chunk`` > 1; before, one chunk per token and tokens were counted as chunks) — and the server
+   chunk carries every token that queued up while its stream waited for the event loop (under load
+   ``tokens_per_chunk`` > 1) — and the server
    process's CPU (all threads, and its main thread — the event loop that runs HTTP and SSE) per streamed token;
    the client processes start together once all have imported (``CLIENT_START_S``) and measure one common window;
    each counts the tokens that arrived in it (``window_tokens_per_s``) and reports its own CPU; from the server's
@@ -75,9 +75,9 @@ from miaohui.gil import GENERATION_SWITCH_US, switch_interval_us
 
 HBM_BYTES_PER_S = 4.3e12
 CLIENT_START_S = 0.5
-"""Seconds from the last client process's report that it has imported to the clients' common start. (Session 21 gave
-the processes a fixed 3 s from their spawn instead; on the H200 host one of them then started 2.5 s late in every
-run of ``s24a``, ``client_late_s``: spawned processes import this module, torch included, first.)"""
+"""Seconds from the last client process's report that it has imported to the clients' common start. (A fixed delay
+from their spawn is not enough: spawned processes import this module, torch included, first, and one of them can
+start seconds late; ``client_late_s`` reports it.)"""
 DEVICE = "cuda"
 TINY = {  # --smoke: a tiny Qwen2-shaped model on the CPU, to check this script end to end without a GPU
     "hidden_size": 64,
@@ -695,10 +695,8 @@ def bench_model(name: str, args: argparse.Namespace, server: bool) -> dict[str, 
         autotune=args.autotune,
         static_prefill=args.static_prefill,
         **({"decode_attention": args.decode_attention} if args.decode_attention else {}),
-        decode_layer=args.decode_layer,
         int8_batch1=args.int8_batch1,
-        int8_kernel=args.int8_kernel,
-        int8_batched=args.int8_batched,
+        **({"int8_kernel": args.int8_kernel} if args.int8_kernel else {}),
         prefill_batch_buckets=tuple(2**i for i in range(args.prefill_batch_max.bit_length())),
         **(
             {"mixed_prefill_tokens": tuple(int(v) for v in args.mixed_prefill.split(",") if v.isdigit())}
@@ -821,9 +819,9 @@ def main() -> None:
     ap.add_argument("--mixed-prefill-prompts", type=int, default=4, help="the most prompts one mixed step takes")
     ap.add_argument(
         "--decode-attention",
-        choices=["matmul", "sdpa", "flex", "triton"],
+        choices=["matmul", "triton"],
         default=None,
-        help="decode's attention kernel (default: the engine's, triton; session 19's first run of s20b took matmul)",
+        help="decode's attention kernel (default: the engine's, triton)",
     )
     ap.add_argument(
         "--gc-freeze",
@@ -832,22 +830,13 @@ def main() -> None:
         help="the server freezes its warm heap (gc.freeze(), the default) or not (MIAOHUI_GC_FREEZE): A/B",
     )
     ap.add_argument(
-        "--decode-layer",
-        choices=["split", "fused"],
-        default=None,
-        help="a decode layer in two compiled halves or one (default: the engine's, fused with matmul attention)",
-    )
-    ap.add_argument(
         "--int8-batch1", action="store_true", help="int8 weight-only copy for decode steps of one row (engine option)"
     )
     ap.add_argument(
         "--int8-kernel",
-        choices=["inductor", "gemv", "gemv_fused", "gemv_layer"],
+        choices=["inductor", "gemv_layer"],
         default=None,
-        help="the kernel of --int8-batch1's steps (default: the engine's, gemv_fused; gemv with --int8-batched)",
-    )
-    ap.add_argument(
-        "--int8-batched", action="store_true", help="int8 weights through the Triton GEMM for steps of 2+ rows"
+        help="the kernels of --int8-batch1's steps (default: the engine's, gemv_layer)",
     )
     ap.add_argument("--server", action="store_true", help="also load the first model through `miaohui serve`")
     ap.add_argument("--server-only", action="store_true", help="only the server phase (writes *_server.json)")

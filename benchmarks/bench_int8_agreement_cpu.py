@@ -1,9 +1,9 @@
-"""How much does weight-only int8 (``SlotEngineOptions.int8_batch1`` / ``int8_batched``) change a real model's greedy
+"""How much does weight-only int8 (``SlotEngineOptions.int8_batch1``) change a real model's greedy
 answers? SmolLM2-135M-Instruct (real weights), the static-KV engine run eagerly on this CPU in fp32 (the same int8
 arithmetic the GPU graphs compile: per-row scales, ``F.linear(x, q.to(dtype)) * scale``), chat prompts, greedy.
 
-Configurations: ``int8_batch1`` with the prompts decoded one at a time (every decode step reads int8), and
-``int8_batch1 + int8_batched`` with all prompts decoded together. Against the unquantized engine on the same prompts:
+Configuration: ``int8_batch1`` with the prompts decoded one at a time (every decode step reads int8). Against the
+unquantized engine on the same prompts:
 exact-answer rate, tokens before the first difference, and, teacher-forced on the unquantized answer, the share of
 positions where the int8 model's top token is the same (no divergence cascade).
 
@@ -41,8 +41,8 @@ QUESTIONS = [
 ]
 
 
-def engine(model: Any, eos: int, slots: int, batch1: bool, batched: bool) -> TorchSlotEngine:
-    opts = SlotEngineOptions(num_slots=slots, max_len=512, dtype="fp32", int8_batch1=batch1, int8_batched=batched)
+def engine(model: Any, eos: int, slots: int, batch1: bool) -> TorchSlotEngine:
+    opts = SlotEngineOptions(num_slots=slots, max_len=512, dtype="fp32", int8_batch1=batch1)
     dec = StaticKVDecoder.from_hf(model, num_slots=slots, max_len=512, dtype=torch.float32)
     return TorchSlotEngine(dec, [eos], 0, opts)
 
@@ -73,17 +73,14 @@ def main() -> None:
     params = SamplingParams(max_tokens=args.new_tokens, temperature=0.0)
     eos = int(tok.eos_token_id)
     t0 = time.perf_counter()
-    base = [out[0] for out in LLMEngine(engine(model, eos, 8, False, False), None).generate(prompts, params)]
+    base = [out[0] for out in LLMEngine(engine(model, eos, 8, False), None).generate(prompts, params)]
     runs: dict[str, list[list[int]]] = {
         # one prompt at a time: every decode step has one row, so int8_batch1 covers all of them
         "int8_batch1 (one stream at a time)": [
-            LLMEngine(engine(model, eos, 1, True, False), None).generate([p], params)[0][0] for p in prompts
-        ],
-        "int8_batch1 + int8_batched (8 streams together)": [
-            out[0] for out in LLMEngine(engine(model, eos, 8, True, True), None).generate(prompts, params)
+            LLMEngine(engine(model, eos, 1, True), None).generate([p], params)[0][0] for p in prompts
         ],
     }
-    forced = engine(model, eos, 1, True, False)
+    forced = engine(model, eos, 1, True)
     top1 = [teacher_forced_top1(forced, p, b) for p, b in zip(prompts, base, strict=True)]
     report: dict[str, Any] = {
         "command": "python benchmarks/bench_int8_agreement_cpu.py",

@@ -73,51 +73,25 @@ def test_compiled_prefill_matches_eager_prefill() -> None:
             assert torch.allclose(got_k, model.k_cache[0][:n, :, :s], atol=1e-5)
 
 
-@pytest.mark.parametrize("attention", ["sdpa", "flex", "triton"])
-def test_decode_attention_kernels_give_the_matmul_logits(attention: str) -> None:
-    """``decode_attention`` sdpa / flex / triton (on the CPU its op's matmul form), compiled and eager, against the default matmul attention, eager: the
-    same logits at every bucket, rows at different positions (the mask), a grouped-query model."""
+@pytest.mark.parametrize("attention", ["matmul", "triton"])
+def test_decode_layers_give_the_eager_matmul_logits_and_cache(attention: str) -> None:
+    """The decode layer (the cache write inside the compiled layer) with each decode attention (triton: on the CPU its
+    op's matmul form), compiled and eager, against the reference (the matmul attention, eager, in a second model): the
+    same logits at every bucket, rows at different positions (the mask), a grouped-query model, and, after the steps,
+    the same keys/values in every slot."""
     hf = tiny_qwen()
     opts = SlotEngineOptions(
         num_slots=8, max_len=256, dtype="fp32", compile=True, cuda_graphs=False, decode_attention=attention
     )
     engine = TorchSlotEngine(StaticKVDecoder.from_hf(hf, num_slots=8, max_len=256, dtype=torch.float32), [999], 0, opts)
     model = engine.model
-    assert model.decode_attention == attention and model.groups > 1
-    gen = torch.Generator().manual_seed(3)
-    with torch.inference_mode():
-        model.prefill(torch.randint(5, 1000, (8, 200), generator=gen), torch.full((8,), 200), torch.arange(8))
-        for b in engine.batch_buckets:
-            for length in engine.length_buckets:
-                tokens = torch.randint(5, 1000, (b,), generator=gen)
-                positions = torch.randint(0, min(length, 201), (b,), generator=gen)
-                compiled = engine._decode_fn(tokens, positions, length)
-                eager = _eager("decode", model, tokens, positions, length)
-                model.decode_attention = "matmul"
-                want = _eager("decode", model, tokens, positions, length)
-                model.decode_attention = attention
-                for got, how in ((compiled, "compiled"), (eager, "eager")):
-                    err = float((got - want).norm() / want.norm())
-                    assert err < 1e-4, f"{attention} {how} batch {b} length {length}: relative logit error {err:.2e}"
-
-
-@pytest.mark.parametrize("attention", ["matmul", "triton"])
-def test_fused_decode_layer_gives_the_split_layers_logits_and_cache(attention: str) -> None:
-    """``decode_layer: fused`` (the cache write inside the compiled layer), compiled and eager, against the split
-    layers, eager: the same logits at every bucket and, after the steps, the same keys/values in every slot."""
-    hf = tiny_qwen()
-    opts = SlotEngineOptions(
-        num_slots=8, max_len=256, dtype="fp32", compile=True, cuda_graphs=False, decode_attention=attention,
-        decode_layer="fused",
-    )  # fmt: skip
-    engine = TorchSlotEngine(StaticKVDecoder.from_hf(hf, num_slots=8, max_len=256, dtype=torch.float32), [999], 0, opts)
-    fused = engine.model
-    split = StaticKVDecoder.from_hf(hf, num_slots=8, max_len=256, dtype=torch.float32)
-    assert fused.decode_layer == "fused" and "_decode_layer" in fused.__dict__ and split.decode_layer == "split"
+    reference = StaticKVDecoder.from_hf(hf, num_slots=8, max_len=256, dtype=torch.float32)
+    assert model.decode_attention == attention and "_decode_layer" in model.__dict__ and model.groups > 1
+    assert reference.decode_attention == "matmul" and reference._decode_layer is None
     gen = torch.Generator().manual_seed(4)
     with torch.inference_mode():
         prompts = torch.randint(5, 1000, (8, 150), generator=gen)
-        for m in (fused, split):
+        for m in (model, reference):
             m.prefill(prompts, torch.full((8,), 150), torch.arange(8))
         # largest first, as the engine captures its graphs: the first compile sees kv_len = max_len and
         # batch = num_slots (with the triton attention op that once broke the recompiles for the smaller buckets)
@@ -125,59 +99,42 @@ def test_fused_decode_layer_gives_the_split_layers_logits_and_cache(attention: s
             for length in sorted(engine.length_buckets, reverse=True):
                 tokens = torch.randint(5, 1000, (b,), generator=gen)
                 positions = torch.randint(0, min(length, 151), (b,), generator=gen)
-                eager = _eager("decode", fused, tokens, positions, length)  # also rewrites the same cache entries
+                eager = _eager("decode", model, tokens, positions, length)  # also rewrites the same cache entries
                 compiled = engine._decode_fn(tokens, positions, length)
-                want = split.decode(tokens, positions, length)
+                want = reference.decode(tokens, positions, length)
                 for got, how in ((compiled, "compiled"), (eager, "eager")):
                     err = float((got - want).norm() / want.norm())
-                    assert err < 1e-4, f"fused {how} batch {b} length {length}: relative logit error {err:.2e}"
-    for i in range(len(split.k_cache)):
-        assert torch.allclose(fused.k_cache[i], split.k_cache[i], atol=1e-5), f"layer {i} keys"
-        assert torch.allclose(fused.v_cache[i], split.v_cache[i], atol=1e-5), f"layer {i} values"
+                    assert err < 1e-4, f"{attention} {how} batch {b} length {length}: relative logit error {err:.2e}"
+    for i in range(len(reference.k_cache)):
+        assert torch.allclose(model.k_cache[i], reference.k_cache[i], atol=1e-5), f"layer {i} keys"
+        assert torch.allclose(model.v_cache[i], reference.v_cache[i], atol=1e-5), f"layer {i} values"
 
 
-@pytest.mark.parametrize(
-    ("layer", "batch1", "batched", "kernel"),
-    [
-        ("split", True, False, "inductor"),
-        ("fused", True, False, "inductor"),
-        ("split", False, True, "inductor"),
-        ("fused", True, True, "inductor"),
-        ("fused", True, False, "gemv"),
-        ("fused", True, False, "gemv_fused"),
-        ("split", True, False, "gemv_fused"),
-        ("fused", True, False, "gemv_layer"),
-        ("split", True, False, "gemv_layer"),
-    ],
-)
-def test_int8_steps_decode_with_the_int8_weights_and_the_others_without(
-    layer: str, batch1: bool, batched: bool, kernel: str
-) -> None:
-    """``int8_batch1`` / ``int8_batched``: a compiled step that reads the int8 copy gives the logits of the same model
-    whose GEMM weights and LM head are replaced by their int8 values × scale (so it really reads the int8 copy; steps of
-    2+ rows, and one-row steps with ``int8_kernel: gemv``, go through the ``miaohui::w8a16_linear`` op, its CPU
-    fallback here); a step that does not gives the unquantized model's logits."""
-    from miaohui.generation.int8_weights import FusedGemvWeight, GemvWeight, GluGemvWeight, RopeGemvWeight
+@pytest.mark.parametrize("kernel", ["inductor", "gemv_layer"])
+def test_int8_steps_decode_with_the_int8_weights_and_the_others_without(kernel: str) -> None:
+    """``int8_batch1``: a compiled one-row step reads the int8 copy and gives the logits of the same model whose GEMM
+    weights and LM head are replaced by their int8 values × scale (so it really reads the int8 copy; ``gemv_layer``'s
+    kernels through their custom ops' CPU paths here); a step of 2+ rows gives the unquantized model's logits."""
+    from miaohui.generation.int8_weights import FusedGemvWeight, GluGemvWeight, RopeGemvWeight
     from miaohui.generation.static_kv import _Layer
     from miaohui.generation.w8_layer import unpair_halves
 
     hf = tiny_qwen()
     opts = SlotEngineOptions(
-        num_slots=8, max_len=256, dtype="fp32", compile=True, cuda_graphs=False, decode_layer=layer,
-        int8_batch1=batch1, int8_batched=batched, int8_kernel=kernel,
-    )  # fmt: skip
+        num_slots=8, max_len=256, dtype="fp32", compile=True, cuda_graphs=False, int8_batch1=True, int8_kernel=kernel
+    )
     engine = TorchSlotEngine(StaticKVDecoder.from_hf(hf, num_slots=8, max_len=256, dtype=torch.float32), [999], 0, opts)
     plain = StaticKVDecoder.from_hf(hf, num_slots=8, max_len=256, dtype=torch.float32)
     dequant = StaticKVDecoder.from_hf(hf, num_slots=8, max_len=256, dtype=torch.float32)
     q8 = engine.model._q8
-    assert q8 is not None and engine.model._q8_head is not None and engine.model.int8_steps == (batch1, batched)
+    assert q8 is not None and engine.model._q8_head is not None
     assert all(w[0].dtype == torch.int8 for per_layer in q8 for w in per_layer.values())
-    assert all(isinstance(w, GemvWeight) == (kernel == "gemv") for per_layer in q8 for w in per_layer.values())
-    if kernel != "gemv_layer":
-        assert all(isinstance(w, FusedGemvWeight) == (kernel == "gemv_fused") for lay in q8 for w in lay.values())
-    else:  # QKV rows paired per head, gate/up interleaved; O and down as gemv_fused's
+    if kernel == "inductor":  # plain (int8, scale) tuples
+        assert all(type(w) is tuple for lay in q8 for w in lay.values())
+    else:  # QKV rows paired per head, gate/up interleaved, O and down and the head for the one-row GEMV
         assert all(isinstance(lay["qkv"], RopeGemvWeight) and isinstance(lay["gate_up"], GluGemvWeight) for lay in q8)
         assert all(isinstance(lay[n], FusedGemvWeight) for lay in q8 for n in ("o", "down"))
+        assert isinstance(engine.model._q8_head, FusedGemvWeight)
     with torch.no_grad():
         for lay, per_layer in zip(dequant.layers, q8, strict=True):
             assert isinstance(lay, _Layer)
@@ -190,7 +147,7 @@ def test_int8_steps_decode_with_the_int8_weights_and_the_others_without(
                 elif isinstance(per_layer[name], GluGemvWeight):
                     w = w.reshape(-1, 2, w.shape[1]).transpose(0, 1).reshape(w.shape)
                 getattr(lay, name).copy_(w)
-            if kernel in ("gemv_fused", "gemv_layer"):  # the norms' weights live in the int8 QKV and gate/up copies
+            if kernel == "gemv_layer":  # the norms' weights live in the int8 QKV and gate/up copies
                 lay.in_norm.fill_(1.0)
                 lay.post_norm.fill_(1.0)
         q, s = engine.model._q8_head
@@ -207,12 +164,12 @@ def test_int8_steps_decode_with_the_int8_weights_and_the_others_without(
             tokens = torch.randint(5, 1000, (b,), generator=gen)
             positions = torch.full((b,), 121 if b == 4 else 120)
             got = engine._decode_fn(tokens, positions, 128)
-            int8 = batch1 if b == 1 else batched
+            int8 = b == 1
             want_plain = plain.decode(tokens, positions, 128)
             want_int8 = dequant.decode(tokens, positions, 128)
             want = want_int8 if int8 else want_plain
             err = float((got - want).norm() / want.norm())
-            assert err < 1e-4, f"{layer} batch {b} int8={int8}: relative logit error {err:.2e}"
+            assert err < 1e-4, f"{kernel} batch {b} int8={int8}: relative logit error {err:.2e}"
             # the int8 weights change the logits (else the test could not tell the paths apart)
             assert float((want_int8 - want_plain).norm() / want_plain.norm()) > 1e-4
 

@@ -122,8 +122,8 @@ def test_static_prefill_pads_to_buckets_and_keeps_hf_tokens(
 ) -> None:
     """The GPU engine's static (CUDA-graph) prefill path, run eagerly: three prompts are padded to the
     4-prompt bucket and a length bucket, the padding row repeating the first prompt into its own slot — and the
-    tokens stay HF's. With 3 slots for 3 prompts (none free) too: before session 19 the padding row needed a free
-    slot, and without one the prefill ran unpadded and eagerly (on the GPU: no graph)."""
+    tokens stay HF's. With 3 slots for 3 prompts (none free) too: a padding row that needed a free slot would make
+    that prefill run unpadded and eagerly (on the GPU: no graph)."""
     dec = StaticKVDecoder.from_hf(smollm[0], num_slots=slots, max_len=256)
     options = SlotEngineOptions(num_slots=slots, max_len=256, dtype="fp32", static_prefill=True)
     engine = TorchSlotEngine(dec, [smollm[1].eos_token_id], 0, options)

@@ -1,6 +1,6 @@
 """The packed-prompt attention of mixed steps (``miaohui.generation.prompt_attention``): under Triton's interpreter
-against the matmul form and against the decode kernel reading the same keys from a cache (what mixed steps did
-before); compiled for the H200 on the CPU; the op's CPU path and the mixed step's attention op. The interpreter must
+against the matmul form and against the decode attention's arithmetic reading the same keys from the cache;
+compiled for the H200 on the CPU; the op's CPU path and the mixed step's attention op. The interpreter must
 be on before Triton is imported, so that check runs in a child process."""
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from miaohui.generation.prompt_attention import matmul_prompt_attention, triton_
 
 torch.manual_seed(0)
 cases = [  # prompt lengths (then padding rows up to the bucket), bucket, H, KVH, D, dtype, block_m, block_n
-    ((20, 11), 36, 12, 2, 128, torch.float32, 16, 64),   # the 1.5B heads; prompts cross row blocks
-    ((128,), 128, 12, 2, 64, torch.float32, 32, 32),     # one whole prompt, no padding
-    ((5, 40, 1, 70), 128, 9, 3, 64, torch.float16, 16, 32),  # four prompts, a 1-token one, fp16
-    ((33,), 64, 8, 8, 32, torch.float32, 64, 16),        # no grouping, a row block wider than the prompt
+    ((20, 11), 36, 6, 1, 128, torch.float32, 16, 64),  # the 1.5B model's group of 6 and D; prompts cross row blocks
+    ((48,), 48, 4, 2, 64, torch.float32, 16, 16),  # one whole prompt, no padding, three key blocks
+    ((5, 20, 1, 30), 64, 6, 2, 64, torch.float16, 16, 32),  # four prompts, a 1-token one, fp16
+    ((33,), 64, 4, 4, 32, torch.float32, 64, 16),  # no grouping, a row block wider than the prompt
 ]
 for lengths, bucket, h, kvh, d, dtype, bm, bn in cases:
     positions = torch.cat([torch.arange(n) for n in lengths] + [torch.zeros(bucket - sum(lengths), dtype=torch.long)])
@@ -32,7 +32,7 @@ for lengths, bucket, h, kvh, d, dtype, bm, bn in cases:
     for i, n in enumerate(lengths):
         rows[at : at + n] = i
         at += n
-    keys, values = torch.randn(slots + 1, kvh, 160, d).to(dtype), torch.randn(slots + 1, kvh, 160, d).to(dtype)
+    keys, values = torch.randn(slots + 1, kvh, 96, d).to(dtype), torch.randn(slots + 1, kvh, 96, d).to(dtype)
     keys, values = keys[:, :, :bucket], values[:, :, :bucket]  # a view of the attended bucket, as the engine passes
     q = torch.randn(bucket, h, d).to(dtype)
     got = triton_prompt_attention(q, keys, values, positions, rows, block_m=bm, block_n=bn)
@@ -41,13 +41,13 @@ for lengths, bucket, h, kvh, d, dtype, bm, bn in cases:
     real = slice(0, sum(lengths))  # padding rows share the scratch row's position 0: their output is not used
     err = float((got[real].float() - want[real]).abs().max())
     assert err < (1e-4 if dtype == torch.float32 else 5e-3), (lengths, dtype, err)
-    # the decode kernel's arithmetic over the same cache (session 20's mixed steps): each row in its slot
+    # the decode kernel's arithmetic over the same cache (each row in its slot up to its position): the same result
     by_cache = matmul_decode_attention(q.float(), keys.float(), values.float(), positions, rows)
     assert float((got[real].float() - by_cache[real]).abs().max()) < (1e-4 if dtype == torch.float32 else 5e-3)
 # written into a given output view: the rows before the view stay as they were
-out = torch.full((40, 12, 128), 7.0)
-keys, values = torch.randn(3, 2, 64, 128), torch.randn(3, 2, 64, 128)
-q, positions = torch.randn(36, 12, 128), torch.cat((torch.arange(30), torch.arange(6)))
+out = torch.full((40, 4, 64), 7.0)
+keys, values = torch.randn(3, 2, 64, 64), torch.randn(3, 2, 64, 64)
+q, positions = torch.randn(36, 4, 64), torch.cat((torch.arange(30), torch.arange(6)))
 rows = torch.tensor([0] * 30 + [1] * 6)
 triton_prompt_attention(q, keys, values, positions, rows, out[4:])
 assert float((out[4:] - matmul_prompt_attention(q, keys, values, positions, rows)).abs().max()) < 1e-4
@@ -60,9 +60,9 @@ def test_kernel_matches_the_matmul_form_and_the_decode_arithmetic_under_the_inte
     assert run_interpreted(CHECK) == "ok 5"
 
 
-@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
 def test_kernel_compiles_for_the_h200(dtype: str) -> None:
-    """Triton's whole pipeline down to a cubin for compute capability 9.0, on the CPU."""
+    """Triton's whole pipeline down to a cubin for compute capability 9.0, on the CPU (fp16 compiles as bf16 does)."""
     ptr = f"*{dtype}"
     kernel = compile_for_h200(
         pa._prompt_kernel,

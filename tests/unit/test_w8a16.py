@@ -1,8 +1,9 @@
-"""The weight-only int8 Triton GEMM (``miaohui.generation.w8a16``) checked on the CPU with Triton's interpreter: every
-rows bucket (1, 5, 33, 64 rows), ragged N and K (masks), with and without bias, fp32 and fp16 activations, leading
-dims, against ``F.linear`` with the dequantized weight. The interpreter must be switched on before Triton is imported,
-so the check runs in a child process. (bf16 activations read back garbage under the interpreter, which has no bf16
-arithmetic; on the GPU ``scripts/gpu/decode_quant_probe.py`` checks bf16 against the same reference.)"""
+"""miaohui's one-row int8 kernel (``miaohui.generation.w8a16.w8_gemv``) checked on the CPU with Triton's interpreter
+against ``F.linear`` with the dequantized weight: plain, with split K (ragged N and K, bias, fp16, leading dims), and
+its fused forms (the RMS of x with the norm weight folded into the int8 weight; the residual in the epilogue, also
+through the split-K reduce kernel). The interpreter must be switched on before Triton is imported, so the checks run
+in one child process. (bf16 activations read back garbage under the interpreter, which has no bf16 arithmetic; on the
+GPU ``tests/gpu/test_slot_engine_gpu.py`` runs the kernel in bf16.)"""
 
 from __future__ import annotations
 
@@ -11,71 +12,21 @@ import torch
 from tests.triton_checks import compile_for_h200, run_interpreted
 
 from miaohui.generation.int8_weights import quantize_int8
-from miaohui.generation.w8a16 import GEMV_BEST, best_from_sweeps, gemv_config, w8_gemv, w8a16_linear
+from miaohui.generation.w8a16 import GEMV_BEST, best_from_sweeps, gemv_config, w8_gemv, w8_gemv_fused_op
 
 CHECK = """
-import torch
-from torch.nn import functional as F
-from miaohui.generation.int8_weights import quantize_int8
-from miaohui.generation.w8a16 import w8a16_linear
-
-torch.manual_seed(0)
-cases = [  # rows, N, K, bias, dtype, config
-    ((1,), 48, 256, False, torch.float32, dict(BLOCK_N=16, BLOCK_K=128)),
-    ((5,), 40, 200, True, torch.float32, dict(BLOCK_N=32, BLOCK_K=128)),
-    ((33,), 64, 130, False, torch.float32, dict(BLOCK_N=64, BLOCK_K=256)),
-    ((64,), 100, 384, True, torch.float32, dict(BLOCK_N=128, BLOCK_K=128, num_warps=8)),
-    ((2, 3), 40, 200, True, torch.float16, dict(BLOCK_N=16, BLOCK_K=128)),
-]
-for lead, n, k, bias, dtype, cfg in cases:
-    q, s = quantize_int8(torch.randn(n, k) * 0.02)
-    s = s.to(dtype)
-    x = torch.randn(*lead, k).to(dtype)
-    b = torch.randn(n).to(dtype) if bias else None
-    got = w8a16_linear(x, q, s, b, config=cfg)
-    want = F.linear(x.float(), q.float() * s.float()[:, None], None if b is None else b.float())
-    assert got.dtype == dtype and got.shape == (*lead, n), (got.dtype, got.shape)
-    err = float((got.float() - want).abs().max())
-    tol = 1e-5 if dtype == torch.float32 else 2e-3
-    assert err < tol * max(1.0, float(want.abs().max())), (lead, n, k, dtype, err)
-print("ok", len(cases))
-"""
-
-
-def test_kernel_matches_the_dequantized_linear_under_the_interpreter() -> None:
-    assert run_interpreted(CHECK) == "ok 5"
-
-
-def test_triton_is_installed() -> None:
-    """A dev dependency (pyproject ``[dev]``): without it the interpreter check above could not run."""
-    from miaohui.generation import w8a16
-
-    assert w8a16.available()
-
-
-def test_bad_operands_are_named() -> None:
-    q, s = quantize_int8(torch.randn(8, 16))
-    with pytest.raises(ValueError, match=r"need q int8 \[N, K\]"):
-        w8a16_linear(torch.randn(2, 15), q, s)
-    with pytest.raises(ValueError, match="need q int8"):
-        w8a16_linear(torch.randn(2, 16), q.float(), s)
-
-
-GEMV_CHECK = """
 import torch
 from torch.nn import functional as F
 from miaohui.generation.int8_weights import quantize_int8
 from miaohui.generation.w8a16 import w8_gemv
 
 torch.manual_seed(0)
-cases = [  # x shape, N, K, bias, dtype, (BLOCK_N, BLOCK_K, SPLIT, warps)
-    ((256,), 48, 256, False, torch.float32, (4, 128, 1, 4)),  # K one block, no split
+plain = [  # x shape, N, K, bias, dtype, (BLOCK_N, BLOCK_K, SPLIT, warps)
     ((1, 200), 40, 200, True, torch.float32, (8, 64, 1, 4)),  # ragged K, bias, [1, K]
-    ((1, 1000), 37, 1000, False, torch.float32, (2, 128, 4, 4)),  # split K: 4 slices of 256, ragged N
-    ((1, 1, 384), 100, 384, True, torch.float16, (16, 64, 3, 4)),  # split 3, bias, fp16, [1, 1, K]
-    ((1, 130), 5, 130, False, torch.float32, (1, 64, 8, 2)),  # more slices than blocks of K: empty slices add 0
+    ((1, 1, 96), 37, 96, True, torch.float16, (16, 32, 3, 4)),  # split 3, ragged N, bias, fp16, [1, 1, K]
+    ((130,), 5, 130, False, torch.float32, (1, 64, 8, 2)),  # more slices than blocks of K: empty slices add 0
 ]
-for shape, n, k, bias, dtype, cfg in cases:
+for shape, n, k, bias, dtype, cfg in plain:
     q, s = quantize_int8(torch.randn(n, k) * 0.02)
     s = s.to(dtype)
     x = torch.randn(*shape).to(dtype)
@@ -86,20 +37,46 @@ for shape, n, k, bias, dtype, cfg in cases:
     err = float((got.float() - want).abs().max())
     tol = 1e-5 if dtype == torch.float32 else 2e-3
     assert err < tol * max(1.0, float(want.abs().max())), (shape, n, k, dtype, cfg, err)
-print("ok", len(cases))
+
+fused = [  # K, N, bias, residual, rms, config (split > 1 with rms runs as split 1)
+    (200, 40, True, False, True, (8, 64, 4, 4)),  # QKV-like: norm folded, bias, ragged K; the split is dropped
+    (96, 37, False, True, False, (2, 64, 1, 4)),  # o/down-like: residual epilogue
+    (160, 20, False, True, False, (1, 32, 4, 4)),  # residual through the split-K reduce kernel
+]
+for k, n, bias, res, rms, cfg in fused:
+    norm = torch.rand(k) + 0.5
+    w = torch.randn(n, k) * 0.02
+    q, s = quantize_int8(w * norm[None, :] if rms else w)
+    x = torch.randn(1, k) * 3
+    b = torch.randn(n) if bias else None
+    r = torch.randn(1, n) if res else None
+    got = w8_gemv(x, q, s, b, config=cfg, residual=r, rms_eps=1e-6 if rms else None)
+    h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) if rms else x
+    want = F.linear(h, q.float() * s[:, None], b)  # norm's weight inside q
+    want = want + r if res else want
+    err = float((got - want).abs().max())
+    assert got.shape == (1, n) and err < 1e-5 * max(1.0, float(want.abs().max())), (k, n, cfg, err)
+print("ok", len(plain), len(fused))
 """
 
 
-def test_one_row_kernel_matches_the_dequantized_linear_under_the_interpreter() -> None:
-    """``w8_gemv`` (the one-row kernel the decode step's int8 weights take with ``int8_kernel: gemv``), with
-    and without split K, against the dequantized ``F.linear``."""
-    assert run_interpreted(GEMV_CHECK) == "ok 5"
+def test_one_row_kernel_and_its_fused_forms_match_the_dequantized_linear_under_the_interpreter() -> None:
+    assert run_interpreted(CHECK) == "ok 3 3"
 
 
-def test_one_row_kernel_refuses_more_rows() -> None:
+def test_triton_is_installed() -> None:
+    """A dev dependency (pyproject ``[dev]``): without it the interpreter check above could not run."""
+    from miaohui.generation import w8a16
+
+    assert w8a16.available()
+
+
+def test_one_row_kernel_refuses_more_rows_and_bad_operands() -> None:
     q, s = quantize_int8(torch.randn(8, 16))
     with pytest.raises(ValueError, match=r"need one row x \[..., K\] \(1 row\)"):
         w8_gemv(torch.randn(2, 16), q, s)
+    with pytest.raises(ValueError, match=r"need one row x \[..., K\] \(1 row\), q int8 \[N, K\]"):
+        w8_gemv(torch.randn(1, 16), q.float(), s)
 
 
 def test_gemv_configs_come_from_the_measured_table_else_the_nearest_class_of_n() -> None:
@@ -119,46 +96,8 @@ def test_best_from_sweeps_keeps_the_fastest_per_shape() -> None:
     assert best_from_sweeps([first, wide]) == {(2048, 1536): (1, 512, 1, 4), (1536, 8960): (2, 2048, 1, 4)}
 
 
-FUSED_CHECK = """
-import torch
-from torch.nn import functional as F
-from miaohui.generation.int8_weights import quantize_int8
-from miaohui.generation.w8a16 import w8_gemv
-
-torch.manual_seed(0)
-cases = [  # K, N, bias, residual, rms, config (split > 1 with rms runs as split 1)
-    (256, 48, True, False, True, (4, 128, 1, 4)),  # QKV-like: norm folded, bias
-    (200, 40, False, False, True, (8, 64, 4, 4)),  # ragged K; the split is dropped for the norm
-    (384, 37, False, True, False, (2, 128, 1, 4)),  # o/down-like: residual epilogue
-    (1000, 20, False, True, False, (1, 128, 4, 4)),  # residual through the split-K reduce kernel
-]
-for k, n, bias, res, rms, cfg in cases:
-    norm = torch.rand(k) + 0.5
-    w = torch.randn(n, k) * 0.02
-    q, s = quantize_int8(w * norm[None, :] if rms else w)
-    x = torch.randn(1, k) * 3
-    b = torch.randn(n) if bias else None
-    r = torch.randn(1, n) if res else None
-    got = w8_gemv(x, q, s, b, config=cfg, residual=r, rms_eps=1e-6 if rms else None)
-    h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) if rms else x
-    want = F.linear(h, q.float() * s[:, None], b)  # norm's weight inside q
-    want = want + r if res else want
-    err = float((got - want).abs().max())
-    assert got.shape == (1, n) and err < 1e-5 * max(1.0, float(want.abs().max())), (k, n, cfg, err)
-print("ok", len(cases))
-"""
-
-
-def test_fused_one_row_kernel_folds_the_rms_norm_and_adds_the_residual_under_the_interpreter() -> None:
-    """``int8_kernel: gemv_fused``'s kernel forms: the RMS of x taken from the GEMV's own loads (the norm weight
-    folded into the int8 weight) and the residual added in the epilogue, with and without split K."""
-    assert run_interpreted(FUSED_CHECK) == "ok 4"
-
-
 def test_fused_op_on_the_cpu_computes_the_same_arithmetic() -> None:
     """The custom op's CPU path (what compiled CPU engines run) against the unfused reference."""
-    from miaohui.generation.w8a16 import w8_gemv_fused_op
-
     torch.manual_seed(1)
     norm, w = torch.rand(64) + 0.5, torch.randn(24, 64) * 0.02
     q, s = quantize_int8(w * norm[None, :])
@@ -179,7 +118,7 @@ def test_residual_of_the_wrong_size_is_named() -> None:
 
 @pytest.mark.parametrize("fused", [False, True])
 def test_one_row_kernels_compile_for_the_h200(fused: bool) -> None:
-    """``_gemv_kernel`` (plain and with the RMS / residual of ``gemv_fused``) and its split-K reduction, compiled down
+    """``_gemv_kernel`` (plain with split K, and with the RMS and residual) and its split-K reduction, compiled down
     to a cubin for compute capability 9.0 on the CPU (``tests/triton_checks.py``)."""
     from miaohui.generation import w8a16
 
@@ -193,10 +132,5 @@ def test_one_row_kernels_compile_for_the_h200(fused: bool) -> None:
     reduce = compile_for_h200(
         w8a16._gemv_reduce, ["*fp32", "*bf16", "*bf16", "*bf16", "*bf16", "i32"], {"SPLIT": 2, "BLOCK": 1024, **flags}
     )
-    tiles = compile_for_h200(
-        w8a16._w8a16_kernel,
-        ["*bf16", "*i8", "*bf16", "*bf16", "*bf16", *["i32"] * 6],
-        {"K_TILES": 3, "HAS_BIAS": True, "BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128},
-    )
-    assert reduce and tiles
+    assert reduce
     assert "ld.global.v4.b32" in gemv.asm["ptx"]  # int8 weights 16 bytes per thread per load (8 rows × 512)

@@ -14,8 +14,8 @@ def with_constants(fn: Callable[..., T], **consts: int) -> Callable[..., T]:
     With ``dynamic=True`` every int that a compiled function receives becomes a symbol, also one that it reads from a
     closure or a ``functools.partial``. Inductor's kernels then index with 64-bit divisions by values known only at run
     time: with the head count a symbol, the query's RoPE kernel of the 1.5B decode layer took 2.4–6.1 µs per layer on
-    the H200 (``profile_decode_output_code_h200_s25b.log.gz``, session 22). Dynamo does specialize the default values
-    of a function it inlines, so ``consts`` reach ``fn`` as one."""
+    the H200. Dynamo does specialize the default values of a function it inlines, so ``consts`` reach ``fn`` as
+    one."""
 
     def inner(args: tuple[Any, ...], kwargs: dict[str, Any], consts: dict[str, int] = consts) -> T:
         return fn(*args, **kwargs, **consts)

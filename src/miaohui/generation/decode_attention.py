@@ -1,13 +1,12 @@
-"""miaohui's decode attention (``SlotEngineOptions.decode_attention: triton``): grouped-query attention of one new
-token per row over the static KV cache, as split-KV flash decoding in two Triton kernels.
+"""miaohui's decode attention (``SlotEngineOptions.decode_attention: triton``, the default): grouped-query attention of
+one new token per row over the static KV cache, as split-KV flash decoding in two Triton kernels.
 
-The default (``matmul``) attends with two cuBLAS batched matmuls around an Inductor softmax: three kernels per layer
-that read the whole attended-length bucket whatever each row's position (H200, 1.5B shape, batch 1: 2.7 + 2.5 + 2.9
-µs per layer, ``profile_decode_int8b1_gemvfused_h200_s18a.txt``). Here one program takes a (row, KV head, slice of
-the cache) and all the query heads that share that KV head (padded to 16 rows for ``tl.dot``), runs an online
-softmax over the slice up to the row's own position only, and writes its running max, sum and weighted values; a
-second kernel, one program per (row, query head), merges the slices. Slices are sized so that rows × KV heads ×
-slices fills the GPU even at batch 1.
+The reference form (``matmul``, :func:`matmul_decode_attention`) attends with two batched matmuls around a softmax:
+three kernels per layer that read the whole attended-length bucket whatever each row's position. Here one program
+takes a (row, KV head, slice of the cache) and all the query heads that share that KV head (padded to 16 rows for
+``tl.dot``), runs an online softmax over the slice up to the row's own position only, and writes its running max, sum
+and weighted values; a second kernel, one program per (row, query head), merges the slices. Slices are sized so that
+rows × KV heads × slices fills the GPU even at batch 1.
 
 Behind the custom op ``torch.ops.miaohui.decode_attention`` (opaque to ``torch.compile``, captured by CUDA graphs).
 Elsewhere (the CPU, no Triton, a head size that is not a power of two) the op computes the same attention with
@@ -29,10 +28,9 @@ except ImportError:  # pragma: no cover - exercised only where triton is missing
     triton = None
 
 BLOCK_T = 32
-"""Cache positions per inner step of a program at batch 1; 64 for more rows (``BLOCK_T_BATCHED``). H200, 1.5B shape,
-µs per layer (``decode_attention_probe_h200_s19b.json``, the sweep's best against these defaults): batch 1 × 512
-4.46 (32) vs 4.59 (64); batch 8 × 512 6.04 (64) vs 6.06 (32); batch 64 × 256 **9.58** (64) vs 11.41 (32); batch
-64 × 512 15.06 (64) vs 15.05 (32); 264 target programs and 4 warps were best or within 0.5 µs everywhere."""
+"""Cache positions per inner step of a program at batch 1; 64 for more rows (``BLOCK_T_BATCHED``): the best of
+``scripts/gpu/decode_attention_probe.py --sweep`` on the H200 at the 1.5B shape (within 0.5 µs per layer where
+another size won)."""
 BLOCK_T_BATCHED = 64
 TARGET_PROGRAMS = 264
 """Programs the first kernel aims for (two per SM of an H200), by slicing the cache."""

@@ -10,22 +10,16 @@ from typing import NamedTuple
 import torch
 from torch.nn import functional as F
 
+from miaohui.errors import ConfigError
 from miaohui.generation.w8_layer import interleave_glu, pair_halves
-from miaohui.generation.w8a16 import w8_gemv_fused_op, w8a16_op
-
-
-class GemvWeight(NamedTuple):
-    """An int8 weight whose one-row products go to miaohui's matrix-vector kernel (``int8_kernel: gemv``) rather
-    than to Inductor's rewrite of the dequantizing ``F.linear``."""
-
-    q: torch.Tensor
-    scale: torch.Tensor
+from miaohui.generation.w8a16 import w8_gemv_fused_op
 
 
 class FusedGemvWeight(NamedTuple):
-    """``int8_kernel: gemv_fused``: an int8 weight read by miaohui's one-row kernel with the layer's neighbours folded
-    in — for QKV and gate/up the preceding RMSNorm (its weight multiplied into the columns before quantization, the
-    RMS taken inside the kernel), for O and down the residual add after them."""
+    """An int8 weight read by miaohui's one-row kernel (:func:`~miaohui.generation.w8a16.w8_gemv`) with the layer's
+    neighbours folded in: for QKV and gate/up the preceding RMSNorm (its weight multiplied into the columns before
+    quantization, the RMS taken inside the kernel), for O and down the residual add after them; the LM head's copy
+    has neither."""
 
     q: torch.Tensor
     scale: torch.Tensor
@@ -49,25 +43,22 @@ class GluGemvWeight(NamedTuple):
     scale: torch.Tensor
 
 
-Weight = (
-    torch.Tensor | tuple[torch.Tensor, torch.Tensor] | GemvWeight | FusedGemvWeight | RopeGemvWeight | GluGemvWeight
-)
-"""A weight ``[out, in]`` in the model dtype, or int8 values with one scale per output row (weight-only int8): a plain
-tuple (Inductor's one-row rewrite, or miaohui's Triton GEMM at 2+ rows), or tagged for one of miaohui's one-row
-kernels. :func:`linear` takes every kind but :class:`RopeGemvWeight` and :class:`GluGemvWeight`, which the decoder
-hands to their own ops."""
+Weight = torch.Tensor | tuple[torch.Tensor, torch.Tensor] | FusedGemvWeight | RopeGemvWeight | GluGemvWeight
+"""A weight ``[out, in]`` in the model dtype, or int8 values with one scale per output row (weight-only int8, read by
+one-row decode steps only): a plain tuple (``int8_kernel: inductor``), or tagged for one of miaohui's one-row kernels
+(``gemv_layer``). :func:`linear` takes every kind but :class:`RopeGemvWeight` and :class:`GluGemvWeight`, which the
+decoder hands to their own ops."""
 
 
 def linear(x: torch.Tensor, w: Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear`` for either kind of :data:`Weight`. An int8 tuple at one row takes gpt-fast's form, ``F.linear(x,
-    q.to(x.dtype)) * scale``: compiled with coordinate-descent tuning, Inductor turns it into one Triton reduction that
-    reads the int8 bytes (``int8_kernel: inductor``). A :class:`GemvWeight`, and an int8 tuple at 2+ rows
-    (``int8_batched``), go to the custom op :func:`miaohui.generation.w8a16.w8a16_op`: miaohui's one-row GEMV or its
-    Triton GEMM for up to 64 rows (measures in that module)."""
+    """``F.linear`` for every kind of :data:`Weight` but the two that have their own ops. A plain int8 tuple takes
+    gpt-fast's form, ``F.linear(x, q.to(x.dtype)) * scale``: compiled with coordinate-descent tuning, Inductor turns it
+    into one Triton reduction that reads the int8 bytes (``int8_kernel: inductor``). A :class:`FusedGemvWeight` goes
+    to miaohui's one-row kernel (the custom op :func:`~miaohui.generation.w8a16.w8_gemv_fused_op`, no norm, no
+    residual)."""
+    if isinstance(w, FusedGemvWeight):
+        return w8_gemv_fused_op(x, w.q, w.scale, bias, None, 0.0)
     if isinstance(w, tuple):
-        # a decode step of 2+ rows (int8_batched) or int8_kernel gemv: miaohui's Triton kernels (a custom op)
-        if isinstance(w, GemvWeight) or (x.dim() == 2 and x.shape[0] > 1):
-            return w8a16_op(x, w[0], w[1], bias)
         out = F.linear(x, w[0].to(x.dtype)) * w[1]
         return out if bias is None else out + bias
     return F.linear(x, w, bias)
@@ -81,9 +72,7 @@ def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def norm_linear(x: torch.Tensor, norm: torch.Tensor, w: Weight, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """``linear(RMSNorm(x), w, bias)``; a :class:`FusedGemvWeight` (norm weight already in it) in one kernel."""
-    if isinstance(w, FusedGemvWeight):
-        return w8_gemv_fused_op(x, w.q, w.scale, bias, None, eps)
+    """``linear(RMSNorm(x), w, bias)``."""
     return linear(rms_norm(x, norm, eps), w, bias)
 
 
@@ -92,8 +81,8 @@ def residual_linear(x: torch.Tensor, h: torch.Tensor, w: Weight, *, addmm: bool 
 
     ``addmm=False``: the product is rounded to x's dtype, then added in fp32 (HF's arithmetic), so Inductor cannot
     make the sum cuBLAS's addmm with ``x`` as C. PyTorch's addmm first copies a full C into its output: one memcpy
-    node per call in a CUDA graph (1.2 µs at 64 rows on the H200, ``profile_decode_b64_h200_s25a.order.txt``).
-    Unfused, the add goes into the kernel of the RMSNorm that follows (the attention's output projection)."""
+    node per call in a CUDA graph. Unfused, the add goes into the kernel of the RMSNorm that follows (the attention's
+    output projection)."""
     if isinstance(w, FusedGemvWeight):
         return w8_gemv_fused_op(h, w.q, w.scale, None, x, 0.0)
     if not addmm:
@@ -120,9 +109,7 @@ def _fold(w: torch.Tensor, norm: torch.Tensor | None) -> FusedGemvWeight:
 
 
 def _pack(kernel: str, w: torch.Tensor, norm: torch.Tensor | None = None) -> Weight:
-    if kernel in ("gemv_fused", "gemv_layer"):
-        return _fold(w, norm)
-    return GemvWeight(*quantize_int8(w)) if kernel == "gemv" else quantize_int8(w)
+    return _fold(w, norm) if kernel == "gemv_layer" else quantize_int8(w)
 
 
 def int8_layer(
@@ -136,10 +123,11 @@ def int8_layer(
     post_norm: torch.Tensor,
     down: torch.Tensor,
 ) -> dict[str, Weight]:
-    """One layer's int8 copies for ``int8_kernel`` ``kernel``: ``gemv`` tags them for miaohui's one-row kernel;
-    ``gemv_fused`` folds each RMSNorm's weight into the QKV and gate/up copies (so only one-row steps may read them:
-    the options refuse it with ``int8_batched``); ``gemv_layer`` also reorders those rows for its kernels' RoPE and
-    SwiGLU epilogues (:mod:`miaohui.generation.w8_layer`); ``inductor`` keeps plain (int8, scale) tuples."""
+    """One layer's int8 copies for ``int8_kernel`` ``kernel``: ``gemv_layer`` folds each RMSNorm's weight into the QKV
+    and gate/up copies and reorders their rows for its kernels' RoPE and SwiGLU epilogues
+    (:mod:`miaohui.generation.w8_layer`); ``inductor`` keeps plain (int8, scale) tuples."""
+    if kernel not in ("inductor", "gemv_layer"):
+        raise ConfigError(f"int8_kernel {kernel!r} is not one of 'inductor', 'gemv_layer'", "use one of those two")
     q_kv: Weight = _pack(kernel, qkv, in_norm)
     g_u: Weight = _pack(kernel, gate_up, post_norm)
     if kernel == "gemv_layer":
@@ -151,4 +139,4 @@ def int8_layer(
 
 def int8_head(kernel: str, head: torch.Tensor) -> Weight:
     """The LM head's int8 copy (no norm folded in: the final RMSNorm runs before it)."""
-    return GemvWeight(*quantize_int8(head)) if kernel in ("gemv_fused", "gemv_layer") else _pack(kernel, head)
+    return _pack(kernel, head)

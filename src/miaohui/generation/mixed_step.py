@@ -1,9 +1,8 @@
 """Mixed steps: a decode step and new prompts' tokens as one batch of rows (``SlotEngineOptions.mixed_prefill_tokens``).
 
-A separate prefill reads every weight once more for a handful of prompts: on the H200 (1.5B shape, bf16) one
-128-token prompt's prefill graph takes 2.4 ms, about as long as a 64-row decode step (2.1 ms), because both are
-bound by reading the 3 GB of weights (``profile_decode_b64_prefills_h200_s21b.json``); the two as one mixed step
-take 2.8 ms (``profile_decode_mixed_h200_s21e.json``). Here the prompts' tokens become extra rows of the decode step —
+A separate prefill reads every weight once more for a handful of prompts: one short prompt's prefill takes about as
+long as a 64-row decode step on a GPU, because both are bound by reading the weights, while the two as one mixed step
+take little more than the decode step alone. Here the prompts' tokens become extra rows of the decode step —
 vLLM's chunked-prefill / Sarathi idea on a static cache: every row is one token with a position and a cache row, so
 
 * the GEMMs, norms and MLP run once over ``decode rows + prompt tokens``;
@@ -29,7 +28,8 @@ from miaohui.generation.constants import with_constants
 from miaohui.generation.decode_attention import decode_attention
 from miaohui.generation.int8_weights import Weight, add_residual, residual_linear
 from miaohui.generation.prompt_attention import prompt_attention
-from miaohui.generation.static_kv import Carry, StaticKVDecoder, _Layer, attn_in, mlp_block
+from miaohui.generation.static_kv import StaticKVDecoder, _Layer
+from miaohui.generation.static_kv_layers import Carry, attn_in, mlp_block
 
 
 @torch.library.custom_op("miaohui::mixed_attention", mutates_args=())

@@ -5,10 +5,9 @@ A mixed step packs its prompts' tokens one after another: prompt i's tokens are 
 ..., so row r's prompt starts at row ``r - positions[r]`` and the row attends to rows ``r - positions[r] .. r``
 (padding rows sit at position 0 and attend to themselves). Each row's key and value were just written at
 ``(cache_rows[r], positions[r])`` of the cache, where the kernel reads them (reading the layer's own k/v tensors
-instead made Inductor copy them out in two more kernels per layer, ``profile_mixed_64_128_h200_s23a.txt``). Session
-20 ran the prompt rows through the decode kernel instead, each row reading its slot's cache up to its position:
-10.6 µs per layer for 64 decode rows + 128 prompt tokens and 18.1 µs for + 256, against 5.0 µs for the decode rows
-alone (``profile_mixed_64_*_h200_s21e.txt``), since every row re-read its whole prompt.
+instead makes Inductor copy them out in two more kernels per layer). Running the prompt rows through the decode kernel
+instead, each row reading its slot's cache up to its position, re-reads every prompt once per token: two to four
+times the decode rows' own attention time at 128–256 prompt tokens on the H200.
 
 One program takes ``BLOCK_M`` rows and one query head and runs an online softmax over the key blocks from the first
 row's prompt start to its last row. Behind the custom op ``torch.ops.miaohui.prompt_attention``; elsewhere (the CPU,

@@ -80,10 +80,9 @@ class SchedulerConfig(Frozen):
     prefill_min_prompts: int = Field(default=1, ge=1)
     """While sequences are decoding, hold new prompts until this many wait (or the oldest has waited
     ``prefill_max_wait_ms``, or no more could fit), then prefill them together: a prefill reads every weight once,
-    so n prompts in one prefill cost far less than n prefills (on the H200, 1.5B shape, one 128-token prompt per
-    prefill took ~2.5 ms of a ~3.5 ms step). Trades TTFT (at most ``prefill_max_wait_ms``) for tokens/s. 1 (the
-    default) admits every prompt at the next step. H200 (``run_h200.sh s20f``): at least 8 within 16 ms raised one
-    run to 20.6k tok/s but TTFT p99 to 81 ms; at least 4 within 8 ms did not raise tokens/s."""
+    so n prompts in one prefill cost far less than n prefills. Trades TTFT (at most ``prefill_max_wait_ms``) for
+    tokens/s. 1 (the default) admits every prompt at the next step: holding prompts raised tokens/s little on the
+    H200 and lengthened the TTFT tail."""
     prefill_max_wait_ms: float = Field(default=0.0, ge=0.0)
     """The longest a prompt is held for ``prefill_min_prompts`` (measured from its arrival)."""
     max_prefill_seqs: int | None = Field(default=None, ge=1)
@@ -93,9 +92,8 @@ class SchedulerConfig(Frozen):
     and each group's prefill is one long step for every other stream. A cap spreads a group over consecutive steps
     (with 1, no two sequences share a prefill step); it also keeps a static-prefill engine inside its largest
     prefill graph (``SlotEngineOptions.prefill_batch_buckets``; more prompts are prefilled eagerly) — unset, the
-    engine's ``max_prefill_prompts`` (that largest bucket) is taken (``LLMEngine``). H200, 1.5B server: the runs in
-    which a prefill of more than 8 prompts happened had the TTFT tails (p99 74–100 ms), those without had none
-    (18–25 ms; ``generation_gpu_qwen1.5b_server_s19*``, ``…_s20d_*``)."""
+    engine's ``max_prefill_prompts`` (that largest bucket) is taken (``LLMEngine``): on the H200 the TTFT tails came
+    from prefills of more prompts than that."""
 
     @model_validator(mode="after")
     def _budget(self) -> SchedulerConfig:

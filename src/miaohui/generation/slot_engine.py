@@ -224,9 +224,8 @@ class TorchSlotEngine(SlotCausalLMEngine):
         self._decode_fn: Callable[..., torch.Tensor] = model.decode
         self._prefill_fn: Callable[..., torch.Tensor] = model.prefill
         model.decode_attention = options.decode_attention
-        model.decode_layer = options.decode_layer
-        if options.int8_batch1 or options.int8_batched:
-            model.add_int8(batch1=options.int8_batch1, batched=options.int8_batched, kernel=options.int8_kernel)
+        if options.int8_batch1:
+            model.add_int8(kernel=options.int8_kernel)
         if self.compiled:
             _allow_specialisations()
             mode = "max-autotune-no-cudagraphs" if options.autotune else None
@@ -429,9 +428,7 @@ class TorchSlotEngine(SlotCausalLMEngine):
         fit no bucket (more prompts than the largest prefill bucket, or a longer one).
 
         Padding rows repeat the first prompt into its own slot: they write the same keys and values to the same
-        places, and their logits are dropped. (Before session 19 they wrote into a free slot, and when every slot
-        held a sequence the step fell back to an eager prefill: ~280 launches from Python while every stream
-        waits.)"""
+        places, and their logits are dropped; so a full engine (no free slot) still prefills through its graphs."""
         n, width = len(prompts), max(len(p) for p in prompts)
         if n > self.prefill_batches[-1] or width > self.prefill_lengths[-1]:
             return None

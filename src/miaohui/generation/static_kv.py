@@ -16,17 +16,18 @@ its tokens sit at positions ``0 .. length-1`` of that row, and nothing is ever c
 * :func:`miaohui.generation.mixed_step.mixed_forward` runs a decode step and prompts' tokens as one batch of rows
   (the cache has one spare *scratch* row, past the slots, for its padding rows).
 
-Numerics follow HF: RMSNorm and softmax in fp32, weights and cache in the model dtype (bf16/fp16 on the
-GPU, fp32 on the CPU). Weights keep HF's ``[out, in]`` layout (``F.linear``), with Q/K/V and gate/up
-fused into one matmul each; Qwen2's Q/K/V biases are supported. The LM head is a separate tensor even
-when tied to the embeddings.
+The layers' arithmetic lives in :mod:`miaohui.generation.static_kv_layers` (pure functions, compiled once for every
+layer); this module holds the weights, the cache and the loops over layers. Numerics follow HF: RMSNorm and softmax
+in fp32, weights and cache in the model dtype (bf16/fp16 on the GPU, fp32 on the CPU). Weights keep HF's
+``[out, in]`` layout (``F.linear``), with Q/K/V and gate/up fused into one matmul each; Qwen2's Q/K/V biases are
+supported. The LM head is a separate tensor even when tied to the embeddings.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any, Literal, overload
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -34,286 +35,19 @@ from torch.nn import functional as F
 
 from miaohui.errors import ArtifactError
 from miaohui.generation.constants import with_constants
-from miaohui.generation.decode_attention import decode_attention_op
 from miaohui.generation.dims import DecoderDims
-from miaohui.generation.int8_weights import (
-    FusedGemvWeight,
-    GluGemvWeight,
-    RopeGemvWeight,
-    Weight,
-    add_residual,
-    int8_head,
-    int8_layer,
-    linear,
-    norm_linear,
-    residual_linear,
-    rms_norm,
+from miaohui.generation.int8_weights import RopeGemvWeight, Weight, add_residual, int8_head, int8_layer
+from miaohui.generation.static_kv_layers import (
+    DECODE_ATTENTION,
+    attn_in,
+    attn_proj_mlp,
+    final_logits,
+    make_decode_layer,
 )
-from miaohui.generation.w8_layer import w8_gemv_glu_op, w8_gemv_rope_op
-from miaohui.generation.w8a16 import w8_gemv_fused_op
+from miaohui.generation.w8_layer import w8_gemv_rope_op
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
-
-_LAYER_KEYS = (
-    "self_attn.q_proj.weight",
-    "self_attn.k_proj.weight",
-    "self_attn.v_proj.weight",
-    "self_attn.o_proj.weight",
-    "mlp.gate_proj.weight",
-    "mlp.up_proj.weight",
-    "mlp.down_proj.weight",
-    "input_layernorm.weight",
-    "post_attention_layernorm.weight",
-)
-
-
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding (HF's rotate_half convention) computed in fp32; ``cos``/``sin`` broadcast to x."""
-    h = x.float()
-    half = h.shape[-1] // 2
-    rotated = torch.cat((-h[..., half:], h[..., :half]), dim=-1)
-    return (h * cos + rotated * sin).to(x.dtype)
-
-
-def attn_in(
-    x: torch.Tensor,
-    norm: torch.Tensor,
-    qkv: Weight,
-    qkv_bias: torch.Tensor | None,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    eps: float,
-    heads: int,
-    kv_heads: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """First half of a layer: RMSNorm → fused QKV → RoPE. ``x`` [..., hidden] → q [..., H, D], k and v
-    [..., KVH, D] (decode: ``[b]``, prefill: ``[n, S]`` leading dims; ``cos``/``sin`` broadcast to them). A pure
-    function of its tensors, so one compiled graph serves every layer."""
-    lead = x.shape[:-1]
-    out = norm_linear(x, norm, qkv, qkv_bias, eps)
-    d = out.shape[-1] // (heads + 2 * kv_heads)
-    q = _rope(out[..., : heads * d].reshape(*lead, heads, d), cos, sin)
-    k = _rope(out[..., heads * d : (heads + kv_heads) * d].reshape(*lead, kv_heads, d), cos, sin)
-    v = out[..., (heads + kv_heads) * d :].reshape(*lead, kv_heads, d).contiguous()
-    return q, k, v
-
-
-Carry = tuple[torch.Tensor, torch.Tensor]
-"""A layer's output as (residual stream, MLP output not yet added): the fused layers' ``carry`` form."""
-
-
-def attn_out_mlp(
-    x: torch.Tensor,
-    q: torch.Tensor,
-    keys: torch.Tensor,
-    values: torch.Tensor,
-    bias: torch.Tensor,
-    o: Weight,
-    post_norm: torch.Tensor,
-    gate_up: Weight,
-    down: Weight,
-    eps: float,
-    carry: bool = False,
-) -> torch.Tensor | Carry:
-    """Decode, second half of a layer: grouped-query attention of q [b, H, D] over the cache view
-    ``keys``/``values`` [b, KVH, T, D] (``bias`` [b, 1, 1, T] masks slots past each row's position),
-    output projection, residual, RMSNorm, SwiGLU MLP, residual."""
-    b, heads, d = q.shape
-    kv_heads = keys.shape[1]
-    q4 = q.view(b, kv_heads, heads // kv_heads, d)
-    scores = torch.matmul(q4, keys.transpose(-1, -2)).float() * (d**-0.5) + bias  # [b, KVH, G, T]
-    probs = torch.softmax(scores, dim=-1).to(values.dtype)
-    attn = torch.matmul(probs, values).reshape(b, heads * d)
-    return mlp_block(residual_linear(x, attn, o, addmm=False), post_norm, gate_up, down, eps, carry)
-
-
-def attn_out_mlp_sdpa(
-    x: torch.Tensor,
-    q: torch.Tensor,
-    keys: torch.Tensor,
-    values: torch.Tensor,
-    bias: torch.Tensor,
-    o: Weight,
-    post_norm: torch.Tensor,
-    gate_up: Weight,
-    down: Weight,
-    eps: float,
-    carry: bool = False,
-) -> torch.Tensor | Carry:
-    """:func:`attn_out_mlp` with the attention as one ``scaled_dot_product_attention`` call (a fused kernel where
-    the backend has one for a float mask) instead of two batched matmuls and a softmax."""
-    b, heads, d = q.shape
-    attn = F.scaled_dot_product_attention(
-        q[:, :, None, :], keys, values, attn_mask=bias.to(q.dtype), enable_gqa=True
-    ).reshape(b, heads * d)
-    return mlp_block(residual_linear(x, attn, o, addmm=False), post_norm, gate_up, down, eps, carry)
-
-
-def attn_out_mlp_flex(
-    x: torch.Tensor,
-    q: torch.Tensor,
-    keys: torch.Tensor,
-    values: torch.Tensor,
-    positions: torch.Tensor,
-    o: Weight,
-    post_norm: torch.Tensor,
-    gate_up: Weight,
-    down: Weight,
-    eps: float,
-    carry: bool = False,
-) -> torch.Tensor | Carry:
-    """:func:`attn_out_mlp` with the attention as FlexAttention (compiled: one Triton kernel, Inductor's
-    flash-decoding template for a one-token query), masked by ``kv <= positions[row]`` in a score modifier.
-    ``q`` is [b, H, 1, D] here: made 4-d before the call (as a view inside the compiled graph, Inductor's CPU
-    FlexAttention template reads the 3-d buffer's sizes and fails; torch 2.13)."""
-    from torch.nn.attention.flex_attention import flex_attention
-
-    b, heads, _, d = q.shape
-
-    def causal(score: torch.Tensor, row: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv: torch.Tensor) -> Any:
-        return torch.where(kv <= positions[row], score, float("-inf"))
-
-    attn = flex_attention(q, keys, values, score_mod=causal, enable_gqa=True)
-    assert isinstance(attn, torch.Tensor)
-    return mlp_block(
-        residual_linear(x, attn.reshape(b, heads * d), o, addmm=False), post_norm, gate_up, down, eps, carry
-    )
-
-
-@overload
-def mlp_block(
-    x: torch.Tensor, post_norm: torch.Tensor, gate_up: Weight, down: Weight, eps: float, carry: Literal[False] = ...
-) -> torch.Tensor: ...
-@overload
-def mlp_block(
-    x: torch.Tensor, post_norm: torch.Tensor, gate_up: Weight, down: Weight, eps: float, carry: Literal[True]
-) -> Carry: ...
-@overload
-def mlp_block(
-    x: torch.Tensor, post_norm: torch.Tensor, gate_up: Weight, down: Weight, eps: float, carry: bool
-) -> torch.Tensor | Carry: ...
-def mlp_block(
-    x: torch.Tensor, post_norm: torch.Tensor, gate_up: Weight, down: Weight, eps: float, carry: bool = False
-) -> torch.Tensor | Carry:
-    """Residual SwiGLU MLP: ``x + down(silu(gate) * up)`` of the RMS-normed ``x``.
-
-    ``carry``: ``(x, down(...))`` instead, for the next layer to add (:func:`add_residual`) in its first kernel.
-    Added here, the sum is cuBLAS's addmm with ``x`` as C, which PyTorch begins with a copy of ``x`` into its output:
-    one memcpy node per layer in a CUDA graph (1.4–1.8 µs with its gap at 64 rows on the H200,
-    ``profile_decode_b64_h200_s25b.order.txt``)."""
-    if isinstance(gate_up, GluGemvWeight):
-        h = w8_gemv_glu_op(x, gate_up.q, gate_up.scale, eps)
-    else:
-        gate, up = norm_linear(x, post_norm, gate_up, None, eps).chunk(2, dim=-1)
-        h = F.silu(gate) * up
-    if not carry:
-        return residual_linear(x, h, down)
-    if isinstance(down, FusedGemvWeight):  # its one-row kernel without the residual it would add in its epilogue
-        return x, w8_gemv_fused_op(h, down.q, down.scale, None, None, 0.0)
-    return x, linear(h, down)
-
-
-def attn_proj_mlp(
-    x: torch.Tensor,
-    attn: torch.Tensor,
-    o: Weight,
-    post_norm: torch.Tensor,
-    gate_up: Weight,
-    down: Weight,
-    eps: float,
-) -> torch.Tensor:
-    """Prefill, second half of a layer after attention: output projection of ``attn`` [n, H, S, D] (SDPA's
-    layout), residual, RMSNorm, SwiGLU MLP, residual; ``x`` [n, S, hidden]."""
-    n, heads, s, d = attn.shape
-    h = attn.transpose(1, 2).reshape(n, s, heads * d)
-    return mlp_block(residual_linear(x, h, o, addmm=False), post_norm, gate_up, down, eps)
-
-
-def attn_out_mlp_triton(
-    x: torch.Tensor,
-    q: torch.Tensor,
-    keys: torch.Tensor,
-    values: torch.Tensor,
-    positions: torch.Tensor,
-    o: Weight,
-    post_norm: torch.Tensor,
-    gate_up: Weight,
-    down: Weight,
-    eps: float,
-    carry: bool = False,
-) -> torch.Tensor | Carry:
-    """:func:`attn_out_mlp` with the attention as miaohui's split-KV decode kernels
-    (:mod:`miaohui.generation.decode_attention`, a custom op: two Triton kernels that read each row's cache only up
-    to its position), masked by ``positions`` [b] rather than an additive mask."""
-    b, heads, d = q.shape
-    attn = decode_attention_op(q, keys, values, positions).reshape(b, heads * d)
-    return mlp_block(residual_linear(x, attn, o, addmm=False), post_norm, gate_up, down, eps, carry)
-
-
-DECODE_ATTENTION: dict[str, Any] = {
-    "matmul": attn_out_mlp,
-    "sdpa": attn_out_mlp_sdpa,
-    "flex": attn_out_mlp_flex,
-    "triton": attn_out_mlp_triton,
-}
-"""Decode's second layer half by attention kernel (``SlotEngineOptions.decode_attention``); the last-but-one
-argument is the additive mask [b, 1, 1, T] for ``matmul``/``sdpa`` and the positions [b] for ``flex`` and
-``triton`` (flex's query is [b, H, 1, D], not [b, H, D])."""
-
-POSITION_MASKED = ("flex", "triton")
-"""The decode attentions that take each row's position instead of an additive mask."""
-
-
-def make_decode_layer(attend: Any) -> Any:
-    """A whole decode layer as one function (``SlotEngineOptions.decode_layer = "fused"``), compiled into one graph:
-    :func:`attn_in`, the new keys/values written into the cache, then ``attend`` (``DECODE_ATTENTION``'s matmul or
-    sdpa half). The write is ``cache[rows, :, positions] = k`` (``index_put_`` on the cache passed in, gpt-fast's KV
-    update): Inductor turns the functional scatter back into an in-place store fused into the RoPE kernel, so the split
-    layout's two ``index_copy_`` launches per layer go away (H200, batch 64: 1,045 → 933 kernels per step, 2.54 →
-    2.41 ms; ``decode_fused_layer_h200_s10e.json``). (A write through a *view* of the
-    cache, ``index_copy_`` on ``cache.view(-1, D)``, is what made session 9's whole-step graph copy every layer's
-    cache twice per step: 2.5 of its 4.3 ms at batch 1, ``decode_whole_step_h200_s10a.json``.)
-
-    The layer takes the residual stream and the previous layer's MLP output (``x``, ``delta``: zeros for the first)
-    and returns the pair for the next (:data:`Carry`, ``mlp_block``'s ``carry``): the sum happens in its first
-    RMSNorm's kernel instead of as an addmm, whose copy of ``x`` was a memcpy node per layer (session 22)."""
-
-    def decode_layer(
-        x: torch.Tensor,
-        delta: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        rows: torch.Tensor,
-        positions: torch.Tensor,
-        mask: torch.Tensor,
-        in_norm: torch.Tensor,
-        qkv: Weight,
-        qkv_bias: torch.Tensor | None,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        o: Weight,
-        post_norm: torch.Tensor,
-        gate_up: Weight,
-        down: Weight,
-        eps: float,
-        kv_len: int,
-        *,
-        heads: int,
-    ) -> Carry:
-        b, kv_heads = x.shape[0], k_cache.shape[1]
-        x = add_residual(x, delta)  # the previous layer's MLP output (its carry), in the RMSNorm's kernel
-        q, k, v = attn_in(x, in_norm, qkv, qkv_bias, cos, sin, eps, heads, kv_heads)
-        k_cache[rows, :, positions] = k  # [b, KVH, D] at (row, every head, position)
-        v_cache[rows, :, positions] = v
-        keys, values = k_cache[:b, :, :kv_len], v_cache[:b, :, :kv_len]
-        return attend(x, q, keys, values, mask, o, post_norm, gate_up, down, eps, carry=True)
-
-    return decode_layer
-
-
-def final_logits(x: torch.Tensor, norm: torch.Tensor, head: Weight, eps: float) -> torch.Tensor:
-    return linear(rms_norm(x, norm, eps), head).float()
 
 
 class _Layer(nn.Module):
@@ -376,7 +110,7 @@ class StaticKVDecoder(nn.Module):
         for t in (*self.k_cache, *self.v_cache):
             # one shape for the engine's life: without this, Dynamo's recompile for a second bucket made the cache's
             # dims symbolic and shared the max_len symbol with kv_len's (equal at the first bucket), and Inductor's
-            # input check then failed at every other length (the triton attention op's graphs, session 18)
+            # input check then failed at every other length (the triton attention op's graphs)
             torch._dynamo.mark_static(t)
         inv = 1.0 / (
             dims.rope_theta ** (torch.arange(0, dims.head_dim, 2, dtype=torch.float64, device=dev) / dims.head_dim)
@@ -492,18 +226,12 @@ class StaticKVDecoder(nn.Module):
     _q8: list[dict[str, Weight]] | None = None
     _q8_head: Weight | None = None
 
-    int8_steps: tuple[bool, bool] = (False, False)
-    """Which decode steps read the int8 copy: (steps of one row, steps of 2+ rows); set by :meth:`add_int8`."""
-
-    def add_int8(self, batch1: bool = True, batched: bool = False, kernel: str = "inductor") -> None:
+    def add_int8(self, kernel: str = "inductor") -> None:
         """Keep an int8 copy (per-output-row scales) of every layer's four GEMM weights and of the LM head, read by
         decode steps of one row (``SlotEngineOptions.int8_batch1``: a lone stream reads half the weight bytes per
-        token) and/or of 2+ rows (``int8_batched``, through :func:`~miaohui.generation.w8a16.w8a16_op`). Steps that
-        do not read it keep the model-dtype weights, so with one flag alone a sequence's tokens can differ depending
-        on how many sequences shared its steps. Prefill always reads the model-dtype weights. ``kernel``
-        (``SlotEngineOptions.int8_kernel``) decides the copies' form
-        (:func:`~miaohui.generation.int8_weights.int8_layer`)."""
-        self.int8_steps = (batch1, batched)
+        token). Steps of 2+ rows and prefill keep the model-dtype weights, so a sequence's tokens can differ
+        depending on whether it decoded alone. ``kernel`` (``SlotEngineOptions.int8_kernel``) decides the copies'
+        form (:func:`~miaohui.generation.int8_weights.int8_layer`)."""
         with torch.no_grad():
             self._q8 = [
                 int8_layer(kernel, self.dims.head_dim, lay.qkv, lay.qkv_bias, lay.in_norm, lay.o, lay.gate_up,
@@ -515,7 +243,7 @@ class StaticKVDecoder(nn.Module):
 
     def _decode_weights(self, b: int) -> tuple[list[tuple[Weight, Weight, Weight, Weight]], Weight]:
         """Per layer (qkv, o, gate_up, down), and the LM head, for a decode step of ``b`` rows."""
-        if self._q8 is not None and self._q8_head is not None and self.int8_steps[0 if b == 1 else 1]:
+        if b == 1 and self._q8 is not None and self._q8_head is not None:
             return [(q["qkv"], q["o"], q["gate_up"], q["down"]) for q in self._q8], self._q8_head
         layers: list[tuple[Weight, Weight, Weight, Weight]] = [
             (lay.qkv, lay.o, lay.gate_up, lay.down) for lay in self.layers if isinstance(lay, _Layer)
@@ -529,24 +257,19 @@ class StaticKVDecoder(nn.Module):
 
         Compiling one layer's pieces (shared by all layers: weights are arguments) instead of the whole
         unrolled model keeps Inductor's compile to seconds; the launches between them cost nothing once
-        the step is a CUDA graph. The KV writes (and prefill's SDPA attention) stay eager, so no compiled
-        graph mutates the cache. Eager, prefill's RMSNorm, RoPE and SwiGLU were ~50 small kernels per layer
-        (~1,400 per 128-token prompt of the 1.5B model): compiled, a few fused ones."""
+        the step is a CUDA graph. Decode's layer writes the cache inside its graph (:func:`make_decode_layer`);
+        prefill's KV writes and SDPA attention stay eager. Eager, prefill's RMSNorm, RoPE and SwiGLU are ~50 small
+        kernels per layer: compiled, a few fused ones."""
         self._attn_in = compile_fn(attn_in)
         self._attn_out_mlp = compile_fn(DECODE_ATTENTION[self.decode_attention])
-        if self.decode_layer == "fused":
-            layer = make_decode_layer(DECODE_ATTENTION[self.decode_attention])
-            self._decode_layer = compile_fn(with_constants(layer, heads=self.dims.num_heads))
+        layer = make_decode_layer(DECODE_ATTENTION[self.decode_attention])
+        self._decode_layer = compile_fn(with_constants(layer, heads=self.dims.num_heads))
         self._attn_proj_mlp = compile_fn(attn_proj_mlp)
         self._final = compile_fn(final_logits)
 
     decode_attention: str = "matmul"
     """How decode attends (``DECODE_ATTENTION``): set before :meth:`use_compiled` / the first decode."""
-    decode_layer: str = "split"
-    """``split``: a layer's two compiled halves around eager cache writes; ``fused``: :func:`make_decode_layer`'s one
-    function per layer (``SlotEngineOptions`` allows it with the matmul attention only). Set before
-    :meth:`use_compiled` / the first decode."""
-    _decode_layer: Any = None  # make_decode_layer(...) for decode_layer "fused", compiled by use_compiled
+    _decode_layer: Any = None  # make_decode_layer(...), compiled by use_compiled
     _mixed_layer: Any = None  # mixed_step.mixed_layer, compiled by mixed_step.use_compiled
     _attn_in: Any = staticmethod(attn_in)
     _attn_out_mlp: Any = None  # DECODE_ATTENTION[decode_attention] unless compiled
@@ -562,49 +285,25 @@ class StaticKVDecoder(nn.Module):
         cos = self.cos_table[positions][:, None, :]  # [b, 1, D]
         sin = self.sin_table[positions][:, None, :]
         attend = self._attn_out_mlp or DECODE_ATTENTION[self.decode_attention]
-        flex = self.decode_attention == "flex"
-        if self.decode_attention in POSITION_MASKED:
-            mask = positions  # flex's score modifier / the triton kernels mask kv > position themselves
+        if self.decode_attention == "triton":
+            mask = positions  # the triton kernels mask kv > position themselves
         else:
             allowed = torch.arange(kv_len, device=tokens.device)[None, :] <= positions[:, None]  # [b, T]
             mask = torch.where(allowed, 0.0, float("-inf"))[:, None, None, :]  # [b, 1, 1, T]
         weights, head = self._decode_weights(b)
-        if self.decode_layer == "fused":
-            if flex:  # SlotEngineOptions refuses it; sdpa runs here (CPU tests) but failed compiled on the H200
-                raise ValueError("decode_layer 'fused' takes the matmul decode attention, not flex")
-            run = self._decode_layer or with_constants(make_decode_layer(attend), heads=d.num_heads)
-            delta = None  # the last fused layer's MLP output, added by the next one (one-row int8 steps: none)
-            for i, (layer, (qkv, o, gate_up, down)) in enumerate(zip(self.layers, weights, strict=True)):
-                assert isinstance(layer, _Layer)
-                if isinstance(qkv, RopeGemvWeight):
-                    x = self._rope_gemv_layer(i, x, positions, mask, qkv, o, gate_up, down, attend, kv_len)
-                    continue
-                x, delta = run(
-                    x, torch.zeros_like(x) if delta is None else delta, self.k_cache[i], self.v_cache[i], rows,
-                    positions, mask, layer.in_norm, qkv, layer.qkv_bias, cos, sin, o, layer.post_norm, gate_up, down,
-                    d.rms_eps, kv_len,
-                )  # fmt: skip
-            return self._final(x if delta is None else add_residual(x, delta), self.norm, head, d.rms_eps)
-        # where each row's new key/value goes in a cache seen as [slots * KVH * max_len, D]: one
-        # index_copy_ kernel per tensor and layer (row r = slot r, at position positions[r])
-        heads = torch.arange(d.num_kv_heads, device=tokens.device)
-        dest = ((rows[:, None] * d.num_kv_heads + heads[None, :]) * self.max_len + positions[:, None]).reshape(-1)
+        run = self._decode_layer or with_constants(make_decode_layer(attend), heads=d.num_heads)
+        delta = None  # the last layer's MLP output, added by the next one (one-row int8 steps: none)
         for i, (layer, (qkv, o, gate_up, down)) in enumerate(zip(self.layers, weights, strict=True)):
             assert isinstance(layer, _Layer)
             if isinstance(qkv, RopeGemvWeight):
                 x = self._rope_gemv_layer(i, x, positions, mask, qkv, o, gate_up, down, attend, kv_len)
                 continue
-            q, k, v = self._attn_in(
-                x, layer.in_norm, qkv, layer.qkv_bias, cos, sin, d.rms_eps, d.num_heads, d.num_kv_heads
-            )
-            kc, vc = self.k_cache[i], self.v_cache[i]
-            kc.view(-1, d.head_dim).index_copy_(0, dest, k.reshape(-1, d.head_dim))
-            vc.view(-1, d.head_dim).index_copy_(0, dest, v.reshape(-1, d.head_dim))
-            x = attend(
-                x, q[:, :, None, :] if flex else q, kc[:b, :, :kv_len], vc[:b, :, :kv_len], mask,
-                o, layer.post_norm, gate_up, down, d.rms_eps,
+            x, delta = run(
+                x, torch.zeros_like(x) if delta is None else delta, self.k_cache[i], self.v_cache[i], rows,
+                positions, mask, layer.in_norm, qkv, layer.qkv_bias, cos, sin, o, layer.post_norm, gate_up, down,
+                d.rms_eps, kv_len,
             )  # fmt: skip
-        return self._final(x, self.norm, head, d.rms_eps)
+        return self._final(x if delta is None else add_residual(x, delta), self.norm, head, d.rms_eps)
 
     def _rope_gemv_layer(
         self,
@@ -628,8 +327,6 @@ class StaticKVDecoder(nn.Module):
         q = w8_gemv_rope_op(
             x, qkv.q, qkv.scale, qkv.bias, positions, self.cos_table, self.sin_table, kc, vc, d.num_heads, d.rms_eps
         )
-        if self.decode_attention == "flex":
-            q = q[:, :, None, :]
         return attend(x, q, kc[:1, :, :kv_len], vc[:1, :, :kv_len], mask, o, layer.post_norm, gate_up, down, d.rms_eps)
 
     def prefill(self, tokens: torch.Tensor, lengths: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:

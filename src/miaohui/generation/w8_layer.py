@@ -1,9 +1,9 @@
 """One-row int8 kernels that also do their layer's neighbouring work (``SlotEngineOptions.int8_kernel: gemv_layer``).
 
-At batch 1 a decode layer with ``gemv_fused`` is nine kernels on the H200: four matrix-vector products
-(:func:`miaohui.generation.w8a16.w8_gemv`, RMSNorm and residual already in them), RoPE of the query, RoPE of the key
-with the KV-cache write, SiLU·up, and the attention's two. The small ones cost 1.2–2.2 µs each
-(``profile_decode_int8b1_gemvfused_h200_s18a.txt``) for a few KB of work. Here two products take them in:
+With only the RMSNorm and residual folded into the matrix-vector products (:func:`miaohui.generation.w8a16.w8_gemv`),
+a decode layer at batch 1 is nine kernels: four products, RoPE of the query, RoPE of the key with the KV-cache write,
+SiLU·up, and the attention's two; the small ones cost a launch and a gap each for a few KB of work. Here two products
+take them in:
 
 * :func:`w8_gemv_rope` — the QKV product with RMSNorm, bias, RoPE of the query and key heads, and the key/value
   written into the cache at the row's position; returns the query. Its weight rows are stored pair-wise per head
@@ -12,9 +12,7 @@ with the KV-cache write, SiLU·up, and the attention's two. The small ones cost 
   (:func:`interleave_glu`), the program's epilogue writes ``silu(gate) · up``.
 
 So a layer is six kernels. Both keep the matrix-vector loop of :func:`~miaohui.generation.w8a16.w8_gemv` (one slice
-of K per program, no split) and its measured tile per weight shape. H200, 1.5B shape (``run_h200.sh s20a``,
-``profile_decode_int8b1_gemvlayer_h200_s20a.json``): the QKV kernel 4.0 µs per layer (3.4 + 1.4 + 2.2 before), gate/up
-12.3 (11.2 + 1.2); the batch-1 step 1.115 → 0.999 ms, 265 → 181 kernels; TPOT at one stream 1.283 → 1.084 ms.
+of K per program, no split) and its measured tile per weight shape.
 
 They sit behind custom ops (opaque to ``torch.compile``, captured by CUDA graphs); on the CPU, or without Triton, the
 ops compute the same in torch. Checked on the CPU under Triton's interpreter and compiled for compute capability 9.0
@@ -36,7 +34,7 @@ except ImportError:  # pragma: no cover - exercised only where triton is missing
 
 
 ROPE_BEST: dict[tuple[int, int], GemvConfig] = {
-    (2048, 1536): (4, 512, 1, 4),  # Qwen2.5-1.5B QKV: 3.68 µs as a plain product (gemv_sweep_h200_s17d.json)
+    (2048, 1536): (4, 512, 1, 4),  # Qwen2.5-1.5B QKV: 3.68 µs as a plain product (scripts/gpu/gemv_sweep.py)
 }
 """(N, K) → the tile of the QKV kernel: an even BLOCK_N (whole RoPE pairs per program); the one-row kernel's
 sweep's best such tile for the shape (plain product, no epilogue)."""
@@ -300,7 +298,7 @@ def w8_gemv_rope_op(
     rms_eps: float,
 ) -> torch.Tensor:
     """:func:`w8_gemv_rope` on CUDA (``rms_eps`` ≤ 0: no norm); the same in torch elsewhere (RoPE in fp32 of the
-    product rounded to x's dtype, as the layer's :func:`~miaohui.generation.static_kv.attn_in` computes it)."""
+    product rounded to x's dtype, as the layer's :func:`~miaohui.generation.static_kv_layers.attn_in` computes it)."""
     if x.is_cuda and triton is not None:
         return w8_gemv_rope(x, q, scale, bias, positions, cos, sin, k_cache, v_cache, heads, rms_eps or None)
     kv_heads, d = k_cache.shape[1], k_cache.shape[3]

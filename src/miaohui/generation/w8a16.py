@@ -1,19 +1,14 @@
-"""Weight-only int8 Triton kernels for decode steps: ``out = x @ (q * scale).T (+ bias)``, reading the int8 weight
-bytes and widening them in registers.
+"""miaohui's one-row weight-only int8 kernel for decode steps (``SlotEngineOptions.int8_batch1``): ``out = x @ (q *
+scale).T (+ bias)`` for a single row, reading the int8 weight bytes and widening them in registers.
 
-* :func:`w8_gemv`, one row (a lone stream's decode step, ``SlotEngineOptions.int8_batch1`` with ``int8_kernel:
-  gemv``): a matrix-vector kernel, ``BLOCK_N`` outputs per program, K optionally split over programs, no tensor
-  cores; one configuration per weight shape (``GEMV_BEST``, measured by ``scripts/gpu/gemv_sweep.py``). H200, 1.5B
-  shape, L2-cold (``gemv_sweep_h200_s17d.json``): a step's GEMMs 780 µs vs Inductor's coordinate-descent int8 907 and
-  cuBLAS bf16 1,266; the batch-1 graph step 1.65 → 1.37 ms.
-* :func:`w8a16_linear`, a few to 64 rows (``int8_batched``): a tile of up to 64 rows × ``BLOCK_N`` columns on tensor
-  cores (``tl.dot``), the whole reduction in one program, autotuned per (rows bucket, N, K). Measured slower than
-  cuBLAS on bf16 at 8 and 64 rows (``decode_quant_probe_h200_s12b.json``): kept, off by default.
-
-Both sit behind the custom op ``torch.ops.miaohui.w8a16_linear`` (opaque to ``torch.compile``, so compiled decode
-pieces call it and CUDA graphs capture it; one row goes to :func:`w8_gemv`). On the CPU, or without Triton, the op
-computes ``F.linear(x, q.to(x.dtype)) * scale``. Their arithmetic is checked on the CPU under Triton's interpreter
-(``tests/unit/test_w8a16.py``) and on the H200 inside the engine's graphs (``tests/gpu/test_slot_engine_gpu.py``).
+:func:`w8_gemv` is a matrix-vector kernel, ``BLOCK_N`` outputs per program, K optionally split over programs, no
+tensor cores (at one row they would only pad the row to 16); one tile per weight shape (:data:`GEMV_BEST`, measured
+by ``scripts/gpu/gemv_sweep.py``). Its fused forms take the RMS of the input (an RMSNorm whose weight is folded into
+the int8 copy) and add the residual in the epilogue. It sits behind the custom op
+``torch.ops.miaohui.w8_gemv_fused`` (opaque to ``torch.compile``, so compiled decode pieces call it and CUDA graphs
+capture it); on the CPU, or without Triton, the op computes the same arithmetic in torch. Checked on the CPU under
+Triton's interpreter and compiled for compute capability 9.0 (``tests/unit/test_w8a16.py``); on the H200 inside the
+engine's graphs (``tests/gpu/test_slot_engine_gpu.py``).
 """
 
 from __future__ import annotations
@@ -34,62 +29,7 @@ def available() -> bool:
     return triton is not None
 
 
-def _configs() -> list[Any]:
-    out = []
-    for block_n in (16, 32, 64, 128):
-        for block_k in (128, 256):
-            for warps in (4, 8):
-                out.append(triton.Config({"BLOCK_N": block_n, "BLOCK_K": block_k}, num_warps=warps, num_stages=4))
-    return out
-
-
 if triton is not None:
-
-    @triton.jit
-    def _w8a16_kernel(
-        x_ptr,
-        w_ptr,
-        s_ptr,
-        b_ptr,
-        out_ptr,
-        M,
-        N,
-        K,
-        stride_xm,
-        stride_wn,
-        stride_om,
-        K_TILES: tl.constexpr,
-        HAS_BIAS: tl.constexpr,
-        BLOCK_M: tl.constexpr,
-        BLOCK_N: tl.constexpr,
-        BLOCK_K: tl.constexpr,
-    ) -> None:
-        pid_n = tl.program_id(0)
-        pid_m = tl.program_id(1)
-        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for kb in range(K_TILES):  # a compile-time trip count (K is one of a model's few widths)
-            rk = kb * BLOCK_K + tl.arange(0, BLOCK_K)
-            x = tl.load(
-                x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=(rm[:, None] < M) & (rk[None, :] < K), other=0.0
-            )
-            w = tl.load(
-                w_ptr + rn[None, :] * stride_wn + rk[:, None], mask=(rn[None, :] < N) & (rk[:, None] < K), other=0
-            )
-            acc += tl.dot(x, w.to(x.dtype))
-        scale = tl.load(s_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)
-        acc = acc * scale[None, :]
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
-        tl.store(
-            out_ptr + rm[:, None] * stride_om + rn[None, :],
-            acc.to(out_ptr.dtype.element_ty),
-            mask=(rm[:, None] < M) & (rn[None, :] < N),
-        )
-
-    _w8a16_heur = triton.heuristics({"K_TILES": lambda a: triton.cdiv(a["K"], a["BLOCK_K"])})(_w8a16_kernel)
-    _w8a16_tuned = triton.autotune(configs=_configs(), key=["BLOCK_M", "N", "K"])(_w8a16_heur)
 
     @triton.jit
     def _gemv_kernel(
@@ -124,7 +64,7 @@ if triton is not None:
         acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
         sumsq = tl.zeros((BLOCK_K,), dtype=tl.float32)
         k_start = pid_k * (K_ITERS * BLOCK_K)
-        for it in range(K_ITERS):  # a compile-time trip count per (K, SPLIT, BLOCK_K), as in _w8a16_kernel
+        for it in range(K_ITERS):  # a compile-time trip count per (K, SPLIT, BLOCK_K): K is one of a model's widths
             rk = k_start + it * BLOCK_K + tl.arange(0, BLOCK_K)
             kmask = rk < K
             x = tl.load(x_ptr + rk, mask=kmask, other=0.0).to(tl.float32)
@@ -192,8 +132,7 @@ GEMV_BEST: dict[tuple[int, int], GemvConfig] = {
     (151936, 1536): (32, 256, 2, 8),  # LM head: 70.7 µs
 }
 """(N, K) → the fastest configuration measured for that weight shape: the 1.5B Qwen2.5 shape's five GEMMs on the
-H200 (``gemv_sweep_h200_s17d.json``; the BLOCK_K 2048/4096 sweep, ``gemv_sweep_wide_h200_s17e.json``, found none
-faster)."""
+H200 (``scripts/gpu/gemv_sweep.py``)."""
 
 
 def gemv_config(n: int, k: int) -> GemvConfig:
@@ -228,14 +167,14 @@ def w8_gemv(
     residual: torch.Tensor | None = None,
     rms_eps: float | None = None,
 ) -> torch.Tensor:
-    """:func:`w8a16_linear` for one row (``x`` [K] or [1, K]): a matrix-vector kernel without tensor cores, which at
-    one row only pad the row to 16. ``config`` (BLOCK_N, BLOCK_K, SPLIT, num_warps) defaults to
-    :func:`gemv_config`'s choice for the weight's shape; SPLIT > 1 splits K over that many programs per output
-    block and adds a second small kernel that sums their fp32 partials.
+    """``x @ (q * scale[:, None]).T (+ bias)`` for one row (``x`` [K] or [1, K]; ``q`` int8 [N, K], ``scale`` [N]).
+    ``config`` (BLOCK_N, BLOCK_K, SPLIT, num_warps) defaults to :func:`gemv_config`'s choice for the weight's shape;
+    SPLIT > 1 splits K over that many programs per output block and adds a second small kernel that sums their fp32
+    partials.
 
-    Fused forms (``int8_kernel: gemv_fused``): ``rms_eps`` multiplies the product by ``rsqrt(mean(x²) + eps)`` — an
-    RMSNorm of x whose weight was folded into ``q`` — before the bias (forces SPLIT 1: every program sees all of K);
-    ``residual`` [N] (or x's leading dims × N) is added to the result."""
+    Fused forms: ``rms_eps`` multiplies the product by ``rsqrt(mean(x²) + eps)`` — an RMSNorm of x whose weight was
+    folded into ``q`` — before the bias (forces SPLIT 1: every program sees all of K); ``residual`` [N] (or x's
+    leading dims × N) is added to the result."""
     if triton is None:
         raise RuntimeError("w8_gemv needs Triton (it comes with CUDA builds of torch)")
     n, k = q.shape
@@ -267,76 +206,6 @@ def w8_gemv(
     if split > 1:
         _gemv_reduce[(triton.cdiv(n, 1024),)](ws, scale, b, res, out, n, SPLIT=split, BLOCK=1024, **flags)
     return out.reshape(*x.shape[:-1], n)
-
-
-def w8a16_linear(
-    x: torch.Tensor,
-    q: torch.Tensor,
-    scale: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    config: dict[str, int] | None = None,
-) -> torch.Tensor:
-    """``F.linear(x, q.to(x.dtype) * scale[:, None], bias)`` for ``x`` [..., K] (bf16/fp16/fp32), ``q`` int8 [N, K]
-    and ``scale`` [N]; rows = the product of x's leading dims (meant for ≤ 64). Runs the Triton kernel, autotuned, or
-    with ``config`` (``BLOCK_N``, ``BLOCK_K``, optional ``num_warps``) as given: what the CPU tests do, since Triton's
-    interpreter cannot time configurations."""
-    if triton is None:
-        raise RuntimeError("w8a16_linear needs Triton (it comes with CUDA builds of torch)")
-    if q.dtype != torch.int8 or q.dim() != 2 or x.shape[-1] != q.shape[1] or scale.shape != (q.shape[0],):
-        raise ValueError(
-            f"w8a16_linear: x {tuple(x.shape)} {x.dtype}, q {tuple(q.shape)} {q.dtype}, scale {tuple(scale.shape)}: "
-            "need q int8 [N, K], x [..., K], scale [N]"
-        )
-    lead = x.shape[:-1]
-    x2 = x.reshape(-1, x.shape[-1])
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
-    q = q if q.stride(-1) == 1 else q.contiguous()
-    m, k = x2.shape
-    n = q.shape[0]
-    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    block_m = 16 if m <= 16 else 32 if m <= 32 else 64  # also the autotune key: once per rows bucket
-
-    def grid(meta: dict[str, Any]) -> tuple[int, int]:
-        return (triton.cdiv(n, meta["BLOCK_N"]), triton.cdiv(m, block_m))
-
-    extra: dict[str, Any] = {}
-    kernel: Any = _w8a16_tuned
-    if config is not None:
-        kernel, extra = _w8a16_heur, {"num_warps": 4, **config}
-    kernel[grid](
-        x2,
-        q,
-        scale,
-        bias if bias is not None else scale,
-        out,
-        m,
-        n,
-        k,
-        x2.stride(0),
-        q.stride(0),
-        out.stride(0),
-        HAS_BIAS=bias is not None,
-        BLOCK_M=block_m,
-        **extra,
-    )
-    return out.reshape(*lead, n)
-
-
-@torch.library.custom_op("miaohui::w8a16_linear", mutates_args=())
-def w8a16_op(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """The engine's entry: the Triton kernel on CUDA, the dequantizing ``F.linear`` elsewhere."""
-    if x.is_cuda and triton is not None:
-        if x.numel() == x.shape[-1]:  # one row: the matrix-vector kernel
-            return w8_gemv(x, q, scale, bias)
-        return w8a16_linear(x, q, scale, bias)
-    out = F.linear(x, q.to(x.dtype)) * scale
-    return out if bias is None else out + bias
-
-
-@w8a16_op.register_fake
-def _w8a16_fake(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return x.new_empty((*x.shape[:-1], q.shape[0]))
 
 
 @torch.library.custom_op("miaohui::w8_gemv_fused", mutates_args=())

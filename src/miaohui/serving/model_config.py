@@ -95,22 +95,19 @@ class ModelConfig(BaseModel):
     its done event between its other callbacks — no thread hop and no GIL hand-back per batch, at the cost of a
     core spinning while a batch computes. ``thread``: a worker thread runs the batch and sleeps on its done event,
     then hands the result back to the event loop. Engines without CUDA graphs (every CPU engine) always use the
-    thread. With ``graph_copies`` it halved the e5-shaped engine process's time per batch on the H200 (1.3–1.5 →
-    0.55–0.77 ms) and lifted the 6-worker shared-engine server from 5,177–6,397 to 7,063–8,756 req/s, p99 ≤ 9.6 ms
-    (``run_h200.sh s15a``, ``benchmarks/NOTES_gpu_server.md``)."""
+    thread. ``poll`` is the default: with ``graph_copies`` it halved the engine process's time per batch and raised
+    the shared-engine server's requests/s on the H200."""
     graph_copies: bool = True
     """CUDA-graph engines (``inductor`` on a GPU): capture each batch's input and output copies inside the bucket's
-    graph, so a batch is one replay and one wait (fewer GIL hand-backs in a busy process). Measured with
-    ``gpu_wait: poll`` (above); a bare engine's whole ``infer()`` gains 0.04–0.08 ms (BERT-base, ``s15d``)."""
+    graph, so a batch is one replay and one wait (fewer GIL hand-backs in a busy process). On by default: it costs
+    nothing and saves a few copies' launches per batch."""
     fast_start: bool = False
     """``inductor`` exported-program versions: answer at once with the fast model rebuilt from the artifact's
     ``eager.safetensors`` (no program load, no Dynamo trace, no Inductor; CUDA graphs of the eager kernels on a
     GPU), then load and compile the program in a background thread and capture its graph of every bucket. Before
-    ready only the ``warmup`` shapes are captured: load + the default two took 0.43 s for the e5-shaped model on
-    the H200, against 10–24 s without (``scripts/gpu/diag_eager_graphs.py``, the engine alone, not a server run).
+    ready only the ``warmup`` shapes are captured (under a second instead of tens of seconds for an e5-sized model).
     A bucket met before the compile is done is captured eagerly on first use. Off by default: eager graphs replay
-    11–26 % slower, and the background compile competes with serving for the GIL for ~10 s (not yet measured under
-    load)."""
+    slower than compiled ones, and the background compile competes with serving for the GIL for seconds."""
     truncate: bool = False
     """Truncate over-long text instead of rejecting it with 400."""
     shadow: ShadowConfig | None = None
