@@ -171,6 +171,7 @@ def build(
     """Build an engine artifact into the model repository (reused when the build key is unchanged)."""
     from miaohui.config import BuildConfig, CalibrationConfig, parse_shapes
     from miaohui.engines.store import build_artifact
+    from miaohui.serving.model_config import ensure_model_config
 
     try:
         cfg = _validated(
@@ -213,6 +214,7 @@ def build(
         _fail(exc)
         return
     m = outcome.manifest
+    ensure_model_config(outcome.path.parent, m.backend)
     console.print(
         f"{'reused' if outcome.reused else 'built'} {m.name} v{m.version}: {m.backend} {m.precision}, "
         f"target {m.target.describe()}, key {m.build_key[:12]} → {outcome.path}"
@@ -236,8 +238,8 @@ def inspect(
     repository: RepoOpt = None,
 ) -> None:
     """Show an artifact's manifest, or report the nodes of an ONNX graph a backend cannot run."""
-    from miaohui.compile.inspect import unsupported_nodes
-    from miaohui.serving.resolve import resolve_artifact
+    from miaohui.engines.store import resolve_artifact
+    from miaohui.engines.support import unsupported_nodes
 
     try:
         if target.endswith(".onnx"):

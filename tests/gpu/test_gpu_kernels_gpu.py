@@ -19,7 +19,7 @@ from miaohui.engines.store import build_artifact, read_manifest
 from miaohui.models import cublaslt, skinny_gemm
 from miaohui.models.checkpoint import load_checkpoint
 from miaohui.models.kernel_tables import LN_SPLIT_H200, LT_H200, LT_H200_CUBLASLT, SKINNY_ROWS
-from miaohui.zoo.tiny import save_bert_base_intent
+from miaohui.models.tiny import save_bert_base_intent
 
 pytestmark = pytest.mark.gpu
 H200 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)

@@ -5,11 +5,11 @@ int8 first inserts symmetric QDQ from calibration (TensorRT's explicit quantizat
 
 from __future__ import annotations
 
-from miaohui.compile.inspect import require_supported
 from miaohui.compile.quantize import quantize_qdq
 from miaohui.engines import tensorrt
 from miaohui.engines.base import Target, TensorSpec
 from miaohui.engines.context import BuildContext, BuiltEngine
+from miaohui.engines.support import require_supported
 from miaohui.errors import BuildError
 
 ENGINE_FILE = "model.engine"
