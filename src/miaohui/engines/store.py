@@ -215,9 +215,9 @@ def _run_backend(ctx: BuildContext) -> BuiltEngine:
 
         return onnxruntime.build(ctx)
     if backend in ("tensorrt", "tensorrt-rtx"):
-        from miaohui.engines import trt_build
+        from miaohui.engines import tensorrt_builder
 
-        return trt_build.build(ctx)
+        return tensorrt_builder.build(ctx)
     if backend == "torch":
         from miaohui.engines import torch as torch_backend
 

@@ -1,7 +1,8 @@
 """Before building: which nodes of a graph can the chosen backend not run? Reported by node name.
 
-ONNX Runtime's check reads its kernel registry (:func:`miaohui.compile.inspect.ort_unsupported_nodes`); TensorRT's
-asks its ONNX parser (:func:`miaohui.engines.tensorrt.unsupported_nodes`); other backends run every exported node.
+ONNX Runtime's check reads its kernel registry (:func:`miaohui.compile.inspect.ort_unsupported_nodes`);
+TensorRT's asks its ONNX parser (:func:`miaohui.engines.tensorrt_builder.unsupported_nodes`); other backends run
+every exported node.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ def unsupported_nodes(onnx_path: Path, backend: str) -> list[tuple[str, str]]:
     if backend == "onnxruntime":
         return ort_unsupported_nodes(onnx_path)
     if backend in ("tensorrt", "tensorrt-rtx"):
-        from miaohui.engines.tensorrt import unsupported_nodes as trt_unsupported
+        from miaohui.engines.tensorrt_builder import unsupported_nodes as trt_unsupported
 
         return trt_unsupported(onnx_path, backend)  # type: ignore[arg-type]
     return []
