@@ -37,9 +37,9 @@ from miaohui.engines.loader import load_engine
 from miaohui.engines.store import build_artifact
 from miaohui.nlp.tokenizer import TextTokenizer, pad_batch
 from miaohui.server.grpc import MAX_REQUEST_BYTES, start_grpc
-from miaohui.server.http import ServerState
 from miaohui.server.metrics import Metrics
 from miaohui.server.proto import grpc_service_pb2 as pb
+from miaohui.server.state import ServerState
 from miaohui.serving.batcher import BatcherConfig
 from miaohui.serving.model_config import ModelConfig, WarmupShape, write_model_config
 from miaohui.serving.repository import ModelManager

@@ -18,7 +18,8 @@ from fastapi import FastAPI
 from miaohui.errors import ConfigError
 from miaohui.gcpolicy import flush_pauses_every, freeze_heap
 from miaohui.gil import apply_switch_interval
-from miaohui.server.http import ServerState, create_app
+from miaohui.server.http import create_app
+from miaohui.server.state import ServerState
 from miaohui.server.metrics import Metrics
 from miaohui.server.status import message
 from miaohui.serving.engine_process import ENGINE_SOCKET_ENV, EngineClient
