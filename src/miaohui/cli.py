@@ -373,12 +373,12 @@ def serve(
 ) -> None:
     """Serve the repository: HTTP (KServe v2, /v1/intent, /v1/chat/completions, /v1/dialogue, /metrics) and gRPC."""
     from miaohui.gil import SWITCH_ENV
-    from miaohui.server.app import run_server
+    from miaohui.server.state import ServeSpec
 
     if gil_switch_us is not None:
         os.environ[SWITCH_ENV] = str(gil_switch_us)  # this process and every spawned worker / engine process
     try:
-        run_server(
+        spec = ServeSpec(
             _repo(repository),
             host=host,
             port=port,
@@ -388,6 +388,14 @@ def serve(
             workers=workers,
             shared_engine=shared_engine,
         )
+        if spec.workers > 1:
+            from miaohui.server.workers import run_workers
+
+            run_workers(spec)
+        else:
+            from miaohui.server.app import run_server
+
+            run_server(spec)
     except MiaohuiError as exc:
         _fail(exc)
 

@@ -160,7 +160,10 @@ def test_a_lost_engine_process_fails_requests_with_503_then_reconnects(tmp_path:
 
 def test_shared_engine_needs_several_workers(tmp_path: Path) -> None:
     from miaohui.errors import ConfigError
-    from miaohui.server.app import run_server
+    from miaohui.server.state import ServeSpec
 
     with pytest.raises(ConfigError, match="--shared-engine needs --workers 2 or more"):
-        run_server(tmp_path, workers=1, shared_engine=True)
+        ServeSpec(tmp_path, workers=1, shared_engine=True)
+    with pytest.raises(ConfigError, match="--workers 0 is not a process count"):
+        ServeSpec(tmp_path, workers=0)
+    assert ServeSpec(tmp_path, workers=2, shared_engine=True).engine_socket is None

@@ -1,12 +1,15 @@
-"""What the HTTP and gRPC servers of one process share: :class:`ServerState` and the checks both protocols make
-before they act on it."""
+"""What a server process is told and what its protocols share: :class:`ServeSpec` (the process's settings, the one
+object that crosses into spawned workers and the engine process), :class:`ServerState` (what the HTTP and gRPC
+servers of one process share) and the checks both protocols make before they act on it."""
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from miaohui.errors import ConflictError, UnavailableError
+from miaohui.errors import ConfigError, ConflictError, UnavailableError
 
 if TYPE_CHECKING:
     from miaohui.server.dialogue_api import DialogueService
@@ -14,6 +17,40 @@ if TYPE_CHECKING:
     from miaohui.server.metrics import Metrics
     from miaohui.serving.repository import ModelManager
     from miaohui.serving.shadow import ShadowManager
+
+
+@dataclass(frozen=True)
+class ServeSpec:
+    """What a server process serves and how (picklable: it crosses the spawn boundary). ``miaohui serve`` makes one;
+    the supervisor of ``--workers N`` hands each worker a copy with its ``worker`` index and, with
+    ``--shared-engine``, the ``engine_socket`` of the engine process."""
+
+    repository: Path
+    host: str = "127.0.0.1"
+    port: int = 8000
+    grpc_port: int = 8001
+    """0: no gRPC."""
+    models: list[str] | None = None
+    """Models to load; None: every model of the repository."""
+    dialogue_llm: str | None = None
+    """Causal LM the dialogue pipelines generate with; None: their templates only."""
+    workers: int = 1
+    """Server processes sharing the ports (more than 1: a supervisor process starts them)."""
+    shared_engine: bool = False
+    """With ``workers`` > 1: one engine process loads the models and runs them for every worker."""
+    worker: int = 0
+    """This process's worker index (1..workers); 0 in a single-process server, the supervisor and the engine
+    process."""
+    engine_socket: str | None = None
+    """Set in the workers of ``--shared-engine``: the Unix socket of the engine process they send their rows to."""
+
+    def __post_init__(self) -> None:
+        if self.workers < 1:
+            raise ConfigError(f"--workers {self.workers} is not a process count", "use --workers 1 or more")
+        if self.shared_engine and self.workers < 2:
+            raise ConfigError(
+                "--shared-engine needs --workers 2 or more", "add --workers N (one process already owns its engines)"
+            )
 
 
 class ServerState:

@@ -12,7 +12,7 @@ Layout (parent: :mod:`miaohui.server.workers`):
 * the **engine process** loads the repository (:class:`~miaohui.serving.repository.ModelManager`, the usual
   version policy, warm-up and batcher) and serves :class:`EngineServer` on a Unix socket; the supervisor starts
   the HTTP workers only after it reported ready, and restarts it like a worker if it dies;
-* each **HTTP worker** reads ``$MIAOHUI_ENGINE_SOCKET`` and serves its models as remote versions
+* each **HTTP worker** gets the socket's path in its ``ServeSpec`` and serves its models as remote versions
   (:class:`~miaohui.serving.served.ServedVersion` with an :class:`EngineClient`): manifest and tokenizer are read
   from the artifact, rows are sent to the engine process and the logits come back.
 
@@ -41,8 +41,6 @@ from miaohui.errors import MiaohuiError, UnavailableError
 
 log = logging.getLogger("miaohui.engine_process")
 
-ENGINE_SOCKET_ENV = "MIAOHUI_ENGINE_SOCKET"
-"""Set in every HTTP worker of ``--shared-engine``: the engine process's Unix socket."""
 _HEADER = struct.Struct("!I")
 _FLUSH_BYTES = 1 << 20
 """Wait for the socket to drain once this much is buffered (a slow reader must not grow memory without bound)."""
