@@ -1,0 +1,136 @@
+"""The messages between the HTTP workers and the engine process of ``--shared-engine``
+(:mod:`miaohui.serving.engine_process`), one type per kind.
+
+They are typed, immutable records (``NamedTuple``): a frame pickles as the class and its fields, which keeps the
+per-token frames of generation as cheap to encode and decode as plain tuples.
+
+Worker → engine: :class:`Infer`, :class:`Cancel`, :class:`Status`, :class:`LlmStatus`, :class:`Generate`,
+:class:`Abort`. Engine → worker: :class:`Ok` or :class:`Err` (a reply to the request with the same ``rid``), and
+:class:`TokenBatch` (the generation events of one event-loop turn: :class:`Token` and :class:`StreamError` items).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:
+    from miaohui.generation.engine_loop import FinishReason
+
+__all__ = [
+    "Abort",
+    "Cancel",
+    "EngineReply",
+    "EngineRequest",
+    "Err",
+    "Generate",
+    "Infer",
+    "LlmStatus",
+    "Ok",
+    "RemoteError",
+    "Status",
+    "StreamError",
+    "StreamItem",
+    "Token",
+    "TokenBatch",
+]
+
+
+class RemoteError(NamedTuple):
+    """An error as it crosses the socket: the miaohui error class name (``RuntimeError`` for any other), its
+    message and its fix."""
+
+    kind: str
+    message: str
+    fix: str | None
+
+
+class Infer(NamedTuple):
+    """Run ``rows`` (token ids) through ``model`` version ``version``; ``timeout_ms`` is the time left."""
+
+    rid: int
+    model: str
+    version: int
+    rows: list[list[int]]
+    timeout_ms: float | None
+
+
+class Cancel(NamedTuple):
+    """The worker's client went away: drop request ``rid`` (no reply)."""
+
+    rid: int
+
+
+class Status(NamedTuple):
+    """Which versions are ready, by model (reply: :class:`Ok` with ``{model: [versions]}``)."""
+
+    rid: int
+
+
+class LlmStatus(NamedTuple):
+    """The causal LMs the engine process serves (reply: :class:`Ok` with ``{"models", "failures"}``)."""
+
+    rid: int
+
+
+class Generate(NamedTuple):
+    """Admit generation request ``sid`` (reply: :class:`Ok` once admitted; its tokens follow in
+    :class:`TokenBatch` frames)."""
+
+    rid: int
+    sid: int
+    model: str
+    prompt_ids: list[int]
+    params: Any
+
+
+class Abort(NamedTuple):
+    """Stop generation request ``sid`` (no reply)."""
+
+    sid: int
+
+
+class Ok(NamedTuple):
+    """Request ``rid`` succeeded with ``value``."""
+
+    rid: int
+    value: Any
+
+
+class Err(NamedTuple):
+    """Request ``rid`` failed."""
+
+    rid: int
+    error: RemoteError
+
+
+class Token(NamedTuple):
+    """One generated token of request ``sid`` (the fields of :class:`~miaohui.generation.engine_loop.TokenEvent`)."""
+
+    sid: int
+    token_id: int | None
+    text: str
+    generated: int
+    """Tokens generated so far (``TokenEvent.index``)."""
+    finish_reason: FinishReason | None
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class StreamError(NamedTuple):
+    """Generation request ``sid`` failed."""
+
+    sid: int
+    error: RemoteError
+
+
+StreamItem = Token | StreamError
+
+
+class TokenBatch(NamedTuple):
+    """The generation events of one event-loop turn of the engine process (one frame per decode step)."""
+
+    items: list[StreamItem]
+
+
+EngineRequest = Infer | Cancel | Status | LlmStatus | Generate | Abort
+EngineReply = Ok | Err | TokenBatch
