@@ -215,10 +215,10 @@ class _Generation:
 
 
 def test_generation_events_cross_as_typed_messages(tmp_path: Path) -> None:
-    """Admission errors keep their class; a request's tokens arrive as :class:`Token` items with the engine's
+    """Admission errors keep their class; a request's tokens arrive as :data:`TokenRow` tuples with the engine's
     fields, a failure while generating as a :class:`StreamError` that maps back to the same error class."""
     from miaohui.errors import InputError
-    from miaohui.serving.engine_messages import RemoteError, StreamError, Token
+    from miaohui.serving.engine_messages import RemoteError, StreamError
     from miaohui.serving.engine_process import remote_error
 
     async def main() -> None:
@@ -243,7 +243,7 @@ def test_generation_events_cross_as_typed_messages(tmp_path: Path) -> None:
         finally:
             await client.close()
             await server.stop()
-        assert got[1] == [Token(1, 7, "he", 1, None, 3, 1), Token(1, 8, "llo", 2, "stop", 3, 2)]
+        assert got[1] == [(1, 7, "he", 1, None, 3, 1), (1, 8, "llo", 2, "stop", 3, 2)]
         assert got[2] == [StreamError(2, RemoteError("QueueFullError", "no KV blocks left", "retry later"))]
         err = remote_error(got[2][0].error)
         assert isinstance(err, QueueFullError) and (err.message, err.fix) == ("no KV blocks left", "retry later")

@@ -6,7 +6,8 @@ per-token frames of generation as cheap to encode and decode as plain tuples.
 
 Worker → engine: :class:`Infer`, :class:`Cancel`, :class:`Status`, :class:`LlmStatus`, :class:`Generate`,
 :class:`Abort`. Engine → worker: :class:`Ok` or :class:`Err` (a reply to the request with the same ``rid``), and
-:class:`TokenBatch` (the generation events of one event-loop turn: :class:`Token` and :class:`StreamError` items).
+:class:`TokenBatch` (the generation events of one event-loop turn: :data:`TokenRow` tokens, :class:`StreamError`
+failures).
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ __all__ = [
     "Status",
     "StreamError",
     "StreamItem",
-    "Token",
     "TokenBatch",
+    "TokenRow",
 ]
 
 
@@ -103,17 +104,10 @@ class Err(NamedTuple):
     error: RemoteError
 
 
-class Token(NamedTuple):
-    """One generated token of request ``sid`` (the fields of :class:`~miaohui.generation.engine_loop.TokenEvent`)."""
-
-    sid: int
-    token_id: int | None
-    text: str
-    generated: int
-    """Tokens generated so far (``TokenEvent.index``)."""
-    finish_reason: FinishReason | None
-    prompt_tokens: int
-    completion_tokens: int
+TokenRow = tuple[int, "int | None", str, int, "FinishReason | None", int, int]
+"""One generated token: (sid, token_id, text, generated so far, finish_reason, prompt_tokens, completion_tokens), the
+fields of :class:`~miaohui.generation.engine_loop.TokenEvent` for request ``sid``. A plain tuple on purpose: frames
+carry one per token per decode step, and a tuple of a class of its own costs ~8x more to pickle and unpickle."""
 
 
 class StreamError(NamedTuple):
@@ -123,13 +117,16 @@ class StreamError(NamedTuple):
     error: RemoteError
 
 
-StreamItem = Token | StreamError
+StreamItem = TokenRow | StreamError
+"""What a generation request's sink receives."""
 
 
 class TokenBatch(NamedTuple):
-    """The generation events of one event-loop turn of the engine process (one frame per decode step)."""
+    """The generation events of one event-loop turn of the engine process (one frame per decode step): the tokens,
+    then the requests that failed (a failure ends its request, so it follows that request's tokens)."""
 
-    items: list[StreamItem]
+    tokens: list[TokenRow]
+    errors: list[StreamError]
 
 
 EngineRequest = Infer | Cancel | Status | LlmStatus | Generate | Abort

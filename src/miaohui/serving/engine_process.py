@@ -53,9 +53,8 @@ from miaohui.serving.engine_messages import (
     RemoteError,
     Status,
     StreamError,
-    StreamItem,
-    Token,
     TokenBatch,
+    TokenRow,
 )
 
 log = logging.getLogger("miaohui.engine_process")
@@ -203,12 +202,13 @@ class EngineServer:
 class _GenerationStreams:
     """One worker connection's generation requests in the engine process. Their events are collected as the engine
     publishes them and sent in one :class:`TokenBatch` frame per event-loop turn (one per decode step, not one
-    per token) of :class:`Token` items, or :class:`StreamError` for a request that failed."""
+    per token) of :data:`TokenRow` tokens, and :class:`StreamError` for a request that failed."""
 
     def __init__(self, writer: asyncio.StreamWriter) -> None:
         self.writer = writer
         self.streams: dict[int, Any] = {}
-        self.outbox: list[StreamItem] = []
+        self.tokens: list[TokenRow] = []
+        self.errors: list[StreamError] = []
 
     def add(self, sid: int, stream: Any) -> None:
         self.streams[sid] = stream
@@ -217,23 +217,23 @@ class _GenerationStreams:
         def push(item: Any) -> None:
             if isinstance(item, BaseException):
                 self.streams.pop(sid, None)
-                self.outbox.append(StreamError(sid, error_fields(item)))
+                self.errors.append(StreamError(sid, error_fields(item)))
             else:
                 if item.finish_reason is not None:
                     self.streams.pop(sid, None)
-                self.outbox.append(
-                    Token(sid, item.token_id, item.text, item.index, item.finish_reason, item.prompt_tokens,
-                          item.completion_tokens)
+                self.tokens.append(
+                    (sid, item.token_id, item.text, item.index, item.finish_reason, item.prompt_tokens,
+                     item.completion_tokens)
                 )  # fmt: skip
-            if len(self.outbox) == 1:
+            if len(self.tokens) + len(self.errors) == 1:
                 asyncio.get_running_loop().call_soon(self.flush)
 
         return push
 
     def flush(self) -> None:
-        items, self.outbox = self.outbox, []
-        if items and not self.writer.is_closing():
-            self.writer.write(_frame(TokenBatch(items)))
+        tokens, errors, self.tokens, self.errors = self.tokens, self.errors, [], []
+        if (tokens or errors) and not self.writer.is_closing():
+            self.writer.write(_frame(TokenBatch(tokens, errors)))
 
     def abort(self, sid: int) -> None:
         stream = self.streams.pop(sid, None)
@@ -261,7 +261,7 @@ class EngineClient:
         self._reader: asyncio.Task[None] | None = None
         self._generation_ids = itertools.count(1)
         self._token_sinks: dict[int, Any] = {}
-        """Generation requests by id: called with each :class:`Token` / :class:`StreamError` item for them."""
+        """Generation requests by id: called with each :data:`TokenRow` / :class:`StreamError` for them."""
 
     async def _connection(self) -> asyncio.StreamWriter:
         writer = self._writer
@@ -286,10 +286,15 @@ class EngineClient:
             while True:
                 message: EngineReply = await _read(reader)
                 if isinstance(message, TokenBatch):
-                    for item in message.items:
-                        sink = self._token_sinks.get(item.sid)
+                    sinks = self._token_sinks
+                    for row in message.tokens:
+                        sink = sinks.get(row[0])
                         if sink is not None:
-                            sink(item)
+                            sink(row)
+                    for failed in message.errors:
+                        sink = sinks.get(failed.sid)
+                        if sink is not None:
+                            sink(failed)
                     continue
                 future = self._pending.pop(message.rid, None)
                 if future is None or future.done():
