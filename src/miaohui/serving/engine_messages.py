@@ -1,8 +1,8 @@
 """The messages between the HTTP workers and the engine process of ``--shared-engine``
 (:mod:`miaohui.serving.engine_process`), one type per kind.
 
-They are typed, immutable records (``NamedTuple``): a frame pickles as the class and its fields, which keeps the
-per-token frames of generation as cheap to encode and decode as plain tuples.
+They are typed, immutable records (``NamedTuple``), one class per kind. The tokens inside a :class:`TokenBatch` are
+plain rows (:data:`TokenRow`), so the per-token frames of generation cost what untyped tuples cost to pickle.
 
 Worker → engine: :class:`Infer`, :class:`Cancel`, :class:`Status`, :class:`LlmStatus`, :class:`Generate`,
 :class:`Abort`. Engine → worker: :class:`Ok` or :class:`Err` (a reply to the request with the same ``rid``), and
