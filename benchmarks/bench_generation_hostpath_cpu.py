@@ -113,8 +113,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     )
     observer = None
     if args.metrics:  # the server's Prometheus hooks (TTFT / ITL / e2e histograms, counters) instead of no-ops
-        from miaohui.generation.observer_metrics import MetricsObserver
         from miaohui.server.metrics import Metrics
+        from miaohui.server.observer_metrics import MetricsObserver
 
         observer = MetricsObserver(Metrics(), "llm", 1)
     engine = AsyncLLMEngine(llm, observer, async_scheduling=False)  # type: ignore[arg-type]

@@ -68,7 +68,7 @@ def flops(cfg: Any, b: int, s: int, labels: int) -> float:
 
 
 def bert_base_checkpoint(root: Path) -> Path:
-    from miaohui.zoo.tiny import save_bert_base_intent
+    from miaohui.models.tiny import save_bert_base_intent
 
     return save_bert_base_intent(root / "bert-base-random")
 

@@ -192,9 +192,8 @@ def wait_for_quiet(max_load: float, max_wait: float) -> dict[str, float]:
 
 # ---- report --------------------------------------------------------------------------------------------
 def environment(repository: Path, model: str) -> dict[str, Any]:
-    from miaohui.engines.store import read_manifest
+    from miaohui.engines.store import read_manifest, resolve_artifact
     from miaohui.engines.target import cpu_name
-    from miaohui.serving.resolve import resolve_artifact
 
     versions = {}
     for pkg in ("miaohui", "onnxruntime", "numpy", "fastapi", "uvicorn", "httpx", "pydantic", "tokenizers"):

@@ -79,9 +79,8 @@ CONFIGS = (
 def artifacts(args: argparse.Namespace) -> dict[str, Path]:
     """``{"int8": version dir, "eager": version dir}``, built or reused (build keys)."""
     from miaohui.config import BuildConfig
-    from miaohui.engines.store import build_artifact
+    from miaohui.engines.store import build_artifact, resolve_artifact
     from miaohui.prepare import default_config, prepare_defaults
-    from miaohui.serving.resolve import resolve_artifact
     from miaohui.zoo.intents import load_split
 
     if args.model is None:

@@ -51,8 +51,8 @@ def git_commit() -> str:
 def tiny_repository(root: Path) -> Path:
     from miaohui.config import BuildConfig
     from miaohui.engines.store import build_artifact
+    from miaohui.models.tiny import save_tiny_intent
     from miaohui.serving.model_config import ModelConfig, WarmupShape, write_model_config
-    from miaohui.zoo.tiny import save_tiny_intent
 
     ckpt = save_tiny_intent(root / "tiny-intent")
     warmup = [WarmupShape(batch=1, sequence=8), WarmupShape(batch=16, sequence=16)]

@@ -5,7 +5,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from miaohui.engines.store import ensure_model_config, read_manifest, versions, write_manifest
+from miaohui.engines.store import read_manifest, versions, write_manifest
+from miaohui.serving.model_config import ensure_model_config
 
 
 def install_version(version_dir: Path, repo: Path, name: str) -> Path:

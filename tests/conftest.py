@@ -66,7 +66,7 @@ def intent_model() -> Path:
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random-weight BERT intent model with the real MiniLM tokenizer (fast serving tests)."""
-    from miaohui.zoo.tiny import save_tiny_intent
+    from miaohui.models.tiny import save_tiny_intent
 
     return save_tiny_intent(tmp_path_factory.mktemp("tiny") / "tiny-intent")
 

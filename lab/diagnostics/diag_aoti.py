@@ -63,7 +63,7 @@ def main() -> None:
     from miaohui.engines.inductor import FloatLogits
     from miaohui.models.checkpoint import load_checkpoint
     from miaohui.models.fast_bert import from_module
-    from miaohui.zoo.tiny import save_tiny_intent
+    from miaohui.models.tiny import save_tiny_intent
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: a check of this script on a machine without a GPU
     gdb = shutil.which("gdb")

@@ -192,6 +192,7 @@ def build(
     """Build an engine artifact into the model repository (reused when the build key is unchanged)."""
     from miaohui.config import BuildConfig, CalibrationConfig, parse_shapes
     from miaohui.engines.store import build_artifact
+    from miaohui.serving.model_config import ensure_model_config
     from miaohui.sources.onnx_file import read_labels
 
     try:
@@ -234,6 +235,7 @@ def build(
         _fail(exc)
         return
     m = outcome.manifest
+    ensure_model_config(outcome.path.parent, m.backend)
     console.print(
         f"{'reused' if outcome.reused else 'built'} {m.name} v{m.version}: {m.backend} {m.precision}, "
         f"target {m.target.describe()}, key {m.build_key[:12]} → {outcome.path}"
@@ -257,8 +259,8 @@ def inspect(
     repository: RepoOpt = None,
 ) -> None:
     """Show an artifact's manifest, or report the nodes of an ONNX graph a backend cannot run."""
-    from miaohui.compile.inspect import unsupported_nodes
-    from miaohui.serving.resolve import resolve_artifact
+    from miaohui.engines.store import resolve_artifact
+    from miaohui.engines.support import unsupported_nodes
 
     try:
         if target.endswith(".onnx"):
@@ -392,12 +394,12 @@ def serve(
 ) -> None:
     """Serve the repository: HTTP (KServe v2, /v1/intent, /v1/chat/completions, /v1/dialogue, /metrics) and gRPC."""
     from miaohui.gil import SWITCH_ENV
-    from miaohui.server.app import run_server
+    from miaohui.server.state import ServeSpec
 
     if gil_switch_us is not None:
         os.environ[SWITCH_ENV] = str(gil_switch_us)  # this process and every spawned worker / engine process
     try:
-        run_server(
+        spec = ServeSpec(
             _repo(repository),
             host=host,
             port=port,
@@ -407,6 +409,14 @@ def serve(
             workers=workers,
             shared_engine=shared_engine,
         )
+        if spec.workers > 1:
+            from miaohui.server.workers import run_workers
+
+            run_workers(spec)
+        else:
+            from miaohui.server.app import run_server
+
+            run_server(spec)
     except MiaohuiError as exc:
         _fail(exc)
 

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from miaohui.errors import InputError
+
+_MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
 def home() -> Path:
@@ -46,3 +51,14 @@ def atomic_dir(out_dir: Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def is_model_name(name: str) -> bool:
+    """A plain folder name: letters, digits, ``_ . -``, starting with a letter or digit, no ``..``."""
+    return bool(_MODEL_NAME.fullmatch(name)) and ".." not in name
+
+
+def check_model_name(name: str) -> str:
+    if not is_model_name(name):
+        raise InputError(f"model name {name!r} is not a plain name", "use the model's folder name in the repository")
+    return name

@@ -9,6 +9,7 @@ from miaohui.config import BuildConfig, CalibrationConfig
 from miaohui.engines.store import build_artifact
 from miaohui.models.checkpoint import META_NAME
 from miaohui.paths import models_dir
+from miaohui.serving.model_config import ensure_model_config
 from miaohui.zoo.intents import load_split
 
 DEFAULT_MODEL = "intent-e5-small"
@@ -57,5 +58,6 @@ def prepare_defaults(repository: Path, quick: bool = False, log: Callable[[str],
 
     build_causal_lm(repository, "smollm2", "int8", log=log)  # reused while its build key holds
     for name, backend, precision in DEFAULT_ENGINES:
-        build_artifact(model, name, default_config(backend, precision), repository, calib_texts=texts, log=log)
+        built = build_artifact(model, name, default_config(backend, precision), repository, calib_texts=texts, log=log)
+        ensure_model_config(built.path.parent, backend)
     return model

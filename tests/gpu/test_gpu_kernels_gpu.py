@@ -18,7 +18,7 @@ from miaohui.engines.loader import load_engine
 from miaohui.engines.store import build_artifact, read_manifest
 from miaohui.models import skinny_gemm, tuning
 from miaohui.models.checkpoint import load_checkpoint
-from miaohui.zoo.tiny import save_bert_base_intent
+from miaohui.models.tiny import save_bert_base_intent
 
 pytestmark = pytest.mark.gpu
 SEL = tuning.select(tuning.Runtime.detect(), (768, 3072, 12))

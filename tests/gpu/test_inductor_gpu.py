@@ -25,8 +25,9 @@ from miaohui.engines.loader import load_engine
 from miaohui.engines.store import build_artifact, read_manifest
 from miaohui.errors import ArtifactError
 from miaohui.models.checkpoint import load_checkpoint
-from miaohui.server.http import ServerState, create_app
+from miaohui.server.http import create_app
 from miaohui.server.metrics import Metrics
+from miaohui.server.state import ServerState
 from miaohui.serving.repository import ModelManager
 from miaohui.validate.run import run_validation
 

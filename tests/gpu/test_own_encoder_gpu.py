@@ -15,8 +15,9 @@ import torch
 
 from miaohui.config import BuildConfig, parse_shapes
 from miaohui.engines.store import build_artifact
-from miaohui.server.http import ServerState, create_app
+from miaohui.server.http import create_app
 from miaohui.server.metrics import Metrics
+from miaohui.server.state import ServerState
 from miaohui.serving.repository import ModelManager
 
 pytestmark = pytest.mark.gpu

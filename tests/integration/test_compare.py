@@ -22,15 +22,16 @@ from typer.testing import CliRunner
 
 from miaohui.config import BuildConfig
 from miaohui.dialogue.cli import compare_command, validate_pipeline_command
-from miaohui.dialogue.consistency import DriftThresholds
+from miaohui.dialogue.compare import compare_engines
 from miaohui.engines.store import build_artifact
 from miaohui.server.dialogue_api import DialogueService, dialogue_router, shadow_router
-from miaohui.server.http import ServerState, create_app
+from miaohui.server.http import create_app
 from miaohui.server.metrics import Metrics
+from miaohui.server.state import ServerState
 from miaohui.serving.model_config import ShadowConfig, VersionPolicy, load_model_config, write_model_config
 from miaohui.serving.repository import ModelManager
 from miaohui.serving.shadow import ShadowManager
-from miaohui.validate.compare import compare_engines
+from miaohui.validate.consistency import DriftThresholds
 from miaohui.zoo.intents import load_split
 
 pytestmark = pytest.mark.slow

@@ -37,9 +37,9 @@ from miaohui.engines.loader import load_engine
 from miaohui.engines.store import build_artifact
 from miaohui.nlp.tokenizer import TextTokenizer, pad_batch
 from miaohui.server.grpc import MAX_REQUEST_BYTES, start_grpc
-from miaohui.server.http import ServerState
 from miaohui.server.metrics import Metrics
 from miaohui.server.proto import grpc_service_pb2 as pb
+from miaohui.server.state import ServerState, ServeSpec
 from miaohui.serving.batcher import BatcherConfig
 from miaohui.serving.model_config import ModelConfig, WarmupShape, write_model_config
 from miaohui.serving.repository import ModelManager
@@ -654,7 +654,7 @@ def test_serve_stops_with_status_1_when_grpc_cannot_listen(
 
     started = time.perf_counter()
     with caplog.at_level("ERROR", logger="miaohui.server"):
-        status = asyncio.run(serve_async(repo, "127.0.0.1", _free_port(), server.port, ["spare"]))
+        status = asyncio.run(serve_async(ServeSpec(repo, "127.0.0.1", _free_port(), server.port, ["spare"])))
     assert status == 1 and time.perf_counter() - started < 60
     assert f"gRPC could not start, stopping the server: cannot listen for gRPC on 127.0.0.1:{server.port}" in (
         caplog.text
@@ -674,7 +674,7 @@ def test_serve_stops_with_status_1_when_grpc_cannot_be_imported(
 
     monkeypatch.setitem(sys.modules, "miaohui.server.grpc", None)
     with caplog.at_level("ERROR", logger="miaohui.server"):
-        status = asyncio.run(serve_async(repo, "127.0.0.1", _free_port(), _free_port(), ["spare"]))
+        status = asyncio.run(serve_async(ServeSpec(repo, "127.0.0.1", _free_port(), _free_port(), ["spare"])))
     assert status == 1
     assert "gRPC could not start, stopping the server" in caplog.text and "miaohui.server.grpc" in caplog.text
 

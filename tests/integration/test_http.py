@@ -26,8 +26,9 @@ from miaohui.config import BuildConfig
 from miaohui.engines.loader import load_engine
 from miaohui.engines.store import build_artifact
 from miaohui.server.app import build_app
-from miaohui.server.http import ServerState, create_app
+from miaohui.server.http import create_app
 from miaohui.server.metrics import Metrics
+from miaohui.server.state import ServerState
 from miaohui.serving.repository import ModelManager
 
 BINARY_FIX = (

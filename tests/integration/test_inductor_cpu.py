@@ -197,8 +197,9 @@ async def test_served_by_the_model_manager(packaged: Path, repo: Path) -> None:
     """The package behind the serving stack (repository config, warm-up, batcher) answers /v1/intent."""
     import httpx
 
-    from miaohui.server.http import ServerState, create_app
+    from miaohui.server.http import create_app
     from miaohui.server.metrics import Metrics
+    from miaohui.server.state import ServerState
     from miaohui.serving.model_config import ModelConfig, write_model_config
     from miaohui.serving.repository import ModelManager
 

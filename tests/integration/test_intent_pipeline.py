@@ -165,7 +165,7 @@ def test_tensorrt_rtx_engine_for_sm86(intent_model: Path, repo: Path) -> None:
     engine = out.path / m.engine_file
     assert engine.is_file() and engine.stat().st_size == m.files[m.engine_file].size > 1_000_000
     assert engine.read_bytes()[:4] == b"vtrt"
-    from miaohui.engines.tensorrt import inspect_engine
+    from miaohui.engines.tensorrt_runtime import inspect_engine
 
     facts = inspect_engine(engine, "tensorrt-rtx")
     assert "sm86" in json.dumps(facts)

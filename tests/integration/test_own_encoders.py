@@ -21,8 +21,9 @@ from miaohui.engines.loader import load_engine
 from miaohui.engines.store import build_artifact
 from miaohui.errors import ArtifactError, ConfigError, MiaohuiError
 from miaohui.nlp.tokenizer import TextTokenizer
-from miaohui.server.http import ServerState, create_app
+from miaohui.server.http import create_app
 from miaohui.server.metrics import Metrics
+from miaohui.server.state import ServerState
 from miaohui.serving.repository import ModelManager
 
 LABELS = {0: "refund", 1: "shipping", 2: "complaint"}

@@ -15,7 +15,7 @@ from miaohui.config import BuildConfig, parse_shapes
 from miaohui.engines.loader import load_engine
 from miaohui.engines.store import build_artifact, read_manifest, versions
 from miaohui.errors import ArtifactError, BuildError, ConfigError, ShapeError
-from miaohui.serving.model_config import load_model_config
+from miaohui.serving.model_config import default_model_config, ensure_model_config, load_model_config
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +39,10 @@ def test_manifest_holds_the_contract(fp32: Path, tiny_model: Path) -> None:
     assert m.files["model.onnx"].size == (fp32 / "model.onnx").stat().st_size
     assert len(m.build_key) == 64 and m.build.seconds > 0
     # a new ONNX Runtime model serves from up to two instances, does not wait for batches to fill, and
-    # caps a batch at 128 padded tokens
+    # caps a batch at 128 padded tokens: what the repository serves it with while it has no config.yaml, and
+    # what `miaohui build` writes there
+    assert load_model_config(fp32.parent / "config.yaml", m.backend) == default_model_config("onnxruntime")
+    ensure_model_config(fp32.parent, m.backend)
     served = load_model_config(fp32.parent / "config.yaml")
     assert served.backend == "onnxruntime" and served.dynamic_batching
     assert served.batching.instances == min(2, len(os.sched_getaffinity(0)))

@@ -19,6 +19,8 @@ pytest.importorskip("tensorrt_rtx")
 
 from miaohui.config import BuildConfig, InputRange
 from miaohui.engines import tensorrt as trt_engine
+from miaohui.engines import tensorrt_builder as trt_builder
+from miaohui.engines import tensorrt_runtime as trt_runtime
 from miaohui.engines.base import BuildInfo, FileInfo, Manifest, Target, TensorSpec
 from miaohui.engines.tensorrt import Flavor
 from miaohui.errors import (
@@ -119,7 +121,7 @@ def custom_op_onnx(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _build(onnx_path: Path, out: Path, **cfg: Any) -> tuple[dict[str, Any], float]:
     config = BuildConfig(backend=FLAVOR, **{"target": "sm86", "shapes": SHAPES, **cfg})
     start = time.perf_counter()
-    facts = trt_engine.build_engine(onnx_path, out, config, FLAVOR, progress=False)
+    facts = trt_builder.build_engine(onnx_path, out, config, FLAVOR, progress=False)
     seconds = time.perf_counter() - start
     print(
         f"\n[build] {onnx_path.name} {config.precision} {config.target}: {seconds:.2f} s wall, "
@@ -162,7 +164,7 @@ def test_build_external_data_and_inherited_profile(tiny_onnx_external: Path, tmp
     """parse_from_file resolves external weights; attention_mask inherits input_ids' named axes."""
     facts, _ = _build(tiny_onnx_external, tmp_path / "ext.engine", shapes={"input_ids": RANGE})
     assert facts["profile"]["attention_mask"] == facts["profile"]["input_ids"]
-    assert trt_engine.unsupported_nodes(tiny_onnx_external, FLAVOR) == []
+    assert trt_builder.unsupported_nodes(tiny_onnx_external, FLAVOR) == []
     assert (tmp_path / "ext.engine").stat().st_size > 100_000
 
 
@@ -171,13 +173,13 @@ def test_build_fp16_casts_graph(tiny_onnx: Path, tmp_path: Path) -> None:
     facts, _ = _build(tiny_onnx, tmp_path / "fp16.engine", precision="fp16")
     assert facts["precision"] == "fp16" and "cast to fp16" in facts["precision_from"]
     assert tiny_onnx.read_bytes() == before, "the source ONNX must not be modified"
-    assert trt_engine.inspect_engine(tmp_path / "fp16.engine", FLAVOR)["compute_capabilities"] == ["sm86"]
+    assert trt_runtime.inspect_engine(tmp_path / "fp16.engine", FLAVOR)["compute_capabilities"] == ["sm86"]
 
 
 def test_build_sm89_and_sm120(tiny_onnx: Path, tmp_path: Path) -> None:
     for target in ("sm89", "sm120"):
         _build(tiny_onnx, tmp_path / f"{target}.engine", target=target)
-        info = trt_engine.inspect_engine(tmp_path / f"{target}.engine", FLAVOR)
+        info = trt_runtime.inspect_engine(tmp_path / f"{target}.engine", FLAVOR)
         assert info["compute_capabilities"] == [target]
 
 
@@ -268,10 +270,10 @@ def test_profile_unknown_input_and_rank(tiny_onnx: Path, tmp_path: Path) -> None
 
 
 def test_unsupported_custom_op_is_named(custom_op_onnx: Path, tiny_onnx: Path, tmp_path: Path) -> None:
-    assert trt_engine.unsupported_nodes(custom_op_onnx, FLAVOR) == [("magic", "com.acme:MagicNorm")]
-    assert trt_engine.unsupported_nodes(tiny_onnx, FLAVOR) == []
+    assert trt_builder.unsupported_nodes(custom_op_onnx, FLAVOR) == [("magic", "com.acme:MagicNorm")]
+    assert trt_builder.unsupported_nodes(tiny_onnx, FLAVOR) == []
     with pytest.raises(UnsupportedOperatorError, match=r"magic \(com.acme:MagicNorm\)"):
-        trt_engine.build_engine(
+        trt_builder.build_engine(
             custom_op_onnx,
             tmp_path / "c.engine",
             BuildConfig(backend=FLAVOR, target="sm86"),
@@ -301,7 +303,7 @@ def test_no_target_without_gpu(tiny_onnx: Path, tmp_path: Path) -> None:
 def test_inspect_and_truncation(tiny_onnx: Path, tmp_path: Path) -> None:
     out = tmp_path / "model.engine"
     facts, _ = _build(tiny_onnx, out)
-    info = trt_engine.inspect_engine(out, FLAVOR)
+    info = trt_runtime.inspect_engine(out, FLAVOR)
     assert info["bytes"] == facts["engine_bytes"]
     assert info["format"] == "TensorRT-RTX plan" and info["compute_capabilities"] == ["sm86"]
     assert info["built_with"] == facts["backend_version"] and info["matches_runtime_version"]
@@ -310,9 +312,9 @@ def test_inspect_and_truncation(tiny_onnx: Path, tmp_path: Path) -> None:
     cut = tmp_path / "cut.engine"
     cut.write_bytes(out.read_bytes()[: facts["engine_bytes"] // 2])
     with pytest.raises(ArtifactError, match="truncated"):
-        trt_engine.inspect_engine(cut, FLAVOR)
+        trt_runtime.inspect_engine(cut, FLAVOR)
     with pytest.raises(ArtifactError, match="does not exist"):
-        trt_engine.inspect_engine(tmp_path / "missing.engine", FLAVOR)
+        trt_runtime.inspect_engine(tmp_path / "missing.engine", FLAVOR)
 
 
 def _manifest(facts: dict[str, Any], engine_file: str) -> Manifest:
@@ -343,14 +345,14 @@ def _manifest(facts: dict[str, Any], engine_file: str) -> Manifest:
 def test_runtime_without_gpu_is_a_clear_error(tiny_onnx: Path, tmp_path: Path) -> None:
     facts, _ = _build(tiny_onnx, tmp_path / "model.engine")
     with pytest.raises(BackendUnavailableError, match="no CUDA GPU found") as err:
-        trt_engine.TensorRTEngine(_manifest(facts, "model.engine"), tmp_path)
+        trt_runtime.TensorRTEngine(_manifest(facts, "model.engine"), tmp_path)
     assert "8.6" in str(err.value) and "sm86" in str(err.value)
 
 
 def test_compatibility_check_messages() -> None:
     """The pre-deserialization check (pure, so it runs here; on a GPU it runs before deserializing)."""
     runnable = list(trt_engine.rtx_targets(trt_engine.trt_module(FLAVOR)))
-    check = trt_engine._check_compatibility
+    check = trt_runtime._check_compatibility
     check(FLAVOR, "sm86", "1.7.1.116", "sm86", "NVIDIA A10", "1.7.1.116", runnable)  # same: no error
     with pytest.raises(ArtifactError, match=r"built for sm86 with TensorRT-RTX 1\.7\.1\.116; this GPU is sm89") as e:
         check(FLAVOR, "sm86", "1.7.1.116", "sm89", "NVIDIA L4", "1.7.1.116", runnable)

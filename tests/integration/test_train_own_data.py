@@ -30,8 +30,9 @@ from miaohui.models.intent import IntentClassifier
 from miaohui.models.train import TrainConfig, train_intent
 from miaohui.nlp.tokenizer import TextTokenizer
 from miaohui.server.dialogue_api import DialogueService
-from miaohui.server.http import ServerState, create_app
+from miaohui.server.http import create_app
 from miaohui.server.metrics import Metrics
+from miaohui.server.state import ServerState
 from miaohui.serving.repository import ModelManager
 from miaohui.zoo.intents import load_train_data
 from miaohui.zoo.minilm import minilm_model_dir

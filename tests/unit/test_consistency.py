@@ -11,7 +11,12 @@ import random
 import pytest
 
 from miaohui.dialogue.compliance import DISCLAIMER
-from miaohui.dialogue.consistency import (
+from miaohui.dialogue.gate import GATE_NOW, load_gate_dialogues, run_pipeline_gate
+from miaohui.dialogue.pipeline import ChatMessage, Pipeline
+from miaohui.errors import InputError, ValidationGateError
+from miaohui.nlp.keywords import NEGOTIATION_CATEGORIES, count_categories, dominant_category
+from miaohui.nlp.normalize import normalize_text
+from miaohui.validate.consistency import (
     DriftThresholds,
     EngineOutput,
     EngineOutputs,
@@ -22,11 +27,6 @@ from miaohui.dialogue.consistency import (
     levenshtein,
     total_variation,
 )
-from miaohui.dialogue.gate import GATE_NOW, load_gate_dialogues, run_pipeline_gate
-from miaohui.dialogue.keywords import NEGOTIATION_CATEGORIES, count_categories, dominant_category
-from miaohui.dialogue.pipeline import ChatMessage, Pipeline
-from miaohui.errors import InputError, ValidationGateError
-from miaohui.nlp.normalize import normalize_text
 
 # ------------------------------------------------------------------------------------------- measures
 

@@ -17,8 +17,9 @@ import pytest
 
 from miaohui.errors import ConfigError
 from miaohui.server.console import UI_DIR, ConsoleSampler, mount_console, quantile
-from miaohui.server.http import ServerState, create_app
+from miaohui.server.http import create_app
 from miaohui.server.metrics import LATENCY_BUCKETS, Metrics
+from miaohui.server.state import ServerState
 from miaohui.serving.repository import ModelManager
 
 

@@ -21,8 +21,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from miaohui.server.http import ServerState, create_app
+from miaohui.server.http import create_app
 from miaohui.server.metrics import Metrics
+from miaohui.server.state import ServerState
 from miaohui.serving.repository import ModelManager
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -55,7 +55,7 @@ def service() -> DialogueService:
 
 @pytest.fixture
 async def client(service: DialogueService) -> AsyncIterator[httpx.AsyncClient]:
-    from miaohui.server.http import ServerState
+    from miaohui.server.state import ServerState
 
     app: FastAPI = create_app(ServerState(_NoManager(), service.metrics))  # type: ignore[arg-type]
     app.include_router(dialogue_router(service))

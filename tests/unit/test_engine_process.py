@@ -160,7 +160,92 @@ def test_a_lost_engine_process_fails_requests_with_503_then_reconnects(tmp_path:
 
 def test_shared_engine_needs_several_workers(tmp_path: Path) -> None:
     from miaohui.errors import ConfigError
-    from miaohui.server.app import run_server
+    from miaohui.server.state import ServeSpec
 
     with pytest.raises(ConfigError, match="--shared-engine needs --workers 2 or more"):
-        run_server(tmp_path, workers=1, shared_engine=True)
+        ServeSpec(tmp_path, workers=1, shared_engine=True)
+    with pytest.raises(ConfigError, match="--workers 0 is not a process count"):
+        ServeSpec(tmp_path, workers=0)
+    assert ServeSpec(tmp_path, workers=2, shared_engine=True).engine_socket is None
+
+
+class _Stream:
+    def __init__(self) -> None:
+        self.aborted = False
+
+    def abort(self) -> None:
+        self.aborted = True
+
+
+class _LLM:
+    """A causal LM stand-in: each admitted request gets two tokens, the second one finishing it; prompt ``[0]`` is
+    refused (an InputError at admission) and prompt ``[9]`` fails while generating."""
+
+    def __init__(self) -> None:
+        self.streams: list[_Stream] = []
+
+    def add(self, prompt_ids: list[int], params: Any, sink: Callable[[Any], None]) -> _Stream:
+        from miaohui.errors import InputError
+        from miaohui.generation.engine_loop import TokenEvent
+
+        if prompt_ids == [0]:
+            raise InputError("prompt is empty", "send a prompt")
+        stream = _Stream()
+        self.streams.append(stream)
+        loop = asyncio.get_running_loop()
+        if prompt_ids == [9]:
+            loop.call_soon(sink, QueueFullError("no KV blocks left", "retry later"))
+            return stream
+        n = len(prompt_ids)
+        loop.call_soon(sink, TokenEvent(0, 7, "he", 1, None, n, 1))
+        loop.call_soon(sink, TokenEvent(0, 8, "llo", 2, "stop", n, 2))
+        return stream
+
+
+class _Generation:
+    def __init__(self) -> None:
+        self.llm = _LLM()
+        self.failures: dict[str, str] = {}
+
+    def engine(self, model: str) -> _LLM:
+        return self.llm
+
+    def loaded(self) -> list[Any]:
+        return []
+
+
+def test_generation_events_cross_as_typed_messages(tmp_path: Path) -> None:
+    """Admission errors keep their class; a request's tokens arrive as :data:`TokenRow` tuples with the engine's
+    fields, a failure while generating as a :class:`StreamError` that maps back to the same error class."""
+    from miaohui.errors import InputError
+    from miaohui.serving.engine_messages import RemoteError, StreamError
+    from miaohui.serving.engine_process import remote_error
+
+    async def main() -> None:
+        path = str(tmp_path / "engine.sock")
+        generation = _Generation()
+        server = EngineServer(_Manager(_sums), generation)
+        await server.start(path)
+        client = EngineClient(path)
+        got: dict[int, list[Any]] = {1: [], 2: []}
+        try:
+            with pytest.raises(InputError, match="prompt is empty"):
+                await client.generate(5, "llm", [0], None, got[1].append)
+            await client.generate(1, "llm", [4, 5, 6], None, got[1].append)
+            await client.generate(2, "llm", [9], None, got[2].append)
+            for _ in range(100):
+                if len(got[1]) == 2 and got[2]:
+                    break
+                await asyncio.sleep(0.01)
+            assert await client.llm_status() == {"models": {}, "failures": {}}
+            client.release(1)  # finished here: the connection's close below must not reach their sinks
+            client.release(2)
+        finally:
+            await client.close()
+            await server.stop()
+        assert got[1] == [(1, 7, "he", 1, None, 3, 1), (1, 8, "llo", 2, "stop", 3, 2)]
+        assert got[2] == [StreamError(2, RemoteError("QueueFullError", "no KV blocks left", "retry later"))]
+        err = remote_error(got[2][0].error)
+        assert isinstance(err, QueueFullError) and (err.message, err.fix) == ("no KV blocks left", "retry later")
+
+    asyncio.run(main())

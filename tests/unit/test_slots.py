@@ -578,7 +578,8 @@ def test_prefilters_never_skip_a_match() -> None:
     dataset text, plus random mixes of the characters and words they key on)."""
     import random
 
-    from miaohui.nlp import slots as s
+    from miaohui.nlp import slots_datetime as d
+    from miaohui.nlp import slots_products as p
     from miaohui.nlp.normalize import fold_with_offsets
     from miaohui.zoo.intents import load_split
 
@@ -590,7 +591,7 @@ def test_prefilters_never_skip_a_match() -> None:
     texts += ["".join(rng.choice(pool) for _ in range(rng.randint(1, 12))) for _ in range(5000)]
     for text in texts:
         folded = fold_with_offsets(text)[0]
-        if s._DATE_RE.search(folded) or s._TIME_RE.search(folded):
-            assert s._DATETIME_TRIGGER_RE.search(folded), text
-        if s._RISK_RE.search(folded) or s._RISK_CODE_RE.search(folded):
-            assert s._RISK_TRIGGER_RE.search(folded), text
+        if d._DATE_RE.search(folded) or d._TIME_RE.search(folded):
+            assert d._DATETIME_TRIGGER_RE.search(folded), text
+        if p._RISK_RE.search(folded) or p._RISK_CODE_RE.search(folded):
+            assert p._RISK_TRIGGER_RE.search(folded), text

@@ -14,21 +14,19 @@ from tokenizers import Tokenizer, normalizers
 
 from miaohui.errors import ArtifactError, ConfigError
 from miaohui.zoo import e5 as e5mod
+from miaohui.zoo import e5_tokenizer
 from miaohui.zoo.e5 import (
     PASSAGE_PREFIX,
     QUERY_PREFIX,
-    E5File,
-    build_charsmap,
-    dequantize_q4_0,
-    e5_model_path,
     embed,
     load_e5,
     load_e5_file,
     mean_pool,
-    read_e5,
     reference_embed,
     reference_token_count,
 )
+from miaohui.zoo.e5_format import E5File, dequantize_q4_0, e5_model_path, read_e5
+from miaohui.zoo.e5_tokenizer import build_charsmap
 
 TEXTS = [
     "如何查询我的账户余额？",
@@ -429,4 +427,4 @@ def test_unknown_variant_raises_config_error() -> None:
 def test_enpt_variant_reads() -> None:
     e5 = read_e5(e5_model_path("enpt"))
     assert e5.header.vocab_size == len(e5.vocab.pieces) == 47284
-    assert e5mod._grapheme_breaker(e5.norm_map) == "\x01"
+    assert e5_tokenizer._grapheme_breaker(e5.norm_map) == "\x01"

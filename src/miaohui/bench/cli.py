@@ -201,8 +201,8 @@ def _run(opts: dict[str, Any]) -> dict[str, Any]:
 def _tokenizer_artifact(opts: dict[str, Any]) -> Path:
     if opts["engine"] is not None:
         return Path(opts["engine"])
+    from miaohui.engines.store import resolve_artifact
     from miaohui.paths import repository_dir
-    from miaohui.serving.resolve import resolve_artifact
 
     return resolve_artifact(opts["model"], opts["repository"] or repository_dir())
 

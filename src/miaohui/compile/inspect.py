@@ -1,4 +1,6 @@
-"""Before building: which nodes of a graph can the chosen backend not run? Reported by node name."""
+"""Before building: which nodes of a graph has the installed ONNX Runtime no CPU kernel for? Reported by node name.
+
+The check per backend, and the error a build raises, are :mod:`miaohui.engines.support`'s."""
 
 from __future__ import annotations
 
@@ -6,8 +8,6 @@ import functools
 from pathlib import Path
 
 import onnx
-
-from miaohui.errors import UnsupportedOperatorError
 
 _NO_KERNEL_NEEDED = {"Constant"}  # folded into initializers when the session is created
 
@@ -45,25 +45,3 @@ def ort_unsupported_nodes(onnx_path: Path) -> list[tuple[str, str]]:
         if not any(lo <= version <= hi for lo, hi in ranges):
             bad.append((node.name or "(unnamed)", f"{domain + ':' if domain else ''}{node.op_type}"))
     return bad
-
-
-def unsupported_nodes(onnx_path: Path, backend: str) -> list[tuple[str, str]]:
-    if backend == "onnxruntime":
-        return ort_unsupported_nodes(onnx_path)
-    if backend in ("tensorrt", "tensorrt-rtx"):
-        from miaohui.engines.tensorrt import unsupported_nodes as trt_unsupported
-
-        return trt_unsupported(onnx_path, backend)  # type: ignore[arg-type]
-    return []
-
-
-def require_supported(onnx_path: Path, backend: str) -> None:
-    """Raise :class:`UnsupportedOperatorError` naming every node the backend cannot run."""
-    bad = unsupported_nodes(onnx_path, backend)
-    if bad:
-        listed = ", ".join(f"{name} ({op})" for name, op in bad[:20])
-        more = f" and {len(bad) - 20} more" if len(bad) > 20 else ""
-        raise UnsupportedOperatorError(
-            f"{len(bad)} node(s) of {onnx_path.name} are not supported by {backend}: {listed}{more}",
-            "export with a different opset, replace those operators, or choose another --backend",
-        )

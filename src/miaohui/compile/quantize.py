@@ -244,12 +244,15 @@ def quantize_dynamic_int8(
     feeds: list[dict[str, np.ndarray]] | None = None,
     texts: list[str] | None = None,
     disabled_optimizers: tuple[str, ...] = (),
+    *,
+    reduce_range: bool,
 ) -> DynamicInt8Summary:
     """ONNX Runtime dynamic int8: weights int8 now, activations quantized per call at run time, fused
     attention as ``QAttention``. Weight MatMuls matching ``cfg.keep_fp32`` stay fp32, and so do the
     ``cfg.fp32_fallback`` ones whose inputs :func:`activation_sensitivity` ranks worst on ``feeds``
     (the calibration text, one text per feed); the next ``cfg.smooth`` worst get a SmoothQuant input scale
-    (:mod:`miaohui.compile.smooth`) and are quantized."""
+    (:mod:`miaohui.compile.smooth`) and are quantized. ``reduce_range``: 7-bit weights, for CPUs whose int8 dot
+    products saturate (:func:`miaohui.engines.target.int8_reduce_range`)."""
     from miaohui.compile.smooth import input_channel_absmax, smooth_matmuls
 
     model = onnx.load(str(fp32_onnx), load_external_data=False)
@@ -275,7 +278,7 @@ def quantize_dynamic_int8(
             absmax = input_channel_absmax(fp32_onnx, targets, feeds, disabled_optimizers)
             source = Path(tmp) / "smoothed.onnx"
             smoothed = smooth_matmuls(fp32_onnx, source, absmax, cfg.smooth_alpha)
-        _quantize_dynamic(source, out_path, cfg, act_matmuls + kept)
+        _quantize_dynamic(source, out_path, cfg, act_matmuls + kept, reduce_range)
     return DynamicInt8Summary(
         kept_fp32=kept,
         sensitivity={k: float(f"{v:.4g}") for k, v in sensitivity.items()},
@@ -285,11 +288,11 @@ def quantize_dynamic_int8(
     )
 
 
-def _quantize_dynamic(source: Path, out_path: Path, cfg: CalibrationConfig, exclude: list[str]) -> None:
+def _quantize_dynamic(
+    source: Path, out_path: Path, cfg: CalibrationConfig, exclude: list[str], reduce_range: bool
+) -> None:
     """ORT's dynamic int8 of ``source`` (int8 per-channel weights) into ``out_path``; BuildError if it fails."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    from miaohui.engines.target import int8_reduce_range
 
     try:
         quantize_dynamic(
@@ -297,7 +300,7 @@ def _quantize_dynamic(source: Path, out_path: Path, cfg: CalibrationConfig, excl
             str(out_path),
             weight_type=QuantType.QInt8,
             per_channel=cfg.per_channel,
-            reduce_range=int8_reduce_range(),  # 7-bit weights where the CPU lacks VNNI (the build key has its flags)
+            reduce_range=reduce_range,  # 7-bit weights where the CPU lacks VNNI (the build key has its flags)
             op_types_to_quantize=["MatMul", "Attention"],
             nodes_to_exclude=exclude,
             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},

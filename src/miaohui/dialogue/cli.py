@@ -1,8 +1,8 @@
 """CLI commands of the dialogue checks, as plain typer-compatible functions the main CLI registers:
 
-* :func:`compare_command` — ``miaohui compare OLD NEW`` (:mod:`miaohui.validate.compare`).
+* :func:`compare_command` — ``miaohui compare OLD NEW`` (:mod:`miaohui.dialogue.compare`).
 * :func:`validate_pipeline_command` — ``miaohui validate --pipeline NAME --engine CANDIDATE`` (the pipeline
-  compliance gate, :mod:`miaohui.validate.pipeline_gate`).
+  compliance gate, :mod:`miaohui.dialogue.pipeline_gate`).
 
 Exit status: 0 passed, 1 the check failed (each reason printed), 2 the command could not run (bad
 arguments, missing artifacts: the error and its fix printed).
@@ -19,8 +19,8 @@ from rich.console import Console
 from rich.table import Table
 
 from miaohui.dialogue.config import PIPELINE_NAMES
-from miaohui.dialogue.consistency import DriftReport
 from miaohui.errors import MiaohuiError
+from miaohui.validate.consistency import DriftReport
 
 __all__ = ["compare_command", "validate_pipeline_command"]
 
@@ -85,8 +85,8 @@ def compare_command(
 ) -> None:
     """Run the same inputs through OLD and NEW: intent agreement, logit error, reply agreement, keyword
     drift; exit 1 when a threshold is crossed (default: more than 5% drift)."""
-    from miaohui.dialogue.consistency import DriftThresholds
-    from miaohui.validate.compare import compare_engines
+    from miaohui.dialogue.compare import compare_engines
+    from miaohui.validate.consistency import DriftThresholds
 
     names = list(PIPELINE_NAMES) if pipelines == "all" else [] if pipelines == "none" else pipelines.split(",")
     try:
@@ -138,7 +138,7 @@ def validate_pipeline_command(
 ) -> None:
     """The pipeline compliance gate: a candidate engine that makes any reply lose a required disclaimer or
     alter a number fails (exit 1)."""
-    from miaohui.validate.pipeline_gate import run_gate
+    from miaohui.dialogue.pipeline_gate import run_gate
 
     try:
         run = run_gate(pipeline, engine, _repo(repository), reference, data, min_intent_agreement)

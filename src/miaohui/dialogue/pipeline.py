@@ -44,11 +44,11 @@ from miaohui.dialogue.booking import (
 )
 from miaohui.dialogue.compliance import Intervention, apply_compliance
 from miaohui.dialogue.config import PipelineConfig, Route, Strategy, load_pipeline_config
-from miaohui.dialogue.keywords import count_categories
 from miaohui.dialogue.knowledge import KnowledgeBase, Lang, load_knowledge
 from miaohui.dialogue.language import detect_language
 from miaohui.dialogue.session import Session, SessionStore, Turn
 from miaohui.errors import ConfigError, InputError
+from miaohui.nlp.keywords import count_categories
 from miaohui.nlp.normalize import normalize_text
 from miaohui.nlp.slots import Slot, extract_slots
 from miaohui.zoo.intents import BUSINESS_LINE, LABELS

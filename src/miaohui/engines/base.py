@@ -111,30 +111,13 @@ class Manifest(BaseModel):
 class Engine(abc.ABC):
     """A loaded, ready engine. ``infer`` validates; ``_infer_impl`` computes.
 
-    Engines are context managers; ``close`` releases native resources.
+    Engines are context managers; ``close`` releases native resources. Hooks only GPU engines have (CUDA-graph
+    buckets, stage timings, polled launches, a background compile) are :class:`~miaohui.engines.gpu_base.GpuEngine`'s.
     """
 
     def __init__(self, manifest: Manifest, path: Path) -> None:
         self.manifest = manifest
         self.path = path
-        self.last_stages: dict[str, float] = {}
-        """Seconds per stage of the last ``infer``, where the engine measures them (GPU engines: ``h2d``, ``gpu``,
-        ``d2h`` from CUDA events); empty otherwise."""
-
-    def warmed_up(self) -> None:
-        """Called once its server's warm-up has run (GPU engines restart their stage sampling: the first served
-        batch is timed); nothing by default."""
-        return None
-
-    def compile_seconds(self) -> float | None:
-        """Seconds a compile after warm-up took (``fast_start``); None while it runs; 0.0 where there is none."""
-        return 0.0
-
-    def warmup_buckets(self) -> list[tuple[int, int]]:
-        """(batch, sequence) shapes this engine specialises on (CUDA-graph buckets), to be run before it serves:
-        a bucket first met while serving would be captured then (a latency spike). Empty for shape-generic
-        engines."""
-        return []
 
     @property
     def input_names(self) -> list[str]:
@@ -147,20 +130,6 @@ class Engine(abc.ABC):
     def infer(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run one batch. Raises :class:`ShapeError` naming the input, value and allowed range."""
         self.check_feeds(feeds)
-        return self._infer_impl(feeds)
-
-    polls: bool = False
-    """Whether :meth:`infer_polled` really launches without blocking (CUDA-graph engines); elsewhere it computes in
-    place, blocking the event loop, so callers use it only where this is true."""
-
-    async def infer_polled(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """:meth:`infer` from an event loop: launch the batch, then yield to the loop until the device is done (the
-        loop thread keeps serving other callbacks meanwhile; no worker thread, no GIL hand-back). Validates the
-        same way."""
-        self.check_feeds(feeds)
-        return await self._infer_polled_impl(feeds)
-
-    async def _infer_polled_impl(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return self._infer_impl(feeds)
 
     def check_feeds(self, feeds: dict[str, np.ndarray]) -> None:

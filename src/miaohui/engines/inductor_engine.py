@@ -21,8 +21,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from miaohui.engines.base import Engine, Manifest
+from miaohui.engines.base import Manifest
 from miaohui.engines.encoder_buckets import batch_buckets, seq_buckets
+from miaohui.engines.gpu_base import GpuEngine
 from miaohui.engines.inductor import (
     AOTI_FILE,
     CACHE_FILE,
@@ -73,7 +74,7 @@ take-back) on the host path of every batch; a sample keeps the stage histograms
 (``miaohui_stage_duration_seconds``) without that."""
 
 
-class InductorEngine(Engine):
+class InductorEngine(GpuEngine):
     """A loaded inductor artifact (either format); CUDA-graph replay per (batch, sequence) bucket on GPUs."""
 
     def __init__(

@@ -94,7 +94,7 @@ def load_engine(
 
         return TorchEngine(manifest, path, threads=threads)
     if backend in ("tensorrt", "tensorrt-rtx"):
-        from miaohui.engines.tensorrt import TensorRTEngine
+        from miaohui.engines.tensorrt_runtime import TensorRTEngine
 
         return TensorRTEngine(manifest, path)
     if backend == "inductor":

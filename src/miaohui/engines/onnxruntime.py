@@ -6,12 +6,12 @@ from pathlib import Path
 
 import numpy as np
 
-from miaohui.compile.inspect import require_supported
 from miaohui.compile.optimize import ORT_SLOW_FUSIONS, fuse_bert, op_counts, unfuse_slow_ops
 from miaohui.compile.quantize import quantize_dynamic_int8, quantize_qdq
 from miaohui.engines.base import Engine, Manifest, TensorSpec
 from miaohui.engines.context import BuildContext, BuiltEngine
-from miaohui.engines.target import cpu_target, usable_cores
+from miaohui.engines.support import require_supported
+from miaohui.engines.target import cpu_target, int8_reduce_range, usable_cores
 from miaohui.errors import ArtifactError, BuildError
 
 ENGINE_FILE = "model.onnx"
@@ -57,7 +57,9 @@ def build(ctx: BuildContext) -> BuiltEngine:
         feeds = ctx.text_feeds() if ranked and ctx.calib_texts else None
         if ranked:
             ctx.log(f"ranking MatMuls by run-time quantization error on {len(feeds or [])} calibration texts")
-        dynamic = quantize_dynamic_int8(plain, out, cal, feeds, ctx.calib_texts, ORT_SLOW_FUSIONS)
+        dynamic = quantize_dynamic_int8(
+            plain, out, cal, feeds, ctx.calib_texts, ORT_SLOW_FUSIONS, reduce_range=int8_reduce_range()
+        )
         extra["int8"] = {"mode": "dynamic", "per_channel": cal.per_channel, **dynamic.model_dump(), "unfused": unfused}
         extra["ort_disabled_optimizers"] = list(ORT_SLOW_FUSIONS)
     elif ctx.cfg.precision == "int8":

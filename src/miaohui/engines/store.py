@@ -1,6 +1,6 @@
 """Build engine artifacts into a versioned repository: build keys, caching, atomic writes.
 
-    <repository>/<name>/config.yaml          serving config (created with defaults if missing)
+    <repository>/<name>/config.yaml          serving config (:mod:`miaohui.serving.model_config`)
     <repository>/<name>/<version>/           one artifact: manifest.json, engine file, tokenizer, ...
 
 Same build key (source digest, options digest, backend version, target) ⇒ the existing version is
@@ -27,7 +27,7 @@ from miaohui.config import BuildConfig, InputRange, digest_json
 from miaohui.engines.base import MANIFEST_NAME, BuildInfo, FileInfo, Manifest, Target
 from miaohui.engines.context import BuildContext, BuiltEngine
 from miaohui.engines.target import cpu_target, cuda_target, target_key
-from miaohui.errors import ArtifactError, ConfigError
+from miaohui.errors import ArtifactError, ConfigError, ModelNotFoundError
 from miaohui.models import tuning
 from miaohui.models.checkpoint import LoadedModel
 from miaohui.nlp.tokenizer import TextTokenizer
@@ -148,6 +148,31 @@ def versions(model_dir: Path) -> list[int]:
     return sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit())
 
 
+def resolve_artifact(spec: str, repository: Path) -> Path:
+    """An artifact named by ``spec``: a directory with a manifest, or ``name[:version]`` in ``repository``
+    (the latest version by default)."""
+    path = Path(spec)
+    if (path / MANIFEST_NAME).is_file():
+        return path
+    name, _, version = spec.partition(":")
+    model_dir = repository / name
+    available = versions(model_dir)
+    if not available:
+        known = sorted(p.name for p in repository.iterdir() if p.is_dir()) if repository.is_dir() else []
+        raise ModelNotFoundError(
+            f"no artifact {spec!r}: not a directory with {MANIFEST_NAME}, and no model {name!r} in {repository}",
+            f"build it with `miaohui build ... --name {name}`" + (f" (known: {', '.join(known)})" if known else ""),
+        )
+    if version:
+        if not version.isdigit() or int(version) not in available:
+            raise ModelNotFoundError(
+                f"model {name!r} has no version {version!r}",
+                f"available versions: {', '.join(map(str, available))}",
+            )
+        return model_dir / version
+    return model_dir / str(available[-1])
+
+
 def read_manifest(path: Path) -> Manifest:
     file = Path(path) / MANIFEST_NAME
     if not file.is_file():
@@ -209,9 +234,9 @@ def _run_backend(ctx: BuildContext) -> BuiltEngine:
 
         return onnxruntime.build(ctx)
     if backend in ("tensorrt", "tensorrt-rtx"):
-        from miaohui.engines import trt_build
+        from miaohui.engines import tensorrt_builder
 
-        return trt_build.build(ctx)
+        return tensorrt_builder.build(ctx)
     if backend == "torch":
         from miaohui.engines import torch as torch_backend
 
@@ -337,7 +362,6 @@ def build_artifact(
         write_manifest(out_dir, manifest)
         final = model_dir / str(version)
         os.replace(out_dir, final)
-    ensure_model_config(model_dir, cfg.backend)
     log(f"built {name} version {version} ({cfg.backend}, {cfg.precision}) in {manifest.build.seconds:.1f}s → {final}")
     return BuildOutcome(path=final, manifest=manifest, reused=False)
 
@@ -355,11 +379,3 @@ def _file_tokenizer(src: Source) -> Tokenizer | None:
     from tokenizers import Tokenizer
 
     return Tokenizer.from_file(str(src.tokenizer_file)) if src.tokenizer_file is not None else None
-
-
-def ensure_model_config(model_dir: Path, backend: str) -> None:
-    """Write a default serving ``config.yaml`` next to the versions if there is none."""
-    from miaohui.serving.model_config import default_model_config, write_model_config
-
-    if not (model_dir / "config.yaml").is_file():
-        write_model_config(model_dir / "config.yaml", default_model_config(backend))

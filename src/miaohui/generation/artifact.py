@@ -118,7 +118,7 @@ def is_causal_lm_model(model_dir: Path) -> bool:
 
 def causal_lm_names(repository: Path) -> list[str]:
     """Names of the causal-LM models in ``repository`` (sorted)."""
-    from miaohui.serving.repository import is_model_name
+    from miaohui.paths import is_model_name
 
     if not repository.is_dir():
         return []
@@ -289,7 +289,7 @@ def build_causal_lm(
     Reuses the newest version when its build key is equal (unless ``force``). ConfigError when ``name``
     is not a plain name or already holds a non-causal-LM model.
     """
-    from miaohui.serving.repository import check_model_name
+    from miaohui.paths import check_model_name
 
     check_model_name(name)
     allowed = PRECISIONS.get(backend)

@@ -15,13 +15,13 @@ import grpc
 import uvicorn
 from fastapi import FastAPI
 
-from miaohui.errors import ConfigError
 from miaohui.gcpolicy import flush_pauses_every, freeze_heap
 from miaohui.gil import apply_switch_interval
-from miaohui.server.http import ServerState, create_app
+from miaohui.server.http import create_app
 from miaohui.server.metrics import Metrics
+from miaohui.server.state import ServerState, ServeSpec
 from miaohui.server.status import message
-from miaohui.serving.engine_process import ENGINE_SOCKET_ENV, EngineClient
+from miaohui.serving.engine_process import EngineClient
 from miaohui.serving.repository import ModelManager
 
 log = logging.getLogger("miaohui.server")
@@ -36,6 +36,9 @@ def build_app(
     dialogue_intent: str = "intent",
     dialogue_llm: str | None = None,
     freeze_when_warm: bool = False,
+    worker: int = 0,
+    workers: int = 1,
+    engine_socket: str | None = None,
 ) -> FastAPI:
     """The HTTP app with a lifespan that loads (and warms up) the repository before serving.
 
@@ -43,7 +46,10 @@ def build_app(
     before HTTP accepts connections; ``miaohui serve`` does, tests that serve in their own process do not.
 
     The dialogue pipelines classify with the served model ``dialogue_intent`` and generate their llm
-    replies with the causal LM ``dialogue_llm`` (None: those routes answer with their templates)."""
+    replies with the causal LM ``dialogue_llm`` (None: those routes answer with their templates).
+
+    ``worker`` / ``workers`` / ``engine_socket``: this process's place among the processes of ``--workers N``
+    (:class:`~miaohui.server.state.ServeSpec`); with ``engine_socket`` the models run in the engine process."""
     from miaohui.generation.artifact import causal_lm_names
     from miaohui.server.console import mount_console
     from miaohui.server.dialogue_api import DialogueService
@@ -51,10 +57,9 @@ def build_app(
     from miaohui.serving.shadow import ShadowManager
 
     metrics = Metrics()
-    engine_socket = os.environ.get(ENGINE_SOCKET_ENV)  # an HTTP worker of `--shared-engine`
-    engine = EngineClient(engine_socket) if engine_socket else None
+    engine = EngineClient(engine_socket) if engine_socket else None  # an HTTP worker of `--shared-engine`
     manager = ModelManager(repository, observer_factory=metrics.observer, engine_process=engine)
-    state = ServerState(manager, metrics)
+    state = ServerState(manager, metrics, worker=worker, workers=workers)
     llm_names = causal_lm_names(repository)
     generation = GenerationService(
         repository,
@@ -98,12 +103,7 @@ def build_app(
 
 
 async def serve_async(
-    repository: Path,
-    host: str,
-    port: int,
-    grpc_port: int,
-    models: list[str] | None,
-    dialogue_llm: str | None = None,
+    spec: ServeSpec,
     *,
     sockets: list[socket.socket] | None = None,
     on_ready: Callable[[], None] | None = None,
@@ -118,8 +118,17 @@ async def serve_async(
     ``--workers N``, :mod:`miaohui.server.workers`); then gRPC binds its port with SO_REUSEPORT, shared with
     the other workers. ``on_ready`` is called once the models are warm and both protocols listen.
     """
-    app = build_app(repository, models, dialogue_llm=dialogue_llm, freeze_when_warm=True)
+    app = build_app(
+        spec.repository,
+        spec.models,
+        dialogue_llm=spec.dialogue_llm,
+        freeze_when_warm=True,
+        worker=spec.worker,
+        workers=spec.workers,
+        engine_socket=spec.engine_socket,
+    )
     state: ServerState = app.state.miaohui
+    host, port, grpc_port = spec.host, spec.port, spec.grpc_port
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="on")
     server = uvicorn.Server(config)
     grpc_server: grpc.aio.Server | None = None
@@ -166,7 +175,7 @@ async def serve_async(
 
     app.router.lifespan_context = lifespan
     grpc_starter = asyncio.ensure_future(start_grpc_when_ready()) if grpc_port or on_ready else None
-    log.info("serving %s on http://%s:%d (gRPC %s)", repository, host, port, grpc_port or "off")
+    log.info("serving %s on http://%s:%d (gRPC %s)", spec.repository, host, port, grpc_port or "off")
     try:
         await server.serve(sockets=sockets)
     finally:
@@ -179,34 +188,17 @@ async def serve_async(
 
 
 def run_server(
-    repository: Path,
-    host: str = "127.0.0.1",
-    port: int = 8000,
-    grpc_port: int = 8001,
-    models: list[str] | None = None,
-    dialogue_llm: str | None = None,
+    spec: ServeSpec,
     *,
-    workers: int = 1,
-    shared_engine: bool = False,
     sockets: list[socket.socket] | None = None,
     on_ready: Callable[[], None] | None = None,
     log_as: str | None = None,
 ) -> None:
-    """Run until SIGINT/SIGTERM. Exits non-zero (``SystemExit``) when startup failed: uvicorn exits with 3 when
-    HTTP cannot listen or the models' startup raises; 1 when gRPC cannot listen.
+    """Run one server process until SIGINT/SIGTERM. Exits non-zero (``SystemExit``) when startup failed: uvicorn
+    exits with 3 when HTTP cannot listen or the models' startup raises; 1 when gRPC cannot listen.
 
-    ``workers`` > 1: a supervisor process with that many server processes (:mod:`miaohui.server.workers`);
-    ``shared_engine``: and one engine process that serves the models to all of them.
-    ``sockets``/``on_ready``/``log_as`` are how such a worker runs (see :func:`serve_async`)."""
-    if shared_engine and workers < 2:
-        raise ConfigError(
-            "--shared-engine needs --workers 2 or more", "add --workers N (one process already owns its engines)"
-        )
-    if workers > 1:
-        from miaohui.server.workers import run_workers
-
-        run_workers(repository, host, port, grpc_port, models, dialogue_llm, workers, shared_engine)
-        return
+    ``sockets``/``on_ready``/``log_as`` are how a worker of ``--workers N`` runs (see :func:`serve_async`); the
+    supervisor that starts such workers is :func:`miaohui.server.workers.run_workers`."""
     who = f"{log_as} " if log_as else ""
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s {who}%(name)s: %(message)s")
     with contextlib.suppress(ImportError):
@@ -217,9 +209,7 @@ def run_server(
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     status = 0
     with contextlib.suppress(KeyboardInterrupt):
-        status = asyncio.run(
-            serve_async(repository, host, port, grpc_port, models, dialogue_llm, sockets=sockets, on_ready=on_ready)
-        )
+        status = asyncio.run(serve_async(spec, sockets=sockets, on_ready=on_ready))
     if status:
         log.error("miaohui server did not start (see the error above); exiting with status %d", status)
         raise SystemExit(status)

@@ -35,14 +35,14 @@ from fastapi.responses import RedirectResponse
 from fastapi.staticfiles import StaticFiles
 
 from miaohui.errors import ConfigError, MiaohuiError
-from miaohui.server.http import check_model_control
 from miaohui.server.metrics import LATENCY_BUCKETS, Metrics
+from miaohui.server.state import check_model_control
 from miaohui.server.status import message
 
 if TYPE_CHECKING:
     from prometheus_client.samples import Sample
 
-    from miaohui.server.http import ServerState
+    from miaohui.server.state import ServerState
 
 __all__ = ["UI_DIR", "ConsoleSampler", "Snapshot", "console_router", "mount_console", "quantile"]
 

@@ -44,7 +44,7 @@ from miaohui.dialogue.engine_adapters import EngineClassifier, engine_call
 from miaohui.dialogue.knowledge import KnowledgeBase, load_knowledge
 from miaohui.dialogue.pipeline import DialogueResponse, IntentClassifier, Pipeline, TextGenerator
 from miaohui.errors import ConfigError, InputError, ModelNotFoundError, UnavailableError
-from miaohui.server.http import error_response, read_json, timeout_ms, until_disconnect
+from miaohui.server.http_io import error_response, read_json, timeout_ms, until_disconnect
 from miaohui.server.metrics import UNKNOWN_MODEL
 from miaohui.server.status import http_status, reason
 from miaohui.serving.served import deadline_from_ms

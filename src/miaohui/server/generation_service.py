@@ -3,7 +3,7 @@
 :class:`GenerationService` loads the newest version of each causal-LM model (see
 :mod:`miaohui.generation.artifact` for the layout) on ONNX Runtime, warms it up (one short prefill +
 decode) and starts its loop; ``stop()`` stops them (unfinished streams end with an error). Metrics go to
-the server's :class:`Metrics` through :class:`~miaohui.generation.observer_metrics.MetricsObserver`.
+the server's :class:`Metrics` through :class:`~miaohui.server.observer_metrics.MetricsObserver`.
 :class:`LLMTextGenerator` lets the dialogue pipelines use a served model for their replies.
 """
 
@@ -176,7 +176,7 @@ class GenerationService:
             sched = sched.model_copy(update={"max_model_len": engine.max_positions})
         observer: GenerationObserver | None = None
         if self.metrics is not None:
-            from miaohui.generation.observer_metrics import MetricsObserver
+            from miaohui.server.observer_metrics import MetricsObserver
 
             observer = MetricsObserver(self.metrics, info.name, info.version)
         loop = AsyncLLMEngine(LLMEngine(engine, tokenizer.tokenizer, sched), observer)

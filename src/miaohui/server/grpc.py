@@ -1,8 +1,9 @@
 """gRPC: KServe v2 / Triton's ``inference.GRPCInferenceService`` on grpc.aio, so ``tritonclient.grpc`` works.
 
-Same contracts as HTTP (:mod:`miaohui.server.kserve`), same inference path (:func:`~miaohui.server.http.infer_tensors`)
-and the same error mapping (:mod:`miaohui.server.status`): every failure is a gRPC status with a message that
-says how to fix the call, and fails that request only.
+Same contracts as HTTP (:mod:`miaohui.server.kserve`), same inference path
+(:func:`~miaohui.server.kserve.infer_tensors`), the same state (:mod:`miaohui.server.state`) and the same error
+mapping (:mod:`miaohui.server.status`): every failure is a gRPC status with a message that says how to fix the
+call, and fails that request only.
 
 Tensors arrive as ``raw_input_contents`` (what tritonclient sends; the layout of
 :mod:`miaohui.server.tensor_codec`: little-endian values, BYTES elements each prefixed by a 4-byte little-endian
@@ -25,9 +26,9 @@ import numpy as np
 from miaohui import __version__
 from miaohui.errors import ConfigError, InputError, MiaohuiError, ModelNotFoundError
 from miaohui.server import kserve, tensor_codec
-from miaohui.server.http import ServerState, check_model_control, check_not_shutting_down, infer_tensors
 from miaohui.server.proto import grpc_service_pb2 as pb
 from miaohui.server.proto import grpc_service_pb2_grpc as pb_grpc
+from miaohui.server.state import ServerState, check_model_control, check_not_shutting_down
 from miaohui.server.status import grpc_status, http_status, message, reason
 from miaohui.serving.repository import ModelManager
 from miaohui.serving.served import ServedVersion, deadline_from_ms
@@ -184,7 +185,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             served = self.manager.get(base, request.model_version or None)
             tensors = decode_inputs(request)
             deadline = _deadline(request, context)
-            outputs = await infer_tensors(served, raw, tensors, deadline)
+            outputs = await kserve.infer_tensors(served, raw, tensors, deadline)
             response = encode_outputs(request, served, outputs)
         except asyncio.CancelledError:  # the client went away: the batcher already dropped its rows
             metrics.done(label, _version(served), "grpc", 499, time.perf_counter() - started, "cancelled")

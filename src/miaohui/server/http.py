@@ -17,140 +17,38 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import re
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
-import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
 from miaohui import __version__
-from miaohui.errors import ConflictError, InputError, MiaohuiError, ModelNotFoundError, UnavailableError
+from miaohui.errors import InputError, MiaohuiError, ModelNotFoundError
 from miaohui.server import kserve
-from miaohui.server.embeddings_api import embed_tensors, embeddings_router
-from miaohui.server.generation_service import GenerationService
-from miaohui.server.metrics import Metrics, ModelStateCollector
+from miaohui.server.embeddings_api import embeddings_router
+from miaohui.server.http_io import (
+    JSON_ERRORS,
+    MAX_BODY_BYTES,
+    dumps,
+    error_response,
+    loads,
+    parse_timeout_ms,
+    read_body,
+)
+from miaohui.server.metrics import ModelStateCollector
 from miaohui.server.openai_api import openai_router
+from miaohui.server.state import ServerState, check_model_control
 from miaohui.server.status import http_status, message, reason
-from miaohui.serving.repository import ModelManager
 from miaohui.serving.served import ServedVersion, deadline_from_ms
 
-if TYPE_CHECKING:
-    from miaohui.server.dialogue_api import DialogueService
-    from miaohui.serving.shadow import ShadowManager
-
 T = TypeVar("T")
-DISCONNECT_POLL_S = 0.05
-MAX_BODY_BYTES = 8 << 20
-MAX_TEXTS = 256
-
-try:  # orjson: ~8x faster JSON for the small bodies of the hot path; the standard library otherwise
-    import orjson
-
-    def dumps(doc: Any) -> bytes:
-        return orjson.dumps(doc)
-
-    loads: Callable[[bytes], Any] = orjson.loads
-    JSON_ERRORS: tuple[type[Exception], ...] = (orjson.JSONDecodeError, UnicodeDecodeError)
-except ImportError:  # pragma: no cover - orjson is a dependency
-
-    def dumps(doc: Any) -> bytes:
-        return json.dumps(doc, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
-
-    loads = json.loads
-    JSON_ERRORS = (json.JSONDecodeError, UnicodeDecodeError)
-
-
-class ServerState:
-    """What the routes share: the model manager, metrics and extension routers' state."""
-
-    def __init__(self, manager: ModelManager, metrics: Metrics) -> None:
-        self.manager = manager
-        self.metrics = metrics
-        self.started = time.time()
-        self.shutting_down = False
-        self.generation: GenerationService | None = None
-        """Causal-LM engines (OpenAI routes); None: the server has no generation models."""
-        self.dialogue: DialogueService | None = None
-        """Dialogue pipelines (``/v1/dialogue``, ``pipeline/<name>`` chat models); None: not served."""
-        self.shadow: ShadowManager | None = None
-        """Shadow comparisons of candidate versions (``/v1/shadow``); None: not served."""
-        from miaohui.server.workers import worker_count, worker_index
-
-        self.worker = worker_index()
-        """This process's worker index with ``--workers N`` (1..N); 0 in a single-process server."""
-        self.workers = worker_count()
-
-
-def error_response(exc: BaseException) -> JSONResponse:
-    return JSONResponse({"error": message(exc)}, status_code=http_status(exc))
-
-
-async def read_body(request: Request) -> bytes:
-    """The request body, read no further than :data:`MAX_BODY_BYTES` (a bigger one is refused as it arrives)."""
-    encoding = request.headers.get("content-encoding", "identity").strip().lower()
-    if encoding != "identity":
-        raise InputError(f"Content-Encoding {encoding!r} is not supported", "send the body uncompressed")
-    too_big = InputError(f"request body is larger than the limit of {MAX_BODY_BYTES} bytes", "send smaller batches")
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        raise too_big
-    chunks, size = [], 0
-    try:
-        async with contextlib.aclosing(request.stream()) as stream:
-            async for chunk in stream:
-                size += len(chunk)
-                if size > MAX_BODY_BYTES:
-                    raise too_big
-                chunks.append(chunk)
-    except ClientDisconnect:
-        raise InputError("client disconnected", "nothing to do") from None
-    return b"".join(chunks)
-
-
-async def read_json(request: Request) -> dict[str, Any]:
-    return kserve.parse_json_object(await read_body(request))
-
-
-async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
-    """Await ``work``; if the client goes away first, cancel it (the batcher then drops it before compute)."""
-    task = asyncio.ensure_future(work)
-    while True:
-        done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
-        if done:
-            return task.result()
-        if await request.is_disconnected():
-            task.cancel()
-            raise InputError("client disconnected", "nothing to do")
-
-
-def timeout_ms(request: Request, body: dict[str, Any] | None = None) -> float | None:
-    """Per-request deadline in ms: header ``X-Request-Timeout-Ms``, body ``timeout_ms``, or KServe
-    ``parameters.timeout`` (µs, as Triton clients send it)."""
-    return _timeout_ms(request.headers.get("x-request-timeout-ms"), body)
-
-
-def _timeout_ms(header: str | None, body: dict[str, Any] | None) -> float | None:
-    try:
-        if header is not None:
-            return float(header)
-        if body is not None:
-            if body.get("timeout_ms") is not None:
-                return float(body["timeout_ms"])
-            params = body.get("parameters") or {}
-            if isinstance(params, dict) and params.get("timeout") is not None:
-                return float(params["timeout"]) / 1000.0
-    except (TypeError, ValueError):
-        raise InputError(f"timeout {header or body!r} is not a number", "give milliseconds, e.g. 200") from None
-    return None
 
 
 def create_app(state: ServerState) -> FastAPI:
@@ -178,7 +76,7 @@ def create_app(state: ServerState) -> FastAPI:
         delegate = dialogue.chat_delegate if dialogue is not None else None
         app.include_router(openai_router(state.generation, metrics, other_models=encoders, chat_delegate=delegate))
     if dialogue is not None or state.shadow is not None:
-        from miaohui.server.dialogue_api import dialogue_router, shadow_router  # it imports this module
+        from miaohui.server.dialogue_api import dialogue_router, shadow_router
 
         if dialogue is not None:
             app.include_router(dialogue_router(dialogue))
@@ -309,8 +207,8 @@ def _intent_texts(body: dict[str, Any]) -> tuple[list[str], bool]:
             "missing 'text' (a string) or 'texts' (a non-empty list of strings)",
             'send {"text": "查社保"} or {"texts": ["查社保", "hi"]}',
         )
-    if len(texts) > MAX_TEXTS:
-        raise InputError(f"{len(texts)} texts in one request; the limit is {MAX_TEXTS}", "split the batch")
+    if len(texts) > kserve.MAX_TEXTS:
+        raise InputError(f"{len(texts)} texts in one request; the limit is {kserve.MAX_TEXTS}", "split the batch")
     if not all(isinstance(t, str) for t in texts):
         raise InputError("every item of 'texts' must be a string", "send a list of strings")
     return texts, False
@@ -326,69 +224,6 @@ def _infer_response(body: bytes, header_length: int | None) -> Response:
         return Response(body, media_type="application/json")
     headers = {kserve.INFERENCE_HEADER: str(header_length)}
     return Response(body, media_type="application/octet-stream", headers=headers)
-
-
-async def infer_tensors(
-    served: ServedVersion, raw: bool, tensors: dict[str, np.ndarray], deadline: float | None
-) -> dict[str, np.ndarray]:
-    """Shared by HTTP and gRPC: the text contract (TEXT → INTENT, CONFIDENCE; TEXT → EMBEDDING) or the tensor
-    contract."""
-    if served.manifest.task == "encoder" and not raw:
-        return await embed_tensors(served, tensors, deadline, MAX_TEXTS)
-    if served.manifest.task == "tensor":
-        if raw:
-            raise ModelNotFoundError(
-                f"model {served.name + kserve.RAW_SUFFIX!r} does not exist", f"use {served.name!r}: it takes tensors"
-            )
-        return await served.infer_raw(tensors)
-    if served.manifest.task == "intent" and not raw:
-        if set(tensors) != {"TEXT"}:
-            raise InputError(
-                f"model {served.name!r} takes one input TEXT (BYTES), got {sorted(tensors)}",
-                f"send TEXT, or use {served.name + kserve.RAW_SUFFIX!r} for input_ids/attention_mask",
-            )
-        texts = [t.decode() if isinstance(t, bytes) else str(t) for t in tensors["TEXT"].ravel()]
-        if not texts or len(texts) > MAX_TEXTS:
-            raise InputError(f"TEXT holds {len(texts)} strings; send 1..{MAX_TEXTS}", "split the batch")
-        results = await served.classify(texts, deadline, with_slots=False)
-        return {
-            "INTENT": np.array([r.intent for r in results], dtype=object),
-            "CONFIDENCE": np.array([r.confidence for r in results], dtype=np.float32),
-        }
-    expected = {"input_ids", "attention_mask"}
-    if set(tensors) != expected:
-        raise InputError(f"model takes inputs {sorted(expected)}, got {sorted(tensors)}", "send both INT64 tensors")
-    for name, arr in tensors.items():
-        if arr.dtype != np.int64:
-            raise InputError(
-                f"input {name!r} has datatype {kserve.v2_dtype(arr)}; the model expects INT64",
-                "send INT64 token ids and mask",
-            )
-    ids, mask = tensors["input_ids"], tensors["attention_mask"]
-    if ids.ndim != 2 or ids.shape != mask.shape:
-        raise InputError(
-            f"input_ids {list(ids.shape)} and attention_mask {list(mask.shape)} must both be [batch, sequence]",
-            "send two int64 tensors of the same 2-D shape",
-        )
-    if ids.shape[0] > served.max_batch:
-        raise InputError(f"batch of {ids.shape[0]} rows exceeds max_batch_size {served.max_batch}", "split the request")
-    out = await served.infer_tensors(ids, mask, deadline)
-    return {served.output_name: out.astype(np.float32)}
-
-
-def check_model_control(state: ServerState) -> None:
-    """Model load/unload changes one process's models: refused when several workers serve (each holds its own)."""
-    if state.workers > 1:
-        raise ConflictError(
-            f"model control (load/unload) is not available with --workers {state.workers}: each worker process "
-            "holds its own copy of the models, and a load would reach only the worker that received it",
-            "change the repository and restart the server, or serve with --workers 1 to load/unload over the API",
-        )
-
-
-def check_not_shutting_down(state: ServerState) -> None:
-    if state.shutting_down:
-        raise UnavailableError("the server is shutting down", "retry on another replica")
 
 
 # ---------------------------------------------------------------------------------------------- hot path
@@ -459,7 +294,7 @@ class HotPaths:
             model = str(body.get("model") or "intent")
             texts, single = _intent_texts(body)
             served = manager.get(model, body.get("version"))
-            deadline = deadline_from_ms(_timeout_ms(head.timeout, body))
+            deadline = deadline_from_ms(parse_timeout_ms(head.timeout, body))
             work = served.classify(texts, deadline, bool(body.get("slots", True)))
             results = await _until_disconnect(receive, work)
             rows = [
@@ -502,8 +337,8 @@ class HotPaths:
             base, raw = kserve.split_name(model)
             served = manager.get(base, version)
             tensors = kserve.inputs_from_request(header, binary)
-            deadline = deadline_from_ms(_timeout_ms(head.timeout, header))
-            outputs = await _until_disconnect(receive, infer_tensors(served, raw, tensors, deadline))
+            deadline = deadline_from_ms(parse_timeout_ms(head.timeout, header))
+            outputs = await _until_disconnect(receive, kserve.infer_tensors(served, raw, tensors, deadline))
             payload, header_length = kserve.infer_response(model, served.version, header, outputs)
             code = 200
             if header_length is None:
@@ -519,7 +354,7 @@ class HotPaths:
 
 
 async def _read_body(receive: Receive, head: _Head) -> bytes:
-    """The request body, read no further than :data:`MAX_BODY_BYTES` (as :func:`read_body`)."""
+    """The request body, read no further than :data:`MAX_BODY_BYTES` (as :func:`~miaohui.server.http_io.read_body`)."""
     encoding = (head.encoding or "identity").strip().lower()
     if encoding != "identity":
         raise InputError(f"Content-Encoding {encoding!r} is not supported", "send the body uncompressed")

@@ -31,8 +31,11 @@ from miaohui.server.tensor_codec import DTYPES, v2_dtype
 if TYPE_CHECKING:
     from miaohui.engines.base import Manifest, TensorSpec
     from miaohui.serving.repository import ModelManager
+    from miaohui.serving.served import ServedVersion
 
 RAW_SUFFIX = "-raw"
+MAX_TEXTS = 256
+"""Most strings in one text request (``TEXT`` of a KServe request, ``texts`` of ``/v1/intent``)."""
 INFERENCE_HEADER = "Inference-Header-Content-Length"
 BINARY_FIX = f"set {INFERENCE_HEADER} to the JSON header's length and append each input's bytes in input order"
 
@@ -327,3 +330,53 @@ def tensor_metadata(name: str, versions: list[int], platform: str, output: str, 
         ],
         "outputs": [{"name": output, "datatype": "FP32", "shape": [-1, width]}],
     }
+
+
+async def infer_tensors(
+    served: ServedVersion, raw: bool, tensors: dict[str, np.ndarray], deadline: float | None
+) -> dict[str, np.ndarray]:
+    """Shared by HTTP and gRPC: the text contracts (TEXT → INTENT, CONFIDENCE; TEXT → EMBEDDING) or the tensor
+    contract."""
+    if served.manifest.task == "encoder" and not raw:
+        from miaohui.server.embeddings_api import embed_tensors
+
+        return await embed_tensors(served, tensors, deadline, MAX_TEXTS)
+    if served.manifest.task == "tensor":
+        if raw:
+            raise ModelNotFoundError(
+                f"model {served.name + RAW_SUFFIX!r} does not exist", f"use {served.name!r}: it takes tensors"
+            )
+        return await served.infer_raw(tensors)
+    if served.manifest.task == "intent" and not raw:
+        if set(tensors) != {"TEXT"}:
+            raise InputError(
+                f"model {served.name!r} takes one input TEXT (BYTES), got {sorted(tensors)}",
+                f"send TEXT, or use {served.name + RAW_SUFFIX!r} for input_ids/attention_mask",
+            )
+        texts = [t.decode() if isinstance(t, bytes) else str(t) for t in tensors["TEXT"].ravel()]
+        if not texts or len(texts) > MAX_TEXTS:
+            raise InputError(f"TEXT holds {len(texts)} strings; send 1..{MAX_TEXTS}", "split the batch")
+        results = await served.classify(texts, deadline, with_slots=False)
+        return {
+            "INTENT": np.array([r.intent for r in results], dtype=object),
+            "CONFIDENCE": np.array([r.confidence for r in results], dtype=np.float32),
+        }
+    expected = {"input_ids", "attention_mask"}
+    if set(tensors) != expected:
+        raise InputError(f"model takes inputs {sorted(expected)}, got {sorted(tensors)}", "send both INT64 tensors")
+    for name, arr in tensors.items():
+        if arr.dtype != np.int64:
+            raise InputError(
+                f"input {name!r} has datatype {v2_dtype(arr)}; the model expects INT64",
+                "send INT64 token ids and mask",
+            )
+    ids, mask = tensors["input_ids"], tensors["attention_mask"]
+    if ids.ndim != 2 or ids.shape != mask.shape:
+        raise InputError(
+            f"input_ids {list(ids.shape)} and attention_mask {list(mask.shape)} must both be [batch, sequence]",
+            "send two int64 tensors of the same 2-D shape",
+        )
+    if ids.shape[0] > served.max_batch:
+        raise InputError(f"batch of {ids.shape[0]} rows exceeds max_batch_size {served.max_batch}", "split the request")
+    out = await served.infer_tensors(ids, mask, deadline)
+    return {served.output_name: out.astype(np.float32)}

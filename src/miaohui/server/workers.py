@@ -44,52 +44,20 @@ import signal
 import socket
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing.process import BaseProcess
-from pathlib import Path
 from typing import Any
 
 from miaohui.errors import ConfigError
+from miaohui.server.state import ServeSpec
 
 log = logging.getLogger("miaohui.workers")
 
-WORKER_ENV = "MIAOHUI_WORKER"
-"""Set in each worker: its index (1..N)."""
-WORKERS_ENV = "MIAOHUI_WORKERS"
-"""Set in each worker: N."""
 STOP_TIMEOUT_S = 30.0
 """How long the parent waits for workers to stop after forwarding SIGINT/SIGTERM before killing them."""
 MAX_RESTARTS = 5
 RESTART_WINDOW_S = 60.0
 LOG_FORMAT = "%(asctime)s %(levelname)s {who} %(name)s: %(message)s"
-
-
-@dataclass(frozen=True)
-class ServeSpec:
-    """What every worker serves (picklable: it crosses the spawn boundary)."""
-
-    repository: Path
-    host: str
-    port: int
-    grpc_port: int
-    models: list[str] | None
-    dialogue_llm: str | None
-    shared_engine: bool = False
-
-
-def worker_index() -> int:
-    """This process's worker index (1..N), or 0 in a single-process server."""
-    try:
-        return int(os.environ.get(WORKER_ENV, "0"))
-    except ValueError:
-        return 0
-
-
-def worker_count() -> int:
-    try:
-        return max(1, int(os.environ.get(WORKERS_ENV, "1")))
-    except ValueError:
-        return 1
 
 
 # ---------------------------------------------------------------------------------------------- sockets
@@ -142,21 +110,21 @@ def _die_with_parent() -> None:
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def _child_setup(index: int, count: int) -> None:
-    """What every spawned server process (worker ``index`` of ``count``, or the engine process as 0 of 1) does
-    first: its own process group, SIGTERM when the parent dies, its index, and metric files named by it."""
+def _child_setup(index: int) -> None:
+    """What every spawned server process (worker ``index``, or the engine process as 0) does first: its own process
+    group, SIGTERM when the parent dies, and metric files named by its index."""
     with contextlib.suppress(OSError):
         os.setpgid(0, 0)  # Ctrl-C in a terminal reaches the parent only; it forwards the signal once
     _die_with_parent()
-    os.environ[WORKER_ENV], os.environ[WORKERS_ENV] = str(index), str(count)
     from miaohui.server.metrics import use_worker_files
 
     use_worker_files(index)  # before any metric exists
 
 
-def _worker_main(index: int, count: int, spec: ServeSpec, sock: socket.socket, events: Any) -> None:
-    """Entry point of worker ``index`` (a spawned interpreter)."""
-    _child_setup(index, count)
+def _worker_main(spec: ServeSpec, sock: socket.socket, events: Any) -> None:
+    """Entry point of worker ``spec.worker`` (a spawned interpreter)."""
+    index, count = spec.worker, spec.workers
+    _child_setup(index)
     from miaohui.engines.target import CORES_ENV, usable_cores
 
     # engine thread pools default to this worker's share of the cores, not all of them N times over
@@ -166,28 +134,15 @@ def _worker_main(index: int, count: int, spec: ServeSpec, sock: socket.socket, e
     def ready() -> None:
         events.put(("ready", index, os.getpid()))
 
-    run_server(
-        spec.repository,
-        spec.host,
-        spec.port,
-        spec.grpc_port,
-        spec.models,
-        spec.dialogue_llm,
-        sockets=[sock],
-        on_ready=ready,
-        log_as=f"w{index}",
-    )
+    run_server(spec, sockets=[sock], on_ready=ready, log_as=f"w{index}")
 
 
 def _engine_main(spec: ServeSpec, path: str, events: Any) -> None:
     """Entry point of the engine process of ``--shared-engine`` (a spawned interpreter; "worker" 0)."""
-    _child_setup(0, 1)
+    _child_setup(0)
     from miaohui.gil import apply_switch_interval
 
     apply_switch_interval()  # the workers apply it in run_server
-    from miaohui.serving.engine_process import ENGINE_SOCKET_ENV
-
-    os.environ.pop(ENGINE_SOCKET_ENV, None)  # it serves the socket; it is no client of it
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT.format(who="engine"))
     with contextlib.suppress(ImportError):
         import uvloop
@@ -248,8 +203,8 @@ class _Worker:
 class Supervisor:
     """Starts, watches, restarts and stops the workers (see the module docstring for the policy)."""
 
-    def __init__(self, spec: ServeSpec, count: int) -> None:
-        self.spec, self.count = spec, count
+    def __init__(self, spec: ServeSpec) -> None:
+        self.spec, self.count = spec, spec.workers
         self.ctx = multiprocessing.get_context("spawn")
         self.events: Any = self.ctx.Queue()
         self.workers: dict[int, _Worker] = {}
@@ -267,10 +222,9 @@ class Supervisor:
                 target=_engine_main, args=(self.spec, self.engine_socket, self.events), name="miaohui-engine"
             )
         else:
+            spec = replace(self.spec, worker=index, engine_socket=self.engine_socket or None)
             proc = self.ctx.Process(
-                target=_worker_main,
-                args=(index, self.count, self.spec, self.sock, self.events),
-                name=f"miaohui-worker-{index}",
+                target=_worker_main, args=(spec, self.sock, self.events), name=f"miaohui-worker-{index}"
             )
         proc.start()
         self.workers[index] = _Worker(index, proc)
@@ -328,9 +282,7 @@ class Supervisor:
 
     def _start_engine_process(self) -> int:
         """Start the engine process and wait until its models are warm; then the workers may connect (they find
-        its socket in ``$MIAOHUI_ENGINE_SOCKET``). A non-zero status when it failed or a signal came first."""
-        from miaohui.serving.engine_process import ENGINE_SOCKET_ENV
-
+        its socket in their :class:`ServeSpec`). A non-zero status when it failed or a signal came first."""
         self._spawn(0)
         engine = self.workers[0]
         while not engine.ready:
@@ -343,7 +295,6 @@ class Supervisor:
                 code = engine.process.exitcode
                 return code if isinstance(code, int) and code > 0 else 1
             self._drain_events()
-        os.environ[ENGINE_SOCKET_ENV] = self.engine_socket  # inherited by the workers spawned from now on
         return 0
 
     def _drain_events(self) -> None:
@@ -421,30 +372,18 @@ def _who(index: int) -> str:
     return "the engine process" if index == 0 else f"worker {index}"
 
 
-def run_workers(
-    repository: Path,
-    host: str,
-    port: int,
-    grpc_port: int,
-    models: list[str] | None,
-    dialogue_llm: str | None,
-    workers: int,
-    shared_engine: bool = False,
-) -> None:
-    """Run ``workers`` server processes until SIGINT/SIGTERM; ``SystemExit`` with a non-zero status when the
-    server could not start or a worker kept failing."""
-    from miaohui.serving.engine_process import ENGINE_SOCKET_ENV
-
+def run_workers(spec: ServeSpec) -> None:
+    """Run ``spec.workers`` server processes (and with ``spec.shared_engine`` the engine process) until
+    SIGINT/SIGTERM; ``SystemExit`` with a non-zero status when the server could not start or a worker kept
+    failing."""
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT.format(who="main"))
     metrics_dir = tempfile.mkdtemp(prefix="miaohui-metrics-")
-    os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir  # inherited by the workers, read at their import
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir  # prometheus_client reads it in every worker at import
     try:
-        spec = ServeSpec(Path(repository), host, port, grpc_port, models, dialogue_llm, shared_engine)
-        status = Supervisor(spec, workers).run()
+        status = Supervisor(spec).run()
     finally:
         shutil.rmtree(metrics_dir, ignore_errors=True)
         os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
-        os.environ.pop(ENGINE_SOCKET_ENV, None)
     if status:
         log.error("miaohui server stopped with status %d (see the errors above)", status)
         raise SystemExit(status)

@@ -12,15 +12,16 @@ Layout (parent: :mod:`miaohui.server.workers`):
 * the **engine process** loads the repository (:class:`~miaohui.serving.repository.ModelManager`, the usual
   version policy, warm-up and batcher) and serves :class:`EngineServer` on a Unix socket; the supervisor starts
   the HTTP workers only after it reported ready, and restarts it like a worker if it dies;
-* each **HTTP worker** reads ``$MIAOHUI_ENGINE_SOCKET`` and serves its models as remote versions
+* each **HTTP worker** gets the socket's path in its ``ServeSpec`` and serves its models as remote versions
   (:class:`~miaohui.serving.served.ServedVersion` with an :class:`EngineClient`): manifest and tokenizer are read
   from the artifact, rows are sent to the engine process and the logits come back.
 
 Protocol: length-prefixed pickles over the Unix socket (both ends are this program, started by the same
-supervisor; the socket lives in a private temporary directory). Requests ``("infer", id, model, version, rows,
-timeout_ms)``, ``("cancel", id)``, ``("status", id)``; replies ``("ok", id, value)`` or ``("err", id, error class,
-message, fix)``. Errors keep their class across the hop (a full queue is still a 429, a passed deadline a 504);
-a lost engine process fails the requests in flight with 503 and the next request reconnects.
+supervisor; the socket lives in a private temporary directory) of the typed messages of
+:mod:`miaohui.serving.engine_messages`: requests :class:`Infer`, :class:`Cancel`, :class:`Status`, ...;
+replies :class:`Ok` or :class:`Err` with the request's id. Errors keep their class across the hop (a full queue
+is still a 429, a passed deadline a 504); a lost engine process fails the requests in flight with 503 and the
+next request reconnects.
 """
 
 from __future__ import annotations
@@ -32,50 +33,64 @@ import logging
 import pickle
 import struct
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from miaohui import errors
 from miaohui.errors import MiaohuiError, UnavailableError
+from miaohui.serving.engine_messages import (
+    Abort,
+    Cancel,
+    EngineReply,
+    EngineRequest,
+    Err,
+    Generate,
+    Infer,
+    LlmStatus,
+    Ok,
+    RemoteError,
+    Status,
+    StreamError,
+    TokenBatch,
+    TokenRow,
+)
 
 log = logging.getLogger("miaohui.engine_process")
 
-ENGINE_SOCKET_ENV = "MIAOHUI_ENGINE_SOCKET"
-"""Set in every HTTP worker of ``--shared-engine``: the engine process's Unix socket."""
 _HEADER = struct.Struct("!I")
 _FLUSH_BYTES = 1 << 20
 """Wait for the socket to drain once this much is buffered (a slow reader must not grow memory without bound)."""
 
 
-def _frame(message: tuple[Any, ...]) -> bytes:
+def _frame(message: EngineRequest | EngineReply) -> bytes:
     body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
     return _HEADER.pack(len(body)) + body
 
 
-async def _read(reader: asyncio.StreamReader) -> tuple[Any, ...]:
+async def _read(reader: asyncio.StreamReader) -> Any:
+    """The next message (an :data:`EngineRequest` on the engine side, an :data:`EngineReply` on the worker's)."""
     (size,) = _HEADER.unpack(await reader.readexactly(_HEADER.size))
-    message = pickle.loads(await reader.readexactly(size))  # our own processes, over a private socket
-    assert isinstance(message, tuple)
-    return message
+    return pickle.loads(await reader.readexactly(size))  # our own processes, over a private socket
 
 
-def error_fields(exc: BaseException) -> tuple[str, str, str | None]:
-    """An error as it crosses the socket: (miaohui error class or ``RuntimeError``, message, fix)."""
+def error_fields(exc: BaseException) -> RemoteError:
+    """An error as it crosses the socket: miaohui error class (or ``RuntimeError``), message, fix."""
     if isinstance(exc, MiaohuiError):
-        return type(exc).__name__, exc.message, exc.fix
-    return "RuntimeError", repr(exc), None
+        return RemoteError(type(exc).__name__, exc.message, exc.fix)
+    return RemoteError("RuntimeError", repr(exc), None)
 
 
-def remote_error(kind: str, message: str, fix: str | None) -> Exception:
+def remote_error(error: RemoteError) -> Exception:
     """The engine process's error as the same miaohui error class (HTTP/gRPC status follows the class)."""
-    cls = getattr(errors, kind, None)
+    cls = getattr(errors, error.kind, None)
     if isinstance(cls, type) and issubclass(cls, MiaohuiError):
-        return cls(message, fix)
-    return RuntimeError(f"engine process: {message}")
+        return cls(error.message, error.fix)
+    return RuntimeError(f"engine process: {error.message}")
 
 
-async def _send(writer: asyncio.StreamWriter, message: tuple[Any, ...]) -> None:
+async def _send(writer: asyncio.StreamWriter, message: EngineRequest | EngineReply) -> None:
     if writer.is_closing():
         return
     writer.write(_frame(message))
@@ -128,22 +143,22 @@ class EngineServer:
         self._connections.add(writer)
         try:
             while True:
-                message = await _read(reader)
-                kind, rid = message[0], message[1]
-                if kind == "infer":
-                    tasks[rid] = asyncio.create_task(self._infer(writer, tasks, *message[1:]))
-                elif kind == "cancel":
-                    task = tasks.pop(rid, None)
-                    if task is not None:
-                        task.cancel()
-                elif kind == "status":
-                    await _send(writer, ("ok", rid, self.status()))
-                elif kind == "llms":
-                    await _send(writer, ("ok", rid, self.llm_status()))
-                elif kind == "gen":
-                    await _send(writer, self._generate(streams, *message[1:]))
-                elif kind == "abort":
-                    streams.abort(message[2])
+                message: EngineRequest = await _read(reader)
+                match message:
+                    case Infer():
+                        tasks[message.rid] = asyncio.create_task(self._infer(writer, tasks, message))
+                    case Cancel(rid):
+                        task = tasks.pop(rid, None)
+                        if task is not None:
+                            task.cancel()
+                    case Status(rid):
+                        await _send(writer, Ok(rid, self.status()))
+                    case LlmStatus(rid):
+                        await _send(writer, Ok(rid, self.llm_status()))
+                    case Generate():
+                        await _send(writer, self._generate(streams, message))
+                    case Abort(sid):
+                        streams.abort(sid)
         except (asyncio.IncompleteReadError, ConnectionError):
             pass  # the worker went away: its requests are dropped below
         finally:
@@ -153,42 +168,32 @@ class EngineServer:
             self._connections.discard(writer)
             writer.close()
 
-    def _generate(
-        self, streams: _GenerationStreams, rid: int, sid: int, model: str, prompt_ids: list[int], params: Any
-    ) -> tuple[Any, ...]:
-        """Admit a worker's generation request (its tokens follow in ``("tok", 0, [...])`` frames)."""
+    def _generate(self, streams: _GenerationStreams, request: Generate) -> Ok | Err:
+        """Admit a worker's generation request (its tokens follow in :class:`TokenBatch` frames)."""
         try:
             if self.generation is None:
-                raise errors.ModelNotFoundError(f"the engine process serves no causal LM {model!r}", None)
-            engine = self.generation.engine(model)
-            stream = engine.add(prompt_ids, params, sink=streams.sink(sid))
+                raise errors.ModelNotFoundError(f"the engine process serves no causal LM {request.model!r}", None)
+            engine = self.generation.engine(request.model)
+            stream = engine.add(request.prompt_ids, request.params, sink=streams.sink(request.sid))
         except MiaohuiError as exc:
-            return ("err", rid, *error_fields(exc))
-        streams.add(sid, stream)
-        return ("ok", rid, None)
+            return Err(request.rid, error_fields(exc))
+        streams.add(request.sid, stream)
+        return Ok(request.rid, None)
 
-    async def _infer(
-        self,
-        writer: asyncio.StreamWriter,
-        tasks: dict[int, asyncio.Task[None]],
-        rid: int,
-        model: str,
-        version: int,
-        rows: list[list[int]],
-        timeout_ms: float | None,
-    ) -> None:
+    async def _infer(self, writer: asyncio.StreamWriter, tasks: dict[int, asyncio.Task[None]], request: Infer) -> None:
         from miaohui.serving.served import deadline_from_ms
 
-        reply: tuple[Any, ...]
+        rid, model, version = request.rid, request.model, request.version
+        reply: Ok | Err
         try:
-            out = await self.manager.get(model, version).run_rows(rows, deadline_from_ms(timeout_ms))
-            reply = ("ok", rid, out)
+            out = await self.manager.get(model, version).run_rows(request.rows, deadline_from_ms(request.timeout_ms))
+            reply = Ok(rid, out)
         except asyncio.CancelledError:
             return  # the worker cancelled (client gone): the rows were dropped from the queue
         except Exception as exc:  # an engine failure (not a MiaohuiError): the worker answers it as a server error
             if not isinstance(exc, MiaohuiError):
                 log.exception("model %s v%d failed a request", model, version)
-            reply = ("err", rid, *error_fields(exc))
+            reply = Err(rid, error_fields(exc))
         finally:
             tasks.pop(rid, None)
         await _send(writer, reply)
@@ -196,14 +201,14 @@ class EngineServer:
 
 class _GenerationStreams:
     """One worker connection's generation requests in the engine process. Their events are collected as the engine
-    publishes them and sent in one ``("tok", 0, items)`` frame per event-loop turn (one per decode step, not one
-    per token); an item is ``("t", sid, token_id, text, index, finish_reason, prompt_tokens, completion_tokens)`` or,
-    for a request that failed, ``("e", sid, error class, message, fix)``."""
+    publishes them and sent in one :class:`TokenBatch` frame per event-loop turn (one per decode step, not one
+    per token) of :data:`TokenRow` tokens, and :class:`StreamError` for a request that failed."""
 
     def __init__(self, writer: asyncio.StreamWriter) -> None:
         self.writer = writer
         self.streams: dict[int, Any] = {}
-        self.outbox: list[tuple[Any, ...]] = []
+        self.tokens: list[TokenRow] = []
+        self.errors: list[StreamError] = []
 
     def add(self, sid: int, stream: Any) -> None:
         self.streams[sid] = stream
@@ -212,23 +217,23 @@ class _GenerationStreams:
         def push(item: Any) -> None:
             if isinstance(item, BaseException):
                 self.streams.pop(sid, None)
-                self.outbox.append(("e", sid, *error_fields(item)))
+                self.errors.append(StreamError(sid, error_fields(item)))
             else:
                 if item.finish_reason is not None:
                     self.streams.pop(sid, None)
-                self.outbox.append(
-                    ("t", sid, item.token_id, item.text, item.index, item.finish_reason, item.prompt_tokens,
+                self.tokens.append(
+                    (sid, item.token_id, item.text, item.index, item.finish_reason, item.prompt_tokens,
                      item.completion_tokens)
                 )  # fmt: skip
-            if len(self.outbox) == 1:
+            if len(self.tokens) + len(self.errors) == 1:
                 asyncio.get_running_loop().call_soon(self.flush)
 
         return push
 
     def flush(self) -> None:
-        items, self.outbox = self.outbox, []
-        if items and not self.writer.is_closing():
-            self.writer.write(_frame(("tok", 0, items)))
+        tokens, errors, self.tokens, self.errors = self.tokens, self.errors, [], []
+        if (tokens or errors) and not self.writer.is_closing():
+            self.writer.write(_frame(TokenBatch(tokens, errors)))
 
     def abort(self, sid: int) -> None:
         stream = self.streams.pop(sid, None)
@@ -256,7 +261,7 @@ class EngineClient:
         self._reader: asyncio.Task[None] | None = None
         self._generation_ids = itertools.count(1)
         self._token_sinks: dict[int, Any] = {}
-        """Generation requests by id: called with each ``("t", ...)`` / ``("e", ...)`` item for them."""
+        """Generation requests by id: called with each :data:`TokenRow` / :class:`StreamError` for them."""
 
     async def _connection(self) -> asyncio.StreamWriter:
         writer = self._writer
@@ -279,20 +284,25 @@ class EngineClient:
     async def _read_replies(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while True:
-                message = await _read(reader)
-                if message[0] == "tok":
-                    for item in message[2]:
-                        sink = self._token_sinks.get(item[1])
+                message: EngineReply = await _read(reader)
+                if isinstance(message, TokenBatch):
+                    sinks = self._token_sinks
+                    for row in message.tokens:
+                        sink = sinks.get(row[0])
                         if sink is not None:
-                            sink(item)
+                            sink(row)
+                    for failed in message.errors:
+                        sink = sinks.get(failed.sid)
+                        if sink is not None:
+                            sink(failed)
                     continue
-                future = self._pending.pop(message[1], None)
+                future = self._pending.pop(message.rid, None)
                 if future is None or future.done():
                     continue
-                if message[0] == "ok":
-                    future.set_result(message[2])
-                else:
-                    future.set_exception(remote_error(*message[2:5]))
+                if isinstance(message, Ok):
+                    future.set_result(message.value)
+                elif isinstance(message, Err):
+                    future.set_exception(remote_error(message.error))
         except (asyncio.IncompleteReadError, ConnectionError, OSError):
             pass
         finally:
@@ -302,8 +312,8 @@ class EngineClient:
             lost, self._pending = self._pending, {}
             sinks, self._token_sinks = self._token_sinks, {}
             for sink in sinks.values():  # generation requests in flight end with the same 503
-                sink(("e", 0, "UnavailableError", "lost the engine process while generating",
-                      "retry: the supervisor restarts it (see the server log)"))  # fmt: skip
+                sink(StreamError(0, RemoteError("UnavailableError", "lost the engine process while generating",
+                                                "retry: the supervisor restarts it (see the server log)")))  # fmt: skip
             for future in lost.values():
                 if not future.done():
                     future.set_exception(
@@ -313,12 +323,13 @@ class EngineClient:
                         )
                     )
 
-    async def _call(self, message: tuple[Any, ...]) -> Any:
+    async def _call(self, request: Callable[[int], EngineRequest]) -> Any:
+        """Send ``request(rid)`` with a fresh ``rid`` and wait for its reply's value."""
         writer = await self._connection()
         rid = next(self._ids)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[rid] = future
-        await _send(writer, (message[0], rid, *message[1:]))
+        await _send(writer, request(rid))
         if writer.is_closing():  # lost before or while sending: the reader's sweep may have missed this request
             self._pending.pop(rid, None)
             raise UnavailableError(
@@ -329,26 +340,26 @@ class EngineClient:
             return await future
         except asyncio.CancelledError:
             if self._pending.pop(rid, None) is not None:
-                await asyncio.shield(_send(writer, ("cancel", rid)))
+                await asyncio.shield(_send(writer, Cancel(rid)))
             raise
 
     async def infer(self, model: str, version: int, rows: list[list[int]], deadline: float | None) -> np.ndarray:
         """The model version's output rows for ``rows`` (batched with every worker's rows in the engine process).
         ``deadline`` (``time.monotonic()``) travels as the time left."""
         timeout_ms = None if deadline is None else max(0.001, (deadline - time.monotonic()) * 1000.0)
-        out = await self._call(("infer", model, version, rows, timeout_ms))
+        out = await self._call(lambda rid: Infer(rid, model, version, rows, timeout_ms))
         assert isinstance(out, np.ndarray)
         return out
 
     async def status(self) -> dict[str, list[int]]:
         """Ready versions by model, as the engine process sees them."""
-        out = await self._call(("status",))
+        out = await self._call(Status)
         assert isinstance(out, dict)
         return out
 
     async def llm_status(self) -> dict[str, Any]:
         """The engine process's causal LMs (:meth:`EngineServer.llm_status`)."""
-        out = await self._call(("llms",))
+        out = await self._call(LlmStatus)
         assert isinstance(out, dict)
         return out
 
@@ -357,7 +368,7 @@ class EngineClient:
         QueueFullError otherwise). ``sink`` gets the request's items until one finishes it."""
         self._token_sinks[sid] = sink
         try:
-            await self._call(("gen", sid, model, prompt_ids, params))
+            await self._call(lambda rid: Generate(rid, sid, model, prompt_ids, params))
         except BaseException:
             self._token_sinks.pop(sid, None)
             raise
@@ -375,7 +386,7 @@ class EngineClient:
         self._token_sinks.pop(sid, None)
         writer = self._writer
         if writer is not None and not writer.is_closing():
-            writer.write(_frame(("abort", 0, sid)))
+            writer.write(_frame(Abort(sid)))
 
     async def close(self) -> None:
         if self._writer is not None:

@@ -159,9 +159,11 @@ def default_model_config(backend: str) -> ModelConfig:
     return cfg
 
 
-def load_model_config(path: Path) -> ModelConfig:
+def load_model_config(path: Path, backend: str | None = None) -> ModelConfig:
+    """The config in ``path``; where there is none, the default of ``backend`` (:func:`default_model_config`,
+    what ``miaohui build`` writes), or plain :class:`ModelConfig` defaults when no backend is given."""
     if not path.is_file():
-        return ModelConfig()
+        return default_model_config(backend) if backend else ModelConfig()
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
         return ModelConfig.model_validate(data)
@@ -171,3 +173,10 @@ def load_model_config(path: Path) -> ModelConfig:
 
 def write_model_config(path: Path, cfg: ModelConfig) -> None:
     path.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False, allow_unicode=True), encoding="utf-8")
+
+
+def ensure_model_config(model_dir: Path, backend: str) -> None:
+    """Write the default serving ``config.yaml`` of ``backend`` next to the versions if there is none
+    (``miaohui build`` does, so that the file is there to edit)."""
+    if not (model_dir / "config.yaml").is_file():
+        write_model_config(model_dir / "config.yaml", default_model_config(backend))

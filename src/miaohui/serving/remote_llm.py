@@ -24,6 +24,7 @@ from miaohui.generation.engine_loop import (
     stream_events,
 )
 from miaohui.generation.params import SamplingParams
+from miaohui.serving.engine_messages import StreamError, StreamItem
 from miaohui.serving.engine_process import EngineClient, remote_error
 
 
@@ -84,15 +85,15 @@ class RemoteLLMEngine:
         return None
 
     def _sink(self, sid: int) -> Any:
-        def push(item: tuple[Any, ...]) -> None:
+        def push(item: StreamItem) -> None:
             stream = self._streams.get(sid)
             if stream is None:
                 return
-            if item[0] == "e":
+            if isinstance(item, StreamError):
                 self._finish(sid)
-                stream._push(remote_error(*item[2:5]))
+                stream._push(remote_error(item.error))
                 return
-            _, _, token_id, text, index, finish, prompt_tokens, completion_tokens = item
+            _, token_id, text, index, finish, prompt_tokens, completion_tokens = item
             if finish is not None:
                 self._finish(sid)
             stream._push(TokenEvent(sid, token_id, text, index, finish, prompt_tokens, completion_tokens))

@@ -4,22 +4,22 @@ A (re)load builds the new versions completely â€” engines loaded, warm-up run â€
 If anything fails, the versions that were serving keep serving and the error is kept for the API; a model whose
 first load failed is not loaded (its error shows in the repository index).
 
-Model names are plain folder names (:func:`check_model_name`): they come from clients and become paths.
+Model names are plain folder names (:func:`miaohui.paths.check_model_name`): they come from clients and become paths.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from miaohui.engines.store import versions
-from miaohui.errors import InputError, MiaohuiError, ModelNotFoundError
+from miaohui.engines.store import read_manifest, versions
+from miaohui.errors import MiaohuiError, ModelNotFoundError
 from miaohui.gcpolicy import refreeze
+from miaohui.paths import check_model_name, is_model_name
 from miaohui.serving.batcher import BatcherObserver
 from miaohui.serving.engine_process import EngineClient
 from miaohui.serving.model_config import load_model_config
@@ -27,18 +27,6 @@ from miaohui.serving.served import ServedVersion
 
 log = logging.getLogger("miaohui.repository")
 ObserverFactory = Callable[[str, int], BatcherObserver | None]
-_MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
-
-
-def is_model_name(name: str) -> bool:
-    """A plain folder name: letters, digits, ``_ . -``, starting with a letter or digit, no ``..``."""
-    return bool(_MODEL_NAME.fullmatch(name)) and ".." not in name
-
-
-def check_model_name(name: str) -> str:
-    if not is_model_name(name):
-        raise InputError(f"model name {name!r} is not a plain name", "use the model's folder name in the repository")
-    return name
 
 
 @dataclass
@@ -117,7 +105,8 @@ class ModelManager:
             previous = state.state
             state.state = "LOADING"
             try:
-                config = load_model_config(model_dir / "config.yaml")
+                backend = read_manifest(model_dir / str(available[-1])).backend
+                config = load_model_config(model_dir / "config.yaml", backend)
                 wanted = config.version_policy.select(available)
                 fresh: dict[int, ServedVersion] = {}
                 started = time.perf_counter()

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from miaohui.engines.base import Engine, Manifest
+from miaohui.engines.gpu_base import GpuEngine
 from miaohui.engines.loader import load_engine
 from miaohui.engines.store import read_manifest
 from miaohui.errors import InputError, UnavailableError
@@ -170,7 +171,7 @@ class ServedVersion:
     def compile_seconds(self) -> float | None:
         """Seconds the background compile of a ``fast_start`` version took (the slowest instance); None while one
         runs; 0.0 where there is none."""
-        took = [e.compile_seconds() for e in self.engines]
+        took = [e.compile_seconds() if isinstance(e, GpuEngine) else 0.0 for e in self.engines]
         return None if None in took else max((t for t in took if t is not None), default=0.0)
 
     def start_timings(self) -> dict[str, float]:
@@ -188,7 +189,8 @@ class ServedVersion:
     def warmup_shapes(self, engine: Engine) -> list[tuple[int, int]]:
         """The config's warm-up shapes, then every bucket the engine specialises on (CUDA graphs: none is then
         captured while serving), clamped to this version's limits, each once."""
-        wanted = [(w.batch, w.sequence) for w in self.config.warmup] + engine.warmup_buckets()
+        buckets = engine.warmup_buckets() if isinstance(engine, GpuEngine) else []
+        wanted = [(w.batch, w.sequence) for w in self.config.warmup] + buckets
         # clamped, a bucket past the limits becomes the largest shape served, which the engine pads to that bucket
         return list(dict.fromkeys((max(1, min(b, self.max_batch)), max(2, min(s, self.max_length))) for b, s in wanted))
 
@@ -203,7 +205,8 @@ class ServedVersion:
             started = time.perf_counter()
             engine.infer({"input_ids": ids, "attention_mask": np.ones_like(ids)})
             took.append((time.perf_counter() - started, batch, seq))
-        engine.warmed_up()
+        if isinstance(engine, GpuEngine):
+            engine.warmed_up()
         if took:  # where a slow start goes (first call, new CUDA-graph buckets, a compile)
             slowest = ", ".join(f"{b}x{s} {t:.2f}s" for t, b, s in sorted(took, reverse=True)[:3])
             log.info(
@@ -225,7 +228,8 @@ class ServedVersion:
     async def _run_batch(self, rows: list[Row]) -> list[RowResult | BaseException]:
         engine = await self._free.get()
         try:
-            if self.config.gpu_wait == "poll" and engine.polls:  # launched here, polled between other callbacks
+            if self.config.gpu_wait == "poll" and isinstance(engine, GpuEngine) and engine.polls:
+                # launched here, polled between other callbacks
                 out = await engine.infer_polled(self._feeds(rows))
                 return self._results(engine, out, len(rows))
             return await asyncio.get_running_loop().run_in_executor(self._pool, self._compute, engine, rows)
@@ -240,8 +244,9 @@ class ServedVersion:
         return {"input_ids": ids, "attention_mask": mask}
 
     def _results(self, engine: Engine, out: dict[str, np.ndarray], n: int) -> list[RowResult | BaseException]:
-        for stage, seconds in engine.last_stages.items():
-            self._stage(stage, seconds)
+        if isinstance(engine, GpuEngine):
+            for stage, seconds in engine.last_stages.items():
+                self._stage(stage, seconds)
         logits = out[self.output_name]
         return [RowResult(output=logits[i]) for i in range(n)]
 

@@ -9,7 +9,7 @@ Every :meth:`ServedVersion.classify` of the primary calls its ``shadow_tap`` wit
 computed. The tap decides (seeded sampling at ``sample_rate``, at most ``max_pending`` runs in flight) and
 schedules the candidate's run as a task: the primary's response never waits for it. When the candidate
 answers, each (primary, candidate) pair goes to a
-:class:`~miaohui.dialogue.consistency.ShadowComparator` (intent agreement; logit error when both versions
+:class:`~miaohui.validate.consistency.ShadowComparator` (intent agreement; logit error when both versions
 have the same labels) and the figures are exported as ``miaohui_shadow_drift{model, figure}``.
 
 :class:`ShadowManager` follows the repository: :meth:`ShadowManager.sync` installs the tap on the current
@@ -28,23 +28,34 @@ import logging
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import numpy as np
 from pydantic import BaseModel
 
-from miaohui.dialogue.consistency import DriftReport, DriftThresholds, EngineOutput, ShadowComparator
 from miaohui.errors import ModelNotFoundError
 from miaohui.serving.model_config import ShadowConfig
 from miaohui.serving.served import ServedVersion
+from miaohui.validate.consistency import DriftReport, DriftThresholds, EngineOutput, ShadowComparator
 
 if TYPE_CHECKING:
-    from miaohui.server.metrics import Metrics
+    from prometheus_client import Gauge
+
     from miaohui.serving.repository import ModelManager
 
 log = logging.getLogger("miaohui.shadow")
 
-__all__ = ["ShadowManager", "ShadowStatus", "primary_version"]
+__all__ = ["ShadowManager", "ShadowMetrics", "ShadowStatus", "primary_version"]
+
+
+class ShadowMetrics(Protocol):
+    """Where the drift figures go: the server's :class:`~miaohui.server.metrics.Metrics` has this gauge."""
+
+    @property
+    def shadow(self) -> Gauge:
+        """``miaohui_shadow_drift{model, figure}``."""
+        ...
+
 
 SHADOW_FIGURES = (
     "pairs",
@@ -123,7 +134,7 @@ class ShadowManager:
     def __init__(
         self,
         manager: ModelManager,
-        metrics: Metrics | None = None,
+        metrics: ShadowMetrics | None = None,
         *,
         seed: int = 0,
         sync_interval_s: float = 1.0,

@@ -8,10 +8,9 @@ from typing import Any
 import numpy as np
 
 from miaohui.engines.loader import load_engine
-from miaohui.engines.store import read_manifest, write_manifest
+from miaohui.engines.store import read_manifest, resolve_artifact, write_manifest
 from miaohui.errors import ArtifactError
 from miaohui.nlp.tokenizer import TextTokenizer
-from miaohui.serving.resolve import resolve_artifact
 from miaohui.validate.accuracy import (
     GateConfig,
     ValidationReport,

@@ -4,7 +4,7 @@ OLD and NEW are artifact directories or repository names ``name[:version]`` of i
 
 * **intents** — the texts of ``--data`` (the dev split by default) through both engines: intent agreement,
   and logit error when both have the same labels
-  (:func:`~miaohui.dialogue.consistency.compare_outputs`).
+  (:func:`~miaohui.validate.consistency.compare_outputs`).
 * **pipelines** — the dialogues of the pipeline gate test set (``miaohui/dialogue/data/pipeline_gate.jsonl``)
   through each pipeline twice on a fixed clock, once with each engine as the classifier: agreement of the
   intents answered, of the reply texts (exact and character similarity), and — for pipelines with
@@ -15,7 +15,7 @@ negotiation coach's system prompt with each user turn (the gate set's negotiatio
 ``--data``) goes through both with greedy decoding, and the generated texts are compared (agreement,
 similarity, keyword drift).
 
-The thresholds (:class:`~miaohui.dialogue.consistency.DriftThresholds`: intent disagreement and keyword
+The thresholds (:class:`~miaohui.validate.consistency.DriftThresholds`: intent disagreement and keyword
 drift above ``max_drift``, default 5%; optional logit error and text similarity bounds) apply to every
 section; :meth:`CompareReport.raise_for_failures` names each crossed one.
 """
@@ -32,12 +32,12 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 from miaohui.dialogue.config import PIPELINE_NAMES, load_pipeline_config
-from miaohui.dialogue.consistency import DriftReport, DriftThresholds, EngineOutputs, compare_outputs
 from miaohui.dialogue.engine_adapters import ArtifactClassifier
 from miaohui.dialogue.gate import GATE_NOW, GateDialogue, load_gate_dialogues
 from miaohui.dialogue.pipeline import ChatMessage, IntentClassifier, Pipeline
+from miaohui.engines.store import resolve_artifact
 from miaohui.errors import ConfigError, ValidationGateError
-from miaohui.serving.resolve import resolve_artifact
+from miaohui.validate.consistency import DriftReport, DriftThresholds, EngineOutputs, compare_outputs
 
 __all__ = ["CompareReport", "Section", "compare_decoders", "compare_engines", "compare_intents", "load_texts"]
 

@@ -17,9 +17,8 @@ from pathlib import Path
 from miaohui.dialogue.config import PIPELINE_NAMES
 from miaohui.dialogue.engine_adapters import ArtifactClassifier, TorchClassifier
 from miaohui.dialogue.gate import PipelineGateReport, load_gate_dialogues, run_pipeline_gate
-from miaohui.engines.store import read_manifest
+from miaohui.engines.store import read_manifest, resolve_artifact
 from miaohui.errors import ArtifactError, ConfigError
-from miaohui.serving.resolve import resolve_artifact
 
 __all__ = ["GateRun", "run_gate"]
 

@@ -7,7 +7,7 @@ Figures, each computed over the pairs that carry it:
 * ``text_exact_match`` — share of generated texts that are identical; ``text_similarity`` — mean
   character-level similarity, ``1 - levenshtein(a, b) / max(len(a), len(b))`` (1.0 for two empty texts).
 * ``keyword_drift`` — total-variation distance ``½ Σ |p - q|`` between the distributions of the replies'
-  dominant keyword category (:func:`miaohui.dialogue.keywords.dominant_category`, with ``none`` for replies
+  dominant keyword category (:func:`miaohui.nlp.keywords.dominant_category`, with ``none`` for replies
   without a keyword), e.g. 拒绝/接受/折中/探询 for the negotiation coach.
 
 :func:`compare_outputs` compares two complete runs (``miaohui compare OLD NEW``); :class:`ShadowComparator`
@@ -25,8 +25,8 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from miaohui.dialogue.keywords import NEGOTIATION_CATEGORIES, NONE_CATEGORY, dominant_category
 from miaohui.errors import InputError, ValidationGateError
+from miaohui.nlp.keywords import NEGOTIATION_CATEGORIES, NONE_CATEGORY, dominant_category
 
 __all__ = [
     "DriftReport",

@@ -1,0 +1,88 @@
+"""What a server process is told and what its protocols share: :class:`ServeSpec` (the process's settings, the one
+object that crosses into spawned workers and the engine process), :class:`ServerState` (what the HTTP and gRPC
+servers of one process share) and the checks both protocols make before they act on it."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from miaohui.errors import ConfigError, ConflictError, UnavailableError
+
+if TYPE_CHECKING:
+    from miaohui.server.dialogue_api import DialogueService
+    from miaohui.server.generation_service import GenerationService
+    from miaohui.server.metrics import Metrics
+    from miaohui.serving.repository import ModelManager
+    from miaohui.serving.shadow import ShadowManager
+
+
+@dataclass(frozen=True)
+class ServeSpec:
+    """What a server process serves and how (picklable: it crosses the spawn boundary). ``miaohui serve`` makes one;
+    the supervisor of ``--workers N`` hands each worker a copy with its ``worker`` index and, with
+    ``--shared-engine``, the ``engine_socket`` of the engine process."""
+
+    repository: Path
+    host: str = "127.0.0.1"
+    port: int = 8000
+    grpc_port: int = 8001
+    """0: no gRPC."""
+    models: list[str] | None = None
+    """Models to load; None: every model of the repository."""
+    dialogue_llm: str | None = None
+    """Causal LM the dialogue pipelines generate with; None: their templates only."""
+    workers: int = 1
+    """Server processes sharing the ports (more than 1: a supervisor process starts them)."""
+    shared_engine: bool = False
+    """With ``workers`` > 1: one engine process loads the models and runs them for every worker."""
+    worker: int = 0
+    """This process's worker index (1..workers); 0 in a single-process server, the supervisor and the engine
+    process."""
+    engine_socket: str | None = None
+    """Set in the workers of ``--shared-engine``: the Unix socket of the engine process they send their rows to."""
+
+    def __post_init__(self) -> None:
+        if self.workers < 1:
+            raise ConfigError(f"--workers {self.workers} is not a process count", "use --workers 1 or more")
+        if self.shared_engine and self.workers < 2:
+            raise ConfigError(
+                "--shared-engine needs --workers 2 or more", "add --workers N (one process already owns its engines)"
+            )
+
+
+class ServerState:
+    """What the routes share: the model manager, metrics and extension routers' state."""
+
+    def __init__(self, manager: ModelManager, metrics: Metrics, *, worker: int = 0, workers: int = 1) -> None:
+        self.manager = manager
+        self.metrics = metrics
+        self.started = time.time()
+        self.shutting_down = False
+        self.generation: GenerationService | None = None
+        """Causal-LM engines (OpenAI routes); None: the server has no generation models."""
+        self.dialogue: DialogueService | None = None
+        """Dialogue pipelines (``/v1/dialogue``, ``pipeline/<name>`` chat models); None: not served."""
+        self.shadow: ShadowManager | None = None
+        """Shadow comparisons of candidate versions (``/v1/shadow``); None: not served."""
+        self.worker = worker
+        """This process's worker index with ``--workers N`` (1..N); 0 in a single-process server."""
+        self.workers = workers
+        """N: how many worker processes serve (each holds its own models)."""
+
+
+def check_model_control(state: ServerState) -> None:
+    """Model load/unload changes one process's models: refused when several workers serve (each holds its own)."""
+    if state.workers > 1:
+        raise ConflictError(
+            f"model control (load/unload) is not available with --workers {state.workers}: each worker process "
+            "holds its own copy of the models, and a load would reach only the worker that received it",
+            "change the repository and restart the server, or serve with --workers 1 to load/unload over the API",
+        )
+
+
+def check_not_shutting_down(state: ServerState) -> None:
+    if state.shutting_down:
+        raise UnavailableError("the server is shutting down", "retry on another replica")

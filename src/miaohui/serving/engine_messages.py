@@ -1,0 +1,133 @@
+"""The messages between the HTTP workers and the engine process of ``--shared-engine``
+(:mod:`miaohui.serving.engine_process`), one type per kind.
+
+They are typed, immutable records (``NamedTuple``), one class per kind. The tokens inside a :class:`TokenBatch` are
+plain rows (:data:`TokenRow`), so the per-token frames of generation cost what untyped tuples cost to pickle.
+
+Worker → engine: :class:`Infer`, :class:`Cancel`, :class:`Status`, :class:`LlmStatus`, :class:`Generate`,
+:class:`Abort`. Engine → worker: :class:`Ok` or :class:`Err` (a reply to the request with the same ``rid``), and
+:class:`TokenBatch` (the generation events of one event-loop turn: :data:`TokenRow` tokens, :class:`StreamError`
+failures).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:
+    from miaohui.generation.engine_loop import FinishReason
+
+__all__ = [
+    "Abort",
+    "Cancel",
+    "EngineReply",
+    "EngineRequest",
+    "Err",
+    "Generate",
+    "Infer",
+    "LlmStatus",
+    "Ok",
+    "RemoteError",
+    "Status",
+    "StreamError",
+    "StreamItem",
+    "TokenBatch",
+    "TokenRow",
+]
+
+
+class RemoteError(NamedTuple):
+    """An error as it crosses the socket: the miaohui error class name (``RuntimeError`` for any other), its
+    message and its fix."""
+
+    kind: str
+    message: str
+    fix: str | None
+
+
+class Infer(NamedTuple):
+    """Run ``rows`` (token ids) through ``model`` version ``version``; ``timeout_ms`` is the time left."""
+
+    rid: int
+    model: str
+    version: int
+    rows: list[list[int]]
+    timeout_ms: float | None
+
+
+class Cancel(NamedTuple):
+    """The worker's client went away: drop request ``rid`` (no reply)."""
+
+    rid: int
+
+
+class Status(NamedTuple):
+    """Which versions are ready, by model (reply: :class:`Ok` with ``{model: [versions]}``)."""
+
+    rid: int
+
+
+class LlmStatus(NamedTuple):
+    """The causal LMs the engine process serves (reply: :class:`Ok` with ``{"models", "failures"}``)."""
+
+    rid: int
+
+
+class Generate(NamedTuple):
+    """Admit generation request ``sid`` (reply: :class:`Ok` once admitted; its tokens follow in
+    :class:`TokenBatch` frames)."""
+
+    rid: int
+    sid: int
+    model: str
+    prompt_ids: list[int]
+    params: Any
+
+
+class Abort(NamedTuple):
+    """Stop generation request ``sid`` (no reply)."""
+
+    sid: int
+
+
+class Ok(NamedTuple):
+    """Request ``rid`` succeeded with ``value``."""
+
+    rid: int
+    value: Any
+
+
+class Err(NamedTuple):
+    """Request ``rid`` failed."""
+
+    rid: int
+    error: RemoteError
+
+
+TokenRow = tuple[int, "int | None", str, int, "FinishReason | None", int, int]
+"""One generated token: (sid, token_id, text, generated so far, finish_reason, prompt_tokens, completion_tokens), the
+fields of :class:`~miaohui.generation.engine_loop.TokenEvent` for request ``sid``. A plain tuple on purpose: frames
+carry one per token per decode step, and a tuple of a class of its own costs ~8x more to pickle and unpickle."""
+
+
+class StreamError(NamedTuple):
+    """Generation request ``sid`` failed."""
+
+    sid: int
+    error: RemoteError
+
+
+StreamItem = TokenRow | StreamError
+"""What a generation request's sink receives."""
+
+
+class TokenBatch(NamedTuple):
+    """The generation events of one event-loop turn of the engine process (one frame per decode step): the tokens,
+    then the requests that failed (a failure ends its request, so it follows that request's tokens)."""
+
+    tokens: list[TokenRow]
+    errors: list[StreamError]
+
+
+EngineRequest = Infer | Cancel | Status | LlmStatus | Generate | Abort
+EngineReply = Ok | Err | TokenBatch
