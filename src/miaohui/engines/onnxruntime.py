@@ -99,7 +99,7 @@ def build_from_file(ctx: BuildContext, source: Path) -> BuiltEngine:
     if ctx.cfg.precision == "fp32":
         shutil.copyfile(source, out)
     elif ctx.cfg.precision == "int8" and cal.mode == "dynamic":
-        dynamic = quantize_dynamic_int8(source, out, cal, None, ctx.calib_texts)
+        dynamic = quantize_dynamic_int8(source, out, cal, None, ctx.calib_texts, reduce_range=int8_reduce_range())
         extra["int8"] = {"mode": "dynamic", "per_channel": cal.per_channel, **dynamic.model_dump()}
     elif ctx.cfg.precision == "int8":
         ctx.log(f"calibrating on {len(ctx.calib_texts)} texts ({cal.method})")

@@ -197,7 +197,8 @@ class ServedVersion:
     def _warm_up(self, engine: Engine) -> None:
         if self.tensors:  # each input at its profile's opt shape, once
             engine.infer({t.name: np.zeros(t.profile.opt if t.profile else [], t.dtype) for t in self.manifest.inputs})
-            engine.warmed_up()
+            if isinstance(engine, GpuEngine):
+                engine.warmed_up()
             return
         took: list[tuple[float, int, int]] = []
         for batch, seq in self.warmup_shapes(engine):
