@@ -4,7 +4,8 @@ The subpackages are layered; a module imports only from its own layer or the one
 functions count too), so there is no import cycle between them. Lowest first: the shared basics ``errors``,
 ``paths`` (where things live, what a model name may be), ``config``, ``gil``, ``gcpolicy``; then ``nlp`` (text
 normalisation, slots, keyword categories) and ``zoo`` (shipped models and data, as files and loaders);
-``models`` (PyTorch models, checkpoints, training); ``compile`` (export, graph rewrites, quantization);
+``models`` (PyTorch models, checkpoints, training); ``sources`` (what a user brings: a checkpoint, a Hugging
+Face directory or an ONNX file, read into one model form); ``compile`` (export, graph rewrites, quantization);
 ``engines`` (the ``Engine`` backends, the artifact store); ``generation`` (causal-LM engines and the
 continuous-batching loop); ``validate`` (accuracy gate, golden outputs, drift between two engines);
 ``serving`` (batcher, model repository, engine process, shadow mode); ``dialogue`` (pipelines per business

@@ -243,13 +243,9 @@ def build(
 
 
 def _calibration_texts(path: Path | None) -> list[str]:
-    from miaohui.zoo.intents import load_jsonl, load_split
+    from miaohui.zoo.intents import load_split, load_texts
 
-    if path is None:
-        return [x.text for x in load_split("train")]
-    if path.suffix == ".txt":
-        return [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    return [x.text for x in load_jsonl(path)]
+    return [x.text for x in load_split("train")] if path is None else load_texts(path)
 
 
 @app.command()
@@ -284,7 +280,10 @@ app.command("compare")(compare_command)
 @app.command()
 def validate(
     engine: Annotated[str | None, typer.Argument(help="Artifact dir or repository model name[:version].")] = None,
-    data: Annotated[str, typer.Option(help="'dev' (the project's dev split) or a labelled JSONL file.")] = "dev",
+    data: Annotated[
+        str,
+        typer.Option(help="'dev' (the project's split) or a labelled JSONL file (any labels)."),
+    ] = "dev",
     reference: Annotated[str, typer.Option(help="'torch' (the source model in fp32) or another artifact.")] = "torch",
     max_drop: Annotated[float, typer.Option(help="Allowed accuracy drop, percentage points.")] = 1.0,
     min_agreement: Annotated[float, typer.Option(help="Required top-1 agreement (0..1).")] = 0.98,

@@ -186,6 +186,17 @@ def library_repo(minilm_library: tuple[Path, str], tmp_path_factory: pytest.Temp
     return repo
 
 
+def test_validate_on_own_dev_data(library_repo: Path, library: tuple[Path, Path]) -> None:
+    """The accuracy gate on the user's own dev file (any labels); the project's dev split is refused by name."""
+    args = ["validate", "library", "--repository", str(library_repo), "--max-drop", "100", "--min-agreement", "0"]
+    result = CliRunner().invoke(cli_app, [*args, "--data", str(library[1])])
+    assert result.exit_code == 0, result.output
+    assert "top-1 agreement" in result.output and "gate passed" in result.output
+    refused = CliRunner().invoke(cli_app, args)
+    assert refused.exit_code == 2
+    assert "this model has its own labels" in refused.output and "pass --data YOUR_DEV.jsonl" in refused.output
+
+
 @pytest.fixture
 async def client(library_repo: Path) -> AsyncIterator[httpx.AsyncClient]:
     metrics = Metrics()

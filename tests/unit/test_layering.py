@@ -14,6 +14,7 @@ LAYERS = (
     ("errors", "paths", "config", "gil", "gcpolicy"),
     ("nlp", "zoo"),
     ("models",),
+    ("sources",),
     ("compile",),
     ("engines",),
     ("generation",),

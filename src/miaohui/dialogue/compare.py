@@ -86,15 +86,13 @@ class CompareReport(BaseModel):
 
 
 def load_texts(data: str) -> list[str]:
-    """``dev`` / ``train`` (the packaged splits), a labelled JSONL file, or a ``.txt`` file (a text a line)."""
-    from miaohui.zoo.intents import load_jsonl, load_split
+    """``dev`` / ``train`` (the packaged splits), a JSONL file with a ``text`` field, or a ``.txt`` file."""
+    from miaohui.zoo.intents import load_split
+    from miaohui.zoo.intents import load_texts as read_texts
 
-    path = Path(data)
-    if data in ("dev", "train") and not path.exists():
+    if data in ("dev", "train") and not Path(data).exists():
         return [x.text for x in load_split(data)]  # type: ignore[arg-type]
-    if path.suffix == ".txt" and path.is_file():
-        return [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    return [x.text for x in load_jsonl(path)]
+    return read_texts(Path(data))
 
 
 # ---------------------------------------------------------------------------------------------- intents

@@ -96,8 +96,7 @@ def build(ctx: BuildContext) -> BuiltEngine:
         model_type = loaded.meta.bert_config.get("model_type", "bert")
         if model_type != "bert":  # FastBert copies BERT's weights by name: another architecture would compute wrongly
             raise BuildError(
-                f"the inductor backend compiles BERT encoders with miaohui's kernels; {ctx.model.path} holds a "
-                f"{model_type!r} encoder",
+                f"the inductor backend compiles BERT encoders; {ctx.model.path} holds a {model_type!r} encoder",
                 "build this model with --backend onnxruntime (or torch)",
             )
         module = from_module(loaded.module)

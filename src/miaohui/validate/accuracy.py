@@ -13,7 +13,7 @@ from pydantic import BaseModel, Field
 from miaohui.engines.base import Engine
 from miaohui.nlp.normalize import normalize_text
 from miaohui.nlp.tokenizer import TextTokenizer
-from miaohui.zoo.intents import IntentExample
+from miaohui.zoo.intents import LabelledText
 
 Logits = Callable[[dict[str, np.ndarray]], np.ndarray]
 
@@ -78,7 +78,7 @@ def _per_label(pred: np.ndarray, gold: list[str], labels: list[str]) -> tuple[fl
 def compare(
     logits: np.ndarray,
     ref_logits: np.ndarray,
-    data: list[IntentExample],
+    data: list[LabelledText],
     labels: list[str],
     gate: GateConfig,
     names: tuple[str, str, str],

@@ -9,7 +9,7 @@ import numpy as np
 
 from miaohui.engines.loader import load_engine
 from miaohui.engines.store import read_manifest, resolve_artifact, write_manifest
-from miaohui.errors import ArtifactError
+from miaohui.errors import ArtifactError, ConfigError
 from miaohui.nlp.tokenizer import TextTokenizer
 from miaohui.validate.accuracy import (
     GateConfig,
@@ -21,13 +21,24 @@ from miaohui.validate.accuracy import (
     run_logits,
     save_golden,
 )
-from miaohui.zoo.intents import IntentExample, load_jsonl, load_split
+from miaohui.zoo.intents import LABELS, LabelledText, load_split, load_user_jsonl
 
 GOLDEN = "golden.npz"
 
 
-def load_data(data: str) -> list[IntentExample]:
-    return load_split("dev") if data in ("dev", "train") and not Path(data).exists() else load_jsonl(Path(data))
+def load_data(data: str, labels: list[str] | None = None) -> list[LabelledText]:
+    """``dev`` / ``train`` (the project's splits, for models with the project's labels) or a labelled JSONL file with
+    any label set (a model trained on your own data is validated on your own dev file)."""
+    if data in ("dev", "train") and not Path(data).exists():
+        own = sorted(set(labels or ()) - set(LABELS))
+        if own:
+            raise ConfigError(
+                f"this model has its own labels ({', '.join(own[:5])}{', ...' if len(own) > 5 else ''}), which the "
+                f"project's {data} split does not have",
+                'pass --data YOUR_DEV.jsonl (one {"text": ..., "intent": ...} a line, labels of this model)',
+            )
+        return [LabelledText.model_validate(x.model_dump()) for x in load_split(data)]  # type: ignore[arg-type]
+    return load_user_jsonl(Path(data))
 
 
 def reference_logits(
@@ -71,7 +82,7 @@ def run_validation(
 ) -> tuple[ValidationReport, dict[str, Any] | None]:
     path = resolve_artifact(engine_spec, repository)
     manifest = read_manifest(path)
-    examples = load_data(data)
+    examples = load_data(data, manifest.labels)
     texts = [x.text for x in examples]
     tok = TextTokenizer.from_file(path / (manifest.tokenizer_file or "tokenizer.json"), manifest.max_length or 512)
     with load_engine(path) as engine:

@@ -301,3 +301,36 @@ def load_train_data(
             "add training examples of those labels to --data, or remove them from --dev",
         )
     return TrainData(labels=labels, train=rows, dev=held, source=str(data), dev_source=str(dev))
+
+
+def load_texts(path: str | Path) -> list[str]:
+    """Unlabelled text for calibration and comparisons: a ``.txt`` file (a text a line) or JSONL whose objects have a
+    ``"text"`` (any other keys, any labels, are ignored); errors name file:line."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"text file not found: {p}", "pass the path of an existing .txt or JSONL file")
+    try:
+        lines = p.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{p}: not UTF-8 (byte {exc.start})", "save the file as UTF-8 text") from exc
+    if p.suffix == ".txt":
+        texts = [line.strip() for line in lines if line.strip()]
+    else:
+        texts = []
+        for n, raw in enumerate(lines, 1):
+            if not raw.strip():
+                continue
+            try:
+                obj = json.loads(raw)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(
+                    f"{p}:{n}: not valid JSON ({exc.msg} at column {exc.colno}): {raw[:80]!r}",
+                    'write one JSON object a line with a "text" field, or pass a .txt file (a text a line)',
+                ) from exc
+            text = obj.get("text") if isinstance(obj, dict) else None
+            if not isinstance(text, str) or not text.strip():
+                raise ConfigError(f"{p}:{n}: no non-empty 'text' in {raw[:80]!r}", 'give every line a "text" string')
+            texts.append(text)
+    if not texts:
+        raise ConfigError(f"{p} is empty: no texts", "write one text a line (.txt) or one JSON object a line")
+    return texts
