@@ -113,6 +113,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, default=HERE / "results")
     ap.add_argument("--no-install", action="store_true", help="do not run scripts/peers.sh first")
     ap.add_argument("--smoke", action="store_true", help="check every server answers: 1 level, tiny loads")
+    ap.add_argument(
+        "--append",
+        action="store_true",
+        help="keep the rows of servers this run does not measure from the existing result JSON",
+    )
     args = ap.parse_args(argv)
     if args.smoke:
         args.streams, args.reference_streams, args.concurrency = [2], [1], [2]
@@ -329,10 +334,27 @@ def run_intent(args: argparse.Namespace, runner: Runner, texts: list[str]) -> tu
 
 
 # ---- main ------------------------------------------------------------------------------------------------
-def build_doc(title: str, kind: str, config: dict[str, Any], env: dict[str, Any], rows: list[dict[str, Any]]) -> dict:
+def build_doc(
+    title: str,
+    kind: str,
+    config: dict[str, Any],
+    env: dict[str, Any],
+    rows: list[dict[str, Any]],
+    earlier: Path | None = None,
+) -> dict:
+    """The result document; with ``earlier`` (an existing result JSON), its rows of servers that ``rows`` lacks
+    are kept (marked with the run they came from) and its environment is kept under ``earlier_runs``."""
     level_key, metrics = (
         ("streams", report.GEN_METRICS) if kind == "generation" else ("concurrency", report.INTENT_METRICS)
     )
+    earlier_runs: list[dict[str, Any]] = []
+    if earlier is not None and earlier.is_file():
+        old = json.loads(earlier.read_text())
+        measured = {r["server"] for r in rows}
+        old_env = old.get("environment", {})
+        kept = [{**r, "run": old_env.get("date")} for r in old.get("results", []) if r["server"] not in measured]
+        rows = kept + rows
+        earlier_runs = [*old.get("earlier_runs", []), old_env] if kept else old.get("earlier_runs", [])
     return {
         "schema": f"miaohui-bench-peers-{kind}/1",
         "title": title,
@@ -341,6 +363,7 @@ def build_doc(title: str, kind: str, config: dict[str, Any], env: dict[str, Any]
         "results": rows,
         "ratios_miaohui_over_peer": report.ratios(rows, level_key, metrics),
         "note": "shared 2-core machine: compare loadavg_1m_before; a quiet re-run is needed for publishable figures",
+        "earlier_runs": earlier_runs,
     }
 
 
@@ -367,8 +390,11 @@ def main(argv: list[str] | None = None) -> None:
             "decoding": "greedy (temperature 0); ignore_eos for miaohui and llama.cpp",
             "miaohui_precisions": args.miaohui_precision,
         }
-        doc = build_doc("SmolLM2-135M-Instruct chat, streaming", "generation", config, env, rows)
-        report.write(doc, args.out / f"peers_generation_cpu{suffix}.json")
+        path = args.out / f"peers_generation_cpu{suffix}.json"
+        doc = build_doc(
+            "SmolLM2-135M-Instruct chat, streaming", "generation", config, env, rows, path if args.append else None
+        )
+        report.write(doc, path)
         panels = [
             (("ttft_ms", "p50"), "TTFT p50 (ms)", True),
             (("tpot_ms", "p50"), "TPOT p50 (ms)", True),
@@ -393,8 +419,16 @@ def main(argv: list[str] | None = None) -> None:
             "peer_max_delay_ms": args.max_delay_ms,
             **extra,
         }
-        doc = build_doc("int8 e5-small intent model, one text per request", "intent", config, env, rows)
-        report.write(doc, args.out / f"peers_intent_cpu{suffix}.json")
+        path = args.out / f"peers_intent_cpu{suffix}.json"
+        doc = build_doc(
+            "int8 e5-small intent model, one text per request",
+            "intent",
+            config,
+            env,
+            rows,
+            path if args.append else None,
+        )
+        report.write(doc, path)
         panels = [
             (("req_per_s",), "requests/s", False),
             (("latency_ms", "p50"), "p50 (ms)", True),

@@ -143,3 +143,25 @@ def test_the_load_tool_against_a_real_localhost_server(bench: ModuleType) -> Non
         assert bench.procs.ready(f"http://127.0.0.1:{server.server_port}/") is False  # GET: 501, not ready
     finally:
         server.shutdown()
+
+
+def test_append_keeps_the_rows_of_servers_not_measured_again(bench: ModuleType, tmp_path: Path) -> None:
+    env_old = {"cpu": "c", "cores_usable": 2, "date": "earlier"}
+    old = bench.build_doc(
+        "t",
+        "generation",
+        {},
+        env_old,
+        [_gen_row("llamacpp-q4_1", 8, 100.0, 120.0), _gen_row("miaohui-ort-int8", 8, 300.0, 100.0)],
+    )
+    bench.report.write(old, tmp_path / "g.json")
+    new = bench.build_doc(
+        "t", "generation", {}, {"date": "now"}, [_gen_row("miaohui-ort-int8", 8, 200.0, 180.0)], tmp_path / "g.json"
+    )
+    assert [(r["server"], r.get("run")) for r in new["results"]] == [
+        ("llamacpp-q4_1", "earlier"),
+        ("miaohui-ort-int8", None),
+    ]
+    assert new["earlier_runs"] == [env_old]
+    (ratio,) = new["ratios_miaohui_over_peer"]
+    assert ratio["ttft_p50_ms"]["ratio"] == 2.0
