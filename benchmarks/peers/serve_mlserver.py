@@ -23,7 +23,13 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--max-batch-size", type=int, default=32)
     ap.add_argument("--max-batch-time-ms", type=float, default=2.0)
-    ap.add_argument("--parallel-workers", type=int, default=1, help="MLServer's inference worker processes")
+    ap.add_argument(
+        "--parallel-workers",
+        type=int,
+        default=0,
+        help="MLServer's inference worker processes; 0 (inference in the server process): its workers die at start "
+        "with uvloop 0.23 ('There is no current event loop in thread MainThread')",
+    )
     args = ap.parse_args()
     here = Path(__file__).resolve().parent
     model_dir = args.workdir / "intent"
