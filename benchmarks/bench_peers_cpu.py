@@ -263,6 +263,20 @@ def intent_artifact(args: argparse.Namespace) -> tuple[Path, Path]:
     return repo, outcome.path
 
 
+def _libpython_dir(python: str) -> str:
+    """The directory of the libpython the venv's interpreter was built with. Triton's Python-backend stub links
+    ``libpython3.X.so.1.0`` dynamically and otherwise finds the system's (Debian's 3.11.2 here), which then runs
+    the venv's newer standard library: ``'_thread.RLock' object has no attribute '_recursion_count'`` when
+    PyTriton starts its tensor store."""
+    out = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_config_var('LIBDIR'))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return ":".join(filter(None, [out.stdout.strip(), os.environ.get("LD_LIBRARY_PATH")]))
+
+
 def run_intent(args: argparse.Namespace, runner: Runner, texts: list[str]) -> tuple[list[dict[str, Any]], dict]:
     repo, artifact = intent_artifact(args)
     url = f"http://127.0.0.1:{args.port}"
@@ -314,8 +328,9 @@ def run_intent(args: argparse.Namespace, runner: Runner, texts: list[str]) -> tu
             "--max-queue-delay-ms",
             str(args.max_delay_ms),
         ]
+        env = {"LD_LIBRARY_PATH": _libpython_dir(runner.py["pytriton"])}
         try:
-            with runner.serve("pytriton", cmd, "/v2/models/intent/ready"):
+            with runner.serve("pytriton", cmd, "/v2/models/intent/ready", env=env):
                 levels("pytriton", load.IntentTarget(url, "kserve", kserve_shape=(1, 1)))
         except procs.ServerFailed as exc:  # recorded: whether Triton's server runs CPU-only here is a finding
             rows.extend({"server": "pytriton", "concurrency": c, "error": str(exc)[-1500:]} for c in args.concurrency)
