@@ -94,6 +94,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=[1, 8],
         help="stream counts for `transformers serve` (fp32 PyTorch: slow at 32 on 2 cores)",
     )
+    ap.add_argument(
+        "--llamacpp-prompt-cache",
+        action="store_true",
+        help="let llama.cpp reuse a slot's cached prompt (its default; off here: the 8 prompts repeat "
+        "every round, so a warm cache would skip their prefill)",
+    )
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--runs", type=int, default=1, help="measured rounds per generation level (after a warm-up)")
     ap.add_argument("--concurrency", type=_ints, default=[1, 16, 64])
@@ -226,13 +232,27 @@ def run_generation(args: argparse.Namespace, runner: Runner) -> list[dict[str, A
             str(max(args.streams)),
         ]
         with runner.serve("llamacpp", cmd, "/health"):
-            levels("llamacpp-q4_1", load.ChatTarget(base, "smollm2", {"ignore_eos": True}), args.streams)
+            extra = {"ignore_eos": True, "cache_prompt": args.llamacpp_prompt_cache}
+            levels("llamacpp-q4_1", load.ChatTarget(base, "smollm2", extra), args.streams)
     if "transformers" in args.peers:
         model = str(ensure_smollm_cache())
         tserve = str(Path(runner.py["transformers"]).with_name("transformers"))
-        cmd = [tserve, "serve", "--host", "127.0.0.1", "--port", str(args.port)]
+        cmd = [
+            tserve,
+            "serve",
+            model,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(args.port),
+            "--device",
+            "cpu",
+            "--dtype",
+            "float32",
+            "--continuous-batching",
+        ]
         env = {"OMP_NUM_THREADS": str(args.threads), "HF_HUB_OFFLINE": "1"}
-        with runner.serve("transformers", cmd, "/v1/models", env=env):
+        with runner.serve("transformers", cmd, "/health", env=env):
             levels("transformers-fp32", load.ChatTarget(base, model), args.reference_streams)
     return rows
 
@@ -403,6 +423,7 @@ def main(argv: list[str] | None = None) -> None:
             "reference_streams": args.reference_streams,
             "prompts": QUESTIONS,
             "decoding": "greedy (temperature 0); ignore_eos for miaohui and llama.cpp",
+            "llamacpp_prompt_cache": args.llamacpp_prompt_cache,
             "miaohui_precisions": args.miaohui_precision,
         }
         path = args.out / f"peers_generation_cpu{suffix}.json"
@@ -436,7 +457,7 @@ def main(argv: list[str] | None = None) -> None:
         }
         path = args.out / f"peers_intent_cpu{suffix}.json"
         doc = build_doc(
-            "int8 e5-small intent model, one text per request",
+            f"int8 intent model ({(args.intent_model or Path('intent-e5-small')).name}), one text per request",
             "intent",
             config,
             env,
