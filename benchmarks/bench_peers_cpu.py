@@ -26,6 +26,7 @@ level included) and prints the tables last.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -34,7 +35,7 @@ import tempfile
 from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -174,7 +175,7 @@ class Runner:
 
 
 # ---- generation ------------------------------------------------------------------------------------------
-def _miaohui_llm(args: argparse.Namespace, precision: str) -> Path:
+def _miaohui_llm(args: argparse.Namespace, precision: Literal["fp32", "int8"]) -> Path:
     from miaohui.generation.artifact import build_causal_lm
 
     repo = args.work / f"repo-{precision}"
@@ -209,7 +210,7 @@ def run_generation(args: argparse.Namespace, runner: Runner) -> list[dict[str, A
         for s in streams:
             rows.append(
                 runner.measure(
-                    lambda s=s: load.generation_load(target, QUESTIONS, s, args.new_tokens, args.runs),
+                    functools.partial(load.generation_load, target, QUESTIONS, s, args.new_tokens, args.runs),
                     server=server,
                     streams=s,
                 )
@@ -317,7 +318,7 @@ def run_intent(args: argparse.Namespace, runner: Runner, texts: list[str]) -> tu
         for c in args.concurrency:
             rows.append(
                 runner.measure(
-                    lambda c=c: load.intent_load(target, texts, c, args.seconds), server=server, concurrency=c
+                    functools.partial(load.intent_load, target, texts, c, args.seconds), server=server, concurrency=c
                 )
             )
 
