@@ -1,0 +1,205 @@
+"""The one load tool every server gets (project venv): closed-loop intent requests over aiohttp, and OpenAI
+chat streams through the ``openai`` client.
+
+Intent: ``concurrency`` workers each send one text per request, the next as soon as the answer arrives, cycling
+through the same texts, for ``seconds`` after a warm-up; req/s = answered requests / wall time. Generation:
+``streams`` chat completions at once (the prompts cycled), greedy, ``max_tokens`` each; a token is a streamed
+chunk with content; TTFT = request start → first token, TPOT = the gaps between a stream's tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear-interpolated percentile (numpy's default), ``q`` in 0..100; NaN for no values."""
+    if not values:
+        return float("nan")
+    xs = sorted(values)
+    k = (len(xs) - 1) * q / 100
+    lo = int(k)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def stats_ms(seconds: list[float]) -> dict[str, float]:
+    ms = [s * 1e3 for s in seconds]
+    return {
+        "n": len(ms),
+        "p50": percentile(ms, 50),
+        "p99": percentile(ms, 99),
+        "mean": statistics.fmean(ms) if ms else float("nan"),
+    }
+
+
+# ---- intent ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class IntentTarget:
+    """How to ask one server for one text's intent: ``protocol`` is ``kserve`` (v2 JSON, TEXT BYTES), ``intent``
+    (miaohui's ``/v1/intent``) or ``litserve`` (``/predict``); ``kserve_shape`` is TEXT's shape ([1] or, for a
+    Triton model with a batch dimension, [1, 1])."""
+
+    url: str
+    protocol: str
+    model: str = "intent"
+    kserve_shape: tuple[int, ...] = (1,)
+
+    def request(self, text: str) -> tuple[str, dict[str, Any]]:
+        if self.protocol == "kserve":
+            body = {"inputs": [{"name": "TEXT", "shape": list(self.kserve_shape), "datatype": "BYTES", "data": [text]}]}
+            return f"{self.url}/v2/models/{self.model}/infer", body
+        if self.protocol == "intent":
+            return f"{self.url}/v1/intent", {"text": text}
+        if self.protocol == "litserve":
+            return f"{self.url}/predict", {"text": text}
+        raise ValueError(f"unknown protocol {self.protocol!r}")
+
+    @staticmethod
+    def intent_of(protocol: str, answer: dict[str, Any]) -> str:
+        """The predicted intent in a server's answer (to check that every server agrees)."""
+        if protocol == "kserve":
+            out = {o["name"]: o["data"] for o in answer["outputs"]}
+            value = out["INTENT"][0]
+            return value if isinstance(value, str) else str(value)
+        return str(answer["intent"])
+
+
+async def _intent_async(target: IntentTarget, texts: list[str], concurrency: int, seconds: float, warmup: int) -> dict:
+    import aiohttp
+
+    conn = aiohttp.TCPConnector(limit=concurrency, force_close=False)
+    latencies: list[float] = []
+    errors: list[str] = []
+    counter = itertools.count()
+    async with aiohttp.ClientSession(connector=conn) as session:
+
+        async def one(text: str) -> tuple[float, dict[str, Any] | None]:
+            url, body = target.request(text)
+            start = time.perf_counter()
+            async with session.post(url, json=body) as resp:
+                answer = await resp.json(content_type=None)
+                if resp.status != 200:
+                    errors.append(f"{resp.status}: {str(answer)[:200]}")
+                    return time.perf_counter() - start, None
+            return time.perf_counter() - start, answer
+
+        await asyncio.gather(*(one(texts[i % len(texts)]) for i in range(max(warmup, concurrency))))
+        errors.clear()
+        stop_at = time.perf_counter() + seconds
+
+        async def worker() -> None:
+            while time.perf_counter() < stop_at:
+                seconds_taken, answer = await one(texts[next(counter) % len(texts)])
+                if answer is not None:
+                    latencies.append(seconds_taken)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        wall = time.perf_counter() - t0
+    return {
+        "concurrency": concurrency,
+        "requests": len(latencies),
+        "errors": len(errors),
+        "first_error": errors[0] if errors else None,
+        "req_per_s": len(latencies) / wall,
+        "latency_ms": stats_ms(latencies),
+        "wall_s": wall,
+    }
+
+
+def intent_load(target: IntentTarget, texts: list[str], concurrency: int, seconds: float, warmup: int = 16) -> dict:
+    return asyncio.run(_intent_async(target, texts, concurrency, seconds, warmup))
+
+
+def intent_answers(target: IntentTarget, texts: list[str]) -> list[str]:
+    """One request per text, in turn: the intents the server predicts (the smoke check)."""
+
+    async def run() -> list[str]:
+        import aiohttp
+
+        async with aiohttp.ClientSession() as session:
+            out = []
+            for text in texts:
+                url, body = target.request(text)
+                async with session.post(url, json=body) as resp:
+                    answer = await resp.json(content_type=None)
+                    if resp.status != 200:
+                        raise RuntimeError(f"{url} answered {resp.status}: {answer}")
+                out.append(IntentTarget.intent_of(target.protocol, answer))
+            return out
+
+    return asyncio.run(run())
+
+
+# ---- generation ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ChatTarget:
+    """An OpenAI-compatible server: base URL (…/v1), the model name it expects, extra request fields."""
+
+    base_url: str
+    model: str
+    extra_body: dict[str, Any] | None = None
+
+
+async def _stream(client: Any, target: ChatTarget, question: str, max_tokens: int) -> tuple[float, list[float], str]:
+    start = time.perf_counter()
+    times: list[float] = []
+    text = []
+    stream = await client.chat.completions.create(
+        model=target.model,
+        messages=[{"role": "user", "content": question}],
+        max_tokens=max_tokens,
+        temperature=0.0,
+        stream=True,
+        extra_body=target.extra_body,
+    )
+    async for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            times.append(time.perf_counter())
+            text.append(chunk.choices[0].delta.content)
+    return start, times, "".join(text)
+
+
+async def _generation_async(
+    target: ChatTarget, questions: list[str], streams: int, max_tokens: int, runs: int
+) -> dict[str, Any]:
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=target.base_url, api_key="none", timeout=600, max_retries=0)
+    batch = [questions[i % len(questions)] for i in range(streams)]
+    await asyncio.gather(*(_stream(client, target, q, max_tokens) for q in batch[: min(streams, 2)]))  # warm-up
+    ttft: list[float] = []
+    gaps: list[float] = []
+    tokens = 0
+    wall = 0.0
+    texts: list[str] = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        results = await asyncio.gather(*(_stream(client, target, q, max_tokens) for q in batch))
+        wall += time.perf_counter() - t0
+        for start, times, text in results:
+            if times:
+                ttft.append(times[0] - start)
+                gaps += [b - a for a, b in itertools.pairwise(times)]
+            tokens += len(times)
+            texts.append(text)
+    await client.close()
+    return {
+        "streams": streams,
+        "ttft_ms": stats_ms(ttft),
+        "tpot_ms": stats_ms(gaps),
+        "tokens": tokens,
+        "tokens_per_s": tokens / wall if wall else float("nan"),
+        "wall_s": wall,
+        "first_answer": texts[0][:200] if texts else "",
+    }
+
+
+def generation_load(target: ChatTarget, questions: list[str], streams: int, max_tokens: int, runs: int = 1) -> dict:
+    return asyncio.run(_generation_async(target, questions, streams, max_tokens, runs))
