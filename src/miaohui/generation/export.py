@@ -199,13 +199,17 @@ def check_decoder(
     return errors
 
 
-def _check_prompts(tokenizer: PreTrainedTokenizerBase, spec: DecoderExportSpec) -> list[list[int]]:
-    from miaohui.zoo.smollm import encode_chat
+def check_prompt_ids(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
+    """``text`` as a user message in the tokenizer's chat template, or as a raw prompt when it has none."""
+    if isinstance(getattr(tokenizer, "chat_template", None), str):
+        from miaohui.zoo.smollm import encode_chat
 
-    return [
-        encode_chat([{"role": "user", "content": spec.check_text}], tokenizer=tokenizer),
-        encode_chat([{"role": "user", "content": "Hi!"}], tokenizer=tokenizer),
-    ]
+        return encode_chat([{"role": "user", "content": text}], tokenizer=tokenizer)
+    return [int(i) for i in tokenizer(text)["input_ids"]]
+
+
+def _check_prompts(tokenizer: PreTrainedTokenizerBase, spec: DecoderExportSpec) -> list[list[int]]:
+    return [check_prompt_ids(tokenizer, spec.check_text), check_prompt_ids(tokenizer, "Hi!")]
 
 
 def _save_tokenizer(tokenizer: PreTrainedTokenizerBase, folder: Path) -> None:
