@@ -5,9 +5,10 @@ figures, one row per recipe:
 
 * recipes: ``fp32``; ``int8`` weight-only (8-bit blocks, int8 dot products: today's default); ``int8-edges`` (the
   same with the first and last blocks and the LM head fp32); ``int8-a32`` (8-bit weights, fp32 compute).
-* each is built with ``build_causal_lm`` into ``--repository`` (default ``$MIAOHUI_HOME/bench-recipes``; reused
-  while its build key holds) and gated with :func:`miaohui.validate.decoder_gate.run_decoder_gate` against the fp32
-  model in PyTorch.
+* fp32 is built with ``build_causal_lm`` into ``--repository`` (default ``$MIAOHUI_HOME/bench-recipes``; reused
+  while its build key holds); each int8 recipe is ``quantize_decoder`` on that fp32 graph (what ``build_causal_lm``
+  does after its own export, without exporting again) as a version of its own; each is gated with
+  :func:`miaohui.validate.decoder_gate.run_decoder_gate` against the fp32 model in PyTorch.
 * speed: the engine alone (``OrtCausalLMEngine``), batch 1: one chat prompt's prefill (TTFT) then
   ``--new-tokens`` greedy decode steps; TPOT = median step, over ``--runs`` runs after one warm-up run. The machine
   is shared: the 1-minute load average is recorded per recipe, and absolute numbers are noisy; compare rows.
@@ -29,8 +30,8 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-from miaohui.generation.artifact import ChatTokenizer, LLMPrecision, build_causal_lm, read_info
-from miaohui.generation.export import Int8Method
+from miaohui.generation.artifact import MARKER_NAME, ChatTokenizer, LLMPrecision, build_causal_lm, read_info
+from miaohui.generation.export import Int8Method, quantize_decoder
 from miaohui.generation.ort_engine import OrtCausalLMEngine
 from miaohui.paths import home
 from miaohui.validate.decoder_gate import run_decoder_gate
@@ -71,6 +72,20 @@ def speed(folder: Path, new_tokens: int, runs: int) -> dict[str, float]:
     }
 
 
+def _version(repo: Path, name: str, precision: LLMPrecision, method: Int8Method) -> Path:
+    fp32 = build_causal_lm(repo, "smollm2-fp32", "fp32", log=print)
+    if precision == "fp32":
+        return fp32
+    folder = repo / f"smollm2-{name}" / "1"
+    if not folder.is_dir():
+        quantize_decoder(fp32, folder, method)
+        info = read_info(fp32).model_copy(
+            update={"name": folder.parent.name, "precision": precision, "int8_method": method, "build_key": method}
+        )
+        (folder / MARKER_NAME).write_text(info.model_dump_json(indent=2), encoding="utf-8")
+    return folder
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--new-tokens", type=int, default=64)
@@ -83,7 +98,7 @@ def main() -> None:
     rows = []
     for name in args.recipes.split(","):
         precision, method = RECIPES[name]
-        folder = build_causal_lm(repo, f"smollm2-{name}", precision, int8_method=method, log=print)
+        folder = _version(repo, name, precision, method)
         gate = run_decoder_gate(folder)
         load = os.getloadavg()[0]
         row = {"recipe": name, "precision": precision, "int8_method": method if precision == "int8" else None}

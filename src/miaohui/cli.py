@@ -301,7 +301,8 @@ def validate(
         str | None, typer.Option("--engine", help="With --pipeline: the candidate engine (or give ENGINE).")
     ] = None,
 ) -> None:
-    """Check an engine against a reference on labelled text; exit 1 if the gate fails. With --pipeline: the
+    """Check an engine against a reference on labelled text; exit 1 if the gate fails. A causal-LM version: the
+    decoder gate against its fp32 source (greedy exact match, teacher-forced top-1, facts). With --pipeline: the
     pipeline compliance gate (a reply that loses a required disclaimer or alters a number fails)."""
     from miaohui.validate.run import run_validation
 

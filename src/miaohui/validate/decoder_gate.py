@@ -197,11 +197,21 @@ def _teacher_forced(stepper: _Stepper, prompt: Sequence[int], reference: Sequenc
 # ---- the reference -----------------------------------------------------------------------------------------
 
 
+def _source_folder(info: CausalLMInfo) -> Path | None:
+    """The fp32 HF directory a version was exported from; versions built before ``source_path`` was recorded: the
+    built-in SmolLM2's cache when that is their source."""
+    if info.source_path:
+        return Path(info.source_path)
+    from miaohui.zoo.smollm import GGUF_NAME, smollm_cache_dir
+
+    return smollm_cache_dir() if info.source.startswith(f"{GGUF_NAME}@") else None
+
+
 def _reference_model(info: CausalLMInfo, folder: Path) -> Any:
     fix = f"rebuild it with `miaohui build-llm ... --name {info.name} --force` (the source is recorded then)"
-    if not info.source_path:
+    source = _source_folder(info)
+    if source is None:
         raise ArtifactError(f"{folder / MARKER_NAME} does not say where its fp32 source is", fix)
-    source = Path(info.source_path)
     if not (source / "config.json").is_file():
         raise ArtifactError(f"the fp32 source of {info.name} v{info.version}, {source}, is gone", fix)
     from transformers import AutoModelForCausalLM
