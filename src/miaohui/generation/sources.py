@@ -259,7 +259,7 @@ def gguf_architecture(path: Path) -> str:
     try:
         field = GGUFReader(str(path)).fields["general.architecture"]
         return bytes(field.parts[field.data[0]]).decode("utf-8")
-    except (OSError, ValueError, KeyError, IndexError) as exc:
+    except (OSError, ValueError, KeyError, IndexError, EOFError) as exc:
         raise ArtifactError(
             f"{path} is not a readable GGUF file ({type(exc).__name__}: {exc})",
             "check the file (a complete .gguf, e.g. from llama.cpp's convert_hf_to_gguf.py)",
