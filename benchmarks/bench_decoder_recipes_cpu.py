@@ -13,7 +13,8 @@ figures, one row per recipe:
   ``--new-tokens`` greedy decode steps; TPOT = median step, over ``--runs`` runs after one warm-up run. The machine
   is shared: the 1-minute load average is recorded per recipe, and absolute numbers are noisy; compare rows.
 
-Writes ``decoder_recipes_cpu.json``; prints the table last.
+Writes (merges its recipes into) ``decoder_recipes_cpu.json``; prints the table last. ``--recipes int8-edges``
+runs one recipe; recipes run separately end up in the same file.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import sys
 import time
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 from miaohui.generation.artifact import MARKER_NAME, ChatTokenizer, LLMPrecision, build_causal_lm, read_info
 from miaohui.generation.export import Int8Method, quantize_decoder
@@ -86,6 +88,43 @@ def _version(repo: Path, name: str, precision: LLMPrecision, method: Int8Method)
     return folder
 
 
+def _merge(path: Path, rows: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
+    """Write ``rows`` into ``path``, keeping the rows of other recipes already there (recipes may run separately)."""
+    from filelock import FileLock
+
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(path) + ".lock"):
+        old = json.loads(path.read_text()) if path.is_file() else {"rows": []}
+        mine = {r["recipe"] for r in rows}
+        kept = [r for r in old["rows"] if r["recipe"] not in mine]
+        for r in rows:
+            r |= {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "commit": commit,
+                  "command": shlex.join([sys.executable, *sys.argv])}  # fmt: skip
+        doc = {
+            "benchmark": "decoder_recipes_cpu",
+            "hardware": {"cpu": _cpu_name(), "cores": os.cpu_count()},
+            "versions": {p: metadata.version(p) for p in ("onnxruntime", "torch", "transformers", "numpy")},
+            "model": "SmolLM2-135M-Instruct (GGUF Q4_1 dequantized to fp32)",
+            "settings": {"new_tokens": args.new_tokens, "runs": args.runs, "streams": 1, "prompt": PROMPT},
+            "note": "machine shared with other jobs (2 cores; load average in each row): absolute times are noisy",
+            "rows": sorted(kept + rows, key=lambda r: list(RECIPES).index(r["recipe"])),
+        }
+        path.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n")
+    Path(str(path) + ".lock").unlink(missing_ok=True)
+    return doc
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--new-tokens", type=int, default=64)
@@ -114,21 +153,7 @@ def main() -> None:
         }
         rows.append(row)
         print(json.dumps(row, ensure_ascii=False), flush=True)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    doc = {
-        "benchmark": "decoder_recipes_cpu",
-        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "commit": commit,
-        "command": shlex.join([sys.executable, *sys.argv]),
-        "hardware": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
-        "versions": {p: metadata.version(p) for p in ("onnxruntime", "torch", "transformers", "numpy")},
-        "model": "SmolLM2-135M-Instruct (GGUF Q4_1 dequantized to fp32)",
-        "settings": {"new_tokens": args.new_tokens, "runs": args.runs, "streams": 1, "prompt": PROMPT},
-        "note": "machine shared with other jobs (2 cores): absolute times are noisy, compare rows",
-        "rows": rows,
-    }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "decoder_recipes_cpu.json").write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n")
+    rows = _merge(args.out / "decoder_recipes_cpu.json", rows, args)["rows"]
     print(
         f"\n{'recipe':<11} {'TTFT ms':>8} {'TPOT ms':>8} {'tok/s':>6} {'MB':>6} {'exact':>6} {'TF':>6} {'fact':>5} gate"
     )
