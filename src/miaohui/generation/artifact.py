@@ -276,7 +276,7 @@ def build_causal_lm(
     Reuses the newest version when its build key is equal (unless ``force``). ConfigError when ``name``
     is not a plain name or already holds a non-causal-LM model.
     """
-    from miaohui.generation.sources import check_backend, resolve_source
+    from miaohui.generation.sources import check_backend, check_family, resolve_source
     from miaohui.serving.repository import check_model_name
 
     check_model_name(name)
@@ -295,6 +295,8 @@ def build_causal_lm(
         raise ConfigError(
             f"{model_dir} already holds a model that is not a causal LM", "choose another --name for the LLM"
         )
+    if source == "gemma3-270m":
+        check_family("gemma3", source, backend)  # before its GGUF is converted
     src = resolve_source(source, source_cache)
     check_backend(src, backend)
     method = int8_method if precision == "int8" else None

@@ -103,16 +103,22 @@ def check_backend(src: DecoderSource, backend: str) -> None:
     """ConfigError when ``backend`` cannot run ``src`` (Gemma 3 and scaled RoPE: onnxruntime only)."""
     if backend == "onnxruntime":
         return
-    if src.family == "gemma3":
-        raise ConfigError(
-            f"the {backend} engine runs Llama/Qwen2/Mistral-style decoders; {src.label} is Gemma 3",
-            "build Gemma 3 with --backend onnxruntime",
-        )
+    check_family(src.family, src.label, backend)
     rope = _rope_type(_read_config(src.folder))
     if rope not in ROPE_TYPES[backend]:
         raise ConfigError(
             f"{src.label} uses RoPE scaling {rope!r}, which the {backend} engine does not implement",
             f"build it with --backend onnxruntime (it takes {list(ROPE_TYPES['onnxruntime'])})",
+        )
+
+
+def check_family(family: str, label: str, backend: str) -> None:
+    """ConfigError when ``backend`` cannot run a ``family`` decoder (the GPU engine: no Gemma 3). Cheap: built-in
+    sources are checked with it before their GGUF is converted."""
+    if family == "gemma3" and backend != "onnxruntime":
+        raise ConfigError(
+            f"the {backend} engine runs Llama/Qwen2/Mistral-style decoders; {label} is Gemma 3",
+            "build Gemma 3 with --backend onnxruntime",
         )
 
 
