@@ -45,30 +45,11 @@ def default_config(backend: str, precision: str) -> BuildConfig:
 
 
 DEFAULT_LLM: tuple[LLMPrecision, Int8Method] = ("fp32", "weight-only")
-"""Precision (and int8 method, if int8) of the ``smollm2`` version ``make run`` serves: fp32, the recipe that passes
-the decoder gate by construction (100 % exact match against the model in PyTorch). The previous default, int8
-weight-only with int8 dot products, answers "What is the capital of France?" without "Paris" (as llama.cpp's Q4_1
-does), so it cannot pass the gate's factual check. The int8 recipes with the first and last blocks and the LM head
-kept fp32 (``weight-only-edges``) or with fp32 compute (``weight-only-a32``) are measured by
-``benchmarks/bench_decoder_recipes_cpu.py`` (``results/decoder_recipes_cpu.json``)."""
-
-
-def prepare_llm(repository: Path, log: Callable[[str], None] = print) -> Path:
-    """Build (or reuse) the default ``smollm2`` version and run the decoder gate on it once (the verdict is kept in
-    its ``causal_lm.json``); a failing gate is reported, not fatal (int8 kernels differ between CPUs)."""
-    from miaohui.generation.artifact import build_causal_lm, read_info
-    from miaohui.validate.decoder_gate import run_decoder_gate
-
-    precision, method = DEFAULT_LLM
-    version = build_causal_lm(repository, "smollm2", precision, int8_method=method, log=log)
-    if read_info(version).validation is None:
-        report = run_decoder_gate(version)
-        verdict = "passed" if report.passed else "FAILED: " + "; ".join(report.failures)
-        log(
-            f"decoder gate on smollm2 v{report.version}: exact match {report.exact_match:.0%}, teacher-forced "
-            f"{report.teacher_forced:.1%}, {verdict}"
-        )
-    return version
+"""Precision (and int8 method, if int8) of the ``smollm2`` version ``make run`` serves: fp32, the only recipe
+measured that passes the decoder gate (``benchmarks/bench_decoder_recipes_cpu.py`` → ``decoder_recipes_cpu.json``):
+fp32 100 % exact match, 100 % teacher-forced, facts 3/3. int8 weight-only (int8 dot products): exact 29 %,
+teacher-forced 96.0 %, and "What is the capital of France?" answered without "Paris". int8 with the first and last
+blocks and the LM head fp32 (``weight-only-edges``): exact 41 %, teacher-forced 97.2 %, the same wrong answer."""
 
 
 # (repository name, backend, precision): the int8 engine serves as `intent`; fp32 is kept for comparison.
