@@ -52,6 +52,24 @@ teacher-forced 96.0 %, and "What is the capital of France?" answered without "Pa
 blocks and the LM head fp32 (``weight-only-edges``): exact 41 %, teacher-forced 97.2 %, the same wrong answer."""
 
 
+def prepare_llm(repository: Path, log: Callable[[str], None] = print) -> Path:
+    """Build (or reuse) the default ``smollm2`` version and run the decoder gate on it once (the verdict is kept in
+    its ``causal_lm.json``); a failing gate is reported, not fatal (int8 kernels differ between CPUs)."""
+    from miaohui.generation.artifact import build_causal_lm, read_info
+    from miaohui.validate.decoder_gate import run_decoder_gate
+
+    precision, method = DEFAULT_LLM
+    version = build_causal_lm(repository, "smollm2", precision, int8_method=method, log=log)
+    if read_info(version).validation is None:
+        report = run_decoder_gate(version)
+        verdict = "passed" if report.passed else "FAILED: " + "; ".join(report.failures)
+        log(
+            f"decoder gate on smollm2 v{report.version}: exact match {report.exact_match:.0%}, teacher-forced "
+            f"{report.teacher_forced:.1%}, {verdict}"
+        )
+    return version
+
+
 # (repository name, backend, precision): the int8 engine serves as `intent`; fp32 is kept for comparison.
 DEFAULT_ENGINES = (("intent", "onnxruntime", "int8"), ("intent-fp32", "onnxruntime", "fp32"))
 
