@@ -277,6 +277,29 @@ def inspect(
 app.command("compare")(compare_command)
 
 
+def _validate_decoder(engine: str, repository: Path, json_out: Path | None) -> bool:
+    """The decoder gate when ``engine`` names a causal-LM version (False otherwise); exit 1 when it fails."""
+    from miaohui.validate.decoder_gate import print_report, resolve_causal_lm, run_decoder_gate
+
+    try:
+        folder = resolve_causal_lm(engine, repository)
+        if folder is None:
+            return False
+        report = run_decoder_gate(folder)
+    except MiaohuiError as exc:
+        _fail(exc)
+        return True
+    print_report(report, console)
+    if json_out:
+        json_out.write_text(report.model_dump_json(indent=1))
+    if not report.passed:
+        for failure in report.failures:
+            err_console.print(f"[bold red]gate failed:[/] {failure}")
+        raise typer.Exit(1)
+    console.print("[green]gate passed[/]")
+    return True
+
+
 @app.command()
 def validate(
     engine: Annotated[str | None, typer.Argument(help="Artifact dir or repository model name[:version].")] = None,
@@ -300,7 +323,8 @@ def validate(
         str | None, typer.Option("--engine", help="With --pipeline: the candidate engine (or give ENGINE).")
     ] = None,
 ) -> None:
-    """Check an engine against a reference on labelled text; exit 1 if the gate fails. With --pipeline: the
+    """Check an engine against a reference on labelled text; exit 1 if the gate fails. A causal-LM version: the
+    decoder gate against its fp32 source (greedy exact match, teacher-forced top-1, facts). With --pipeline: the
     pipeline compliance gate (a reply that loses a required disclaimer or alters a number fails)."""
     from miaohui.validate.run import run_validation
 
@@ -313,6 +337,8 @@ def validate(
         validate_pipeline_command(pipeline, engine, reference, data_file, None, repository, json_out)
         return
 
+    if _validate_decoder(engine, _repo(repository), json_out):
+        return
     try:
         report, drift = run_validation(engine, _repo(repository), data, reference, max_drop, min_agreement, golden)
     except MiaohuiError as exc:

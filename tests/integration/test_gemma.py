@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from tests.integration.conftest import hf_greedy_tokens
 
-from miaohui.errors import ConfigError
+from miaohui.errors import ConfigError, InputError
 from miaohui.generation.artifact import build_causal_lm, read_info
 from miaohui.generation.engine_loop import LLMEngine
 from miaohui.generation.export import load_meta
@@ -130,7 +130,7 @@ def test_int8_weight_only_version_keeps_the_top_token(gemma_version: Path) -> No
 
 
 def test_gemma_is_refused_where_it_cannot_run(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="onnxruntime only"):
+    with pytest.raises(ConfigError, match="build Gemma 3 with --backend onnxruntime"):
         build_causal_lm(tmp_path, "gemma3", "bf16", source="gemma3-270m", backend="inductor")
-    with pytest.raises(ConfigError, match="not an offline causal LM"):
-        build_causal_lm(tmp_path, "x", "fp32", source="llama-70b")  # type: ignore[arg-type]
+    with pytest.raises(InputError, match="llama-70b does not exist"):
+        build_causal_lm(tmp_path, "x", "fp32", source="llama-70b")

@@ -36,7 +36,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -45,6 +45,9 @@ from miaohui.errors import ArtifactError, ConfigError, InputError
 from miaohui.generation.export import META_NAME, TOKENIZER_NAME, DecoderExportSpec, Int8Method
 from miaohui.generation.scheduler import SchedulerConfig
 from miaohui.generation.slot_options import SlotEngineOptions
+
+if TYPE_CHECKING:
+    from miaohui.generation.sources import DecoderSource
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +73,12 @@ class CausalLMInfo(BaseModel):
     int8_method: Int8Method | None = None
     source: str
     """Source model and its digest, e.g. ``SmolLM2-135M-Instruct.Q4_1.gguf@sha256:...``."""
+    source_format: Literal["gguf", "hf"] | None = None
+    """What the source was: a GGUF file or a Hugging Face directory (``None``: a version built before this field)."""
+    architecture: str | None = None
+    """HF class of the source, e.g. ``Qwen2ForCausalLM``."""
+    source_path: str | None = None
+    """The fp32 HF directory exported (for a GGUF: its conversion); ``miaohui validate`` compares against it."""
     build_key: str
     """sha256 over the source digest, precision, export spec and library versions."""
     chat_template: str | None = None
@@ -79,6 +88,8 @@ class CausalLMInfo(BaseModel):
     created: int
     """Unix time of the build (``created`` of ``/v1/models``)."""
     build_seconds: float
+    validation: dict[str, Any] | None = None
+    """The last ``miaohui validate`` report (the decoder gate's figures and verdict)."""
 
 
 class GenerationModelConfig(BaseModel):
@@ -244,31 +255,6 @@ SOURCES: tuple[str, ...] = ("smollm2", "gemma3-270m")
 and Gemma-3-270M (base, Chinese-capable; its GGUF part packages come with ``scripts/install.sh``)."""
 
 
-def _model_source(source: LLMSource, cache: Path | None) -> tuple[Path, str]:
-    """The converted model's folder and its source digest (``file@sha256:…``)."""
-    from miaohui.zoo.gguf import SOURCE_FILE
-    from miaohui.zoo.smollm import ensure_smollm_cache
-
-    if source == "gemma3-270m":
-        from miaohui.zoo.gemma import ensure_gemma_cache
-
-        folder = ensure_gemma_cache(cache)
-    else:
-        folder = ensure_smollm_cache(cache)
-    src = json.loads((folder / SOURCE_FILE).read_text())
-    return folder, f"{src['file']}@sha256:{src['sha256']}"
-
-
-def _load_source(source: LLMSource, folder: Path) -> tuple[Any, Any, str]:
-    if source == "gemma3-270m":
-        from miaohui.zoo.gemma import load_gemma3
-
-        return load_gemma3(folder)
-    from miaohui.zoo.smollm import load_smollm2
-
-    return load_smollm2(folder)
-
-
 def build_causal_lm(
     repository: Path,
     name: str = "smollm2",
@@ -279,16 +265,18 @@ def build_causal_lm(
     spec: DecoderExportSpec | None = None,
     force: bool = False,
     backend: LLMBackend = "onnxruntime",
-    source: LLMSource = "smollm2",
+    source: str | Path = "smollm2",
     log: Callable[[str], None] = logger.info,
 ) -> Path:
-    """Export an offline causal LM (``source``: SmolLM2-135M-Instruct by default, or Gemma-3-270M) into
-    ``<repository>/<name>/<next version>/``; its path.
+    """Export a causal LM into ``<repository>/<name>/<next version>/``; its path.
 
-    ``source_cache``: where the converted fp32 model is cached (default ``$MIAOHUI_HOME/models/<source>``).
+    ``source``: a built-in shortcut (``smollm2``, the default, or ``gemma3-270m``), a Hugging Face causal-LM
+    directory or a GGUF file (:func:`miaohui.generation.sources.resolve_source` checks it first).
+    ``source_cache``: where a GGUF's converted fp32 model is cached (default under ``$MIAOHUI_HOME/models``).
     Reuses the newest version when its build key is equal (unless ``force``). ConfigError when ``name``
     is not a plain name or already holds a non-causal-LM model.
     """
+    from miaohui.generation.sources import check_backend, check_family, resolve_source
     from miaohui.paths import check_model_name
 
     check_model_name(name)
@@ -300,13 +288,6 @@ def build_causal_lm(
             f"precision {precision!r} is not supported by the {backend} causal-LM backend",
             f"use one of {list(allowed)}",
         )
-    if source not in SOURCES:
-        raise ConfigError(f"source {source!r} is not an offline causal LM", f"use one of {list(SOURCES)}")
-    if source == "gemma3-270m" and backend != "onnxruntime":
-        raise ConfigError(
-            f"the {backend} engine runs Llama/Qwen2-style decoders; Gemma 3 is exported for onnxruntime only",
-            "build Gemma with --backend onnxruntime, or use --source smollm2 on the GPU",
-        )
     spec = spec or DecoderExportSpec()
     model_dir = Path(repository) / name
     newest = latest_version(model_dir)
@@ -314,15 +295,18 @@ def build_causal_lm(
         raise ConfigError(
             f"{model_dir} already holds a model that is not a causal LM", "choose another --name for the LLM"
         )
-    folder, digest = _model_source(source, source_cache)
+    if source == "gemma3-270m":
+        check_family("gemma3", source, backend)  # before its GGUF is converted
+    src = resolve_source(source, source_cache)
+    check_backend(src, backend)
     method = int8_method if precision == "int8" else None
-    key = _build_key(digest, f"{backend}:{precision}" if backend != "onnxruntime" else precision, method, spec)
+    key = _build_key(src.digest, f"{backend}:{precision}" if backend != "onnxruntime" else precision, method, spec)
     if newest is not None and not force:
         info = read_info(model_dir / str(newest))
         if info.build_key == key:
             log(f"{name} version {newest} has the same build key: reused")
             return model_dir / str(newest)
-    return _export_version(model_dir, name, backend, precision, method, spec, folder, source, digest, key, log)
+    return _export_version(model_dir, name, backend, precision, method, spec, src, key, log)
 
 
 def _export_version(
@@ -332,27 +316,28 @@ def _export_version(
     precision: LLMPrecision,
     method: Int8Method | None,
     spec: DecoderExportSpec,
-    source_folder: Path,
-    source: LLMSource,
-    digest: str,
+    src: DecoderSource,
     key: str,
     log: Callable[[str], None],
 ) -> Path:
     from miaohui.generation.export import export_decoder, quantize_decoder
+    from miaohui.generation.sources import load_source
 
     started = time.perf_counter()
-    model, tokenizer, template = _load_source(source, source_folder)
+    model, tokenizer, template = load_source(src)
+    if template is None:
+        log(f"{src.label} has no chat template: {name} takes raw prompts only (/v1/completions)")
     model_dir.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".build-", dir=model_dir))
     try:
         if backend == "inductor":
             out = staging / "static"
             out.mkdir()
-            log(f"saving {source} weights ({precision}) for the {backend} engine of {name}")
+            log(f"saving {src.label} weights ({precision}) for the {backend} engine of {name}")
             _save_static(out, model, tokenizer, precision)
         else:
-            log(f"exporting {source} ({precision}) for {name}")
-            export_decoder(model, tokenizer, staging / "fp32", spec, name=source)
+            log(f"exporting {src.label} ({src.architecture}, {precision}) for {name}")
+            export_decoder(model, tokenizer, staging / "fp32", spec, name=src.label)
             out = staging / "fp32"
             if precision == "int8":
                 quantize_decoder(out, staging / "int8", method or "weight-only")
@@ -364,8 +349,8 @@ def _export_version(
         }
         version = (latest_version(model_dir) or 0) + 1
         info = CausalLMInfo(
-            name=name, version=version, backend=backend, precision=precision, int8_method=method, source=digest,
-            build_key=key,
+            name=name, version=version, backend=backend, precision=precision, int8_method=method, source=src.digest,
+            source_format=src.format, architecture=src.architecture, source_path=str(src.folder), build_key=key,
             chat_template=template, special_tokens=specials, created=int(time.time()),
             build_seconds=round(time.perf_counter() - started, 2),
         )  # fmt: skip
@@ -381,13 +366,12 @@ def _export_version(
 
 
 def _save_static(out: Path, model: Any, tokenizer: Any, precision: LLMPrecision) -> None:
-    from miaohui.generation.export import eos_ids
+    from miaohui.generation.export import check_prompt_ids, eos_ids
     from miaohui.generation.static_artifact import save_static_decoder
-    from miaohui.zoo.smollm import encode_chat
 
     eos = eos_ids(model, tokenizer)
     pad = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0])
-    prompt = encode_chat([{"role": "user", "content": "Write a short poem about the sea."}], tokenizer=tokenizer)
+    prompt = check_prompt_ids(tokenizer, "Write a short poem about the sea.")
     if precision not in ("bf16", "fp16", "fp32"):
         raise ConfigError(f"precision {precision!r} is not an inductor precision", "use bf16, fp16 or fp32")
     save_static_decoder(out, model, tokenizer, precision, eos, pad, check_prompt=list(prompt))

@@ -1,4 +1,5 @@
-"""``miaohui build-llm``: export an offline LLM (SmolLM2 or Gemma-3-270M) into the repository as a causal-LM version.
+"""``miaohui build-llm [PATH]``: export a causal LM (an HF directory, a GGUF file, or a built-in shortcut) into the
+repository as a causal-LM version.
 
 A plain typer-compatible function; the main CLI registers it with ``app.command("build-llm")(build_llm)``.
 It imports nothing from :mod:`miaohui.cli` (which imports this module), so there is no import cycle.
@@ -16,11 +17,23 @@ from miaohui.errors import MiaohuiError
 
 
 def build_llm(
+    path: Annotated[
+        Path | None,
+        typer.Argument(
+            help="A Hugging Face causal-LM directory (Llama, Qwen2, Mistral, Gemma 3) or a GGUF file "
+            "(llama, qwen2, gemma3); without it, --source."
+        ),
+    ] = None,
     repository: Annotated[
         Path | None,
         typer.Option("--repository", "-r", help="Model repository (default $MIAOHUI_HOME/repository)."),
     ] = None,
-    name: Annotated[str, typer.Option(help="Model name in the repository (what clients send as `model`).")] = "smollm2",
+    name: Annotated[
+        str | None,
+        typer.Option(
+            help="Model name in the repository (what clients send as `model`; default: from PATH or --source)."
+        ),
+    ] = None,
     precision: Annotated[
         str,
         typer.Option(help="onnxruntime: fp32 | int8 (weight-only, 8-bit blocks); inductor: bf16 | fp16 | fp32"),
@@ -35,13 +48,14 @@ def build_llm(
     source: Annotated[
         str,
         typer.Option(
-            help="smollm2 (SmolLM2-135M-Instruct, English chat) | gemma3-270m (Gemma-3-270M base, Chinese-capable; "
-            "onnxruntime only)"
+            help="Without PATH: smollm2 (SmolLM2-135M-Instruct, English chat) | gemma3-270m (Gemma-3-270M base, "
+            "Chinese-capable; onnxruntime only)"
         ),
     ] = "smollm2",
 ) -> None:
-    """Export an offline LLM (explicit KV cache, checked against PyTorch and HF) into REPOSITORY/NAME/<next version>."""
+    """Export a causal LM (explicit KV cache, checked against PyTorch and HF) into REPOSITORY/NAME/<next version>."""
     from miaohui.generation.artifact import PRECISIONS, SOURCES, build_causal_lm, read_info
+    from miaohui.generation.sources import default_name
     from miaohui.paths import repository_dir
 
     console, err = Console(), Console(stderr=True)
@@ -50,18 +64,18 @@ def build_llm(
         err.print(f"[bold red]error:[/] --backend {backend!r} --precision {precision!r} is not supported")
         err.print(f"[yellow]fix:[/] backends and precisions: {PRECISIONS}")
         raise typer.Exit(2)
-    if source not in SOURCES:
+    if path is None and source not in SOURCES:
         err.print(f"[bold red]error:[/] --source {source!r} is not an offline LLM")
         err.print(f"[yellow]fix:[/] use one of {list(SOURCES)}")
         raise typer.Exit(2)
     try:
         path = build_causal_lm(
             repository or repository_dir(),
-            name,
+            name or (default_name(path) if path is not None else source),
             precision,  # type: ignore[arg-type]  # checked against PRECISIONS above
             backend=backend,  # type: ignore[arg-type]
             force=force,
-            source=source,  # type: ignore[arg-type]  # checked against SOURCES above
+            source=path if path is not None else source,
             log=lambda m: console.print(f"[dim]·[/] {m}"),
         )
     except MiaohuiError as exc:

@@ -37,5 +37,16 @@ class DecoderDims:
             vocab=int(get("vocab_size")),
             rope_theta=theta,
             rms_eps=float(get("rms_norm_eps")),
-            max_positions=int(get("max_position_embeddings")),
+            max_positions=_attended_positions(config),
         )
+
+
+def _attended_positions(config: object) -> int:
+    """``max_position_embeddings``, capped at the sliding window of its sliding layers (Mistral: all): within the window
+    sliding attention equals the full attention these decoders compute, so longer sequences are refused instead."""
+    limit = int(config.__getattribute__("max_position_embeddings"))
+    window = getattr(config, "sliding_window", None)
+    types = getattr(config, "layer_types", None)
+    if window and (types is None or any(t == "sliding_attention" for t in types)):
+        return min(limit, int(window))
+    return limit

@@ -45,7 +45,8 @@ if TYPE_CHECKING:
 META_NAME = "decoder.json"
 MODEL_NAME = "model.onnx"
 TOKENIZER_NAME = "tokenizer.json"
-Int8Method = Literal["dynamic", "weight-only"]
+Int8Method = Literal["dynamic", "weight-only", "weight-only-edges", "weight-only-a32"]
+"""How an fp32 decoder is quantized (:func:`quantize_decoder`)."""
 
 
 class DecoderExportSpec(Frozen):
@@ -67,8 +68,9 @@ class DecoderMeta(BaseModel):
     """:class:`~miaohui.generation.llama.DecoderDims` as a dict."""
     precision: Literal["fp32", "int8"]
     int8_method: Int8Method | None = None
-    """int8 only: ``dynamic`` (MatMulInteger, activations quantized per call) or ``weight-only``
-    (MatMulNBits, 8-bit blockwise weights, fp32 activations)."""
+    """int8 only: ``dynamic`` (MatMulInteger, activations quantized per call), ``weight-only`` (MatMulNBits,
+    8-bit blockwise weights, int8 dot products), ``weight-only-edges`` (the same with the first and last blocks and
+    the LM head kept fp32) or ``weight-only-a32`` (8-bit weights, fp32 compute)."""
     opset: int
     input_names: list[str]
     output_names: list[str]
@@ -199,13 +201,17 @@ def check_decoder(
     return errors
 
 
-def _check_prompts(tokenizer: PreTrainedTokenizerBase, spec: DecoderExportSpec) -> list[list[int]]:
-    from miaohui.zoo.smollm import encode_chat
+def check_prompt_ids(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
+    """``text`` as a user message in the tokenizer's chat template, or as a raw prompt when it has none."""
+    if isinstance(getattr(tokenizer, "chat_template", None), str):
+        from miaohui.zoo.smollm import encode_chat
 
-    return [
-        encode_chat([{"role": "user", "content": spec.check_text}], tokenizer=tokenizer),
-        encode_chat([{"role": "user", "content": "Hi!"}], tokenizer=tokenizer),
-    ]
+        return encode_chat([{"role": "user", "content": text}], tokenizer=tokenizer)
+    return [int(i) for i in tokenizer(text)["input_ids"]]
+
+
+def _check_prompts(tokenizer: PreTrainedTokenizerBase, spec: DecoderExportSpec) -> list[list[int]]:
+    return [check_prompt_ids(tokenizer, spec.check_text), check_prompt_ids(tokenizer, "Hi!")]
 
 
 def _save_tokenizer(tokenizer: PreTrainedTokenizerBase, folder: Path) -> None:
@@ -303,9 +309,12 @@ def quantize_decoder(src_dir: Path, out_dir: Path, method: Int8Method = "weight-
     (uint8, per tensor) into ``MatMulInteger``/``DynamicQuantizeMatMul`` (VNNI kernels on x86).
     ``weight-only`` (default): ``MatMulNBits``, 8-bit symmetric weights in blocks of 32 along K;
     ``accuracy_level=4`` lets ORT quantize activations per block at run time (int8 dot products), which
-    tolerates the outlier features of LLM activations. Attention's activation x activation MatMuls, norms
-    and softmax stay fp32 in both. On SmolLM2 ``dynamic`` is unusable (max logit error ~33, top-1
-    wrong: per-tensor activation scales are ruined by outlier channels) — the check below refuses it.
+    tolerates the outlier features of LLM activations. ``weight-only-edges``: the same, but the first and last
+    blocks and the LM head (:func:`edge_weights`, where quantization error hurts most) stay fp32.
+    ``weight-only-a32``: 8-bit weights, dequantized and multiplied in fp32 (``accuracy_level=1``). Attention's
+    activation x activation MatMuls, norms and softmax stay fp32 in all. On SmolLM2 ``dynamic`` is unusable
+    (max logit error ~33, top-1 wrong: per-tensor activation scales are ruined by outlier channels)
+    — the check below refuses it.
     """
     import onnx
     from rich.console import Console
@@ -331,8 +340,11 @@ def quantize_decoder(src_dir: Path, out_dir: Path, method: Int8Method = "weight-
                 MatMulNBitsQuantizer,
             )
 
-            config = DefaultWeightOnlyQuantConfig(block_size=32, is_symmetric=True, bits=8, accuracy_level=4)
-            quant = MatMulNBitsQuantizer(onnx.load(str(src_dir / MODEL_NAME)), algo_config=config)
+            level = 1 if method == "weight-only-a32" else 4
+            config = DefaultWeightOnlyQuantConfig(block_size=32, is_symmetric=True, bits=8, accuracy_level=level)
+            model = onnx.load(str(src_dir / MODEL_NAME))
+            keep = edge_weights(meta.decoder_dims.num_layers) if method == "weight-only-edges" else ()
+            quant = MatMulNBitsQuantizer(model, algo_config=config, nodes_to_exclude=_matmuls_of(model, keep))
             with _quiet("onnxruntime.quantization.matmul_nbits_quantizer"):  # it logs every node at INFO
                 quant.process()
             quant.model.save_model_to_file(str(tmp / MODEL_NAME), use_external_data_format=False)
@@ -355,6 +367,18 @@ def quantize_decoder(src_dir: Path, out_dir: Path, method: Int8Method = "weight-
         (tmp / META_NAME).write_text(out.model_dump_json(indent=2))
         shutil.copy(src_dir / TOKENIZER_NAME, tmp / TOKENIZER_NAME)
     return out
+
+
+def edge_weights(num_layers: int) -> tuple[str, ...]:
+    """Weight names of the first and last blocks and the LM head in an exported decoder graph."""
+    blocks = (f"layers.{i}.{w}" for i in sorted({0, num_layers - 1}) for w in ("qkv", "o", "gate_up", "down"))
+    return (*blocks, "head")
+
+
+def _matmuls_of(model: Any, weights: Sequence[str]) -> list[str]:
+    """Names of the MatMul nodes whose constant input is one of ``weights``."""
+    wanted = set(weights)
+    return [n.name for n in model.graph.node if n.op_type == "MatMul" and wanted.intersection(n.input)]
 
 
 def _compare_logits(ref: Path, new: Path, meta: DecoderMeta) -> dict[str, float]:

@@ -45,11 +45,15 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def qkv_heads(h: torch.Tensor, qkv: torch.Tensor, d: DecoderDims) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The fused Q/K/V projection of ``h`` [B, S, hidden], split into heads: q [B, H, S, D], k and v [B, KVH, S, D]."""
+def qkv_heads(
+    h: torch.Tensor, qkv: torch.Tensor, d: DecoderDims, bias: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The fused Q/K/V projection of ``h`` [B, S, hidden] (plus Qwen2's ``bias``, if any), split into heads:
+    q [B, H, S, D], k and v [B, KVH, S, D]."""
     b, s = h.shape[0], h.shape[1]
+    proj = h @ qkv if bias is None else h @ qkv + bias
     q, k, v = torch.split(
-        h @ qkv, [d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim, d.num_kv_heads * d.head_dim], -1
+        proj, [d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim, d.num_kv_heads * d.head_dim], -1
     )
     return (
         q.view(b, s, d.num_heads, d.head_dim).transpose(1, 2),
@@ -84,6 +88,8 @@ class _Layer(nn.Module):
         self.in_norm = _frozen(hf_layer.input_layernorm.weight)
         self.post_norm = _frozen(hf_layer.post_attention_layernorm.weight)
         self.qkv = _frozen(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).t())
+        biases = [getattr(attn, f"{n}_proj").bias for n in "qkv"]
+        self.qkv_bias = _frozen(torch.cat(biases)) if all(b is not None for b in biases) else None  # Qwen2
         self.o = _frozen(attn.o_proj.weight.t())  # [H D, hidden]
         self.gate_up = _frozen(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).t())  # [hidden, 2 I]
         self.down = _frozen(mlp.down_proj.weight.t())  # [I, hidden]
@@ -98,7 +104,7 @@ class _Layer(nn.Module):
         past_v: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         d = self.dims
-        q, k, v = qkv_heads(_rms_norm(x, self.in_norm, d.rms_eps), self.qkv, d)
+        q, k, v = qkv_heads(_rms_norm(x, self.in_norm, d.rms_eps), self.qkv, d, self.qkv_bias)
         q, k = rope(q, cos, sin), rope(k, cos, sin)
         k_all = torch.cat([past_k, k], dim=2)  # [B, KVH, T, D]
         v_all = torch.cat([past_v, v], dim=2)
@@ -125,7 +131,12 @@ class KVLlama(nn.Module):
         # constant weight, which the int8 quantizer can find
         self.head = _frozen(hf_model.lm_head.weight.t())
         d = self.dims
-        inv_freq = 1.0 / (d.rope_theta ** (torch.arange(0, d.head_dim, 2, dtype=torch.int64).float() / d.head_dim))
+        rotary = getattr(base, "rotary_emb", None)
+        if rotary is not None and getattr(rotary, "rope_type", "default") != "default":
+            # scaled RoPE (linear, llama3): HF's own frequencies, static for every position
+            inv_freq = rotary.inv_freq.detach().float().cpu().clone()
+        else:
+            inv_freq = 1.0 / (d.rope_theta ** (torch.arange(0, d.head_dim, 2, dtype=torch.int64).float() / d.head_dim))
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def forward(

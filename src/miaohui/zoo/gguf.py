@@ -80,13 +80,34 @@ def save_converted(out_dir: Path, model: Any, tokenizer: Any, source: dict[str, 
         (tmp / SOURCE_FILE).write_text(json.dumps(source, indent=2))
 
 
-def ensure_converted(gguf: Path, cache: Path, convert: Callable[[Path, Path, dict[str, object]], None]) -> Path:
+def convert_gguf(gguf: Path, out_dir: Path, source: dict[str, object], class_name: str) -> None:
+    """Any supported GGUF → plain fp32 ``class_name`` (``LlamaForCausalLM``, ...) + tokenizer in ``out_dir``.
+    Gemma 3 gets ``<end_of_turn>`` as a second stop token (its chat turns end with it), as :mod:`.gemma` does."""
+    import transformers
+
+    fix = f"check {gguf.name}: a complete GGUF as llama.cpp's convert_hf_to_gguf.py writes it"
+    model, tokenizer = load_gguf_model(gguf, getattr(transformers, class_name), gguf.name, fix)
+    if class_name == "Gemma3ForCausalLM":
+        end_of_turn = tokenizer.convert_tokens_to_ids("<end_of_turn>")
+        if isinstance(end_of_turn, int) and end_of_turn != tokenizer.unk_token_id:
+            model.generation_config.eos_token_id = sorted({int(tokenizer.eos_token_id), end_of_turn})
+    save_converted(out_dir, model, tokenizer, source)
+
+
+def ensure_converted(
+    gguf: Path,
+    cache: Path,
+    convert: Callable[[Path, Path, dict[str, object]], None],
+    *,
+    source: dict[str, object] | None = None,
+) -> Path:
     """``convert(gguf, cache, source)`` unless ``cache`` already holds a conversion of this very GGUF; ``cache``.
-    Under a file lock beside ``cache``: processes that need it at once (``serve --workers N``, parallel test workers)
-    convert it once, the others wait and read it."""
+    ``source``: :func:`file_digest` of ``gguf`` when the caller has it already. Under a file lock beside ``cache``:
+    processes that need it at once (``serve --workers N``, parallel test workers) convert it once, the others
+    wait and read it."""
     from filelock import FileLock
 
-    source = file_digest(gguf)
+    source = source or file_digest(gguf)
     cache.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(cache.parent / f".{cache.name}.lock")):
         if not cache_is_fresh(cache, source):

@@ -1,0 +1,331 @@
+"""The decoder gate: ``miaohui validate NAME`` on a causal-LM version, against its fp32 source in PyTorch.
+
+On the committed prompt set (``validate/data/decoder_prompts.yaml``: chat prompts in English and Chinese, rendered
+with the version's own chat template) the fp32 HF model the version was exported from (``causal_lm.json``'s
+``source_path``) generates greedily up to :attr:`DecoderGateConfig.new_tokens` tokens. The candidate is the built
+version on its own engine, and three figures are measured:
+
+* **exact match**: the share of prompts whose first ``new_tokens`` greedy tokens (up to a stop token) equal the
+  reference's token for token;
+* **teacher-forced top-1 agreement**: the reference continuation is fed to the candidate one token at a time; the
+  share of positions where the candidate's argmax is the reference's next token (free-running text diverges for
+  good at the first near-tie; this figure shows whether it was a near-tie or a broken model);
+* **factual**: on prompts with an expected word (``expect``, alternatives split by ``|``), the candidate's
+  free-running answer must contain it wherever the reference's does.
+
+Any figure under its threshold fails the gate (exit 1, the reasons printed).
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import yaml
+from pydantic import BaseModel, Field
+
+from miaohui.config import Frozen
+from miaohui.errors import ArtifactError, ConfigError, ModelNotFoundError
+from miaohui.generation.artifact import (
+    MARKER_NAME,
+    CausalLMInfo,
+    ChatTokenizer,
+    is_causal_lm_dir,
+    latest_version,
+    read_info,
+)
+
+
+class DecoderGateConfig(Frozen):
+    """Thresholds of the decoder gate; :meth:`for_precision` picks them by the version's precision."""
+
+    new_tokens: int = Field(default=32, ge=1, le=256)
+    """Greedy tokens compared per prompt: 32 covers a short answer (the factual prompts' answers fit in it) and
+    keeps the gate at seconds per model on a CPU."""
+    min_exact_match: float = Field(default=1.0, ge=0.0, le=1.0)
+    """Share of prompts whose greedy tokens must equal the reference's. fp32: 1.0 — the same math in the same
+    precision must give the same text; a single difference is an export bug."""
+    min_teacher_forced: float = Field(default=1.0, ge=0.0, le=1.0)
+    """Share of teacher-forced positions whose top-1 must agree. fp32: 1.0 (as exact match)."""
+    min_factual: float = Field(default=1.0, ge=0.0, le=1.0)
+    """Share of factual prompts (those the reference answers with the expected word) the candidate must answer with
+    it too. 1.0 at every precision: a served model that loses a fact its source knows is not acceptable."""
+
+    @classmethod
+    def for_precision(cls, precision: str) -> DecoderGateConfig:
+        """fp32: exact (1.0 / 1.0 / 1.0). Reduced precision (int8 weights, bf16, fp16): a near-tie may flip one
+        greedy token and the text then diverges for good, so exact match is 0.5 (half the prompts); teacher-forced
+        top-1 0.95 (one flipped position in twenty: broken weights or activations score far lower); facts 1.0."""
+        if precision == "fp32":
+            return cls()
+        return cls(min_exact_match=0.5, min_teacher_forced=0.95)
+
+
+class GatePrompt(BaseModel):
+    id: str
+    lang: Literal["en", "zh"]
+    text: str
+    expect: str | None = None
+    """Factual prompts: the word a correct answer contains (alternatives split by ``|``)."""
+
+
+class PromptResult(BaseModel):
+    id: str
+    lang: str
+    exact: bool
+    teacher_forced: list[int]
+    """``[agreeing positions, positions]``."""
+    reference_text: str
+    candidate_text: str
+    expect: str | None = None
+    reference_has_fact: bool | None = None
+    candidate_has_fact: bool | None = None
+
+
+class DecoderGateReport(BaseModel):
+    model: str
+    version: int
+    backend: str
+    precision: str
+    reference: str
+    config: DecoderGateConfig
+    exact_match: float
+    teacher_forced: float
+    factual: float | None
+    """Share of the factual prompts the reference gets right that the candidate gets right too (``None``: the
+    reference gets none right, e.g. a random test model)."""
+    factual_counted: int
+    results: list[PromptResult]
+    failures: list[str]
+    seconds: float
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+
+def load_prompts(path: Path | None = None) -> list[GatePrompt]:
+    """The committed prompt set (or ``path``, a YAML of the same shape: ``chat`` and ``factual`` lists)."""
+    if path is None:
+        text = (importlib.resources.files("miaohui.validate") / "data" / "decoder_prompts.yaml").read_text("utf-8")
+    else:
+        text = path.read_text(encoding="utf-8")
+    raw = yaml.safe_load(text) or {}
+    return [GatePrompt.model_validate(p) for key in ("chat", "factual") for p in raw.get(key) or []]
+
+
+def resolve_causal_lm(spec: str, repository: Path) -> Path | None:
+    """The version folder ``spec`` names (``NAME``, ``NAME:VERSION`` or a folder) when it is a causal LM, else None."""
+    path = Path(spec)
+    if is_causal_lm_dir(path):
+        return path
+    name, _, version = spec.partition(":")
+    model_dir = repository / name
+    newest = latest_version(model_dir) if name and "/" not in name else None
+    if newest is None:
+        return None
+    if not version:
+        return model_dir / str(newest) if is_causal_lm_dir(model_dir / str(newest)) else None
+    if not version.isdigit() or not (model_dir / version).is_dir():
+        if is_causal_lm_dir(model_dir / str(newest)):
+            raise ModelNotFoundError(f"model {name!r} has no version {version!r}", f"the newest is {newest}")
+        return None
+    return model_dir / version if is_causal_lm_dir(model_dir / version) else None
+
+
+# ---- the candidate: one greedy step at a time, on either engine ---------------------------------------------
+
+
+class _Stepper(Protocol):
+    def first(self, prompt: Sequence[int]) -> int: ...
+    def next(self, token: int) -> int: ...
+
+
+class _OrtStepper:
+    def __init__(self, folder: Path) -> None:
+        from miaohui.generation.ort_engine import OrtCausalLMEngine
+
+        self.engine = OrtCausalLMEngine(folder)
+        self.eos = set(self.engine.meta.eos_token_ids)
+        self._kv: Any = None
+
+    def first(self, prompt: Sequence[int]) -> int:
+        logits, self._kv = self.engine.prefill([list(prompt)])
+        return int(logits[0].argmax())
+
+    def next(self, token: int) -> int:
+        logits, self._kv = self.engine.decode([token], self._kv)
+        return int(logits[0].argmax())
+
+
+class _SlotStepper:
+    """An ``inductor`` version on its static-KV engine (GPU), one slot."""
+
+    def __init__(self, folder: Path) -> None:
+        from miaohui.generation.static_artifact import load_slot_engine, read_static_meta
+
+        self.engine = load_slot_engine(folder)
+        self.engine.warmup()
+        self.eos = set(read_static_meta(folder).eos_token_ids)
+
+    def first(self, prompt: Sequence[int]) -> int:
+        self.engine.release(0)
+        return int(self.engine.prefill([0], [list(prompt)]).argmax()[0])
+
+    def next(self, token: int) -> int:
+        return int(self.engine.decode([0], [token]).argmax()[0])
+
+
+def _greedy(stepper: _Stepper, eos: set[int], prompt: Sequence[int], n: int) -> list[int]:
+    out = [stepper.first(prompt)]
+    while len(out) < n and out[-1] not in eos:
+        out.append(stepper.next(out[-1]))
+    return out
+
+
+def _teacher_forced(stepper: _Stepper, prompt: Sequence[int], reference: Sequence[int]) -> int:
+    """Positions where the candidate's argmax, fed the reference so far, is the reference's next token."""
+    agree = int(stepper.first(prompt) == reference[0])
+    for i in range(1, len(reference)):
+        agree += int(stepper.next(reference[i - 1]) == reference[i])
+    return agree
+
+
+# ---- the reference -----------------------------------------------------------------------------------------
+
+
+def _source_folder(info: CausalLMInfo) -> Path | None:
+    """The fp32 HF directory a version was exported from; versions built before ``source_path`` was recorded: the
+    built-in SmolLM2's cache when that is their source."""
+    if info.source_path:
+        return Path(info.source_path)
+    from miaohui.zoo.smollm import GGUF_NAME, smollm_cache_dir
+
+    return smollm_cache_dir() if info.source.startswith(f"{GGUF_NAME}@") else None
+
+
+def _reference_model(info: CausalLMInfo, folder: Path) -> Any:
+    fix = f"rebuild it with `miaohui build-llm ... --name {info.name} --force` (the source is recorded then)"
+    source = _source_folder(info)
+    if source is None:
+        raise ArtifactError(f"{folder / MARKER_NAME} does not say where its fp32 source is", fix)
+    if not (source / "config.json").is_file():
+        raise ArtifactError(f"the fp32 source of {info.name} v{info.version}, {source}, is gone", fix)
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(source), local_files_only=True, dtype="float32").eval()
+
+
+def _reference_greedy(model: Any, prompt: Sequence[int], n: int, eos: set[int]) -> list[int]:
+    import torch
+
+    with torch.inference_mode():
+        ids = torch.tensor([list(prompt)])
+        out = model.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False, eos_token_id=sorted(eos),
+            pad_token_id=sorted(eos)[0],
+        )  # fmt: skip
+    return [int(t) for t in out[0, len(prompt) :]]
+
+
+def _has(text: str, expect: str) -> bool:
+    return any(word.lower() in text.lower() for word in expect.split("|"))
+
+
+# ---- the gate ----------------------------------------------------------------------------------------------
+
+
+def run_decoder_gate(
+    folder: Path, config: DecoderGateConfig | None = None, prompts: Sequence[GatePrompt] | None = None
+) -> DecoderGateReport:
+    """Run the gate on the causal-LM version ``folder``; the report (``passed``, ``failures``) is also stored in its
+    ``causal_lm.json`` (``validation``)."""
+    started = time.perf_counter()
+    info = read_info(folder)
+    config = config or DecoderGateConfig.for_precision(info.precision)
+    prompts = list(prompts) if prompts is not None else load_prompts()
+    if not prompts:
+        raise ConfigError("the decoder gate has no prompts", "give a YAML with `chat` and `factual` lists")
+    tok = ChatTokenizer.from_dir(folder, info)
+    stepper: _OrtStepper | _SlotStepper = _OrtStepper(folder) if info.backend == "onnxruntime" else _SlotStepper(folder)
+    reference = _reference_model(info, folder)
+    results = []
+    for p in prompts:
+        ids = tok.encode_chat([{"role": "user", "content": p.text}]) if tok.chat_template else tok.encode(p.text)
+        ref = _reference_greedy(reference, ids, config.new_tokens, stepper.eos)
+        got = _greedy(stepper, stepper.eos, ids, config.new_tokens)
+        agree = len(ref) if got == ref else _teacher_forced(stepper, ids, ref)
+        ref_text, got_text = tok.decode(ref), tok.decode(got)
+        results.append(
+            PromptResult(
+                id=p.id, lang=p.lang, exact=got == ref, teacher_forced=[agree, len(ref)], reference_text=ref_text,
+                candidate_text=got_text, expect=p.expect,
+                reference_has_fact=_has(ref_text, p.expect) if p.expect else None,
+                candidate_has_fact=_has(got_text, p.expect) if p.expect else None,
+            )
+        )  # fmt: skip
+    report = _report(info, config, results, time.perf_counter() - started)
+    info.validation = report.model_dump(mode="json")
+    (folder / MARKER_NAME).write_text(info.model_dump_json(indent=2), encoding="utf-8")
+    return report
+
+
+def _report(
+    info: CausalLMInfo, config: DecoderGateConfig, results: list[PromptResult], seconds: float
+) -> DecoderGateReport:
+    exact = sum(r.exact for r in results) / len(results)
+    tf = sum(r.teacher_forced[0] for r in results) / max(1, sum(r.teacher_forced[1] for r in results))
+    counted = [r for r in results if r.reference_has_fact]
+    factual = sum(bool(r.candidate_has_fact) for r in counted) / len(counted) if counted else None
+    failures = []
+    if exact < config.min_exact_match:
+        bad = [r.id for r in results if not r.exact]
+        failures.append(
+            f"greedy exact match {exact:.1%} < {config.min_exact_match:.0%} (differs on {', '.join(bad[:6])})"
+        )
+    if tf < config.min_teacher_forced:
+        failures.append(f"teacher-forced top-1 agreement {tf:.1%} < {config.min_teacher_forced:.0%}")
+    if factual is not None and factual < config.min_factual:
+        for r in counted:
+            if not r.candidate_has_fact:
+                failures.append(
+                    f"{r.id}: the fp32 source answers {r.reference_text.strip()!r} (with {r.expect!r}); "
+                    f"the candidate answers {r.candidate_text.strip()!r}"
+                )
+    return DecoderGateReport(
+        model=info.name, version=info.version, backend=info.backend, precision=info.precision,
+        reference=f"fp32 {info.architecture or 'HF'} in PyTorch ({info.source_path})", config=config,
+        exact_match=exact, teacher_forced=tf, factual=factual, factual_counted=len(counted), results=results,
+        failures=failures, seconds=round(seconds, 2),
+    )  # fmt: skip
+
+
+def print_report(report: DecoderGateReport, console: Any) -> None:
+    """The gate's figures as a rich table (one row per prompt, then the totals against the thresholds)."""
+    from rich.table import Table
+
+    c = report.config
+    table = Table(
+        "prompt", "exact", "teacher-forced", "fact", "candidate (start)",
+        title=f"{report.model} v{report.version} ({report.backend} {report.precision}) vs {report.reference}",
+    )  # fmt: skip
+    for r in report.results:
+        fact = (
+            ""
+            if r.expect is None
+            else f"{'✓' if r.candidate_has_fact else '✗'} (ref {'✓' if r.reference_has_fact else '✗'})"
+        )
+        table.add_row(
+            r.id, "✓" if r.exact else "✗", f"{r.teacher_forced[0]}/{r.teacher_forced[1]}", fact,
+            r.candidate_text.strip().replace("\n", " ")[:48],
+        )  # fmt: skip
+    console.print(table)
+    factual = "n/a (the reference states none)" if report.factual is None else f"{report.factual:.0%}"
+    console.print(
+        f"greedy exact match {report.exact_match:.1%} (min {c.min_exact_match:.0%}) · teacher-forced top-1 "
+        f"{report.teacher_forced:.1%} (min {c.min_teacher_forced:.0%}) · factual {factual} of "
+        f"{report.factual_counted} (min {c.min_factual:.0%}) · {c.new_tokens} tokens · {report.seconds:.0f}s"
+    )

