@@ -35,6 +35,7 @@ def bert_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def engines(bert_base: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, InductorEngine]:
     repo = tmp_path_factory.mktemp("kernels-repo")
+    skinny_gemm._LT_PLANS.clear()  # the process-wide plan cache: only this module's engines' plans are checked below
     out = {}
     for name, kernels, static in (("tuned", "tuned", ""), ("library", "library", ""), ("static", "tuned", "1x128")):
         cfg = BuildConfig(
