@@ -21,7 +21,7 @@ DEFAULT_MODEL = "intent-e5-small"
 BERT_FFN_DOWN = (r"layer\.\d+/output/dense",)
 """BERT's FFN down-projections (inputs: long-tailed GELU outputs), the layers static int8 keeps fp32
 (`--keep-fp32`): all-int8 static QDQ agreed with fp32 on only 97.0 % of the dev split, below the 98 % gate;
-with these 12 MatMuls in fp32 it agrees on 98.8 % (see README)."""
+with these 12 MatMuls in fp32 it agrees on 98.8 % (docs/benchmarks.md)."""
 
 INT8_SMOOTH = 2
 """The default int8 engine is ONNX Runtime *dynamic* int8, every weight MatMul int8, with a SmoothQuant input scale

@@ -75,7 +75,7 @@ class SchedulerConfig(Frozen):
     """The async engine loop schedules and launches step N+1 before it reads step N's tokens, and makes step N's
     text while N+1 computes, so the device never waits for the host between steps (vLLM's async scheduling). Needs
     an engine that feeds greedy picks on the device (the GPU engine) and only chains while every running sequence is
-    greedy. Off by default: on the H200 it gave +13–34 % tokens/s but longer TTFT/ITL tails (README, GPU)."""
+    greedy. Off by default: on the H200 it gave +13–34 % tokens/s but longer TTFT/ITL tails (docs/gpu.md)."""
 
     prefill_min_prompts: int = Field(default=1, ge=1)
     """While sequences are decoding, hold new prompts until this many wait (or the oldest has waited

@@ -2,7 +2,7 @@
 
 Why: with ``--workers N`` alone each worker holds its own engines. On a GPU that is N CUDA contexts that
 time-slice the device, each launching its own small batches: on the H200 six workers kept the GPU 99 % busy
-with batches of 2–7 rows and p99 at 20 ms (README, GPU section). Here the HTTP workers parse, tokenize,
+with batches of 2–7 rows and p99 at 20 ms (docs/gpu.md). Here the HTTP workers parse, tokenize,
 extract slots and answer; the rows of all of them go to one process that owns the engines, the dynamic
 batcher and the warm-up, so batches form across workers and one context owns the GPU (vLLM's engine-core
 split, Triton's single server process).

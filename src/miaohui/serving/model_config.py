@@ -168,7 +168,7 @@ def load_model_config(path: Path, backend: str | None = None) -> ModelConfig:
         data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
         return ModelConfig.model_validate(data)
     except (yaml.YAMLError, ValidationError) as exc:
-        raise ConfigError(f"{path} is invalid: {exc}", "fix the file (see README, 'Model repository')") from exc
+        raise ConfigError(f"{path} is invalid: {exc}", "fix the file (see docs/model-repository.md)") from exc
 
 
 def write_model_config(path: Path, cfg: ModelConfig) -> None:
