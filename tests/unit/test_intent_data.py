@@ -284,3 +284,20 @@ def test_project_data_is_the_default() -> None:
     assert data.labels == LABELS and data.source == "project"
     assert [r.text for r in data.train] == [r.text for r in load_split("train")]
     assert [r.text for r in data.dev] == [r.text for r in load_split("dev")]
+
+
+def test_load_texts_takes_any_labels_and_txt(tmp_path: Path) -> None:
+    """Calibration and comparison text: JSONL with a text field (labels of any set, or none), or a .txt file."""
+    from miaohui.zoo.intents import load_texts
+
+    jsonl = tmp_path / "calib.jsonl"
+    jsonl.write_text('{"text": "renew my book", "intent": "renewal"}\n\n{"text": "hello"}\n', encoding="utf-8")
+    assert load_texts(jsonl) == ["renew my book", "hello"]
+    txt = tmp_path / "calib.txt"
+    txt.write_text("first\n\n second \n", encoding="utf-8")
+    assert load_texts(txt) == ["first", "second"]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"intent": "x"}\n', encoding="utf-8")
+    with pytest.raises(ConfigError) as info:
+        load_texts(bad)
+    assert info.value.message == f"{bad}:1: no non-empty 'text' in " + repr('{"intent": "x"}')

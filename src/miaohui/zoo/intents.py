@@ -140,18 +140,21 @@ def _parse_lines(lines: list[str], source: str) -> list[IntentExample]:
     return out
 
 
-def load_jsonl(path: str | Path) -> list[IntentExample]:
-    """Read and validate a user's intent file (JSONL, UTF-8); errors name file:line and the bad value."""
+def _read_text(path: str | Path, what: str) -> tuple[Path, list[str]]:
+    """The lines of a UTF-8 file the user names; a missing or non-UTF-8 file is an error naming it."""
     p = Path(path)
     if not p.is_file():
-        raise ConfigError(f"intent data file not found: {p}", "pass the path of an existing JSONL file")
+        raise ConfigError(f"{what} file not found: {p}", "pass the path of an existing file")
     try:
-        content = p.read_text(encoding="utf-8")
+        return p, p.read_text(encoding="utf-8").splitlines()
     except UnicodeDecodeError as exc:
-        raise ConfigError(
-            f"{p}: not UTF-8 (byte {exc.start})", "save the file as UTF-8 text, one JSON object a line"
-        ) from exc
-    return _parse_lines(content.splitlines(), str(p))
+        raise ConfigError(f"{p}: not UTF-8 (byte {exc.start})", "save the file as UTF-8 text") from exc
+
+
+def load_jsonl(path: str | Path) -> list[IntentExample]:
+    """Read and validate a user's intent file (JSONL, UTF-8); errors name file:line and the bad value."""
+    p, lines = _read_text(path, "intent data")
+    return _parse_lines(lines, str(p))
 
 
 def load_split(split: Literal["train", "dev"]) -> list[IntentExample]:
@@ -228,14 +231,8 @@ def _parse_user_line(raw: str, where: str) -> LabelledText:
 def load_user_jsonl(path: str | Path) -> list[LabelledText]:
     """A user's labelled file (JSONL, UTF-8, ``{"text", "intent", "lang"?}`` a line; other keys are ignored);
     errors name file:line and what is wrong. Blank lines are skipped; a file without examples is an error."""
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"intent data file not found: {p}", "pass the path of an existing JSONL file")
-    try:
-        content = p.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{p}: not UTF-8 (byte {exc.start})", "save the file as UTF-8 text") from exc
-    rows = [_parse_user_line(raw, f"{p}:{n}") for n, raw in enumerate(content.splitlines(), 1) if raw.strip()]
+    p, lines = _read_text(path, "intent data")
+    rows = [_parse_user_line(raw, f"{p}:{n}") for n, raw in enumerate(lines, 1) if raw.strip()]
     if not rows:
         raise ConfigError(f"{p} is empty: no examples", _USER_FIX)
     return rows
@@ -306,13 +303,7 @@ def load_train_data(
 def load_texts(path: str | Path) -> list[str]:
     """Unlabelled text for calibration and comparisons: a ``.txt`` file (a text a line) or JSONL whose objects have a
     ``"text"`` (any other keys, any labels, are ignored); errors name file:line."""
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"text file not found: {p}", "pass the path of an existing .txt or JSONL file")
-    try:
-        lines = p.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{p}: not UTF-8 (byte {exc.start})", "save the file as UTF-8 text") from exc
+    p, lines = _read_text(path, "text")
     if p.suffix == ".txt":
         texts = [line.strip() for line in lines if line.strip()]
     else:
