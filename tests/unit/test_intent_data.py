@@ -8,6 +8,7 @@ import re
 import unicodedata
 from collections import Counter
 from importlib import resources
+from pathlib import Path
 
 import pytest
 
