@@ -24,6 +24,7 @@ from miaohui.config import BuildConfig
 from miaohui.dialogue.cli import compare_command, validate_pipeline_command
 from miaohui.dialogue.compare import compare_engines
 from miaohui.engines.store import build_artifact
+from miaohui.models.tiny import save_tiny_intent
 from miaohui.server.dialogue_api import DialogueService, dialogue_router, shadow_router
 from miaohui.server.http import create_app
 from miaohui.server.metrics import Metrics
@@ -32,18 +33,21 @@ from miaohui.serving.model_config import ShadowConfig, VersionPolicy, load_model
 from miaohui.serving.repository import ModelManager
 from miaohui.serving.shadow import ShadowManager
 from miaohui.validate.consistency import DriftThresholds
-from miaohui.zoo.intents import load_split
+from miaohui.zoo.intents import LABELS, load_split
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def repo(intent_engines: dict[str, Path], tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """``intent`` v1 = fp32, v2 = int8 (the candidate); ``tiny`` = a random-weight model."""
+    """``intent`` v1 = fp32, v2 = int8 (the candidate); ``tiny`` = a random-weight model of 4 labels, ``tiny24`` one
+    of the project's 24 (a pipeline can load it, and its replies lose what the gate checks)."""
     repo = tmp_path_factory.mktemp("compare-repo")
     install_version(intent_engines["fp32"], repo, "intent")
     install_version(intent_engines["int8"], repo, "intent")
     build_artifact(tiny_model, "tiny", BuildConfig(), repo, log=lambda m: None)
+    tiny24 = save_tiny_intent(tmp_path_factory.mktemp("tiny24") / "tiny24", labels=list(LABELS))
+    build_artifact(tiny24, "tiny24", BuildConfig(), repo, log=lambda m: None)
     return repo
 
 
@@ -118,7 +122,7 @@ def test_pipeline_gate_int8_passes_for_the_bank(repo: Path, cli: typer.Typer) ->
 
 
 def test_pipeline_gate_fails_an_engine_that_loses_disclaimers(repo: Path, cli: typer.Typer) -> None:
-    args = ["--pipeline", "bank_advisor", "--engine", "tiny", "--reference", "intent:1", "--repository", str(repo)]
+    args = ["--pipeline", "bank_advisor", "--engine", "tiny24", "--reference", "intent:1", "--repository", str(repo)]
     result = run(cli, "validate-pipeline", *args)
     assert result.exit_code == 1, result.output
     assert (
@@ -126,6 +130,14 @@ def test_pipeline_gate_fails_an_engine_that_loses_disclaimers(repo: Path, cli: t
         in result.output
     )
     assert "candidate altered the reply's numbers" in result.output
+
+
+def test_pipeline_gate_refuses_an_engine_without_the_routed_labels(repo: Path, cli: typer.Typer) -> None:
+    args = ["--pipeline", "bank_advisor", "--engine", "tiny", "--reference", "intent:1", "--repository", str(repo)]
+    result = run(cli, "validate-pipeline", *args)
+    assert result.exit_code == 2, result.output
+    assert "pipeline 'bank_advisor' routes intent label(s) ['account_balance'" in result.output
+    assert "that the intent model 'tiny v1 (onnxruntime fp32)' does not have" in result.output
 
 
 # ------------------------------------------------------------------------------------------- shadow mode

@@ -207,7 +207,7 @@ def test_breakdown_from_real_metrics_registry() -> None:
     after = parse_metrics(metrics.render().decode())
     out = breakdown(before, after, "intent", wall_s=1.0)
     # (this process's own collections may land in the window too: at least the one observed here)
-    assert out["gc_pauses"]["2"]["collections"] >= 1 and out["gc_pauses"]["2"]["total_ms"] >= 4.0
+    assert out["gc_pauses"]["2"]["collections"] >= 1 and out["gc_pauses"]["2"]["total_ms"] >= 4.0 - 1e-6
     assert set(out["stage_ms"]) == {"tokenize", "gpu"}
     assert out["stage_ms"]["tokenize"]["count"] == 2 and out["stage_ms"]["tokenize"]["mean"] == pytest.approx(0.3)
     assert out["stage_ms"]["gpu"]["mean"] == pytest.approx(3.0)

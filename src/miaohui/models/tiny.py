@@ -10,19 +10,17 @@ from miaohui.models.intent import IntentClassifier, random_bert
 from miaohui.zoo.tiny import any_tokenizer
 
 
-def save_tiny_intent(folder: Path) -> Path:
-    """A tiny random-weight BERT intent classifier (2 layers, hidden 32, 4 labels) with :func:`any_tokenizer`,
-    saved as a checkpoint in ``folder``: fast serving tests and host-path benchmarks, never accuracy."""
+def save_tiny_intent(folder: Path, labels: list[str] | None = None) -> Path:
+    """A tiny random-weight BERT intent classifier (2 layers, hidden 32; ``labels``, default 4 of the project's) with
+    :func:`any_tokenizer`, saved as a checkpoint in ``folder``: fast serving tests and host-path benchmarks, never
+    accuracy."""
+    labels = labels or ["greeting", "goodbye", "human_agent", "out_of_scope"]
     tok = any_tokenizer()
     encoder = random_bert(hidden=32, layers=2, heads=2, vocab=tok.get_vocab_size(), max_positions=128)
     meta = ModelMeta(
-        kind="intent",
-        base="tiny-random",
-        bert_config=encoder.config.to_diff_dict(),
-        labels=["greeting", "goodbye", "human_agent", "out_of_scope"],
-        max_length=64,
+        kind="intent", base="tiny-random", bert_config=encoder.config.to_diff_dict(), labels=labels, max_length=64
     )
-    return save_checkpoint(folder, IntentClassifier(encoder, num_labels=4).eval(), meta, tok)
+    return save_checkpoint(folder, IntentClassifier(encoder, num_labels=len(labels)).eval(), meta, tok)
 
 
 def save_bert_base_intent(folder: Path, num_labels: int = 24) -> Path:
