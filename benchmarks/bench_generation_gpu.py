@@ -64,14 +64,13 @@ import numpy as np
 import torch
 
 from miaohui.bench.scrape import Snapshot, fetch_metrics, gc_pauses, parse_metrics, share_above, window_histogram
-from miaohui.gcpolicy import FREEZE_ENV
 from miaohui.generation.engine_loop import AsyncLLMEngine, LLMEngine
 from miaohui.generation.params import SamplingParams
 from miaohui.generation.scheduler import SchedulerConfig
 from miaohui.generation.slot_engine import TorchSlotEngine
 from miaohui.generation.slot_options import SlotEngineOptions
 from miaohui.generation.static_kv import StaticKVDecoder
-from miaohui.gil import GENERATION_SWITCH_US, switch_interval_us
+from miaohui.gil import GENERATION_SWITCH_US
 
 HBM_BYTES_PER_S = 4.3e12
 CLIENT_START_S = 0.5
@@ -458,7 +457,7 @@ def server_load(
     log(f"artifact saved in {time.perf_counter() - t:.1f}s; starting the server")
     # a tokenizer is needed by the server: SmolLM2's when cached, else a tiny word-level one
     _write_tokenizer(version, vocab)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", FREEZE_ENV: "1" if args.gc_freeze == "on" else "0"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     if args.server_src:  # another tree's miaohui for the server only (A/B of the serving path)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(args.server_src), env.get("PYTHONPATH")]))
     port = _free_port()
@@ -466,7 +465,8 @@ def server_load(
     log_file = (repo / "serve.log").open("w")
     server = subprocess.Popen(
         [sys.executable, "-m", "miaohui.cli", "serve", "-r", str(repo), "--port", str(port), "--grpc-port", "0"]
-        + (["--workers", str(args.serve_workers), "--shared-engine"] if args.serve_workers > 1 else []),
+        + (["--workers", str(args.serve_workers), "--shared-engine"] if args.serve_workers > 1 else [])
+        + ([] if args.gc_freeze == "on" else ["--no-gc-freeze"]),
         stdout=log_file, stderr=subprocess.STDOUT, env=env,
     )  # fmt: skip
     started = time.perf_counter()
@@ -543,7 +543,7 @@ def server_load(
             "serve_workers": args.serve_workers,
             "async_scheduling": args.async_scheduling,
             "server_src": str(args.server_src) if args.server_src else None,
-            "gil_switch_interval_us": switch_interval_us(GENERATION_SWITCH_US),  # the server's generation loop
+            "gil_switch_interval_us": GENERATION_SWITCH_US,  # the server's generation loop (no --gil-switch-us)
             "server_ready_s": ready_s,
             "requests": len(merged["tokens"]),
             "errors": len(merged["errors"]),
@@ -827,7 +827,7 @@ def main() -> None:
         "--gc-freeze",
         choices=["on", "off"],
         default="on",
-        help="the server freezes its warm heap (gc.freeze(), the default) or not (MIAOHUI_GC_FREEZE): A/B",
+        help="the server freezes its warm heap (gc.freeze(), the default) or not (miaohui serve --no-gc-freeze): A/B",
     )
     ap.add_argument(
         "--int8-batch1", action="store_true", help="int8 weight-only copy for decode steps of one row (engine option)"

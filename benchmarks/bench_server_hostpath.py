@@ -32,7 +32,6 @@ import httpx
 
 from miaohui.bench.report import environment
 from miaohui.bench.scrape import fetch_metrics, gc_pauses
-from miaohui.gcpolicy import FREEZE_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -76,7 +75,7 @@ def run_point(
     gc_freeze: bool = True,
 ) -> dict[str, Any]:
     port, grpc_port = free_port(), free_port()
-    env = os.environ | {FREEZE_ENV: "1" if gc_freeze else "0"}
+    env = dict(os.environ)
     if src is not None:
         env["PYTHONPATH"] = str(src)
     cmd = [sys.executable, "-m", "miaohui.cli", "serve", "-r", str(repo), "--port", str(port)]
@@ -85,6 +84,8 @@ def run_point(
         cmd += ["--workers", str(workers)]
     if shared_engine:
         cmd += ["--shared-engine"]
+    if not gc_freeze:
+        cmd += ["--no-gc-freeze"]
     log = work / f"server-{port}.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)

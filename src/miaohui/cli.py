@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -407,6 +406,21 @@ def serve(
             "(one CUDA context on a GPU).",
         ),
     ] = False,
+    cores: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Cores each server process sizes its engine thread pools for (default: with --workers N, each "
+            "worker's share of the cores the server may run on; else all of them).",
+        ),
+    ] = None,
+    gc_freeze: Annotated[
+        bool,
+        typer.Option(
+            help="Once warm (and after every model change) collect once and gc.freeze() the heap, so later "
+            "collections pause serving for less.",
+        ),
+    ] = True,
     gil_switch_us: Annotated[
         float | None,
         typer.Option(
@@ -418,11 +432,8 @@ def serve(
     ] = None,
 ) -> None:
     """Serve the repository: HTTP (KServe v2, /v1/intent, /v1/chat/completions, /v1/dialogue, /metrics) and gRPC."""
-    from miaohui.gil import SWITCH_ENV
     from miaohui.server.state import ServeSpec
 
-    if gil_switch_us is not None:
-        os.environ[SWITCH_ENV] = str(gil_switch_us)  # this process and every spawned worker / engine process
     try:
         spec = ServeSpec(
             _repo(repository),
@@ -433,6 +444,9 @@ def serve(
             dialogue_llm=dialogue_llm,
             workers=workers,
             shared_engine=shared_engine,
+            cores=cores,
+            gc_freeze=gc_freeze,
+            gil_switch_us=gil_switch_us,
         )
         if spec.workers > 1:
             from miaohui.server.workers import run_workers

@@ -9,7 +9,8 @@ process collects once and moves them to the permanent generation (:func:`freeze_
 and SGLang do after start-up): later collections walk only what serving made since. Frozen objects are never
 collected, so a version unloaded later would leak whatever of it sits in reference cycles: after a model is
 loaded, reloaded or unloaded the repository calls :func:`refreeze` (unfreeze, one full collection — a pause of the
-same size, once per change — and freeze again). ``MIAOHUI_GC_FREEZE=0`` turns all of it off (A/B runs).
+same size, once per change — and freeze again). ``miaohui serve --no-gc-freeze`` turns all of it off
+(:func:`set_freeze`, from the process's ``ServeSpec``).
 
 Every collection's pause is counted in ``miaohui_gc_pause_seconds{generation}``. The ``gc.callbacks`` hook only
 appends to a list (:data:`_pending`): it runs wherever a collection starts, possibly inside code that holds a
@@ -22,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import os
 import time
 import weakref
 from typing import Any
@@ -31,7 +31,6 @@ from miaohui.config import Frozen
 
 log = logging.getLogger(__name__)
 
-FREEZE_ENV = "MIAOHUI_GC_FREEZE"
 PAUSE_BUCKETS = (0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
 
 _pending: list[tuple[int, float]] = []
@@ -84,15 +83,23 @@ class FreezeReport(Frozen):
     """The full collection before it."""
 
 
+_freeze = [True]
+
+
+def set_freeze(enabled: bool) -> None:
+    """Whether :func:`freeze_heap` freezes in this process (``ServeSpec.gc_freeze``)."""
+    _freeze[0] = bool(enabled)
+
+
 def freeze_enabled() -> bool:
-    return os.environ.get(FREEZE_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+    return _freeze[0]
 
 
 def freeze_heap(who: str = "server") -> FreezeReport | None:
-    """Collect once and freeze what survives (``gc.freeze()``); None when ``MIAOHUI_GC_FREEZE`` turns it off.
+    """Collect once and freeze what survives (``gc.freeze()``); None when :func:`set_freeze` turned it off.
     Call when a process is warm (models loaded, graphs captured) and before it takes traffic."""
     if not freeze_enabled():
-        log.info("%s: gc.freeze() off (%s=0)", who, FREEZE_ENV)
+        log.info("%s: gc.freeze() off (--no-gc-freeze)", who)
         return None
     started = time.perf_counter()
     gc.collect()

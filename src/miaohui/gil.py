@@ -8,8 +8,8 @@ generation server under 64 streams measured more tokens/s and a lower TTFT p99 w
 measured no gain, so only a process that runs a generation loop shortens it by default (applied when the loop
 starts).
 
-``miaohui serve --gil-switch-us N`` sets ``MIAOHUI_GIL_SWITCH_US`` (spawned workers and the engine process inherit
-it); when set it wins in every server process, generation or not.
+``miaohui serve --gil-switch-us N`` puts N into the ``ServeSpec`` every server process receives; each calls
+:func:`configure` with it first, and the configured interval then wins in that process, generation or not.
 
 :func:`short_switch_interval` lowers the interval for as long as a background thread does long Python work next to
 serving threads (a ``fast_start`` engine's compile): with Python's 5 ms, the serving threads wait on the compile for
@@ -19,28 +19,30 @@ the GIL, and the intent server's throughput and tail latency collapse while it r
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import threading
 from collections.abc import Iterator
 
-SWITCH_ENV = "MIAOHUI_GIL_SWITCH_US"
 GENERATION_SWITCH_US = 50.0
 BACKGROUND_WORK_SWITCH_US = 100.0
 
 _lock = threading.Lock()
 _holders = 0
 _saved_s = 0.0
+_configured_us: float | None = None
+
+
+def configure(us: float | None) -> None:
+    """This process's interval from its ``ServeSpec`` (``--gil-switch-us``); None: the defaults of
+    :func:`switch_interval_us`. Applied by :func:`apply_switch_interval`."""
+    global _configured_us
+    _configured_us = None if us is None else float(us)
 
 
 def switch_interval_us(default_us: float | None = None) -> float | None:
-    """The interval to use: ``$MIAOHUI_GIL_SWITCH_US`` when set (clamped to 10 µs … 100 ms; an unreadable value is
-    ignored), else ``default_us`` (None: leave Python's)."""
-    raw = os.environ.get(SWITCH_ENV)
-    try:
-        us = float(raw) if raw else default_us
-    except ValueError:
-        us = default_us
+    r"""The interval to use: the :func:`configure`\ d one when set (clamped to 10 µs … 100 ms), else ``default_us``
+    (None: leave Python's)."""
+    us = _configured_us if _configured_us is not None else default_us
     return None if us is None else min(max(us, 10.0), 100_000.0)
 
 

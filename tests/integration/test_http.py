@@ -261,7 +261,7 @@ async def test_a_frozen_server_refreezes_after_load_and_unload(
     from miaohui import gcpolicy
 
     monkeypatch.setattr(gcpolicy, "_frozen", [True])
-    monkeypatch.setenv(gcpolicy.FREEZE_ENV, "1")
+    assert gcpolicy.freeze_enabled()
     try:
         with caplog.at_level("INFO", logger="miaohui.gcpolicy"):
             assert (await client.post("/v2/repository/models/intent/unload")).status_code == 200

@@ -76,11 +76,13 @@ def test_the_pending_list_is_bounded_when_nobody_flushes(monkeypatch: pytest.Mon
     gcpolicy.flush_pauses()
 
 
-def test_freeze_moves_the_live_heap_to_the_permanent_generation(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_freeze_moves_the_live_heap_to_the_permanent_generation() -> None:
     before = gc.get_freeze_count()
-    monkeypatch.setenv(gcpolicy.FREEZE_ENV, "0")
-    assert gcpolicy.freeze_heap("test") is None and gc.get_freeze_count() == before
-    monkeypatch.setenv(gcpolicy.FREEZE_ENV, "1")
+    gcpolicy.set_freeze(False)
+    try:
+        assert gcpolicy.freeze_heap("test") is None and gc.get_freeze_count() == before
+    finally:
+        gcpolicy.set_freeze(True)
     try:
         report = gcpolicy.freeze_heap("test")
         assert report is not None and report.frozen_objects > 1000
@@ -123,7 +125,7 @@ def test_refreeze_frees_cycles_that_died_while_frozen(monkeypatch: pytest.Monkey
     class Node:
         other: object = None
 
-    monkeypatch.setenv(gcpolicy.FREEZE_ENV, "1")
+    assert gcpolicy.freeze_enabled()
     assert gcpolicy.refreeze("test") is None  # never frozen: nothing to do
     a, b = Node(), Node()
     a.other, b.other = b, a

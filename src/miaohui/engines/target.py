@@ -27,20 +27,30 @@ RELEVANT_CPU_FLAGS = (
 )
 
 
-CORES_ENV = "MIAOHUI_CORES"
-"""Cores one process should use; ``miaohui serve --workers N`` sets it to each worker's share."""
+_core_share: int | None = None
 
 
-def usable_cores() -> int:
-    """Cores this process should size its thread pools for: ``$MIAOHUI_CORES`` when set, else the cores it
-    may run on (``sched_getaffinity``: a container's or taskset's limit); at least 1."""
-    share = os.environ.get(CORES_ENV, "")
-    if share.isdigit() and int(share) > 0:
-        return int(share)
+def set_core_share(cores: int | None) -> None:
+    """Cores this process should use (a worker of ``miaohui serve --workers N`` gets its share from its
+    ``ServeSpec``); None: every core it may run on."""
+    global _core_share
+    if cores is not None and cores < 1:
+        raise ValueError(f"a core share must be at least 1, got {cores}")
+    _core_share = cores
+
+
+def affinity_cores() -> int:
+    """The cores this process may run on (``sched_getaffinity``: a container's or taskset's limit); at least 1."""
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not on Linux
         return max(1, os.cpu_count() or 1)
+
+
+def usable_cores() -> int:
+    """Cores this process should size its thread pools for: its share (:func:`set_core_share`) when set, else
+    :func:`affinity_cores`."""
+    return _core_share if _core_share is not None else affinity_cores()
 
 
 @functools.lru_cache(maxsize=1)

@@ -16,7 +16,6 @@ import uvicorn
 from fastapi import FastAPI
 
 from miaohui.gcpolicy import flush_pauses_every, freeze_heap
-from miaohui.gil import apply_switch_interval
 from miaohui.server.http import create_app
 from miaohui.server.metrics import Metrics
 from miaohui.server.state import ServerState, ServeSpec
@@ -205,7 +204,8 @@ def run_server(
         import uvloop
 
         uvloop.install()
-    apply_switch_interval()
+    if spec.worker == 0:  # a worker of --workers N applied its spec (and its core share) at start
+        spec.apply_process_settings()
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     status = 0
     with contextlib.suppress(KeyboardInterrupt):

@@ -43,6 +43,16 @@ class ServeSpec:
     process."""
     engine_socket: str | None = None
     """Set in the workers of ``--shared-engine``: the Unix socket of the engine process they send their rows to."""
+    cores: int | None = None
+    """Cores each process sizes its engine thread pools for (``--cores``); None: a worker's share of the cores the
+    server may run on (all of them in a single-process server and the engine process), so N workers do not each
+    start a pool as wide as the machine."""
+    gc_freeze: bool = True
+    """Once warm, collect once and freeze the heap (``gc.freeze()``), again after every model change: later
+    collections walk only what serving made, so their pauses stay short (``--no-gc-freeze`` for A/B runs)."""
+    gil_switch_us: float | None = None
+    """Python's GIL switch interval in every server process (``--gil-switch-us``); None: 50 µs where a generation
+    loop runs (its step thread gets the GIL back sooner), else Python's 5 ms."""
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -51,6 +61,20 @@ class ServeSpec:
             raise ConfigError(
                 "--shared-engine needs --workers 2 or more", "add --workers N (one process already owns its engines)"
             )
+        if self.cores is not None and self.cores < 1:
+            raise ConfigError(f"--cores {self.cores} is not a core count", "use --cores 1 or more, or leave it out")
+
+    def apply_process_settings(self, share: int = 1) -> None:
+        """What a server process does first with its spec: size thread pools for ``cores`` (else the usable cores
+        divided by ``share``), set the GIL switch interval it configures and whether the heap is frozen."""
+        from miaohui.engines.target import affinity_cores, set_core_share
+        from miaohui.gcpolicy import set_freeze
+        from miaohui.gil import apply_switch_interval, configure
+
+        set_core_share(self.cores if self.cores is not None else max(1, affinity_cores() // share))
+        set_freeze(self.gc_freeze)
+        configure(self.gil_switch_us)
+        apply_switch_interval()
 
 
 class ServerState:

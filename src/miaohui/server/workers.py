@@ -125,10 +125,8 @@ def _worker_main(spec: ServeSpec, sock: socket.socket, events: Any) -> None:
     """Entry point of worker ``spec.worker`` (a spawned interpreter)."""
     index, count = spec.worker, spec.workers
     _child_setup(index)
-    from miaohui.engines.target import CORES_ENV, usable_cores
-
     # engine thread pools default to this worker's share of the cores, not all of them N times over
-    os.environ.setdefault(CORES_ENV, str(max(1, usable_cores() // count)))
+    spec.apply_process_settings(share=count)
     from miaohui.server.app import run_server
 
     def ready() -> None:
@@ -140,9 +138,7 @@ def _worker_main(spec: ServeSpec, sock: socket.socket, events: Any) -> None:
 def _engine_main(spec: ServeSpec, path: str, events: Any) -> None:
     """Entry point of the engine process of ``--shared-engine`` (a spawned interpreter; "worker" 0)."""
     _child_setup(0)
-    from miaohui.gil import apply_switch_interval
-
-    apply_switch_interval()  # the workers apply it in run_server
+    spec.apply_process_settings()
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT.format(who="engine"))
     with contextlib.suppress(ImportError):
         import uvloop
