@@ -84,9 +84,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--peers", type=_choices(PEERS), default=list(PEERS), help="peers to run (default: all)")
     ap.add_argument(
         "--miaohui-precision",
-        type=_choices(("fp32", "int8")),
+        type=_choices(("fp32", "int8", "llamacpp")),
         default=["fp32", "int8"],
-        help="miaohui LLM variants (build_causal_lm precisions), each served and measured",
+        help="miaohui LLM variants, each served and measured: fp32 / int8 on ONNX Runtime, llamacpp (the same Q4_1 "
+        "GGUF as the llama.cpp peer, built with --backend llamacpp: llama.cpp's kernels under miaohui's server)",
     )
     ap.add_argument("--streams", type=_ints, default=[1, 8, 32])
     ap.add_argument(
@@ -175,12 +176,25 @@ class Runner:
 
 
 # ---- generation ------------------------------------------------------------------------------------------
-def _miaohui_llm(args: argparse.Namespace, precision: Literal["fp32", "int8"]) -> Path:
+def _miaohui_llm(args: argparse.Namespace, precision: Literal["fp32", "int8", "llamacpp"]) -> Path:
     from miaohui.generation.artifact import build_causal_lm
 
     repo = args.work / f"repo-{precision}"
-    build_causal_lm(repo, "smollm2", precision, log=lambda m: print(m, file=sys.stderr))  # reused while its key holds
+    log = functools.partial(print, file=sys.stderr)
+    if precision != "llamacpp":
+        build_causal_lm(repo, "smollm2", precision, log=log)  # reused while its key holds
+        return repo
+    build_causal_lm(repo, "smollm2", "gguf", backend="llamacpp", log=log)
+    # as the llama.cpp peer: a slot per stream of the largest level, its 8192-token context split among them
+    slots = max(args.streams)
+    sched = {"max_running_seqs": slots, "max_model_len": max(256, 8192 // slots), "max_batched_tokens": 2048}
+    (repo / "smollm2" / "generation.yaml").write_text(json.dumps({"scheduler": sched, "threads": args.threads}))
     return repo
+
+
+def miaohui_server_name(precision: str) -> str:
+    """The result rows' server name of a ``--miaohui-precision`` value."""
+    return "miaohui-llamacpp-q4_1" if precision == "llamacpp" else f"miaohui-ort-{precision}"
 
 
 def _miaohui_cmd(repo: Path, port: int, models: str) -> list[str]:
@@ -219,7 +233,7 @@ def run_generation(args: argparse.Namespace, runner: Runner) -> list[dict[str, A
     for precision in args.miaohui_precision:
         repo = _miaohui_llm(args, precision)
         with runner.serve(f"miaohui-{precision}", _miaohui_cmd(repo, args.port, "smollm2"), "/v2/health/ready"):
-            levels(f"miaohui-ort-{precision}", load.ChatTarget(base, "smollm2", {"ignore_eos": True}), args.streams)
+            levels(miaohui_server_name(precision), load.ChatTarget(base, "smollm2", {"ignore_eos": True}), args.streams)
     if "llamacpp" in args.peers:
         cmd = [
             runner.py["llamacpp"],

@@ -62,7 +62,8 @@ version. `miaohui build`, `miaohui build-llm` and `miaohui prepare` write into i
 
 A causal-LM version holds `causal_lm.json` (the marker: precision, chat template, build key), `tokenizer.json` and,
 for `--backend onnxruntime`, `model.onnx` + `decoder.json`; for `--backend inductor`, `weights.safetensors`,
-`config.json` and `static_decoder.json`.
+`config.json` and `static_decoder.json`; for `--backend llamacpp`, the source `model.gguf` itself (hard-linked) and
+`llamacpp.json` (its sha256, quantization type, eos ids, vocabulary, trained context).
 
 Loading checks every file's size and sha256 and the manifest against the machine (backend version, CPU ISA flags or
 GPU compute capability): a mismatch or damage is an error that says to rebuild, never a crash. Unknown keys in the

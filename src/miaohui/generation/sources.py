@@ -100,8 +100,8 @@ def resolve_source(source: str | Path, cache: Path | None = None) -> DecoderSour
 
 
 def check_backend(src: DecoderSource, backend: str) -> None:
-    """ConfigError when ``backend`` cannot run ``src`` (Gemma 3 and scaled RoPE: onnxruntime only)."""
-    if backend == "onnxruntime":
+    """ConfigError when ``backend`` cannot run ``src`` (Gemma 3 and scaled RoPE: onnxruntime and llamacpp only)."""
+    if backend in ("onnxruntime", "llamacpp"):
         return
     check_family(src.family, src.label, backend)
     rope = _rope_type(_read_config(src.folder))
@@ -115,7 +115,7 @@ def check_backend(src: DecoderSource, backend: str) -> None:
 def check_family(family: str, label: str, backend: str) -> None:
     """ConfigError when ``backend`` cannot run a ``family`` decoder (the GPU engine: no Gemma 3). Cheap: built-in
     sources are checked with it before their GGUF is converted."""
-    if family == "gemma3" and backend != "onnxruntime":
+    if family == "gemma3" and backend not in ("onnxruntime", "llamacpp"):
         raise ConfigError(
             f"the {backend} engine runs Llama/Qwen2/Mistral-style decoders; {label} is Gemma 3",
             "build Gemma 3 with --backend onnxruntime",

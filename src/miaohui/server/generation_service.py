@@ -28,6 +28,7 @@ from miaohui.generation.artifact import (
     read_info,
 )
 from miaohui.generation.engine_loop import AsyncLLMEngine, LLMEngine
+from miaohui.generation.llamacpp_engine import LlamaCppLLMEngine
 from miaohui.generation.observer import GenerationObserver
 from miaohui.generation.params import SamplingParams
 from miaohui.generation.scheduler import SchedulerConfig
@@ -55,8 +56,9 @@ class LoadedLLM:
     """The repository version folder (None for an engine added with ``add_engine``)."""
     info: CausalLMInfo
     tokenizer: ChatTokenizer
-    engine: AsyncLLMEngine | RemoteLLMEngine
-    """The model's loop here, or (an HTTP worker of ``--shared-engine``) the engine process's."""
+    engine: AsyncLLMEngine | RemoteLLMEngine | LlamaCppLLMEngine
+    """The model's loop here (llama.cpp's server for a ``llamacpp`` version), or (an HTTP worker of
+    ``--shared-engine``) the engine process's."""
     max_model_len: int
     vocab: int
     """Token ids a prompt may hold: [0, vocab)."""
@@ -136,6 +138,8 @@ class GenerationService:
         cfg = load_generation_config(model_dir)
         sched = cfg.scheduler if (model_dir / CONFIG_NAME).is_file() else self.scheduler
         started = time.perf_counter()
+        if info.backend == "llamacpp":
+            return await self._serve_llamacpp(info, path, sched, cfg.threads or self.threads, started)
         engine: AnyCausalLMEngine
         if info.backend == "inductor":
             engine = await asyncio.to_thread(_load_static, path, cfg.engine)
@@ -146,6 +150,24 @@ class GenerationService:
         except BaseException:
             engine.close()
             raise
+
+    async def _serve_llamacpp(
+        self, info: CausalLMInfo, path: Path, sched: SchedulerConfig, threads: int | None, started: float
+    ) -> LoadedLLM:
+        """A ``llamacpp`` version: llama.cpp's server in this process behind miaohui's admission and streams."""
+        tokenizer = ChatTokenizer.from_dir(path, info)
+        llm = LlamaCppLLMEngine(path, sched, self._observer(info), threads=threads)
+        await llm.start(warmup=True)
+        seconds = time.perf_counter() - started
+        log.info("causal LM %s v%d (llamacpp %s) ready in %.1fs", info.name, info.version, info.precision, seconds)
+        return LoadedLLM(info.name, info.version, path, info, tokenizer, llm, llm.config.max_model_len, llm.vocab)
+
+    def _observer(self, info: CausalLMInfo) -> GenerationObserver | None:
+        if self.metrics is None:
+            return None
+        from miaohui.server.observer_metrics import MetricsObserver
+
+        return MetricsObserver(self.metrics, info.name, info.version)
 
     async def add_engine(
         self,
@@ -174,12 +196,7 @@ class GenerationService:
     ) -> LoadedLLM:
         if sched.max_model_len > engine.max_positions:
             sched = sched.model_copy(update={"max_model_len": engine.max_positions})
-        observer: GenerationObserver | None = None
-        if self.metrics is not None:
-            from miaohui.server.observer_metrics import MetricsObserver
-
-            observer = MetricsObserver(self.metrics, info.name, info.version)
-        loop = AsyncLLMEngine(LLMEngine(engine, tokenizer.tokenizer, sched), observer)
+        loop = AsyncLLMEngine(LLMEngine(engine, tokenizer.tokenizer, sched), self._observer(info))
         await loop.start(warmup=True)
         seconds = time.perf_counter() - started
         log.info("causal LM %s v%d (%s) ready in %.1fs", info.name, info.version, info.precision, seconds)
@@ -213,7 +230,7 @@ class GenerationService:
         known = ", ".join(sorted(self._models)) or "none"
         raise ModelNotFoundError(f"The model '{name}' does not exist", f"generation models served here: {known}")
 
-    def engine(self, name: str) -> AsyncLLMEngine | RemoteLLMEngine:
+    def engine(self, name: str) -> AsyncLLMEngine | RemoteLLMEngine | LlamaCppLLMEngine:
         return self.get(name).engine
 
 

@@ -3,7 +3,8 @@
 On the committed prompt set (``validate/data/decoder_prompts.yaml``: chat prompts in English and Chinese, rendered
 with the version's own chat template) the fp32 HF model the version was exported from (``causal_lm.json``'s
 ``source_path``) generates greedily up to :attr:`DecoderGateConfig.new_tokens` tokens. The candidate is the built
-version on its own engine, and three figures are measured:
+version on its own engine (ONNX Runtime, the GPU static-KV engine, or llama.cpp for a ``llamacpp`` GGUF version),
+and three figures are measured:
 
 * **exact match**: the share of prompts whose first ``new_tokens`` greedy tokens (up to a stop token) equal the
   reference's token for token;
@@ -179,6 +180,53 @@ class _SlotStepper:
         return int(self.engine.decode([0], [token]).argmax()[0])
 
 
+class _LlamaCppStepper:
+    """A ``llamacpp`` version on llama.cpp's server, one slot: each step is a one-token greedy request on the context
+    so far with llama.cpp's prompt cache on, so it evaluates only the new token (teacher forcing feeds the
+    reference's tokens the same way; llama.cpp returns no logits, its greedy pick is the argmax)."""
+
+    def __init__(self, folder: Path) -> None:
+        from miaohui.generation.llamacpp_artifact import read_llamacpp_meta
+        from miaohui.generation.llamacpp_engine import open_server
+
+        meta = read_llamacpp_meta(folder)
+        self.server = open_server(folder, 1, min(meta.max_positions, 2048), None)
+        self.eos = set(meta.eos_token_ids)
+        self._ids: list[int] = []
+
+    def _argmax(self) -> int:
+        """The greedy next token, from llama.cpp's native ``/completion`` on the server's own 127.0.0.1 port: its
+        ``return_tokens`` has every generated id (the in-process OpenAI-style call reports none for a token whose text
+        is an incomplete character, the first byte tokens of a Chinese character for SmolLM2)."""
+        import httpx
+
+        body = {
+            "prompt": self._ids, "n_predict": 1, "temperature": 0.0, "top_k": 0, "min_p": 0.0,
+            "repeat_penalty": 1.0, "cache_prompt": True, "return_tokens": True, "stream": False,
+        }  # fmt: skip
+        try:
+            reply = httpx.post(f"{self.server.listening_address}/completion", json=body, timeout=600).json()
+            return int(reply["tokens"][0])
+        except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
+            raise ArtifactError(f"llama.cpp failed a gate step: {exc!r}", "see the llama.cpp log above") from exc
+
+    def first(self, prompt: Sequence[int]) -> int:
+        self._ids = [int(t) for t in prompt]
+        return self._argmax()
+
+    def next(self, token: int) -> int:
+        self._ids.append(int(token))
+        return self._argmax()
+
+
+def _stepper(info: CausalLMInfo, folder: Path) -> _OrtStepper | _SlotStepper | _LlamaCppStepper:
+    if info.backend == "onnxruntime":
+        return _OrtStepper(folder)
+    if info.backend == "llamacpp":
+        return _LlamaCppStepper(folder)
+    return _SlotStepper(folder)
+
+
 def _greedy(stepper: _Stepper, eos: set[int], prompt: Sequence[int], n: int) -> list[int]:
     out = [stepper.first(prompt)]
     while len(out) < n and out[-1] not in eos:
@@ -250,7 +298,7 @@ def run_decoder_gate(
     if not prompts:
         raise ConfigError("the decoder gate has no prompts", "give a YAML with `chat` and `factual` lists")
     tok = ChatTokenizer.from_dir(folder, info)
-    stepper: _OrtStepper | _SlotStepper = _OrtStepper(folder) if info.backend == "onnxruntime" else _SlotStepper(folder)
+    stepper = _stepper(info, folder)
     reference = _reference_model(info, folder)
     results = []
     for p in prompts:
