@@ -18,7 +18,7 @@ declare -A REQS=(
   [llamacpp]="xllamacpp==2026.10.11549"
   [transformers]="torch==2.13.0 transformers[serving]==5.24.0"
   [mlserver]="mlserver==1.7.1 opentelemetry-sdk==1.45.2 onnxruntime==1.32.0 tokenizers==0.23.3"
-  [pytriton]="nvidia-pytriton onnxruntime==1.32.0 tokenizers==0.23.3"
+  [pytriton]="nvidia-pytriton==0.7.0 onnxruntime==1.32.0 tokenizers==0.23.3"
   [litserve]="litserve==0.2.19 onnxruntime==1.32.0 tokenizers==0.23.3"
 )
 # the distributions whose versions are recorded
