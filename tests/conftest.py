@@ -13,30 +13,31 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
-from tests.intent_cache import CACHE, ROOT, cache_lock, ensure_intent_model, start_background_training
+from tests.prebuild import CACHE, ROOT, cache_lock, ensure_intent_model, start_background_builds
 
 __all__ = ["CACHE", "ROOT", "cache_lock"]
 
 INTENT_FIXTURES = ("intent_model", "intent_engines")
+PREBUILT_FIXTURES = (*INTENT_FIXTURES, "llm_repository")
 _background: list[subprocess.Popen[bytes]] = []
 
 
-def _wants_intent_model(config: pytest.Config) -> bool:
-    """Whether this run includes tests that need the trained intent model: a path argument (none: all of tests/) that
-    holds a test file using it, and slow tests not deselected."""
+def _wants_prebuilt(config: pytest.Config) -> bool:
+    """Whether this run includes tests that need the prebuilt models (:mod:`tests.prebuild`): a path argument (none:
+    all of tests/) that holds a test file using one, and slow tests not deselected."""
     if "not slow" in (config.option.markexpr or ""):
         return False
-    users = [p for p in (ROOT / "tests").rglob("test_*.py") if any(f in p.read_text() for f in INTENT_FIXTURES)]
+    users = [p for p in (ROOT / "tests").rglob("test_*.py") if any(f in p.read_text() for f in PREBUILT_FIXTURES)]
     args = [Path(a.split("::")[0]).resolve() for a in config.args] or [ROOT / "tests"]
     return any(u == a or a in u.parents for u in users for a in args)
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """In the process that runs the session (the xdist controller, or pytest alone): start training the intent model
-    in the background when the run will need it and it is not cached (see :mod:`tests.intent_cache`)."""
-    if hasattr(config, "workerinput") or not _wants_intent_model(config):
+    """In the process that runs the session (the xdist controller, or pytest alone): start building the shared models
+    in the background when the run will need them and they are not cached (see :mod:`tests.prebuild`)."""
+    if hasattr(config, "workerinput") or not _wants_prebuilt(config):
         return
-    proc = start_background_training(CACHE / "intent-e5-train.log")
+    proc = start_background_builds(CACHE / "prebuild.log")
     if proc is not None:
         _background.append(proc)
 
@@ -51,13 +52,16 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Files run in this order (xdist's ``loadfile`` hands them out in collection order): slow files first (the
     long jobs spread over the workers before the short ones fill the gaps), then the rest, then the files that need
-    the trained intent model (by then trained in the background, see :func:`pytest_configure`)."""
+    the SmolLM2 repository, then those that need the trained intent model (by then built in the background, in that
+    order, see :func:`pytest_configure`)."""
     by_file: dict[str, list[pytest.Item]] = {}
     for item in items:
         by_file.setdefault(item.nodeid.split("::")[0], []).append(item)
 
     def rank(group: list[pytest.Item]) -> int:
         if any(f in item.fixturenames for item in group for f in INTENT_FIXTURES):
+            return 3
+        if any("llm_repository" in item.fixturenames for item in group):
             return 2
         return 0 if any(item.get_closest_marker("slow") for item in group) else 1
 
@@ -81,7 +85,7 @@ def _isolated_home(tmp_path_factory: pytest.TempPathFactory) -> None:
 
 @pytest.fixture(scope="session")
 def intent_model() -> Path:
-    """The real e5-small intent classifier, trained with the default recipe (:mod:`tests.intent_cache`)."""
+    """The real e5-small intent classifier, trained with the default recipe (:mod:`tests.prebuild`)."""
     return ensure_intent_model()
 
 

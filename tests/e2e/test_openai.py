@@ -10,8 +10,6 @@ only load it. The converted fp32 model is shared with tests/integration/test_gen
 
 from __future__ import annotations
 
-import hashlib
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +18,8 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from tests.conftest import CACHE, ROOT, cache_lock
+from tests.prebuild import SMOLLM_CACHE as MODEL_CACHE
+from tests.prebuild import ensure_llm_repository
 from tests.servers import UvicornThread
 
 from miaohui.generation.engine_loop import LLMEngine
@@ -31,35 +30,16 @@ from miaohui.server.openai_api import GenerationService, create_openai_app
 
 pytestmark = pytest.mark.slow
 
-MODEL_CACHE = CACHE / "smollm2-135m"
 MODEL = "smollm2"
 MAX_MODEL_LEN = 512
 QUESTION = [{"role": "user", "content": "Explain what a bank deposit is in two sentences."}]
 NEW_TOKENS = 24
 
 
-def _code_key() -> str:
-    h = hashlib.sha256()
-    src = ROOT / "src" / "miaohui"
-    for rel in ("generation/export.py", "generation/llama.py", "generation/dims.py", "generation/artifact.py", "zoo/smollm.py"):  # fmt: skip
-        h.update((src / rel).read_bytes())
-    return h.hexdigest()[:12]
-
-
 @pytest.fixture(scope="module")
 def llm_repository() -> Path:
-    from miaohui.generation.artifact import build_causal_lm
-
-    repo = CACHE / f"llm-repo-{_code_key()}"
-    with cache_lock("llm-repo"):  # one test worker builds it, another reuses it
-        for old in CACHE.glob("llm-repo-*"):
-            if old != repo:
-                shutil.rmtree(old, ignore_errors=True)
-        path = build_causal_lm(repo, MODEL, "fp32", source_cache=MODEL_CACHE)  # reused when the build key is equal
-        for old in path.parent.iterdir():
-            if old != path:  # an older version (the source model or a library changed)
-                shutil.rmtree(old, ignore_errors=True)
-    return repo
+    """SmolLM2-135M-Instruct built into a repository once per cache key (:mod:`tests.prebuild`)."""
+    return ensure_llm_repository()
 
 
 @pytest.fixture(scope="module")

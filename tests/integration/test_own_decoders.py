@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 from miaohui.errors import ArtifactError, ConfigError, InputError, MiaohuiError
 from miaohui.generation.artifact import ChatTokenizer, build_causal_lm, read_info
 from miaohui.generation.engine_loop import LLMEngine
+from miaohui.generation.export import load_meta
 from miaohui.generation.ort_engine import OrtCausalLMEngine
 from miaohui.generation.params import SamplingParams
 
@@ -74,11 +75,16 @@ def test_other_families_match_generate(kind: str, tiny_dirs: dict[str, Path], tm
         assert json.loads((version / "decoder.json").read_text())["dims"]["max_positions"] == 256
 
 
-def test_same_directory_is_reused_and_int8_builds(tiny_dirs: dict[str, Path], tmp_path: Path) -> None:
-    first = build_causal_lm(tmp_path, "q", "fp32", source=tiny_dirs["llama"])
-    assert build_causal_lm(tmp_path, "q", "fp32", source=tiny_dirs["llama"]) == first
-    int8 = build_causal_lm(tmp_path, "q", "int8", source=tiny_dirs["llama"])
+@pytest.mark.parametrize("kind", ["llama", "gemma3"])
+def test_same_directory_is_reused_and_int8_builds(kind: str, tiny_dirs: dict[str, Path], tmp_path: Path) -> None:
+    """int8 (8-bit block-wise weights, the tied embedding kept as an fp32 Gather) into the same model folder as a new
+    version; its build check compares logits with the fp32 graph."""
+    first = build_causal_lm(tmp_path, "q", "fp32", source=tiny_dirs[kind])
+    assert build_causal_lm(tmp_path, "q", "fp32", source=tiny_dirs[kind]) == first
+    int8 = build_causal_lm(tmp_path, "q", "int8", source=tiny_dirs[kind])
     assert int8.name == "2" and read_info(int8).precision == "int8"
+    meta = load_meta(int8)
+    assert meta.int8_method == "weight-only" and "top1_agrees" in meta.check, meta.check
 
 
 def test_smollm2_as_gguf_file_and_as_hf_directory(smollm: tuple[Any, Any], tmp_path: Path) -> None:
