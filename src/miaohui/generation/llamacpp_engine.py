@@ -34,7 +34,6 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import os
 import threading
 import time
 from collections import deque
@@ -43,12 +42,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from miaohui.engines.target import usable_cores
 from miaohui.errors import ConfigError, InputError, QueueFullError
 from miaohui.generation.engine_loop import EngineStoppedError, RequestStream, TokenEvent, check_token_ids, stream_events
 from miaohui.generation.llamacpp_artifact import GGUF_NAME, LlamaCppMeta, read_llamacpp_meta
 from miaohui.generation.observer import GenerationObserver, safe_call
 from miaohui.generation.params import SamplingParams
-from miaohui.generation.scheduler import FinishReason, SchedulerConfig
+from miaohui.generation.scheduler import FinishReason, SchedulerConfig, find_stop
 
 logger = logging.getLogger(__name__)
 
@@ -64,13 +64,6 @@ def import_xllamacpp() -> Any:
     return xllamacpp
 
 
-def default_threads() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
-
-
 def open_server(folder: Path, slots: int, slot_len: int, threads: int | None) -> Any:
     """llama.cpp's server on the version's GGUF: ``slots`` parallel sequences of ``slot_len`` tokens each (the
     KV cache holds ``slots × slot_len`` tokens), continuous batching, ``threads`` compute threads."""
@@ -81,7 +74,7 @@ def open_server(folder: Path, slots: int, slot_len: int, threads: int | None) ->
     params.n_ctx = slots * slot_len
     params.kv_unified = False  # each slot owns slot_len tokens: the context length is the same for every request
     params.cont_batching = True
-    n = threads or default_threads()
+    n = threads or usable_cores()  # this process's share with --workers N, as the ONNX Runtime engines
     params.cpuparams.n_threads = n
     params.cpuparams_batch.n_threads = n
     params.n_gpu_layers = 0
@@ -383,10 +376,9 @@ class LlamaCppLLMEngine:
         if text:
             full = req.text = req.text + text
             if p.stop:
-                start = max(0, len(full) - len(text) - p.max_stop_len + 1)
-                hits = [i for i in [full.find(s, start) for s in p.stop] if i >= 0]
-                if hits:
-                    req.text, reason = full[: min(hits)], "stop"
+                hit = find_stop(full, len(text), p.stop, p.max_stop_len)
+                if hit is not None:
+                    req.text, reason = full[:hit], "stop"
         if reason is not None:
             req.cancel = True  # llama.cpp stops at its next token (or has stopped already)
             end = len(req.text)

@@ -59,6 +59,14 @@ class Detokenizer(Protocol):
 DetokenizerFactory = Callable[[Seq[int]], Detokenizer]
 
 
+def find_stop(text: str, new_chars: int, stop: Seq[str], max_stop_len: int) -> int | None:
+    """Where the first stop string in ``text`` begins, looking only where the last ``new_chars`` characters could
+    have completed one (``max_stop_len``: the longest stop string); None when there is none."""
+    start = max(0, len(text) - new_chars - max_stop_len + 1)
+    hits = [i for i in [text.find(s, start) for s in stop] if i >= 0]
+    return min(hits) if hits else None
+
+
 class SchedulerConfig(Frozen):
     """Limits of the continuous-batching scheduler (one per model instance)."""
 
@@ -469,11 +477,10 @@ class Scheduler:
             delta = detok.push(a.token)
             if delta:
                 text = seq.text = seq.text + delta
-                if stop:  # only where the delta could complete one
-                    start = max(0, len(text) - len(delta) - seq.max_stop_len + 1)
-                    hits = [i for i in [text.find(s, start) for s in stop] if i >= 0]
-                    if hits:
-                        seq.text = text[: min(hits)]
+                if stop:
+                    hit = find_stop(text, len(delta), stop, seq.max_stop_len)
+                    if hit is not None:
+                        seq.text = text[:hit]
                         cut = True
                         if reason is None:
                             self._running.remove(seq)
