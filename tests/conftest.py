@@ -13,9 +13,7 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
-from tests.prebuild import CACHE, ROOT, cache_lock, ensure_intent_model, start_background_builds
-
-__all__ = ["CACHE", "ROOT", "cache_lock"]
+from tests.prebuild import CACHE, ROOT, ensure_intent_model, start_background_builds
 
 INTENT_FIXTURES = ("intent_model", "intent_engines")
 PREBUILT_FIXTURES = (*INTENT_FIXTURES, "llm_repository")
