@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Protocol
 
-from miaohui.errors import ConfigError, InputError, MiaohuiError
+from miaohui.errors import ConfigError, EngineStoppedError, InputError, InternalError, MiaohuiError
 from miaohui.generation.observer import GenerationObserver, StepReport, safe_call
 from miaohui.generation.params import SamplingParams
 from miaohui.generation.runner import Collect, ModelRunner
@@ -52,7 +52,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["AsyncLLMEngine", "GenerationObserver", "LLMEngine", "RequestStream", "TokenEvent"]
+__all__ = ["AsyncLLMEngine", "EngineStoppedError", "GenerationObserver", "LLMEngine", "RequestStream", "TokenEvent"]
 
 
 @dataclass(frozen=True)
@@ -120,10 +120,6 @@ async def stream_events(
             yield event
     finally:
         stream.abort()
-
-
-class EngineStoppedError(MiaohuiError):
-    """The engine stopped or failed while the request was running."""
 
 
 class LLMEngine:
@@ -516,7 +512,7 @@ class AsyncLLMEngine:
         before the next step. False once the event loop is closed."""
         self.llm.runner.reset()
         if not isinstance(exc, MiaohuiError):
-            exc = EngineStoppedError(f"generation step failed: {exc!r}", "retry; if it persists, check the engine logs")
+            exc = InternalError(f"generation step failed: {exc!r}", "retry; if it persists, check the engine logs")
         with self._lock:
             sched = self.llm.scheduler
             failed = [sid for sid in sched.seq_ids() if sched.abort(sid, "error") is not None]

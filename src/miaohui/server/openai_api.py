@@ -2,8 +2,9 @@
 
 :class:`~miaohui.server.generation_service.GenerationService` (re-exported here) owns one
 :class:`AsyncLLMEngine` per causal-LM model of the repository. :func:`openai_router` is the FastAPI
-router; it answers errors in OpenAI's shape (``{"error": {"message", "type", "param", "code"}}``): 400 bad
-parameters, 404 unknown model, 429 queue full, 503 stopping.
+router; it answers errors in OpenAI's shape (``{"error": {"message", "type", "param", "code"}}``) with the
+statuses of :mod:`miaohui.server.status`: 400 bad parameters, 404 unknown model, 413 body too large, 429 queue
+full, 499 client gone, 500 a fault in the engine, 503 stopping.
 
 A request is admitted (``engine.add``) before any byte is sent, so a rejection is a plain HTTP error even
 for ``stream: true``. Streams are SSE: ``data: {chunk}\\n\\n`` (``chat.completion.chunk`` /
@@ -11,12 +12,11 @@ for ``stream: true``. Streams are SSE: ``data: {chunk}\\n\\n`` (``chat.completio
 usage chunk when ``stream_options.include_usage``, and ``data: [DONE]``. When the client goes away,
 starlette cancels the response; :class:`_EventStream` aborts the request in ``finally`` whatever the
 path (cancellation, a failed send), so its slot is free for the next scheduler step. A non-streamed
-request polls for a disconnect while it waits and aborts too.
+request watches for a disconnect while it waits (:func:`~miaohui.server.http_io.until_disconnect`) and aborts too.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
@@ -30,8 +30,9 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from miaohui.errors import MiaohuiError, ModelNotFoundError
-from miaohui.generation.engine_loop import EngineStoppedError, RequestStream, TokenEvent
+from miaohui.errors import EngineStoppedError, MiaohuiError, ModelNotFoundError
+from miaohui.generation.engine_loop import RequestStream, TokenEvent
+from miaohui.server import http_io
 from miaohui.server.generation_service import GenerationService, LoadedLLM
 from miaohui.server.metrics import UNKNOWN_MODEL, Metrics
 from miaohui.server.openai_schema import (
@@ -43,33 +44,19 @@ from miaohui.server.openai_schema import (
     parse_request,
     sampling_params,
 )
-from miaohui.server.status import http_status, message, reason
+from miaohui.server.status import message, openai_body, reason
 
-__all__ = ["ChatDelegate", "GenerationService", "create_openai_app", "error_body", "openai_router"]
+__all__ = ["ChatDelegate", "GenerationService", "create_openai_app", "openai_router"]
 
 log = logging.getLogger("miaohui.generation")
-MAX_BODY_BYTES = 4 << 20
-DISCONNECT_POLL_S = 0.05
 PROTOCOL = "openai"
-_ERROR_KINDS = {400: "invalid_request_error", 404: "invalid_request_error", 429: "rate_limit_error"}
 
 
 # ---- responses -------------------------------------------------------------------------------------------
 
 
-def error_body(exc: BaseException) -> tuple[int, dict[str, Any]]:
-    if isinstance(exc, OpenAIError):
-        return exc.status, exc.body()
-    status = 503 if isinstance(exc, EngineStoppedError) else http_status(exc)
-    missing = isinstance(exc, ModelNotFoundError)
-    code, param = ("model_not_found", "model") if missing else (reason(exc), None)
-    kind = _ERROR_KINDS.get(status, "server_error")
-    return status, {"error": {"message": message(exc), "type": kind, "param": param, "code": code}}
-
-
 def error_response(exc: BaseException) -> JSONResponse:
-    status, body = error_body(exc)
-    return JSONResponse(body, status_code=status)
+    return http_io.error_response(exc, openai=True)
 
 
 def _dumps(obj: Any) -> str:
@@ -204,46 +191,22 @@ async def _stream_chunks(call: _Call, done: Callable[[int, str], None]) -> Async
                 break
         done(200, "")
     except MiaohuiError as exc:  # the engine stopped or failed mid-stream: tell the client in-band
-        status, body = error_body(exc)
+        status, body = openai_body(exc)
         done(status, reason(exc))
         yield _sse(body)
     yield _sse("[DONE]")
 
 
 async def _collect(request: Request, stream: RequestStream) -> list[TokenEvent]:
-    """All of a request's events; aborts it if the client disconnects first."""
+    """All of a request's events; aborts it if the client disconnects first (499)."""
 
     async def drain() -> list[TokenEvent]:
         return [ev async for ev in stream]
 
-    task = asyncio.ensure_future(drain())
     try:
-        while True:
-            finished, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
-            if finished:
-                return task.result()
-            if await request.is_disconnected():
-                raise OpenAIError(499, "client disconnected", code="client_closed")
+        return await http_io.until_disconnect(request.receive, drain())
     finally:
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
         stream.abort()
-
-
-async def _read_body(request: Request) -> bytes:
-    declared = request.headers.get("content-length", "")
-    too_big = OpenAIError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes", code="body_too_large")
-    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        raise too_big
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise too_big
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 # ---- the router ------------------------------------------------------------------------------------------
@@ -310,7 +273,7 @@ def openai_router(
     async def generate(request: Request, chat: bool) -> Response:
         done = _Recorder(metrics)
         try:
-            req = parse_request(ChatRequest if chat else CompletionRequest, await _read_body(request))
+            req = parse_request(ChatRequest if chat else CompletionRequest, await http_io.read_body(request))
             handler = chat_delegate(req.model) if chat and chat_delegate is not None else None
             if handler is not None:
                 done.label = req.model
@@ -332,7 +295,7 @@ def openai_router(
         except Exception as exc:
             if not isinstance(exc, MiaohuiError):
                 log.exception("generation request failed")
-            status, body = error_body(exc)
+            status, body = openai_body(exc)
             done(status, _reason(exc))
             return JSONResponse(body, status_code=status)
 
