@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from miaohui.dialogue.compare import compare_engines, negotiation_prompts
 from miaohui.errors import ConfigError
-from miaohui.generation.artifact import build_causal_lm
+from miaohui.generation.build.artifact import build_causal_lm
 from miaohui.validate.comparator import OrtDecoder, TorchDecoder, decoder_outputs, open_decoder, source_decoder
 from miaohui.validate.consistency import DriftThresholds
 

@@ -23,10 +23,10 @@ from tests.unit.test_slot_runner import CountingEngine as SlotCountingEngine
 
 from miaohui import errors
 from miaohui.errors import InternalError, MiaohuiError, QueueFullError
-from miaohui.generation.artifact import ChatTokenizer
-from miaohui.generation.engine_loop import AsyncLLMEngine, LLMEngine
-from miaohui.generation.params import SamplingParams
-from miaohui.generation.scheduler import Scheduler, SchedulerConfig
+from miaohui.generation.build.artifact import ChatTokenizer
+from miaohui.generation.engine.engine_loop import AsyncLLMEngine, LLMEngine
+from miaohui.generation.engine.params import SamplingParams
+from miaohui.generation.engine.scheduler import Scheduler, SchedulerConfig
 from miaohui.server.generation_service import GenerationService
 from miaohui.server.http import create_app
 from miaohui.server.metrics import Metrics

@@ -13,13 +13,11 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from miaohui.errors import ConfigError, InputError, QueueFullError
-from miaohui.generation.base import CausalLMEngine
-from miaohui.generation.dims import DecoderDims
-from miaohui.generation.engine_loop import AsyncLLMEngine, EngineStoppedError, LLMEngine
-from miaohui.generation.params import SamplingParams
-from miaohui.generation.sampling import make_rng, sample
-from miaohui.generation.scheduler import (
+from miaohui.errors import ConfigError, InputError, InternalError, QueueFullError
+from miaohui.generation.engine.engine_loop import AsyncLLMEngine, EngineStoppedError, LLMEngine
+from miaohui.generation.engine.params import SamplingParams
+from miaohui.generation.engine.sampling import make_rng, sample
+from miaohui.generation.engine.scheduler import (
     RunnerOutput,
     Scheduler,
     SchedulerConfig,
@@ -27,6 +25,8 @@ from miaohui.generation.scheduler import (
     SequenceStatus,
     SequenceUpdate,
 )
+from miaohui.generation.executors.base import CausalLMEngine
+from miaohui.generation.models.dims import DecoderDims
 
 EOS = 0
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8)
@@ -496,7 +496,7 @@ async def test_a_failing_step_ends_its_requests_and_the_engine_keeps_serving() -
     llm = LLMEngine(FailingEngine(fail_at=3), None, SchedulerConfig(max_running_seqs=2, max_batched_tokens=8))
     async with AsyncLLMEngine(llm) as engine:
         stream = engine.add([1], SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True))
-        with pytest.raises(EngineStoppedError, match=r"generation step failed: RuntimeError\('device fault'\)"):
+        with pytest.raises(InternalError, match=r"generation step failed: RuntimeError\('device fault'\)"):
             [ev async for ev in stream]
         assert (engine.num_running, engine.num_waiting) == (0, 0)
         events = [ev async for ev in engine.add([5], SamplingParams(temperature=0.0, max_tokens=3))]

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from miaohui.errors import ArtifactError, ConfigError
-from miaohui.generation.artifact import MARKER_NAME, CausalLMInfo, ChatTokenizer, is_causal_lm_dir, read_info
+from miaohui.generation.build.artifact import MARKER_NAME, CausalLMInfo, ChatTokenizer, is_causal_lm_dir, read_info
 from miaohui.validate.consistency import EngineOutputs
 
 if TYPE_CHECKING:
@@ -226,7 +226,7 @@ class OrtDecoder(DecoderRunner):
     """An ``onnxruntime`` causal-LM version (explicit KV cache, CPU)."""
 
     def __init__(self, folder: Path, info: CausalLMInfo) -> None:
-        from miaohui.generation.ort_engine import OrtCausalLMEngine
+        from miaohui.generation.executors.ort_engine import OrtCausalLMEngine
 
         self.engine = OrtCausalLMEngine(folder)
         self.name, self.tokenizer = _label(info, folder), ChatTokenizer.from_dir(folder, info)
@@ -249,7 +249,7 @@ class SlotDecoder(DecoderRunner):
     """An ``inductor`` version on its static-KV engine (GPU), one slot."""
 
     def __init__(self, folder: Path, info: CausalLMInfo) -> None:
-        from miaohui.generation.static_artifact import load_slot_engine, read_static_meta
+        from miaohui.generation.build.static_artifact import load_slot_engine, read_static_meta
 
         self.engine = load_slot_engine(folder)
         self.engine.warmup()
@@ -273,8 +273,8 @@ class LlamaCppDecoder(DecoderRunner):
     reference's tokens the same way; llama.cpp returns no logits, its greedy pick is the argmax)."""
 
     def __init__(self, folder: Path, info: CausalLMInfo) -> None:
-        from miaohui.generation.llamacpp_artifact import read_llamacpp_meta
-        from miaohui.generation.llamacpp_engine import open_server
+        from miaohui.generation.build.llamacpp_artifact import read_llamacpp_meta
+        from miaohui.generation.engine.llamacpp_engine import open_server
 
         meta = read_llamacpp_meta(folder)
         self.server = open_server(folder, 1, min(meta.max_positions, 2048), None)

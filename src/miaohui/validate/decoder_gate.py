@@ -30,7 +30,7 @@ from pydantic import BaseModel, Field
 
 from miaohui.config import Frozen
 from miaohui.errors import ConfigError, ModelNotFoundError
-from miaohui.generation.artifact import (
+from miaohui.generation.build.artifact import (
     MARKER_NAME,
     CausalLMInfo,
     is_causal_lm_dir,
