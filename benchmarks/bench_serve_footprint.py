@@ -101,7 +101,7 @@ def main() -> None:
             "cpu": platform.processor() or platform.machine(),
             "cores": os.cpu_count(),
             "load_1min": round(os.getloadavg()[0], 1),
-        },  # fmt: skip
+        },
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "repository": sorted(p.name for p in args.repository.iterdir() if p.is_dir()),
         "summary": summary,
