@@ -24,7 +24,7 @@ from miaohui.generation.engine.scheduler import SchedulerConfig
 from miaohui.generation.executors.base import CausalLMEngine
 from miaohui.generation.models.dims import DecoderDims
 from miaohui.server.metrics import Metrics
-from miaohui.server.observer_metrics import MetricsObserver
+from miaohui.server.observer_metrics import chat_observers
 from miaohui.server.openai_api import LLMTextGenerator, openai_router
 from miaohui.serving.chat import ChatDefaults
 from miaohui.serving.repository import ModelManager
@@ -85,7 +85,7 @@ async def served(tmp_path: Path) -> AsyncIterator[tuple[httpx.AsyncClient, Model
     metrics = Metrics()
     service = ModelManager(
         tmp_path,
-        chat_observer_factory=lambda name, version: MetricsObserver(metrics, name, version),
+        chat_observer_factory=chat_observers(metrics),
         chat_defaults=ChatDefaults(SchedulerConfig(max_running_seqs=1, max_waiting=2)),
     )
     await service.load_all()  # empty repository: nothing loaded

@@ -51,7 +51,7 @@ def build_app(
     (:class:`~miaohui.server.state.ServeSpec`); with ``engine_socket`` the models run in the engine process."""
     from miaohui.server.console import mount_console
     from miaohui.server.dialogue_api import DialogueService
-    from miaohui.server.observer_metrics import MetricsObserver
+    from miaohui.server.observer_metrics import chat_observers
     from miaohui.server.openai_api import LLMTextGenerator
     from miaohui.serving.shadow import ShadowManager
 
@@ -61,7 +61,7 @@ def build_app(
         repository,
         observer_factory=metrics.observer,
         engine_process=engine,  # `--shared-engine`: every model runs there, for every worker
-        chat_observer_factory=lambda name, version: MetricsObserver(metrics, name, version),
+        chat_observer_factory=chat_observers(metrics),
     )
     state = ServerState(manager, metrics, worker=worker, workers=workers)
     generator = LLMTextGenerator(manager, dialogue_llm) if dialogue_llm else None

@@ -154,7 +154,7 @@ async def _engine_serve(spec: ServeSpec, path: str, events: Any) -> None:
     (SIGTERM)."""
     from miaohui.gcpolicy import flush_pauses_every, freeze_heap
     from miaohui.server.metrics import Metrics
-    from miaohui.server.observer_metrics import MetricsObserver
+    from miaohui.server.observer_metrics import chat_observers
     from miaohui.serving.engine_process import EngineServer
     from miaohui.serving.repository import ModelManager
 
@@ -162,7 +162,7 @@ async def _engine_serve(spec: ServeSpec, path: str, events: Any) -> None:
     manager = ModelManager(
         spec.repository,
         observer_factory=metrics.observer,
-        chat_observer_factory=lambda name, version: MetricsObserver(metrics, name, version),
+        chat_observer_factory=chat_observers(metrics),
     )
     await manager.load_all(spec.models or None)
     server = EngineServer(manager)
