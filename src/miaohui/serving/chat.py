@@ -33,6 +33,7 @@ from miaohui.generation.build.artifact import (
 from miaohui.generation.engine.client import LLMClient
 from miaohui.generation.engine.observer import GenerationObserver
 from miaohui.generation.engine.scheduler import SchedulerConfig
+from miaohui.serving.remote_llm import RemoteLLMEngine
 
 if TYPE_CHECKING:
     from miaohui.generation.executors.base import AnyCausalLMEngine
@@ -93,9 +94,9 @@ class ServedChatVersion:
         await self.client.start(warmup=True)
         self.ready = True
         self.load_seconds += time.perf_counter() - started
-        log.info(
-            "chat model %s v%d (%s) ready in %.1fs", self.name, self.version, self.info.precision, self.load_seconds
-        )
+        if not isinstance(self.client, RemoteLLMEngine):  # the engine process logs its own
+            info, seconds = self.info, self.load_seconds
+            log.info("causal LM %s v%d (%s) ready in %.1fs", self.name, self.version, info.precision, seconds)
 
     async def retire(self, timeout_s: float) -> None:
         """Let the running streams finish (up to ``timeout_s``; the rest end with EngineStoppedError, 503), then
@@ -131,8 +132,6 @@ async def make_client(
 ) -> LLMClient:
     """The version's front end, chosen once (see the module docstring); not started."""
     if engine_process is not None:
-        from miaohui.serving.remote_llm import RemoteLLMEngine
-
         return await RemoteLLMEngine.connect(engine_process, info.name, info.version)
     sched = chat_scheduler(path.parent, config, defaults)
     threads = config.threads or defaults.threads

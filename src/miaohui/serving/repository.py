@@ -236,6 +236,7 @@ class ModelManager:
 
     def _retire(self, served: ServedChatVersion) -> None:
         """Let ``served`` finish its running streams in the background (new requests go elsewhere already)."""
+        served.ready = False
         task = asyncio.get_running_loop().create_task(served.retire(self.chat_defaults.drain_timeout_s))
         self._retiring[task] = served
         task.add_done_callback(lambda done: self._retiring.pop(done, None))
