@@ -31,8 +31,8 @@ from miaohui.paths import check_model_name, is_model_name
 from miaohui.serving.batcher import BatcherObserver
 from miaohui.serving.chat import ChatDefaults, ChatObserverFactory, ServedChatVersion, load_chat_version, local_client
 from miaohui.serving.engine_process import EngineClient
-from miaohui.serving.model_config import load_model_config
-from miaohui.serving.served import ServedVersion
+from miaohui.serving.model_config import ModelConfig, load_model_config
+from miaohui.serving.served import RemoteServedVersion, ServedVersion
 
 if TYPE_CHECKING:
     from miaohui.generation.executors.base import AnyCausalLMEngine
@@ -148,9 +148,7 @@ class ModelManager:
                 for v in wanted:
                     if v in encoders.versions and encoders.versions[v].config == config:
                         continue
-                    served = await asyncio.to_thread(
-                        ServedVersion, model_dir / str(v), config, self._observer_factory(name, v), self.engine_process
-                    )
+                    served = await asyncio.to_thread(self._open_version, model_dir / str(v), config, name, v)
                     fresh[v] = served
                     served.load_seconds = time.perf_counter() - started
                     await served.start()
@@ -169,6 +167,13 @@ class ModelManager:
                 await served.stop()
         refreeze(f"after loading {name}")
         return encoders
+
+    def _open_version(self, path: Path, config: ModelConfig, name: str, version: int) -> ServedVersion:
+        """An encoder version: its engines here, or (an HTTP worker of ``--shared-engine``) the engine process's."""
+        observer = self._observer_factory(name, version)
+        if self.engine_process is not None:
+            return RemoteServedVersion(path, config, observer, self.engine_process)
+        return ServedVersion(path, config, observer)
 
     async def _load_chat(self, name: str, model_dir: Path, missing: str, fix: str) -> ModelState[ServedChatVersion]:
         chats = cast(
