@@ -170,6 +170,8 @@ async def load_chat_version(
     """Load version folder ``path`` and start it (warm-up included): ready to serve, or an error and nothing left."""
     started = time.perf_counter()
     info = read_info(path)
+    # named where it is served: a version folder copied in keeps the name and number it was built as in causal_lm.json
+    info = info.model_copy(update={"name": path.parent.name, "version": int(path.name)})
     tokenizer = ChatTokenizer.from_dir(path, info)
     client = await make_client(path, info, tokenizer, config, defaults, observer, engine_process)
     served = ServedChatVersion(info, path, tokenizer, client, config)
