@@ -325,10 +325,10 @@ def llm_server(repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     """The dialogue routes with a real generator, wired as ``miaohui serve --dialogue-llm smollm2`` wires them
     (:func:`build_app`): SmolLM2-135M-Instruct (fp32 ONNX, :mod:`tests.prebuild`) in the same repository as the
     intent model, served by the server's generation service, the pipelines generating through the server's own
-    generator (:class:`~miaohui.server.generation_service.LLMTextGenerator`) instead of their fallback templates."""
+    generator (:class:`~miaohui.server.openai_api.LLMTextGenerator`) instead of their fallback templates."""
     from tests.prebuild import LLM_MODEL, ensure_llm_repository
 
-    from miaohui.server.generation_service import LLMTextGenerator
+    from miaohui.server.openai_api import LLMTextGenerator
 
     both = tmp_path_factory.mktemp("dialogue-llm-repo")
     shutil.copytree(repo / "intent", both / "intent", copy_function=os.link)

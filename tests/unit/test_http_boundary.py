@@ -27,11 +27,12 @@ from miaohui.generation.build.artifact import ChatTokenizer
 from miaohui.generation.engine.engine_loop import AsyncLLMEngine, LLMEngine
 from miaohui.generation.engine.params import SamplingParams
 from miaohui.generation.engine.scheduler import Scheduler, SchedulerConfig
-from miaohui.server.generation_service import GenerationService
 from miaohui.server.http import create_app
 from miaohui.server.metrics import Metrics
+from miaohui.server.observer_metrics import chat_observers
 from miaohui.server.state import ServerState
 from miaohui.server.status import TABLE, grpc_status, http_status
+from miaohui.serving.chat import ChatDefaults
 from miaohui.serving.repository import ModelManager
 
 LIMIT = 8 << 20
@@ -65,14 +66,17 @@ class FaultyEngine(CountingEngine):
 
 
 @pytest.fixture
-async def app(tmp_path: Path) -> AsyncIterator[tuple[httpx.AsyncClient, GenerationService, Metrics, Any]]:
+async def app(tmp_path: Path) -> AsyncIterator[tuple[httpx.AsyncClient, ModelManager, Metrics, Any]]:
     metrics = Metrics()
-    service = GenerationService(tmp_path / "llm", metrics, scheduler=SchedulerConfig(max_running_seqs=2))
-    await service.start()
-    await service.add_engine(info(), FaultyEngine(), ChatTokenizer(char_tokenizer(), TEMPLATE))
-    state = ServerState(ModelManager(tmp_path / "repo", observer_factory=metrics.observer), metrics)
-    state.generation = service
-    application = create_app(state)
+    service = ModelManager(
+        tmp_path / "repo",
+        observer_factory=metrics.observer,
+        chat_observer_factory=chat_observers(metrics),
+        chat_defaults=ChatDefaults(SchedulerConfig(max_running_seqs=2)),
+    )
+    await service.load_all()
+    await service.add_chat_engine(info(), FaultyEngine(), ChatTokenizer(char_tokenizer(), TEMPLATE))
+    application = create_app(ServerState(service, metrics))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=application), base_url="http://test") as client:
         yield client, service, metrics, application
     await service.stop()
@@ -100,7 +104,7 @@ async def test_openai_shape_on_every_openai_route_and_kserve_elsewhere(
 ) -> None:
     client = app[0]
     r = await client.post("/v1/embeddings", json={"model": "minilm", "input": "hi"})
-    missing = "model 'minilm' is not loaded. Fix: loaded models: none"
+    missing = "model 'minilm' is not loaded. Fix: loaded models: counter"
     assert (r.status_code, r.json()) == (
         404,
         openai_error(missing, "invalid_request_error", "model_not_found", "model"),
@@ -124,17 +128,17 @@ async def test_openai_shape_on_every_openai_route_and_kserve_elsewhere(
 
 
 async def test_an_engine_fault_is_a_500_for_its_request_and_the_server_goes_on(
-    app: tuple[httpx.AsyncClient, GenerationService, Metrics, Any],
+    app: tuple[httpx.AsyncClient, ModelManager, Metrics, Any],
 ) -> None:
     client, service, metrics, _ = app
-    service.engine("counter").llm.engine.fail = True  # type: ignore[attr-defined]
+    service.chat("counter").client.llm.engine.fail = True  # type: ignore[attr-defined]
     r = await client.post("/v1/chat/completions", json=ask(max_tokens=3))
     message = (
         "generation step failed: RuntimeError('kernel launch failed'). "
         "Fix: retry; if it persists, check the engine logs"
     )
     assert (r.status_code, r.json()) == (500, openai_error(message, "server_error", "internal"))
-    service.engine("counter").llm.engine.fail = True  # type: ignore[attr-defined]
+    service.chat("counter").client.llm.engine.fail = True  # type: ignore[attr-defined]
     r = await client.post("/v1/chat/completions", json=ask(max_tokens=3, stream=True))
     assert r.status_code == 200  # admitted before the fault: the stream ends with the error in-band
     assert openai_error(message, "server_error", "internal") in [e for e in _events(r.text) if e != "[DONE]"]
@@ -160,10 +164,10 @@ async def test_a_runner_fault_is_an_internal_error_not_a_full_queue() -> None:
 
 
 async def test_a_stopped_engine_is_503_in_openai_shape(
-    app: tuple[httpx.AsyncClient, GenerationService, Metrics, Any],
+    app: tuple[httpx.AsyncClient, ModelManager, Metrics, Any],
 ) -> None:
     client, service, _, _ = app
-    await service.engine("counter").stop()
+    await service.chat("counter").client.stop()
     r = await client.post("/v1/chat/completions", json=ask())
     stopped = "the generation engine is not running. Fix: await engine.start() first"
     assert (r.status_code, r.json()) == (503, openai_error(stopped, "server_error", "engine_stopped"))
@@ -200,10 +204,10 @@ async def _call(application: Any, path: str, body: bytes, *, disconnect_at: int)
 
 
 async def test_a_client_gone_is_499_and_its_work_is_dropped(
-    app: tuple[httpx.AsyncClient, GenerationService, Metrics, Any],
+    app: tuple[httpx.AsyncClient, ModelManager, Metrics, Any],
 ) -> None:
     _, service, metrics, application = app
-    engine = service.engine("counter")
+    engine: Any = service.chat("counter").client
     engine.llm.engine.delay_s = 0.005  # type: ignore[attr-defined]
     body = httpx.Request("POST", "/", json=ask(max_tokens=200, ignore_eos=True)).content
     status, _ = await _call(application, "/v1/chat/completions", body, disconnect_at=2)

@@ -13,7 +13,7 @@ templates when there is no generator:
 * :class:`ChatFunctionGenerator` — an OpenAI-style chat callable: ``await create(model=..., messages=...,
   max_tokens=..., temperature=...)`` returning a chat completion (dict or the ``openai`` client's object),
   e.g. ``openai.AsyncOpenAI(base_url=...).chat.completions.create``.
-* the server's own: :class:`~miaohui.server.generation_service.LLMTextGenerator` (a causal LM of its generation
+* the server's own: :class:`~miaohui.server.openai_api.LLMTextGenerator` (a causal LM of its generation
   service).
 
 Per-request state crosses the protocol (which takes only texts) in a context variable:
