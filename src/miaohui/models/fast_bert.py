@@ -94,7 +94,11 @@ class FastBertLayer(nn.Module):
 
 
 class FastBert(nn.Module):
-    """Embeddings (word + position + token type 0) → LayerNorm → layers; returns the last hidden states."""
+    """Embeddings (word + position + token type 0) → LayerNorm → layers; returns the last hidden states.
+
+    ``position_offset``: the first position id (RoBERTa / XLM-R count positions from ``pad_token_id + 1``);
+    ``embedding_size``: embeddings narrower than the hidden size, projected up after their LayerNorm (ELECTRA-small's
+    ``embeddings_project``); 0 = the hidden size. A model without token types (DistilBERT) has one all-zero row."""
 
     def __init__(
         self,
@@ -108,18 +112,26 @@ class FastBert(nn.Module):
         eps: float = 1e-12,
         *,
         init: bool = True,
+        position_offset: int = 0,
+        embedding_size: int = 0,
     ) -> None:
         super().__init__()
-        self.word = _embedding(vocab, hidden, init)
-        self.position = _embedding(max_positions, hidden, init)
-        self.token_type = _embedding(type_vocab, hidden, init)
-        self.ln = nn.LayerNorm(hidden, eps=eps)
+        width = embedding_size or hidden
+        self.position_offset = position_offset
+        self.word = _embedding(vocab, width, init)
+        self.position = _embedding(max_positions, width, init)
+        self.token_type = _embedding(type_vocab, width, init)
+        self.ln = nn.LayerNorm(width, eps=eps)
+        self.project = nn.Linear(width, hidden) if width != hidden else None
         self.layers = nn.ModuleList(FastBertLayer(hidden, heads, intermediate, eps) for _ in range(layers))
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         s = input_ids.shape[1]
-        x = self.word(input_ids) + self.position.weight[:s] + self.token_type.weight[0]
+        off = self.position_offset
+        x = self.word(input_ids) + self.position.weight[off : off + s] + self.token_type.weight[0]
         x = self.ln(x)
+        if self.project is not None:
+            x = self.project(x)
         bias = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * MASK_BIAS
         if self.layers[0].skinny:
             return _fused_stack(self.layers, x, bias)  # type: ignore[arg-type]
@@ -188,13 +200,41 @@ class FastIntentClassifier(nn.Module):
         return self.head(_pool(self.encoder(input_ids, attention_mask), attention_mask))
 
 
-class FastSentenceEncoder(nn.Module):
-    def __init__(self, encoder: FastBert) -> None:
+HEAD_ACTIVATIONS = {"tanh": torch.tanh, "gelu": F.gelu, "relu": F.relu}
+
+
+class FastClsClassifier(nn.Module):
+    """The head of a Hugging Face ``*ForSequenceClassification`` on the first token: ``out(act(dense(h[:, 0])))``.
+    BERT (pooler + classifier) and RoBERTa / XLM-R: tanh; ELECTRA: GELU; DistilBERT (pre_classifier): ReLU."""
+
+    def __init__(self, encoder: FastBert, num_labels: int, activation: str) -> None:
         super().__init__()
+        if activation not in HEAD_ACTIVATIONS:
+            raise ValueError(f"head activation {activation!r}: one of {sorted(HEAD_ACTIVATIONS)}")
+        hidden = encoder.layers[0].attn_out.in_features  # type: ignore[union-attr]
         self.encoder = encoder
+        self.activation = activation
+        self.dense = nn.Linear(hidden, hidden)
+        self.out = nn.Linear(hidden, num_labels)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        return F.normalize(_pool(self.encoder(input_ids, attention_mask), attention_mask), dim=-1)
+        first = self.encoder(input_ids, attention_mask)[:, 0]
+        return self.out(HEAD_ACTIVATIONS[self.activation](self.dense(first)))
+
+
+class FastSentenceEncoder(nn.Module):
+    """Pooled (masked mean, or the first token: ``pooling``) and, with ``normalize``, L2-normalized embeddings."""
+
+    def __init__(self, encoder: FastBert, pooling: Literal["mean", "cls"] = "mean", normalize: bool = True) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.pooling = pooling
+        self.normalize = normalize
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        hidden = self.encoder(input_ids, attention_mask)
+        pooled = hidden[:, 0] if self.pooling == "cls" else _pool(hidden, attention_mask)
+        return F.normalize(pooled, dim=-1) if self.normalize else pooled
 
 
 @torch.no_grad()
@@ -258,7 +298,9 @@ class FastSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    kind: Literal["intent", "encoder"]
+    kind: Literal["intent", "encoder", "cls-classifier"]
+    """``intent``: miaohui's classifier (mean pool + linear); ``cls-classifier``: a Hugging Face sequence classifier's
+    head on the first token (:class:`FastClsClassifier`); ``encoder``: pooled embeddings."""
     vocab: int
     hidden: int
     layers: int
@@ -268,29 +310,55 @@ class FastSpec(BaseModel):
     type_vocab: int
     eps: float
     num_labels: int = 0
-    """Logits of an ``intent`` model; 0 for an ``encoder``."""
+    """Logits of a classifier; 0 for an ``encoder``."""
     fused_gelu: bool = False
+    position_offset: int = 0
+    embedding_size: int = 0
+    head_activation: str = "tanh"
+    """``cls-classifier``: the activation between its two linears."""
+    pooling: Literal["mean", "cls"] = "mean"
+    normalize: bool = True
+    """``encoder``: how the hidden states are pooled, and whether the result is L2-normalized."""
 
 
 def spec_of(module: nn.Module) -> FastSpec:
     """The spec of a :class:`FastIntentClassifier` or :class:`FastSentenceEncoder`."""
-    if not isinstance(module, FastIntentClassifier | FastSentenceEncoder):
+    if not isinstance(module, FastIntentClassifier | FastSentenceEncoder | FastClsClassifier):
         raise TypeError(f"not a fast model: {type(module).__name__}")
     enc: FastBert = module.encoder
     first: FastBertLayer = enc.layers[0]  # type: ignore[assignment]
+    kind: Literal["intent", "encoder", "cls-classifier"] = (
+        "intent" if isinstance(module, FastIntentClassifier)
+        else "cls-classifier" if isinstance(module, FastClsClassifier) else "encoder"
+    )  # fmt: skip
+    labels = {"intent": lambda: module.head.out_features, "cls-classifier": lambda: module.out.out_features}
     return FastSpec(
-        kind="intent" if isinstance(module, FastIntentClassifier) else "encoder",
+        kind=kind,
         vocab=enc.word.num_embeddings,
-        hidden=enc.word.embedding_dim,
+        hidden=first.attn_out.in_features,
         layers=len(enc.layers),
         heads=first.heads,
         intermediate=first.ffn_in.out_features,
         max_positions=enc.position.num_embeddings,
         type_vocab=enc.token_type.num_embeddings,
         eps=float(enc.ln.eps),
-        num_labels=module.head.out_features if isinstance(module, FastIntentClassifier) else 0,
+        num_labels=int(labels[kind]()) if kind in labels else 0,
         fused_gelu=first.fused_gelu,
+        position_offset=enc.position_offset,
+        embedding_size=enc.word.embedding_dim if enc.project is not None else 0,
+        head_activation=module.activation if isinstance(module, FastClsClassifier) else "tanh",
+        pooling=module.pooling if isinstance(module, FastSentenceEncoder) else "mean",
+        normalize=module.normalize if isinstance(module, FastSentenceEncoder) else True,
     )
+
+
+def build_head(spec: FastSpec, encoder: FastBert) -> nn.Module:
+    """The model of kind ``spec.kind`` around ``encoder``."""
+    if spec.kind == "intent":
+        return FastIntentClassifier(encoder, spec.num_labels)
+    if spec.kind == "cls-classifier":
+        return FastClsClassifier(encoder, spec.num_labels, spec.head_activation)
+    return FastSentenceEncoder(encoder, spec.pooling, spec.normalize)
 
 
 def save_fast(module: nn.Module, directory: Path) -> None:
@@ -322,10 +390,10 @@ def load_fast(directory: Path, device: torch.device | str) -> nn.Module:
             spec.type_vocab,
             spec.eps,
             init=False,
+            position_offset=spec.position_offset,
+            embedding_size=spec.embedding_size,
         )
-        module: nn.Module = (
-            FastIntentClassifier(encoder, spec.num_labels) if spec.kind == "intent" else FastSentenceEncoder(encoder)
-        )
+        module = build_head(spec, encoder)
     state = load_file(str(Path(directory) / FAST_WEIGHTS), device=str(device))
     module.load_state_dict(state, strict=True, assign=True)
     use_fused_gelu(module, spec.fused_gelu)
