@@ -12,6 +12,7 @@ in a fraction of a second without the source checkpoint, ``transformers`` or ``t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -200,7 +201,8 @@ class FastIntentClassifier(nn.Module):
         return self.head(_pool(self.encoder(input_ids, attention_mask), attention_mask))
 
 
-HEAD_ACTIVATIONS = {"tanh": torch.tanh, "gelu": F.gelu, "relu": F.relu}
+HEAD_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"tanh": torch.tanh, "gelu": F.gelu,
+                                                                        "relu": F.relu}  # fmt: skip
 
 
 class FastClsClassifier(nn.Module):
@@ -211,7 +213,8 @@ class FastClsClassifier(nn.Module):
         super().__init__()
         if activation not in HEAD_ACTIVATIONS:
             raise ValueError(f"head activation {activation!r}: one of {sorted(HEAD_ACTIVATIONS)}")
-        hidden = encoder.layers[0].attn_out.in_features  # type: ignore[union-attr]
+        first: FastBertLayer = encoder.layers[0]  # type: ignore[assignment]
+        hidden = first.attn_out.in_features
         self.encoder = encoder
         self.activation = activation
         self.dense = nn.Linear(hidden, hidden)
@@ -331,7 +334,10 @@ def spec_of(module: nn.Module) -> FastSpec:
         "intent" if isinstance(module, FastIntentClassifier)
         else "cls-classifier" if isinstance(module, FastClsClassifier) else "encoder"
     )  # fmt: skip
-    labels = {"intent": lambda: module.head.out_features, "cls-classifier": lambda: module.out.out_features}
+    num_labels = (
+        module.head.out_features if isinstance(module, FastIntentClassifier)
+        else module.out.out_features if isinstance(module, FastClsClassifier) else 0
+    )  # fmt: skip
     return FastSpec(
         kind=kind,
         vocab=enc.word.num_embeddings,
@@ -342,7 +348,7 @@ def spec_of(module: nn.Module) -> FastSpec:
         max_positions=enc.position.num_embeddings,
         type_vocab=enc.token_type.num_embeddings,
         eps=float(enc.ln.eps),
-        num_labels=int(labels[kind]()) if kind in labels else 0,
+        num_labels=num_labels,
         fused_gelu=first.fused_gelu,
         position_offset=enc.position_offset,
         embedding_size=enc.word.embedding_dim if enc.project is not None else 0,

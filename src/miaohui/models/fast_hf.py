@@ -40,8 +40,9 @@ def fast_from_hf(module: nn.Module) -> nn.Module:
         raise Unsupported(f"FastBert computes erf GELU, this {model_type} model uses {act!r}")
     base = hf.base_model
     encoder = _copy_distilbert(base) if model_type == "distilbert" else _copy_bert_like(base, model_type)
-    if hasattr(module, "pooling"):  # HFEmbedder
-        fast: nn.Module = FastSentenceEncoder(encoder, module.pooling, bool(module.normalize))
+    pooling = getattr(module, "pooling", None)  # HFEmbedder
+    if pooling in ("mean", "cls"):
+        fast: nn.Module = FastSentenceEncoder(encoder, pooling, bool(getattr(module, "normalize", False)))
     else:
         fast = _classifier(hf, model_type, encoder)
     return fast.eval()
