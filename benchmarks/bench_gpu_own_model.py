@@ -257,7 +257,7 @@ def main() -> None:
     validate_log = work / "validate.log"
     cli(["validate", "support", "-r", str(repo), "--data", str(dev), "--json", str(work / "validate.json"),
          "--max-drop", "100", "--min-agreement", "0.99"], os.environ.copy(), validate_log)  # fmt: skip
-    gate = json.loads((work / "validate.json").read_text())
+    gate = json.loads((work / "validate.json").read_text())["report"]
     agree = agreement(version, src, dev)
     print(f"gate: passed={gate.get('passed')} agreement={agree}", flush=True)
     ms = speed(version, src, args.iters)

@@ -333,7 +333,7 @@ class InductorEngine(GpuEngine):
         # default stream).
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.no_grad(), torch.cuda.stream(stream):
-            for _ in range(2):  # warm the kernels and the allocator outside the graph
+            for _ in range(1 if self.fast_graphs else 2):  # warm the kernels and the allocator outside the graph
                 warm = runner(ids, mask)
             stream.synchronize()
             host_io = io.cpu().pin_memory()  # what a replay copies in until a batch writes it
