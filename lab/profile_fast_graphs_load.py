@@ -43,9 +43,12 @@ def main() -> None:
         f"imports {imported:.2f}s; phases {engine.start_phases}; capture loop {captured:.2f}s "
         f"({len(engine.all_buckets())} buckets); triton cache files {before} → {after_load} → {files(cache)}"
     )
+    import os
+
+    print("TRITON_CACHE_DIR", os.environ.get("TRITON_CACHE_DIR"), "knobs", triton_cache_dir())
     stats = pstats.Stats(prof)
-    stats.sort_stats("cumulative").print_stats(28)
-    stats.sort_stats("tottime").print_stats(15)
+    stats.sort_stats("cumulative").print_stats(18)
+    stats.sort_stats("tottime").print_stats(8)
 
 
 if __name__ == "__main__":

@@ -95,3 +95,17 @@ def test_triton_cache_travels_into_an_empty_cache(tmp_path: Path, monkeypatch: p
 def test_buckets_are_the_engines() -> None:
     assert fast_graphs.buckets((1, 1), (4, 32)) == [(b, s) for b in (1, 2, 4) for s in (8, 16, 32)]
     assert fast_graphs.buckets((2, 16), (4, 32)) == [(2, 16), (2, 32), (4, 16), (4, 32)]
+
+
+def test_direct_ops_compute_what_the_ops_do() -> None:
+    """``fast-graphs`` calls the functions behind miaohui's ops (no op dispatch): the same outputs (CPU reference forms)."""
+    fast = fast_from_hf(_hf("bert", "classifier"))
+    fast_bert.use_kernels(fast, skinny=True, attention=True, cublaslt=True)
+    ids = torch.randint(5, 300, (2, 9))
+    mask = torch.ones_like(ids)
+    mask[1, 4:] = 0
+    with torch.no_grad():
+        via_ops = fast(ids, mask)
+        fast_bert.use_direct_ops(fast)
+        assert all(m.direct_ops for m in fast.modules() if isinstance(m, fast_bert.FastBertLayer))
+        torch.testing.assert_close(fast(ids, mask), via_ops, atol=0, rtol=0)

@@ -30,7 +30,7 @@ import torch
 
 from miaohui.engines.context import BuildContext
 from miaohui.engines.encoder_buckets import batch_buckets, seq_buckets
-from miaohui.models.fast_bert import save_fast
+from miaohui.models.fast_bert import save_fast, use_direct_ops
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +114,7 @@ def restore_triton_cache(tar_file: Path) -> dict[str, Any]:
 def build(ctx: BuildContext, model: torch.nn.Module, lo: tuple[int, ...], hi: tuple[int, ...]) -> dict[str, Any]:
     """Save the fast model (``model`` is :class:`~miaohui.engines.inductor.FloatLogits` around it, on the GPU in the
     build's precision) and the Triton kernels every bucket runs; returns the manifest's ``extra`` facts."""
+    use_direct_ops(model)  # as the engine runs it (the saved spec does not keep the flag)
     shapes = buckets(lo, hi)
     ctx.log(f"fast-graphs: running {len(shapes)} buckets to compile their Triton kernels into the artifact")
     started = time.perf_counter()

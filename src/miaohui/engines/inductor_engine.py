@@ -37,7 +37,7 @@ from miaohui.engines.inductor import (
     static_view,
 )
 from miaohui.errors import ArtifactError
-from miaohui.models.fast_bert import has_fast, load_fast, use_kernels
+from miaohui.models.fast_bert import has_fast, load_fast, use_direct_ops, use_kernels
 
 log = logging.getLogger(__name__)
 _CAPTURE_LOCK = threading.Lock()
@@ -173,7 +173,7 @@ class InductorEngine(GpuEngine):
     def _load_fast_graphs(self) -> Any:
         """The fast model from its weights with the build's kernel choice, and the build's Triton kernels put into
         this process's Triton cache (a fresh machine then compiles none)."""
-        module = load_fast(self.path, self.device)
+        module = use_direct_ops(load_fast(self.path, self.device))  # nothing traces it: no op dispatch needed
         if self._kernels.get("mode") == "tuned":
             k = self._kernels
             use_kernels(module, skinny=bool(k.get("skinny_gemm_shapes")), attention=bool(k.get("attention_shapes")),

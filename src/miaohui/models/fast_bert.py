@@ -52,6 +52,11 @@ class FastBertLayer(nn.Module):
     fastest for the product and rows, where it has one (:data:`miaohui.models.skinny_gemm.LT_BEST`), instead of the
     heuristic's pick. Set by :func:`use_kernels`."""
 
+    direct_ops: bool = False
+    """Call the functions behind miaohui's ops rather than the ops (``torch.library`` custom ops, which ``torch.export``
+    and Inductor need): their Python dispatch cost ~0.6 ms a call on the H200 host, 7 s of a fast-graphs start that
+    runs every bucket eagerly. Set by :func:`use_direct_ops` where nothing traces the model (``fast-graphs``)."""
+
     def __init__(self, hidden: int, heads: int, intermediate: int, eps: float) -> None:
         super().__init__()
         self.heads, self.head_dim = heads, hidden // heads
@@ -70,9 +75,9 @@ class FastBertLayer(nn.Module):
         """Multi-head attention over the QKV projection's output [B, S, 3H] → [B, S, H]."""
         b, s, h3 = qkv.shape
         if self.triton_attention:
-            from miaohui.models.encoder_attention import encoder_attention_op  # Triton is imported only when asked for
+            from miaohui.models import encoder_attention as ea  # Triton is imported only when asked for
 
-            return encoder_attention_op(qkv, bias, self.heads)
+            return (ea.encoder_attention_call if self.direct_ops else ea.encoder_attention_op)(qkv, bias, self.heads)
         q, k, v = qkv.view(b, s, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias).transpose(1, 2).reshape(b, s, h3 // 3)
 
@@ -84,9 +89,10 @@ class FastBertLayer(nn.Module):
         """``lin(x)`` (then GELU when ``gelu``) by the kernel the flags choose: ``skinny_linear`` (tanh GELU),
         cuBLASLt's GEMM+bias+GELU epilogue (``fused_gelu``), or ``nn.Linear`` and erf GELU."""
         if self.skinny:
-            from miaohui.models.skinny_gemm import skinny_op  # Triton is imported only when asked for
+            from miaohui.models import skinny_gemm  # Triton is imported only when asked for
 
-            return skinny_op(x, lin.weight, lin.bias, gelu, self.cublaslt)
+            op = skinny_gemm.skinny_call if self.direct_ops else skinny_gemm.skinny_op
+            return op(x, lin.weight, lin.bias, gelu, self.cublaslt)
         if gelu and self.fused_gelu:
             b, s, h = x.shape
             return torch._addmm_activation(lin.bias, x.reshape(b * s, h), lin.weight.t(), use_gelu=True).view(b, s, -1)
@@ -144,7 +150,9 @@ class FastBert(nn.Module):
 def _fused_stack(layers: list[FastBertLayer], h: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """The layers with each inner LayerNorm and the GEMMs around it as one ``miaohui::proj_ln_proj``: attention output
     → LayerNorm → FFN in, and FFN output → LayerNorm → the next layer's QKV; the last LayerNorm stays as it was."""
-    from miaohui.models.skinny_ln import proj_ln_proj  # Triton is imported only when asked for
+    from miaohui.models import skinny_ln  # Triton is imported only when asked for
+
+    proj_ln_proj = skinny_ln.proj_ln_proj_call if layers[0].direct_ops else skinny_ln.proj_ln_proj
 
     qkv = layers[0]._proj(layers[0].qkv, h)
     for i, layer in enumerate(layers):
@@ -179,6 +187,11 @@ def use_kernels(module: nn.Module, *, skinny: bool, attention: bool, cublaslt: b
     for flag, on in (("skinny", skinny), ("triton_attention", attention), ("cublaslt", cublaslt and skinny)):
         _set_layer_flag(module, flag, on)
     return module
+
+
+def use_direct_ops(module: nn.Module, on: bool = True) -> nn.Module:
+    """Switch every :class:`FastBertLayer` of ``module`` to call miaohui's ops' functions directly (``direct_ops``)."""
+    return _set_layer_flag(module, "direct_ops", on)
 
 
 def use_fused_gelu(module: nn.Module, on: bool = True) -> nn.Module:
