@@ -5,6 +5,7 @@ travels: packed at build, unpacked into another process's (empty) cache at load.
 
 from __future__ import annotations
 
+import json
 import os
 import tarfile
 from pathlib import Path
@@ -81,14 +82,19 @@ def test_triton_cache_travels_into_an_empty_cache(tmp_path: Path, monkeypatch: p
         (folder / "abc123").mkdir()
         (folder / "abc123" / "kernel.cubin").write_bytes(b"\x7fELF cubin")
         (folder / "abc123" / "lock").write_text("")
+        group = {"child_paths": {"kernel.cubin": str(folder / "abc123" / "kernel.cubin")}}  # as Triton writes it
+        (folder / "abc123" / "__grp__kernel.json").write_text(json.dumps(group))
         n = fast_graphs.pack(folder, tmp_path / fast_graphs.TRITON_FILE)
-    assert n == 1 and os.environ["TRITON_CACHE_DIR"] == str(built)
+    assert n == 2 and os.environ["TRITON_CACHE_DIR"] == str(built)
     assert (built / "abc123" / "kernel.cubin").is_file()  # merged into the build machine's cache
     with tarfile.open(tmp_path / fast_graphs.TRITON_FILE) as tar:
-        assert tar.getnames() == ["abc123/kernel.cubin"]
+        assert tar.getnames() == ["abc123/__grp__kernel.json", "abc123/kernel.cubin"]
     monkeypatch.setenv("TRITON_CACHE_DIR", str(fresh))
-    assert fast_graphs.restore_triton_cache(tmp_path / fast_graphs.TRITON_FILE)["triton_files_added"] == 1
+    assert fast_graphs.restore_triton_cache(tmp_path / fast_graphs.TRITON_FILE)["triton_files_added"] == 2
     assert (fresh / "abc123" / "kernel.cubin").read_bytes() == b"\x7fELF cubin"
+    for cache in (built, fresh):  # the group points at the files where they are now, or Triton compiles again
+        moved = json.loads((cache / "abc123" / "__grp__kernel.json").read_text())
+        assert moved == {"child_paths": {"kernel.cubin": str(cache / "abc123" / "kernel.cubin")}}
     assert fast_graphs.restore_triton_cache(tmp_path / fast_graphs.TRITON_FILE)["triton_files_added"] == 0
 
 
