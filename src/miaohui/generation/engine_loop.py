@@ -30,6 +30,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Protocol
 
 from miaohui.errors import ConfigError, InputError, MiaohuiError
+from miaohui.generation.logprobs import TokenLogprobs
 from miaohui.generation.observer import GenerationObserver, StepReport, safe_call
 from miaohui.generation.params import SamplingParams
 from miaohui.generation.runner import Collect, ModelRunner
@@ -43,6 +44,7 @@ from miaohui.generation.scheduler import (
     SequenceUpdate,
 )
 from miaohui.generation.slot_runner import SlotModelRunner
+from miaohui.generation.structured import TokenMasks, check_supported
 from miaohui.gil import GENERATION_SWITCH_US, apply_switch_interval
 
 if TYPE_CHECKING:
@@ -69,6 +71,8 @@ class TokenEvent:
     finish_reason: FinishReason | None
     prompt_tokens: int
     completion_tokens: int
+    logprobs: TokenLogprobs | None
+    """The token's log-probabilities when the request asked (``SamplingParams.logprobs``)."""
 
     def __init__(
         self,
@@ -79,6 +83,7 @@ class TokenEvent:
         finish_reason: FinishReason | None,
         prompt_tokens: int,
         completion_tokens: int,
+        logprobs: TokenLogprobs | None = None,
     ) -> None:
         # written out: one event per streamed token, and a frozen dataclass's generated __init__ (object.__setattr__
         # per field) takes twice as long. Still frozen: no assignment after __init__.
@@ -90,6 +95,7 @@ class TokenEvent:
         d["finish_reason"] = finish_reason
         d["prompt_tokens"] = prompt_tokens
         d["completion_tokens"] = completion_tokens
+        d["logprobs"] = logprobs
 
 
 def check_token_ids(prompt_ids: Sequence[int], vocab: int) -> None:
@@ -149,15 +155,18 @@ class LLMEngine:
         self.config = config
         factory = detokenizer_factory(tokenizer) if tokenizer is not None else None
         self.scheduler = Scheduler(self.config, engine.eos_token_ids, factory)
+        masks = TokenMasks(tokenizer, engine.dims.vocab, engine.eos_token_ids) if tokenizer is not None else None
         self.runner: ModelRunner | SlotModelRunner = (
-            SlotModelRunner(engine) if isinstance(engine, SlotCausalLMEngine) else ModelRunner(engine)
+            SlotModelRunner(engine) if isinstance(engine, SlotCausalLMEngine) else ModelRunner(engine, masks)
         )
 
     def add_request(self, prompt_ids: Sequence[int], params: SamplingParams | None = None) -> int:
         """Queue a request; returns its id. InputError (bad prompt, checked here so that it fails alone,
         never its batch) / QueueFullError as :meth:`Scheduler.add`."""
         check_token_ids(prompt_ids, self.engine.dims.vocab)
-        return self.scheduler.add(prompt_ids, params or SamplingParams()).seq_id
+        params = params or SamplingParams()
+        check_supported(params, isinstance(self.runner, ModelRunner), "this GPU slot engine")
+        return self.scheduler.add(prompt_ids, params).seq_id
 
     def abort(self, request_id: int) -> bool:
         return self.scheduler.abort(request_id) is not None
@@ -577,6 +586,7 @@ class AsyncLLMEngine:
             up.finish_reason,
             prompt,
             up.num_output_tokens,
+            up.logprobs,
         )
         track.stream._push(event)
         if up.finish_reason is not None:
