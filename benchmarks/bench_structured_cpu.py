@@ -222,7 +222,42 @@ class OutlinesCore(Engine):
         return times, rejected
 
 
-ENGINES: list[Callable[[], Engine]] = [XGrammar, LLGuidance, OutlinesCore]
+class Miaohui(Engine):
+    """What miaohui's runner does per constrained row: llguidance's mask through
+    :class:`~miaohui.generation.structured.TokenMasks` (unpacked with ``np.unpackbits`` into a masked copy)."""
+
+    name = "miaohui (llguidance)"
+
+    def setup(self, tok: Any, vocab: int) -> None:
+        from miaohui.generation.structured import TokenMasks
+
+        self.masks = TokenMasks(tok.backend_tokenizer, vocab, [int(tok.eos_token_id)])
+        self.masks._ll_tokenizer()
+
+    def compile(self, kind: str, spec: str) -> Any:
+        if kind not in ("schema", "object"):
+            raise NotImplementedError("miaohui serves JSON schemas (json_object is {'type': 'object'})")
+        return spec if kind == "schema" else '{"type": "object"}'
+
+    def run(self, compiled: Any, ids: list[int], logits: np.ndarray) -> tuple[list[float], int]:
+        t0 = time.perf_counter()
+        self.masks.start(0, compiled)
+        self.setup_s = time.perf_counter() - t0
+        times, rejected = [], 0
+        for t in ids:
+            t0 = time.perf_counter()
+            self.masks.mask(logits[:1], [0])
+            try:
+                self.masks.consume(0, t)
+            except RuntimeError:
+                rejected += 1
+                break
+            times.append(time.perf_counter() - t0)
+        self.masks.drop(0)
+        return times, rejected
+
+
+ENGINES: list[Callable[[], Engine]] = [XGrammar, LLGuidance, OutlinesCore, Miaohui]
 
 
 def measure(engine: Engine, tok: Any, vocab: int, repeats: int) -> dict[str, Any]:
