@@ -64,12 +64,12 @@ import numpy as np
 import torch
 
 from miaohui.bench.scrape import Snapshot, fetch_metrics, gc_pauses, parse_metrics, share_above, window_histogram
-from miaohui.generation.engine_loop import AsyncLLMEngine, LLMEngine
-from miaohui.generation.params import SamplingParams
-from miaohui.generation.scheduler import SchedulerConfig
-from miaohui.generation.slot_engine import TorchSlotEngine
-from miaohui.generation.slot_options import SlotEngineOptions
-from miaohui.generation.static_kv import StaticKVDecoder
+from miaohui.generation.engine.engine_loop import AsyncLLMEngine, LLMEngine
+from miaohui.generation.engine.params import SamplingParams
+from miaohui.generation.engine.scheduler import SchedulerConfig
+from miaohui.generation.executors.slot_engine import TorchSlotEngine
+from miaohui.generation.executors.slot_options import SlotEngineOptions
+from miaohui.generation.models.static_kv import StaticKVDecoder
 from miaohui.gil import GENERATION_SWITCH_US
 
 HBM_BYTES_PER_S = 4.3e12
@@ -296,9 +296,9 @@ def through_scheduler(engine: TorchSlotEngine, streams: int, prompt_len: int, ne
         stamps: dict[int, list[float]] = {}
         t0 = time.perf_counter()
         while llm.scheduler.has_work():
-            ups = llm.step()
+            step = llm.step()
             now = time.perf_counter()
-            for up in ups:
+            for up in step.updates if step is not None else ():
                 if up.token_id is not None:
                     stamps.setdefault(up.seq_id, []).append(now)
         out[f"streams{n}"] = _stream_stats(n, stamps, t0, time.perf_counter() - t0)
@@ -433,8 +433,8 @@ def _client_proc(
 def server_load(
     hf32: Any, eos: int | None, args: argparse.Namespace, vocab: int, options: SlotEngineOptions
 ) -> dict[str, Any]:
-    from miaohui.generation.artifact import CausalLMInfo, GenerationModelConfig
-    from miaohui.generation.static_artifact import save_static_decoder
+    from miaohui.generation.build.artifact import CausalLMInfo, GenerationModelConfig
+    from miaohui.generation.build.static_artifact import save_static_decoder
 
     repo = Path(tempfile.mkdtemp(prefix="llm-repo-"))
     version = repo / "llm" / "1"

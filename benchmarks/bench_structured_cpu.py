@@ -224,12 +224,12 @@ class OutlinesCore(Engine):
 
 class Miaohui(Engine):
     """What miaohui's runner does per constrained row: llguidance's mask through
-    :class:`~miaohui.generation.structured.TokenMasks` (unpacked with ``np.unpackbits`` into a masked copy)."""
+    :class:`~miaohui.generation.engine.structured.TokenMasks` (unpacked with ``np.unpackbits`` into a masked copy)."""
 
     name = "miaohui (llguidance)"
 
     def setup(self, tok: Any, vocab: int) -> None:
-        from miaohui.generation.structured import TokenMasks
+        from miaohui.generation.engine.structured import TokenMasks
 
         self.masks = TokenMasks(tok.backend_tokenizer, vocab, [int(tok.eos_token_id)])
         self.masks._ll_tokenizer()

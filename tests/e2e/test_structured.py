@@ -18,12 +18,15 @@ import pytest
 from tests.prebuild import SMOLLM_CACHE, ensure_llm_repository
 from tests.servers import UvicornThread
 
-from miaohui.generation.artifact import ChatTokenizer, read_info
-from miaohui.generation.engine_loop import LLMEngine
-from miaohui.generation.params import SamplingParams
-from miaohui.generation.scheduler import SchedulerConfig
+from miaohui.generation.build.artifact import ChatTokenizer, read_info
+from miaohui.generation.engine.engine_loop import LLMEngine
+from miaohui.generation.engine.params import SamplingParams
+from miaohui.generation.engine.scheduler import SchedulerConfig
 from miaohui.server.metrics import Metrics
-from miaohui.server.openai_api import GenerationService, create_openai_app
+from miaohui.server.observer_metrics import chat_observers
+from miaohui.server.openai_api import create_openai_app
+from miaohui.serving.chat import ChatDefaults
+from miaohui.serving.repository import ModelManager
 
 pytestmark = pytest.mark.slow
 
@@ -73,7 +76,7 @@ def llm_repository() -> Path:
 
 @pytest.fixture(scope="module")
 def engine(llm_repository: Path) -> Iterator[tuple[LLMEngine, ChatTokenizer]]:
-    from miaohui.generation.ort_engine import OrtCausalLMEngine
+    from miaohui.generation.executors.ort_engine import OrtCausalLMEngine
 
     path = llm_repository / MODEL / "1"
     tok = ChatTokenizer.from_dir(path, read_info(path))
@@ -110,7 +113,9 @@ def test_json_object_answers_parse_or_are_reported_cut(engine: tuple[LLMEngine, 
 def client(llm_repository: Path) -> Iterator[openai.OpenAI]:
     metrics = Metrics()
     sched = SchedulerConfig(max_running_seqs=4, max_batched_tokens=MAX_MODEL_LEN, max_model_len=MAX_MODEL_LEN)
-    service = GenerationService(llm_repository, metrics, scheduler=sched)
+    service = ModelManager(
+        llm_repository, chat_observer_factory=chat_observers(metrics), chat_defaults=ChatDefaults(sched)
+    )
     with (
         UvicornThread(create_openai_app(service, metrics)) as srv,
         openai.OpenAI(base_url=f"http://127.0.0.1:{srv.port}/v1", api_key="x", max_retries=0, timeout=60) as c,

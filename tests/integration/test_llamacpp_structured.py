@@ -19,11 +19,13 @@ from tests.e2e.test_structured import ASKS, BOOKING, TOOLS
 from tests.integration.conftest import SMOLLM_CACHE
 from tests.servers import UvicornThread
 
-from miaohui.generation.artifact import ChatTokenizer, build_causal_lm, read_info
-from miaohui.generation.params import SamplingParams
-from miaohui.generation.scheduler import SchedulerConfig
+from miaohui.generation.build.artifact import ChatTokenizer, build_causal_lm, read_info
+from miaohui.generation.engine.params import SamplingParams
+from miaohui.generation.engine.scheduler import SchedulerConfig
 from miaohui.server.metrics import Metrics
-from miaohui.server.openai_api import GenerationService, create_openai_app
+from miaohui.server.observer_metrics import chat_observers
+from miaohui.server.openai_api import create_openai_app
+from miaohui.serving.repository import ModelManager
 
 pytestmark = pytest.mark.slow
 
@@ -43,7 +45,7 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_a_hundred_constrained_answers_parse_and_validate(repository: Path) -> None:
-    from miaohui.generation.llamacpp_engine import LlamaCppLLMEngine
+    from miaohui.generation.engine.llamacpp_engine import LlamaCppLLMEngine
 
     version = repository / MODEL / "1"
     tok = ChatTokenizer.from_dir(version, read_info(version))
@@ -80,7 +82,7 @@ def test_a_hundred_constrained_answers_parse_and_validate(repository: Path) -> N
 @pytest.fixture(scope="module")
 def client(repository: Path) -> Iterator[openai.OpenAI]:
     metrics = Metrics()
-    service = GenerationService(repository, metrics)
+    service = ModelManager(repository, chat_observer_factory=chat_observers(metrics))
     with (
         UvicornThread(create_openai_app(service, metrics)) as srv,
         openai.OpenAI(base_url=f"http://127.0.0.1:{srv.port}/v1", api_key="x", max_retries=0, timeout=120) as c,

@@ -19,12 +19,12 @@ from tests.integration.conftest import hf_greedy_tokens
 from tests.servers import UvicornThread
 
 from miaohui.errors import ArtifactError, ConfigError
-from miaohui.generation.engine_loop import AsyncLLMEngine, LLMEngine
-from miaohui.generation.params import SamplingParams
-from miaohui.generation.scheduler import SchedulerConfig
-from miaohui.generation.slot_engine import TorchSlotEngine
-from miaohui.generation.slot_options import SlotEngineOptions
-from miaohui.generation.static_kv import StaticKVDecoder
+from miaohui.generation.engine.engine_loop import AsyncLLMEngine, LLMEngine
+from miaohui.generation.engine.params import SamplingParams
+from miaohui.generation.engine.scheduler import SchedulerConfig
+from miaohui.generation.executors.slot_engine import TorchSlotEngine
+from miaohui.generation.executors.slot_options import SlotEngineOptions
+from miaohui.generation.models.static_kv import StaticKVDecoder
 
 NEW_TOKENS = 16
 GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0)
@@ -204,7 +204,7 @@ def test_seeded_sampling_is_reproducible(smollm: tuple[Any, Any], prompts: list[
 
 @pytest.fixture(scope="module")
 def static_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from miaohui.generation.artifact import build_causal_lm
+    from miaohui.generation.build.artifact import build_causal_lm
 
     repo = tmp_path_factory.mktemp("static-repo")
     build_causal_lm(repo, "smol", "fp32", backend="inductor", source_cache=MODEL_CACHE)
@@ -214,8 +214,8 @@ def static_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_inductor_artifact_loads_and_matches(
     static_repo: Path, prompts: list[list[int]], hf_greedy: list[list[int]]
 ) -> None:
-    from miaohui.generation.artifact import build_causal_lm, read_info
-    from miaohui.generation.static_artifact import load_slot_engine, read_static_meta
+    from miaohui.generation.build.artifact import build_causal_lm, read_info
+    from miaohui.generation.build.static_artifact import load_slot_engine, read_static_meta
 
     version = static_repo / "smol" / "1"
     info, meta = read_info(version), read_static_meta(version)
@@ -230,8 +230,8 @@ def test_inductor_artifact_loads_and_matches(
 def test_bad_precision_and_corrupt_weights_are_clear_errors(static_repo: Path, tmp_path: Path) -> None:
     import shutil
 
-    from miaohui.generation.artifact import build_causal_lm
-    from miaohui.generation.static_artifact import WEIGHTS_NAME, load_slot_engine
+    from miaohui.generation.build.artifact import build_causal_lm
+    from miaohui.generation.build.static_artifact import WEIGHTS_NAME, load_slot_engine
 
     with pytest.raises(ConfigError, match="use one of"):
         build_causal_lm(tmp_path, "x", "int8", backend="inductor", source_cache=MODEL_CACHE)
@@ -249,14 +249,18 @@ def test_bad_precision_and_corrupt_weights_are_clear_errors(static_repo: Path, t
 def server(static_repo: Path, request: pytest.FixtureRequest) -> Iterator[str]:
     """The real server on the slot engine, with the synchronous loop and with async scheduling."""
     from miaohui.server.metrics import Metrics
-    from miaohui.server.openai_api import GenerationService, create_openai_app
+    from miaohui.server.observer_metrics import chat_observers
+    from miaohui.server.openai_api import create_openai_app
+    from miaohui.serving.chat import ChatDefaults
+    from miaohui.serving.repository import ModelManager
 
     metrics = Metrics()
     sched = SchedulerConfig(max_running_seqs=4, max_model_len=256, async_scheduling=request.param)
-    service = GenerationService(static_repo, metrics, scheduler=sched)
+    service = ModelManager(
+        static_repo, chat_observer_factory=chat_observers(metrics), chat_defaults=ChatDefaults(sched)
+    )
     with UvicornThread(create_openai_app(service, metrics)) as srv:
-        assert service.failures == {}
-        assert service._models["smol"].engine.async_scheduling is request.param  # type: ignore[union-attr]
+        assert service.chat("smol").client.async_scheduling is request.param  # type: ignore[attr-defined]
         yield f"http://127.0.0.1:{srv.port}"
 
 

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from tests.prebuild import SMOLLM_CACHE
 
-from miaohui.generation.logprobs import token_logprobs
-from miaohui.generation.params import SamplingParams
-from miaohui.generation.structured import TokenMasks, check_supported
+from miaohui.generation.engine.logprobs import token_logprobs
+from miaohui.generation.engine.params import SamplingParams
+from miaohui.generation.engine.structured import TokenMasks, check_supported
 from miaohui.server.openai_schema import ChatRequest, OpenAIError
 from miaohui.server.openai_tools import ANY_OBJECT, ChatPlan, plan, prompt_messages, tool_calls
 

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from miaohui.generation.logprobs import TokenLogprobs
+from miaohui.generation.engine.logprobs import TokenLogprobs
 from miaohui.server.openai_schema import ChatRequest, OpenAIError
 
 ANY_OBJECT = '{"type": "object"}'
@@ -52,7 +52,7 @@ def _schema_text(schema: Any, param: str) -> str:
     if not isinstance(schema, Mapping):
         raise OpenAIError(400, f"'{param}' must be a JSON schema object, got {type(schema).__name__}", param=param)
     from miaohui.errors import InputError
-    from miaohui.generation.structured import check_schema
+    from miaohui.generation.engine.structured import check_schema
 
     text = json.dumps(schema, ensure_ascii=False)
     try:
