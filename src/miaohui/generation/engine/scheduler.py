@@ -37,13 +37,16 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from pydantic import Field, model_validator
 
 from miaohui.config import Frozen
 from miaohui.errors import ConfigError, InputError, QueueFullError
 from miaohui.generation.engine.params import SamplingParams
+
+if TYPE_CHECKING:
+    from miaohui.generation.engine.logprobs import TokenLogprobs
 
 FinishReason = Literal["stop", "length", "abort", "error"]
 
@@ -224,6 +227,8 @@ class RunnerOutput:
 
     step: int
     token_ids: dict[int, int]
+    logprobs: dict[int, TokenLogprobs] | None = None
+    """The sampled tokens' log-probabilities, for the sequences that asked (``SamplingParams.logprobs``)."""
 
 
 @dataclass(frozen=True)
@@ -235,13 +240,22 @@ class Advanced:
     reason: FinishReason | None
     """Set when the token finished the sequence (end-of-sequence / stop token, or its length)."""
     num_output_tokens: int
+    logprobs: TokenLogprobs | None
 
-    def __init__(self, seq: Sequence, token: int, reason: FinishReason | None, num_output_tokens: int) -> None:
+    def __init__(
+        self,
+        seq: Sequence,
+        token: int,
+        reason: FinishReason | None,
+        num_output_tokens: int,
+        logprobs: TokenLogprobs | None = None,
+    ) -> None:
         d = self.__dict__
         d["seq"] = seq
         d["token"] = token
         d["reason"] = reason
         d["num_output_tokens"] = num_output_tokens
+        d["logprobs"] = logprobs
 
 
 @dataclass(frozen=True)
@@ -255,6 +269,8 @@ class SequenceUpdate:
     """New text to show: held back while it could still become a stop string; may be empty."""
     num_output_tokens: int
     finish_reason: FinishReason | None = None
+    logprobs: TokenLogprobs | None = None
+    """The token's log-probabilities when the request asked for them."""
 
     def __init__(
         self,
@@ -263,6 +279,7 @@ class SequenceUpdate:
         text: str,
         num_output_tokens: int,
         finish_reason: FinishReason | None = None,
+        logprobs: TokenLogprobs | None = None,
     ) -> None:
         d = self.__dict__
         d["seq_id"] = seq_id
@@ -270,6 +287,7 @@ class SequenceUpdate:
         d["text"] = text
         d["num_output_tokens"] = num_output_tokens
         d["finish_reason"] = finish_reason
+        d["logprobs"] = logprobs
 
 
 def check_prompt(prompt_ids: Seq[int], config: SchedulerConfig, vocab: int | None, *, step_budget: bool = True) -> None:
@@ -454,11 +472,12 @@ class Scheduler:
         string found there finishes its sequence one step later than this would (that step's token is dropped)."""
         advanced: list[Advanced] = []
         seqs, running = self._seqs, SequenceStatus.RUNNING
+        logprobs = output.logprobs
         for seq_id, token in output.token_ids.items():
             seq = seqs.get(seq_id)
             if seq is None or seq.status is not running:
                 continue
-            advanced.append(self._advance(seq, int(token)))
+            advanced.append(self._advance(seq, int(token), logprobs.get(seq_id) if logprobs else None))
         return advanced
 
     def emit(self, advanced: Iterable[Advanced]) -> list[SequenceUpdate]:
@@ -472,7 +491,7 @@ class Scheduler:
         return updates
 
     # ---- internals -----------------------------------------------------------------------------------
-    def _advance(self, seq: Sequence, token: int) -> Advanced:
+    def _advance(self, seq: Sequence, token: int, logprobs: TokenLogprobs | None = None) -> Advanced:
         p = seq.params
         seq.in_flight -= 1
         output_ids = seq.output_ids
@@ -486,7 +505,7 @@ class Scheduler:
         if reason is not None:
             self._running.remove(seq)
             self._finish(seq, reason)
-        return Advanced(seq, token, reason, made)
+        return Advanced(seq, token, reason, made, logprobs)
 
     def _emit(self, a: Advanced) -> SequenceUpdate | None:
         seq, reason = a.seq, a.reason
@@ -519,8 +538,8 @@ class Scheduler:
         emitted = seq.emitted
         if end > emitted:
             seq.emitted = end
-            return SequenceUpdate(seq.seq_id, a.token, seq.text[emitted:end], a.num_output_tokens, reason)
-        return SequenceUpdate(seq.seq_id, a.token, "", a.num_output_tokens, reason)
+            return SequenceUpdate(seq.seq_id, a.token, seq.text[emitted:end], a.num_output_tokens, reason, a.logprobs)
+        return SequenceUpdate(seq.seq_id, a.token, "", a.num_output_tokens, reason, a.logprobs)
 
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
         seq.status = SequenceStatus.FINISHED
