@@ -421,6 +421,14 @@ def serve(
             "collections pause serving for less.",
         ),
     ] = True,
+    session_store: Annotated[
+        str | None,
+        typer.Option(
+            envvar="MIAOHUI_SESSION_STORE",
+            help="Where dialogue sessions live: memory (one process), sqlite:PATH (the processes of one host; "
+            "--workers N uses one in its run directory by default) or redis://host:6379/0 (several servers).",
+        ),
+    ] = None,
     gil_switch_us: Annotated[
         float | None,
         typer.Option(
@@ -447,6 +455,7 @@ def serve(
             cores=cores,
             gc_freeze=gc_freeze,
             gil_switch_us=gil_switch_us,
+            session_store=session_store,
         )
         if spec.workers > 1:
             from miaohui.server.workers import run_workers

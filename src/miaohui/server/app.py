@@ -38,6 +38,7 @@ def build_app(
     worker: int = 0,
     workers: int = 1,
     engine_socket: str | None = None,
+    session_store: str | None = None,
 ) -> FastAPI:
     """The HTTP app with a lifespan that loads (and warms up) the repository before serving.
 
@@ -48,7 +49,8 @@ def build_app(
     replies with the causal LM ``dialogue_llm`` (None: those routes answer with their templates).
 
     ``worker`` / ``workers`` / ``engine_socket``: this process's place among the processes of ``--workers N``
-    (:class:`~miaohui.server.state.ServeSpec`); with ``engine_socket`` the models run in the engine process."""
+    (:class:`~miaohui.server.state.ServeSpec`); with ``engine_socket`` the models run in the engine process.
+    ``session_store``: where the dialogue sessions live (``--session-store``; None: this process's memory)."""
     from miaohui.generation.artifact import causal_lm_names
     from miaohui.server.console import mount_console
     from miaohui.server.dialogue_api import DialogueService
@@ -68,7 +70,10 @@ def build_app(
     )
     state.generation = generation
     generator = LLMTextGenerator(generation, dialogue_llm) if dialogue_llm else None
-    dialogue = DialogueService.for_manager(manager, metrics, intent_model=dialogue_intent, generator=generator)
+    dialogue = DialogueService.for_manager(
+        manager, metrics, intent_model=dialogue_intent, generator=generator, session_store=session_store
+    )
+    dialogue.worker = worker
     state.dialogue = dialogue
     state.shadow = ShadowManager(manager, metrics)
     encoder_models = [n for n in models if n not in llm_names] if models else None
@@ -96,6 +101,7 @@ def build_app(
             await shadow.stop()
             await generation.stop()
             await manager.stop()
+            await dialogue.close()
 
     app.router.lifespan_context = lifespan
     return app
@@ -125,6 +131,7 @@ async def serve_async(
         worker=spec.worker,
         workers=spec.workers,
         engine_socket=spec.engine_socket,
+        session_store=spec.session_store,
     )
     state: ServerState = app.state.miaohui
     host, port, grpc_port = spec.host, spec.port, spec.grpc_port

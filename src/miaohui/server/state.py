@@ -50,6 +50,10 @@ class ServeSpec:
     gc_freeze: bool = True
     """Once warm, collect once and freeze the heap (``gc.freeze()``), again after every model change: later
     collections walk only what serving made, so their pauses stay short (``--no-gc-freeze`` for A/B runs)."""
+    session_store: str | None = None
+    """Where the dialogue sessions live (``--session-store``): ``memory`` (None: this process's memory), ``sqlite:PATH``
+    (the processes of one host; ``--workers N`` makes one in its run directory when none is given) or
+    ``redis://host:port/db`` (several servers)."""
     gil_switch_us: float | None = None
     """Python's GIL switch interval in every server process (``--gil-switch-us``); None: 50 µs where a generation
     loop runs (its step thread gets the GIL back sooner), else Python's 5 ms."""
@@ -61,6 +65,9 @@ class ServeSpec:
             raise ConfigError(
                 "--shared-engine needs --workers 2 or more", "add --workers N (one process already owns its engines)"
             )
+        from miaohui.dialogue.session_stores import store_kind
+
+        store_kind(self.session_store)  # a bad --session-store fails here, before any process starts
         if self.cores is not None and self.cores < 1:
             raise ConfigError(f"--cores {self.cores} is not a core count", "use --cores 1 or more, or leave it out")
 
