@@ -332,21 +332,24 @@ class Pipeline:
         llm = self.config.llm
         if llm is None:  # checked by PipelineConfig
             raise ConfigError(f"pipeline {self.config.name!r} has no llm block", "add llm: to its YAML")
+        # The conversation is a growing prefix: the fixed system prompt, the history, and only then this turn's
+        # facts with the user's words, so a prefix cache reuses every earlier turn of the session.
         prompt = (route.system_prompt or llm.system_prompt).get(ctx.lang)
-        facts = answer.all_facts()
-        if any(facts):
-            head = (
-                "参考资料（只可引用其中的数字）："
-                if ctx.lang == "zh"
-                else "Reference facts (quote only these figures):"
-            )
-            prompt = f"{prompt}\n{head}\n" + "\n".join(f for f in facts if f)
         messages: list[ChatMessage] = [{"role": "system", "content": prompt}]
         history = list(session.turns)[-llm.history_turns :] if llm.history_turns else []
         for turn in history:
             messages.append({"role": "user", "content": turn.user})
             messages.append({"role": "assistant", "content": turn.reply})
-        messages.append({"role": "user", "content": ctx.text})
+        user = ctx.text
+        facts = [f for f in answer.all_facts() if f]
+        if facts:
+            head = (
+                "参考资料（只可引用其中的数字）："
+                if ctx.lang == "zh"
+                else "Reference facts (quote only these figures):"
+            )
+            user = f"{ctx.text}\n\n{head}\n" + "\n".join(facts)
+        messages.append({"role": "user", "content": user})
         text = await self.generator.generate(messages, max_tokens=llm.max_tokens, temperature=llm.temperature)
         return _Reply(text=text, strategy="llm", answer=answer, templated=False)
 
