@@ -6,7 +6,7 @@
 * alternating between two ``miaohui serve`` instances sharing one real ``redis-server`` (``--session-store``).
 
 Every conversation must keep its state every time: turn numbers 1, 2, 3, the booking continued on turns 2 and 3
-(not "我是会议室预订助手，只能帮您..."), the date of turn 2 still there on turn 3. Real e5-small int8 intent engine.
+(not "我是会议室预订助手，只能帮您..."), the date of turn 2 still there on turn 3. The real e5-small intent model (an fp32 ONNX Runtime engine).
 """
 
 from __future__ import annotations
@@ -18,9 +18,12 @@ from typing import Any
 
 import httpx
 import pytest
-from tests.artifacts import install_version
 from tests.e2e.test_workers import Served, ready_workers, serve_workers
 from tests.redis_server import RedisServer, redis_server
+
+from miaohui.config import BuildConfig
+from miaohui.engines.store import build_artifact
+from miaohui.serving.model_config import ModelConfig, write_model_config
 
 pytestmark = pytest.mark.slow  # four server processes load the intent model
 
@@ -30,9 +33,10 @@ CONCURRENCY = 8
 
 
 @pytest.fixture(scope="module")
-def repo(intent_engines: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+def repo(intent_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("sessions-repo")
-    install_version(intent_engines["int8"], root, "intent")
+    build_artifact(intent_model, "intent", BuildConfig(precision="fp32"), root, log=lambda m: None)
+    write_model_config(root / "intent" / "config.yaml", ModelConfig(threads=1))
     return root
 
 

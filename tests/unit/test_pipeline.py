@@ -116,7 +116,9 @@ async def test_seed_market_outlook_through_the_llm() -> None:
     assert messages[0]["role"] == "system"
     assert "理财顾问" in messages[0]["content"] and "MH5001" not in messages[0]["content"]
     assert messages[-1]["role"] == "user" and "黄金ETF联接A（MH5001" in messages[-1]["content"]
-    assert messages[-1]["content"].startswith("最近黄金涨得不错，现在入场合适吗？\n\n参考资料（只可引用其中的数字）：\n")
+    assert messages[-1]["content"].startswith(
+        "最近黄金涨得不错，现在入场合适吗？\n\n参考资料（只可引用其中的数字）：\n"
+    )
 
 
 async def test_llm_number_not_in_sources_is_replaced() -> None:

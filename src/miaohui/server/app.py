@@ -39,6 +39,7 @@ def build_app(
     workers: int = 1,
     engine_socket: str | None = None,
     session_store: str | None = None,
+    api_keys: Path | None = None,
 ) -> FastAPI:
     """The HTTP app with a lifespan that loads (and warms up) the repository before serving.
 
@@ -50,7 +51,8 @@ def build_app(
 
     ``worker`` / ``workers`` / ``engine_socket``: this process's place among the processes of ``--workers N``
     (:class:`~miaohui.server.state.ServeSpec`); with ``engine_socket`` the models run in the engine process.
-    ``session_store``: where the dialogue sessions live (``--session-store``; None: this process's memory)."""
+    ``session_store``: where the dialogue sessions live (``--session-store``; None: this process's memory).
+    ``api_keys``: the key file that HTTP and gRPC check (``--api-keys``; None: an open server)."""
     from miaohui.generation.artifact import causal_lm_names
     from miaohui.server.console import mount_console
     from miaohui.server.dialogue_api import DialogueService
@@ -61,6 +63,10 @@ def build_app(
     engine = EngineClient(engine_socket) if engine_socket else None  # an HTTP worker of `--shared-engine`
     manager = ModelManager(repository, observer_factory=metrics.observer, engine_process=engine)
     state = ServerState(manager, metrics, worker=worker, workers=workers)
+    if api_keys is not None:
+        from miaohui.server.auth import Authenticator
+
+        state.auth = Authenticator.from_file(api_keys)
     llm_names = causal_lm_names(repository)
     generation = GenerationService(
         repository,
@@ -132,6 +138,7 @@ async def serve_async(
         workers=spec.workers,
         engine_socket=spec.engine_socket,
         session_store=spec.session_store,
+        api_keys=spec.api_keys,
     )
     state: ServerState = app.state.miaohui
     host, port, grpc_port = spec.host, spec.port, spec.grpc_port

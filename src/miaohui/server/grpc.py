@@ -26,6 +26,7 @@ import numpy as np
 from miaohui import __version__
 from miaohui.errors import ConfigError, InputError, MiaohuiError, ModelNotFoundError
 from miaohui.server import kserve, tensor_codec
+from miaohui.server.auth import GrpcGate
 from miaohui.server.proto import grpc_service_pb2 as pb
 from miaohui.server.proto import grpc_service_pb2_grpc as pb_grpc
 from miaohui.server.state import ServerState, check_model_control, check_not_shutting_down
@@ -65,11 +66,17 @@ async def start_grpc(state: ServerState, host: str, port: int, reuse_port: bool 
     off unless ``reuse_port`` (the workers of ``--workers N`` share the port; their parent reserved it), so a
     second server on the same port fails here instead of silently sharing the port.
     """
+    gate = (
+        GrpcGate(state.auth, lambda model, code, why: state.metrics.done(model or "", "", "grpc", code, 0.0, why))
+        if state.auth is not None
+        else None
+    )
     server = grpc.aio.server(
+        interceptors=[gate] if gate is not None else None,
         options=[
             ("grpc.max_receive_message_length", GRPC_MAX_RECEIVE_BYTES),
             ("grpc.so_reuseport", 1 if reuse_port else 0),
-        ]
+        ],
     )
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(state), server)
     address = f"{host}:{port}"

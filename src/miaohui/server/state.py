@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from miaohui.errors import ConfigError, ConflictError, UnavailableError
 
 if TYPE_CHECKING:
+    from miaohui.server.auth import Authenticator
     from miaohui.server.dialogue_api import DialogueService
     from miaohui.server.generation_service import GenerationService
     from miaohui.server.metrics import Metrics
@@ -54,6 +55,8 @@ class ServeSpec:
     """Where the dialogue sessions live (``--session-store``): ``memory`` (None: this process's memory), ``sqlite:PATH``
     (the processes of one host; ``--workers N`` makes one in its run directory when none is given) or
     ``redis://host:port/db`` (several servers)."""
+    api_keys: Path | None = None
+    """The API key file (``--api-keys``, :mod:`miaohui.server.auth`); None: no keys asked (an open server)."""
     gil_switch_us: float | None = None
     """Python's GIL switch interval in every server process (``--gil-switch-us``); None: 50 µs where a generation
     loop runs (its step thread gets the GIL back sooner), else Python's 5 ms."""
@@ -98,6 +101,8 @@ class ServerState:
         """Dialogue pipelines (``/v1/dialogue``, ``pipeline/<name>`` chat models); None: not served."""
         self.shadow: ShadowManager | None = None
         """Shadow comparisons of candidate versions (``/v1/shadow``); None: not served."""
+        self.auth: Authenticator | None = None
+        """API keys (``--api-keys``); None: an open server."""
         self.worker = worker
         """This process's worker index with ``--workers N`` (1..N); 0 in a single-process server."""
         self.workers = workers
