@@ -1,6 +1,7 @@
 """HTTP for the dialogue pipelines and shadow reports (FastAPI routers, included by ``create_app``).
 
-* ``POST /v1/dialogue/{pipeline}`` — body ``{"text", "session_id"?, "lang"?, "timings"?, "timeout_ms"?}`` →
+* ``POST /v1/dialogue/{pipeline}`` — body ``{"text", "session_id"?, "lang"?, "timings"?, "timeout_ms"?}`` (the
+  session id may come as the ``X-Session-Id`` header instead, what the ingress routes by) →
   the :class:`~miaohui.dialogue.pipeline.DialogueResponse` as JSON (``timings`` only when asked) plus
   ``engine: {model, version}`` (the intent model version that answered) and, with ``--workers N``, ``worker``.
   Unknown pipeline → 404 with the list (``pipelines``); a bad body → 400; a deadline (``X-Request-Timeout-Ms``
@@ -349,7 +350,8 @@ def dialogue_router(service: DialogueService) -> APIRouter:
             body = await read_json(request)
             req = DialogueRequest.parse(body)
             deadline = deadline_from_ms(req.timeout_ms or timeout_ms(request))
-            work = service.turn(pipeline, req.text, req.session_id, req.lang, deadline)
+            session_id = req.session_id or request.headers.get("x-session-id")  # what the ingress hashes by
+            work = service.turn(pipeline, req.text, session_id, req.lang, deadline)
             resp, engine = await until_disconnect(request, work)
             version = str(engine["version"] or "")
             content = resp.model_dump(mode="json", exclude=None if req.timings else {"timings"})
