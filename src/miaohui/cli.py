@@ -437,6 +437,10 @@ def serve(
             "each key may use only its models and pipelines at its rate (default: an open server).",
         ),
     ] = None,
+    tls_cert: Annotated[
+        Path | None, typer.Option(help="PEM certificate: HTTP and gRPC then speak TLS only (with --tls-key).")
+    ] = None,
+    tls_key: Annotated[Path | None, typer.Option(help="PEM private key of --tls-cert.")] = None,
     gil_switch_us: Annotated[
         float | None,
         typer.Option(
@@ -465,6 +469,8 @@ def serve(
             gil_switch_us=gil_switch_us,
             session_store=session_store,
             api_keys=api_keys,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
         )
         if spec.workers > 1:
             from miaohui.server.workers import run_workers

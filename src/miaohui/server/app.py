@@ -142,7 +142,17 @@ async def serve_async(
     )
     state: ServerState = app.state.miaohui
     host, port, grpc_port = spec.host, spec.port, spec.grpc_port
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="on")
+    tls = (spec.tls_cert, spec.tls_key) if spec.tls_cert is not None and spec.tls_key is not None else None
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+        ssl_certfile=str(tls[0]) if tls else None,
+        ssl_keyfile=str(tls[1]) if tls else None,
+    )
     server = uvicorn.Server(config)
     grpc_server: grpc.aio.Server | None = None
     grpc_error: BaseException | None = None
@@ -160,7 +170,7 @@ async def serve_async(
         try:  # the import too: grpcio older than the generated stubs need fails here, and must stop the server
             from miaohui.server.grpc import start_grpc
 
-            grpc_server = await start_grpc(state, host, grpc_port, reuse_port=sockets is not None)
+            grpc_server = await start_grpc(state, host, grpc_port, reuse_port=sockets is not None, tls=tls)
         except Exception as exc:
             grpc_error = exc
             log.error("gRPC could not start, stopping the server: %s", message(exc))

@@ -57,6 +57,10 @@ class ServeSpec:
     ``redis://host:port/db`` (several servers)."""
     api_keys: Path | None = None
     """The API key file (``--api-keys``, :mod:`miaohui.server.auth`); None: no keys asked (an open server)."""
+    tls_cert: Path | None = None
+    """PEM certificate (chain) for HTTPS and gRPC over TLS (``--tls-cert``, with ``--tls-key``); None: plain text."""
+    tls_key: Path | None = None
+    """PEM private key of ``tls_cert`` (``--tls-key``)."""
     gil_switch_us: float | None = None
     """Python's GIL switch interval in every server process (``--gil-switch-us``); None: 50 µs where a generation
     loop runs (its step thread gets the GIL back sooner), else Python's 5 ms."""
@@ -71,6 +75,11 @@ class ServeSpec:
         from miaohui.dialogue.session_stores import store_kind
 
         store_kind(self.session_store)  # a bad --session-store fails here, before any process starts
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ConfigError("--tls-cert and --tls-key go together", "give both PEM files, or neither for plain text")
+        for flag, path in (("--tls-cert", self.tls_cert), ("--tls-key", self.tls_key)):
+            if path is not None and not Path(path).is_file():
+                raise ConfigError(f"{flag} {path} is not a file", f"give the PEM file's path with {flag}")
         if self.cores is not None and self.cores < 1:
             raise ConfigError(f"--cores {self.cores} is not a core count", "use --cores 1 or more, or leave it out")
 
