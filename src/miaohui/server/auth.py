@@ -27,13 +27,14 @@ import secrets
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import grpc
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from miaohui.errors import ConfigError, ForbiddenError, MiaohuiError, RateLimitedError, UnauthorizedError
+from miaohui.serving.priority import PRIORITY, Priority
 
 __all__ = [
     "ApiKey",
@@ -49,7 +50,6 @@ __all__ = [
 
 log = logging.getLogger("miaohui.auth")
 
-Priority = Literal["interactive", "bulk"]
 KEY_PREFIX = "mh-"
 
 
@@ -221,6 +221,7 @@ class HttpGate:
             tenant = self.auth.tenant(header)
             tenant.take()
             scope.setdefault("state", {})["tenant"] = tenant
+            PRIORITY.set(tenant.priority)  # the batcher queues interactive requests ahead of bulk ones
             if model is None and scope["method"] == "POST" and path in BODY_MODEL_PATHS:
                 body, receive = await _buffer(receive)
                 model = _body_model(body)
@@ -309,6 +310,7 @@ class GrpcGate(grpc.aio.ServerInterceptor):
                 tenant.take()
                 if model:
                     tenant.check_model(model)
+                PRIORITY.set(tenant.priority)
             except MiaohuiError as exc:
                 from miaohui.server.status import grpc_status, http_status, message, reason
 
