@@ -534,7 +534,7 @@ def keys_list(file: KeyFileOpt) -> None:
         console.print(f"{k.tenant}\t{','.join(k.models)}\t{k.requests_per_s:g}/s\t{k.priority}\t{k.sha256[:12]}…")
 
 
-from miaohui.generation.cli import build_llm  # noqa: E402
+from miaohui.generation.build.cli import build_llm  # noqa: E402
 
 app.command("build-llm")(build_llm)
 

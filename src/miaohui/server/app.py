@@ -53,7 +53,7 @@ def build_app(
     (:class:`~miaohui.server.state.ServeSpec`); with ``engine_socket`` the models run in the engine process.
     ``session_store``: where the dialogue sessions live (``--session-store``; None: this process's memory).
     ``api_keys``: the key file that HTTP and gRPC check (``--api-keys``; None: an open server)."""
-    from miaohui.generation.artifact import causal_lm_names
+    from miaohui.generation.build.artifact import causal_lm_names
     from miaohui.server.console import mount_console
     from miaohui.server.dialogue_api import DialogueService
     from miaohui.server.generation_service import GenerationService, LLMTextGenerator
