@@ -12,8 +12,8 @@ import pytest
 from pydantic import ValidationError
 
 from miaohui.errors import ConfigError, DeadlineExceededError, InputError, MiaohuiError, QueueFullError
+from miaohui.priority import PRIORITY
 from miaohui.serving.batcher import BatcherConfig, BatcherObserver, DynamicBatcher
-from miaohui.serving.priority import PRIORITY
 
 SHUTDOWN = (
     "batcher for 'model' is stopping; the request was not computed — retry the request later or on another replica"

@@ -34,7 +34,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from miaohui.errors import ConfigError, ForbiddenError, MiaohuiError, RateLimitedError, UnauthorizedError
-from miaohui.serving.priority import PRIORITY, Priority
+from miaohui.priority import PRIORITY, Priority
 
 __all__ = [
     "ApiKey",

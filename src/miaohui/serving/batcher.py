@@ -41,7 +41,7 @@ from pydantic import Field, field_validator, model_validator
 
 from miaohui.config import Frozen
 from miaohui.errors import ConfigError, DeadlineExceededError, InputError, MiaohuiError, QueueFullError
-from miaohui.serving.priority import PRIORITY
+from miaohui.priority import PRIORITY
 
 logger = logging.getLogger(__name__)
 

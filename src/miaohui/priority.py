@@ -1,6 +1,6 @@
 """The priority class of the request being served, as a context variable: the API key gate sets it
-(:mod:`miaohui.server.auth`), the dynamic batcher reads it when a request is queued (interactive requests are queued
-ahead of bulk ones). Requests without a key (an open server) are ``interactive``."""
+(:mod:`miaohui.server.auth`); the dynamic batcher and the generation scheduler read it when a request is queued
+(interactive requests are queued ahead of bulk ones). Requests without a key (an open server) are ``interactive``."""
 
 from __future__ import annotations
 
