@@ -305,6 +305,7 @@ class RedisSessionStore(_SharedStore):
         self._evicted += evicted
 
     def stats(self) -> SessionStats:
+        """This process's counters; ``active`` is -1 here (a Redis call: ask :meth:`active`)."""
         return SessionStats(active=-1, created=self._created, expired=self._expired, evicted=self._evicted)
 
     async def active(self) -> int:
