@@ -82,3 +82,19 @@ class RateLimitedError(QueueFullError):
     def __init__(self, message: str, fix: str | None = None, retry_after_s: int = 1) -> None:
         super().__init__(message, fix)
         self.retry_after_s = retry_after_s
+
+
+class PayloadTooLargeError(InputError):
+    """The request body is larger than the server's limit (HTTP 413)."""
+
+
+class ClientDisconnectedError(MiaohuiError):
+    """The client went away before its answer was ready; the work was dropped (HTTP 499, nginx's code)."""
+
+
+class EngineStoppedError(MiaohuiError):
+    """The generation engine stopped (shutdown, a broken loop) while the request was queued or running (HTTP 503)."""
+
+
+class InternalError(MiaohuiError):
+    """A fault inside miaohui (a failed engine step, a bug) hit this request; others go on (HTTP 500)."""

@@ -352,7 +352,7 @@ def dialogue_router(service: DialogueService) -> APIRouter:
             deadline = deadline_from_ms(req.timeout_ms or timeout_ms(request))
             session_id = req.session_id or request.headers.get("x-session-id")  # what the ingress hashes by
             work = service.turn(pipeline, req.text, session_id, req.lang, deadline)
-            resp, engine = await until_disconnect(request, work)
+            resp, engine = await until_disconnect(request.receive, work)
             version = str(engine["version"] or "")
             content = resp.model_dump(mode="json", exclude=None if req.timings else {"timings"})
             content["engine"] = engine
