@@ -44,6 +44,7 @@ from pydantic import Field, model_validator
 from miaohui.config import Frozen
 from miaohui.errors import ConfigError, InputError, QueueFullError
 from miaohui.generation.engine.params import SamplingParams
+from miaohui.priority import PRIORITY
 
 if TYPE_CHECKING:
     from miaohui.generation.engine.logprobs import TokenLogprobs
@@ -149,6 +150,8 @@ class Sequence:
     emitted: int = 0
     """How many characters of ``text`` were handed out in updates."""
     detokenizer: Detokenizer | None = None
+    bulk: bool = False
+    """Queued under a bulk-class API key (:mod:`miaohui.priority`)."""
     in_flight: int = 0
     """Tokens scheduled whose results :meth:`Scheduler.advance` has not seen yet (async scheduling: at most one
     when :meth:`Scheduler.schedule` runs)."""
@@ -388,7 +391,12 @@ class Scheduler:
             raise InputError(f"sequence id {sid} is already in use", "use a new id or let the scheduler pick")
         ids = [int(t) for t in prompt_ids]
         seq = Sequence(sid, ids, params, self._clock(), detokenizer=self._detok(ids) if self._detok else None)
-        self._waiting.append(seq)
+        seq.bulk = PRIORITY.get() == "bulk"  # the API key's class: interactive requests wait ahead of bulk ones
+        ahead = next((i for i, s in enumerate(self._waiting) if s.bulk), None) if not seq.bulk else None
+        if ahead is None:
+            self._waiting.append(seq)
+        else:
+            self._waiting.insert(ahead, seq)
         self._seqs[sid] = seq
         return seq
 
