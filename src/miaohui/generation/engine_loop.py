@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Protocol
 from miaohui.errors import ConfigError, InputError, MiaohuiError
 from miaohui.generation.observer import GenerationObserver, StepReport, safe_call
 from miaohui.generation.params import SamplingParams
+from miaohui.generation.prefix_kv import PrefixKV
 from miaohui.generation.runner import Collect, ModelRunner
 from miaohui.generation.scheduler import (
     Advanced,
@@ -48,7 +49,7 @@ from miaohui.gil import GENERATION_SWITCH_US, apply_switch_interval
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
-    from miaohui.generation.base import AnyCausalLMEngine
+    from miaohui.generation.base import AnyCausalLMEngine, CausalLMEngine
 
 logger = logging.getLogger(__name__)
 
@@ -150,7 +151,9 @@ class LLMEngine:
         factory = detokenizer_factory(tokenizer) if tokenizer is not None else None
         self.scheduler = Scheduler(self.config, engine.eos_token_ids, factory)
         self.runner: ModelRunner | SlotModelRunner = (
-            SlotModelRunner(engine) if isinstance(engine, SlotCausalLMEngine) else ModelRunner(engine)
+            SlotModelRunner(engine)
+            if isinstance(engine, SlotCausalLMEngine)
+            else ModelRunner(engine, _prefix(engine, config))
         )
 
     def add_request(self, prompt_ids: Sequence[int], params: SamplingParams | None = None) -> int:
@@ -182,6 +185,13 @@ class LLMEngine:
                 texts.append(up.text)
                 reason[0] = up.finish_reason
         return [(results[i][0], "".join(results[i][1]), results[i][2][0]) for i in ids]
+
+
+def _prefix(engine: CausalLMEngine, config: SchedulerConfig) -> PrefixKV | None:
+    """The runner's prefix cache (``prefix_cache_mb``; None when it is 0)."""
+    if config.prefix_cache_mb <= 0:
+        return None
+    return PrefixKV(engine.dims, config.prefix_block_size, int(config.prefix_cache_mb * 2**20))
 
 
 class RequestStream:
@@ -361,7 +371,8 @@ class AsyncLLMEngine:
 
     def _warmup(self, prompt: list[int], params: SamplingParams) -> None:
         config = self.llm.config  # its two prompts must fit the queue whatever max_waiting the model serves with
-        warm = LLMEngine(self.llm.engine, None, config.model_copy(update={"max_waiting": max(2, config.max_waiting)}))
+        update = {"max_waiting": max(2, config.max_waiting), "prefix_cache_mb": 0.0}
+        warm = LLMEngine(self.llm.engine, None, config.model_copy(update=update))
         warm.generate([prompt, prompt[:2]], params)
 
     async def stop(self) -> None:
@@ -509,6 +520,8 @@ class AsyncLLMEngine:
             loop_s,
             tuple(item.queued_s for item in out.prefill),
             timing.mixed,
+            timing.prompt_tokens,
+            timing.cached_tokens,
         )
 
     def _fail_step(self, loop: asyncio.AbstractEventLoop, exc: Exception) -> bool:

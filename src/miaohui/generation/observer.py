@@ -36,6 +36,10 @@ class StepReport:
     """How long each prompt this step prefilled had waited for it (arrival → scheduled): TTFT's queue part."""
     mixed: bool = False
     """The prefill ran as extra rows of the decode step (a mixed step)."""
+    prompt_tokens: int = 0
+    """Prompt tokens the step's prefill looked up in the prefix cache (0: none, or no prefix cache)."""
+    cached_tokens: int = 0
+    """Of those, the tokens whose KV the prefix cache gave (not computed)."""
 
 
 class GenerationObserver:
