@@ -11,12 +11,12 @@ import pytest
 from tests.prebuild import ensure_llm_repository
 from tests.tiny_decoders import save_tiny_decoder, smollm_tokenizer
 
-from miaohui.generation.artifact import build_causal_lm, latest_version
-from miaohui.generation.engine_loop import LLMEngine
-from miaohui.generation.ort_engine import OrtCausalLMEngine
-from miaohui.generation.params import SamplingParams
-from miaohui.generation.runner import ModelRunner
-from miaohui.generation.scheduler import SchedulerConfig
+from miaohui.generation.build.artifact import build_causal_lm, latest_version
+from miaohui.generation.engine.engine_loop import LLMEngine
+from miaohui.generation.engine.params import SamplingParams
+from miaohui.generation.engine.runner import ModelRunner
+from miaohui.generation.engine.scheduler import SchedulerConfig
+from miaohui.generation.executors.ort_engine import OrtCausalLMEngine
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
 
@@ -120,7 +120,7 @@ def test_a_request_aborted_during_its_prefill_leaves_a_valid_prefix(tiny: OrtCau
 
 
 def test_smollm2_conversation_matches_no_cache() -> None:
-    from miaohui.generation.artifact import ChatTokenizer, read_info
+    from miaohui.generation.build.artifact import ChatTokenizer, read_info
 
     repo = ensure_llm_repository() / "smollm2"
     version = repo / str(latest_version(repo))

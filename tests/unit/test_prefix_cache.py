@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from miaohui.errors import ConfigError
-from miaohui.generation.prefix_cache import PrefixCache
+from miaohui.generation.cache.prefix_cache import PrefixCache
 
 
 def _insert(cache: PrefixCache[str], tokens: list[int]) -> int:
