@@ -168,6 +168,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = ap.parse_args()
+    import httpx  # noqa: F401  # imported now: a missing package fails the run before it starts, not after
+    import matplotlib  # noqa: F401
     import openai
 
     from miaohui.generation.build.artifact import build_causal_lm

@@ -143,3 +143,20 @@ def test_smollm2_conversation_matches_no_cache() -> None:
     assert with_cache == without
     # each turn reuses the blocks of the previous prompt + the 15 reply tokens fed back: 27 + 15 → 32, 59 + 15 → 64
     assert _stats(llm) == (27 + 59 + 90, 32 + 64)
+
+
+async def test_hit_tokens_reach_the_metrics(tiny: OrtCausalLMEngine) -> None:
+    from miaohui.generation.engine.engine_loop import AsyncLLMEngine
+    from miaohui.server.metrics import Metrics
+    from miaohui.server.observer_metrics import MetricsObserver
+
+    metrics = Metrics()
+    prompt = _words(9, 40)
+    async with AsyncLLMEngine(_llm(tiny), MetricsObserver(metrics, "t", 1)) as engine:
+        for p in (prompt, [*prompt, 7]):
+            async for _ in engine.generate(p, GREEDY):
+                pass
+    sample = metrics.registry.get_sample_value
+    # the second prompt reuses the first's 40 tokens + 11 of its answer, in whole blocks: 48
+    assert sample("miaohui_prefix_cache_queried_tokens_total", {"model": "t"}) == 40 + 41
+    assert sample("miaohui_prefix_cache_hit_tokens_total", {"model": "t"}) == 32

@@ -16,7 +16,6 @@ import httpx
 import pytest
 
 from miaohui.errors import ConfigError
-from miaohui.generation.engine.observer import StepReport
 from miaohui.server.console import UI_DIR, ConsoleSampler, mount_console, quantile
 from miaohui.server.http import create_app
 from miaohui.server.metrics import LATENCY_BUCKETS, Metrics
@@ -49,8 +48,8 @@ def test_sampler_points_from_known_observations() -> None:
     observer.on_batch(8, 64, 64, [0.001] * 8)
     observer.on_batch(4, 32, 32, [0.001] * 4)
     llm = MetricsObserver(metrics, "chat", 1)
-    llm.on_step(StepReport(1, 0, 100, 0.01, 100, 0.0, 0.01, None, prompt_tokens=100, cached_tokens=64))
-    llm.on_step(StepReport(1, 0, 28, 0.01, 28, 0.0, 0.01, None, prompt_tokens=28, cached_tokens=0))
+    llm.on_prefix_cache(100, 64)
+    llm.on_prefix_cache(28, 0)
     sampler.sample()
     summary = sampler.summary(window_s=60)
     assert summary["interval_s"] == 1.0 and summary["requests_total"] == 100
@@ -60,7 +59,7 @@ def test_sampler_points_from_known_observations() -> None:
     assert point["p50_ms"] == pytest.approx(2 + 3 * 50 / 90, abs=1e-3)
     assert point["p99_ms"] == pytest.approx(250 + 250 * (99 - 90) / 10, abs=1e-3)
     assert point["queue_depth"] == 7
-    assert point["batch_size"] == 3.5  # 12 rows in 2 batches, and 2 generation steps of one prompt
+    assert point["batch_size"] == 6  # 12 rows in 2 batches
     assert point["prefix_hit_rate"] == 0.5  # 64 of 128 prompt tokens reused
     assert summary["prefix_cache"] == {"hit_tokens": 64, "queried_tokens": 128, "hit_rate": 0.5}
     assert b'miaohui_prefix_cache_hit_tokens_total{model="chat"} 64.0' in metrics.render()

@@ -54,6 +54,10 @@ class MetricsObserver(GenerationObserver):
         self._prompt.inc(prompt_tokens)
         self._generated.inc(completion_tokens)
 
+    def on_prefix_cache(self, prompt_tokens: int, cached_tokens: int) -> None:
+        self._prefix_queried.inc(prompt_tokens)
+        self._prefix_hit.inc(cached_tokens)
+
     def on_queue(self, running: int, waiting: int) -> None:
         self._running.set(running)
         self._waiting.set(waiting)
@@ -69,9 +73,6 @@ class MetricsObserver(GenerationObserver):
             self._prefills.observe(step.prefill_seqs)
             if step.mixed:
                 self._mixed.inc()
-            if step.prompt_tokens:
-                self._prefix_queried.inc(step.prompt_tokens)
-                self._prefix_hit.inc(step.cached_tokens)
         if step.loop_s is not None:
             self._loop.observe(step.loop_s)
         if step.queue_s:

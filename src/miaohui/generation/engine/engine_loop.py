@@ -552,6 +552,8 @@ class AsyncLLMEngine:
     def _deliver(self, step: StepReport, updates: list[SequenceUpdate]) -> None:
         """On the event loop: one step's updates to their streams, and the step's metrics."""
         safe_call(self.observer.on_step, step)
+        if step.prompt_tokens:
+            safe_call(self.observer.on_prefix_cache, step.prompt_tokens, step.cached_tokens)
         now = time.monotonic()  # the step's tokens are all streamed now
         itls: list[float] = []
         for update in updates:
