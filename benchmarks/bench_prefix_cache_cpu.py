@@ -3,9 +3,10 @@ with and without the cache, served over HTTP and read with the ``openai`` client
 
     .venv/bin/python benchmarks/bench_prefix_cache_cpu.py [--repository DIR] [--rounds 3] [--out benchmarks/results]
 
-* One server (``create_openai_app``, uvicorn on localhost) serves SmolLM2-135M-Instruct fp32 twice from one repository
-  folder: ``smollm2`` with the default ``prefix_cache_mb`` and ``smollm2-nocache`` with ``prefix_cache_mb: 0`` (the
-  same version files, hard-linked). The two alternate, conversation by conversation, so both see the same machine load.
+* One server (``create_openai_app`` over a ``ModelManager``, uvicorn on localhost) serves SmolLM2-135M-Instruct fp32
+  twice from one repository folder: ``smollm2`` with the default ``prefix_cache_mb`` and ``smollm2-nocache`` with
+  ``prefix_cache_mb: 0`` (the same version files, hard-linked). The two alternate, conversation by conversation, so
+  both see the same machine load.
 * A conversation: a short system prompt, twelve user turns, each answered greedily with ``max_tokens=32``; every
   answer is kept in the history, so turn k's prompt holds the k-1 previous exchanges. Each round's system prompt
   starts with its own number, so no round reuses another round's conversation (only the chat template's first tokens).
@@ -73,10 +74,12 @@ def serve(repository: Path) -> tuple[str, Any]:
     import uvicorn
 
     from miaohui.server.metrics import Metrics
-    from miaohui.server.openai_api import GenerationService, create_openai_app
+    from miaohui.server.observer_metrics import chat_observers
+    from miaohui.server.openai_api import create_openai_app
+    from miaohui.serving.repository import ModelManager
 
     metrics = Metrics()
-    app = create_openai_app(GenerationService(repository, metrics), metrics)
+    app = create_openai_app(ModelManager(repository, chat_observer_factory=chat_observers(metrics)), metrics)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     server = uvicorn.Server(uvicorn.Config(app, lifespan="on", log_level="warning", access_log=False))
