@@ -19,6 +19,7 @@ from miaohui.errors import ConfigError
 from miaohui.server.console import UI_DIR, ConsoleSampler, mount_console, quantile
 from miaohui.server.http import create_app
 from miaohui.server.metrics import LATENCY_BUCKETS, Metrics
+from miaohui.server.observer_metrics import MetricsObserver
 from miaohui.server.state import ServerState
 from miaohui.serving.repository import ModelManager
 
@@ -46,6 +47,9 @@ def test_sampler_points_from_known_observations() -> None:
     observer.on_enqueue(7)
     observer.on_batch(8, 64, 64, [0.001] * 8)
     observer.on_batch(4, 32, 32, [0.001] * 4)
+    llm = MetricsObserver(metrics, "chat", 1)
+    llm.on_prefix_cache(100, 64)
+    llm.on_prefix_cache(28, 0)
     sampler.sample()
     summary = sampler.summary(window_s=60)
     assert summary["interval_s"] == 1.0 and summary["requests_total"] == 100
@@ -56,9 +60,18 @@ def test_sampler_points_from_known_observations() -> None:
     assert point["p99_ms"] == pytest.approx(250 + 250 * (99 - 90) / 10, abs=1e-3)
     assert point["queue_depth"] == 7
     assert point["batch_size"] == 6  # 12 rows in 2 batches
+    assert point["prefix_hit_rate"] == 0.5  # 64 of 128 prompt tokens reused
+    assert summary["prefix_cache"] == {"hit_tokens": 64, "queried_tokens": 128, "hit_rate": 0.5}
+    assert b'miaohui_prefix_cache_hit_tokens_total{model="chat"} 64.0' in metrics.render()
     sampler.sample()  # nothing happened since: a quiet point
     quiet = sampler.summary(window_s=60)["points"][-1]
-    assert (quiet["rps"], quiet["p50_ms"], quiet["p99_ms"], quiet["batch_size"]) == (0, None, None, None)
+    assert (quiet["rps"], quiet["p50_ms"], quiet["p99_ms"], quiet["batch_size"], quiet["prefix_hit_rate"]) == (
+        0,
+        None,
+        None,
+        None,
+        None,
+    )
 
 
 def test_sampler_keeps_only_its_window() -> None:
@@ -106,7 +119,8 @@ def test_static_files_load_nothing_from_elsewhere() -> None:
 async def test_summary_route(client: httpx.AsyncClient) -> None:
     body = (await client.get("/v1/console/summary", params={"window_s": 60})).json()
     assert body["window_s"] == 60 and len(body["points"]) == 1
-    assert set(body["points"][0]) == {"t", "rps", "p50_ms", "p99_ms", "queue_depth", "batch_size"}
+    assert set(body["points"][0]) == {"t", "rps", "p50_ms", "p99_ms", "queue_depth", "batch_size", "prefix_hit_rate"}
+    assert body["prefix_cache"] == {"hit_tokens": 0, "queried_tokens": 0, "hit_rate": None}
     bad = await client.get("/v1/console/summary", params={"window_s": 0})
     assert bad.status_code == 400
     assert bad.json() == {"error": "invalid request at query.window_s: Input should be greater than 0"}

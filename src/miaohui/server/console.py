@@ -3,7 +3,7 @@
 * ``/ui/`` — chat (dialogue pipelines and chat models), the model repository, live plots; plain HTML, CSS and
   JavaScript shipped with the package (``server/ui/``), no CDN and no front-end build.
 * ``GET /v1/console/summary?window_s=300`` — the live plots' data: per sampling interval, requests/s, p50 and p99
-  request latency, queue depth and mean batch size.
+  request latency, queue depth, mean batch size and the prefix cache's hit rate (prompt tokens reused / looked up).
 * ``GET /v1/console/models`` — the repository as this server sees it (each model and version: backend, precision,
   state, load and warm-up seconds), the causal LMs, the dialogue pipelines, and whether load/unload is allowed here
   (with ``--workers N`` it is not, and the reason says why).
@@ -14,7 +14,9 @@ of every worker with ``--workers N``) every ``interval_s`` into a ring buffer of
 summary is the difference of two neighbouring samples: requests/s is the change of ``miaohui_requests_total``, the
 latency quantiles are interpolated within the buckets of ``miaohui_request_duration_seconds`` that changed (as
 PromQL's ``histogram_quantile`` does), batch size is the change of ``miaohui_batch_size``'s sum over its count, and
-queue depth is ``miaohui_queue_depth`` summed over the models at the later sample.
+queue depth is ``miaohui_queue_depth`` summed over the models at the later sample, and the prefix hit rate is the change
+of ``miaohui_prefix_cache_hit_tokens_total`` over that of ``miaohui_prefix_cache_queried_tokens_total`` (every causal
+LM together; the summary also gives their totals since start).
 """
 
 from __future__ import annotations
@@ -66,6 +68,8 @@ class Snapshot:
     queue_depth: float
     batches: float
     batch_rows: float
+    prefix_hit_tokens: float = 0.0
+    prefix_queried_tokens: float = 0.0
 
 
 def quantile(q: float, bounds: tuple[float, ...], counts: tuple[float, ...]) -> float | None:
@@ -127,7 +131,8 @@ class ConsoleSampler:
     def snapshot(self) -> Snapshot:
         m = self.metrics
         families = _families(m, ("miaohui_requests", "miaohui_request_duration_seconds", "miaohui_queue_depth",
-                                 "miaohui_batch_size"))  # fmt: skip
+                                 "miaohui_batch_size", "miaohui_prefix_cache_hit_tokens",
+                                 "miaohui_prefix_cache_queried_tokens"))  # fmt: skip
         bounds = [*LATENCY_BUCKETS, math.inf]
         buckets = [0.0] * len(bounds)
         for s in families["miaohui_request_duration_seconds"]:
@@ -144,6 +149,8 @@ class ConsoleSampler:
             queue_depth=sum(s.value for s in families["miaohui_queue_depth"]),
             batches=sum(s.value for s in batch if s.name.endswith("_count")),
             batch_rows=sum(s.value for s in batch if s.name.endswith("_sum")),
+            prefix_hit_tokens=_total(families["miaohui_prefix_cache_hit_tokens"]),
+            prefix_queried_tokens=_total(families["miaohui_prefix_cache_queried_tokens"]),
         )
 
     def summary(self, window_s: float) -> dict[str, Any]:
@@ -157,6 +164,7 @@ class ConsoleSampler:
             "interval_s": self.interval_s,
             "window_s": window_s,
             "requests_total": samples[-1].requests if samples else 0.0,
+            "prefix_cache": _prefix_totals(samples[-1] if samples else None),
             "points": points,
         }
 
@@ -173,7 +181,24 @@ def _point(a: Snapshot, b: Snapshot) -> dict[str, Any]:
         "p99_ms": None if p99 is None else round(p99 * 1000, 3),
         "queue_depth": b.queue_depth,
         "batch_size": round((b.batch_rows - a.batch_rows) / batches, 3) if batches > 0 else None,
+        "prefix_hit_rate": _rate(
+            b.prefix_hit_tokens - a.prefix_hit_tokens, b.prefix_queried_tokens - a.prefix_queried_tokens
+        ),
     }
+
+
+def _total(samples: list[Sample]) -> float:
+    return sum(s.value for s in samples if s.name.endswith("_total"))
+
+
+def _rate(hit: float, queried: float) -> float | None:
+    return round(hit / queried, 4) if queried > 0 else None
+
+
+def _prefix_totals(snap: Snapshot | None) -> dict[str, float | None]:
+    """Prompt tokens looked up in the prefix caches since start, those reused, and their ratio."""
+    hit, queried = (snap.prefix_hit_tokens, snap.prefix_queried_tokens) if snap is not None else (0.0, 0.0)
+    return {"hit_tokens": hit, "queried_tokens": queried, "hit_rate": _rate(hit, queried)}
 
 
 def _families(metrics: Metrics, names: Iterable[str]) -> dict[str, list[Sample]]:
@@ -184,7 +209,8 @@ def _families(metrics: Metrics, names: Iterable[str]) -> dict[str, list[Sample]]
     if metrics.multiprocess:
         collected = metrics.exposition.collect()
     else:
-        own = (metrics.requests, metrics.request_seconds, metrics.queue_depth, metrics.batch_size)
+        own = (metrics.requests, metrics.request_seconds, metrics.queue_depth, metrics.batch_size,
+               metrics.prefix_hit_tokens, metrics.prefix_queried_tokens)  # fmt: skip
         collected = (family for metric in own for family in metric.collect())
     for family in collected:
         if family.name in wanted:

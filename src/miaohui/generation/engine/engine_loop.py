@@ -21,6 +21,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING
 
 from miaohui.errors import ConfigError, InternalError, MiaohuiError
+from miaohui.generation.cache.prefix_kv import PrefixKV
 from miaohui.generation.engine.client import EngineStoppedError, RequestStream, Sink, TokenEvent, stream_events
 from miaohui.generation.engine.observer import GenerationObserver, StepReport, safe_call
 from miaohui.generation.engine.params import SamplingParams
@@ -39,7 +40,7 @@ from miaohui.gil import GENERATION_SWITCH_US, apply_switch_interval
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
-    from miaohui.generation.executors.base import AnyCausalLMEngine
+    from miaohui.generation.executors.base import AnyCausalLMEngine, CausalLMEngine
 
 logger = logging.getLogger(__name__)
 
@@ -95,7 +96,9 @@ class LLMEngine:
         self.scheduler = Scheduler(self.config, engine.eos_token_ids, factory, vocab=engine.dims.vocab)
         masks = TokenMasks(tokenizer, engine.dims.vocab, engine.eos_token_ids) if tokenizer is not None else None
         self.runner: ModelRunner | SlotModelRunner = (
-            SlotModelRunner(engine) if isinstance(engine, SlotCausalLMEngine) else ModelRunner(engine, masks)
+            SlotModelRunner(engine)
+            if isinstance(engine, SlotCausalLMEngine)
+            else ModelRunner(engine, masks, _prefix(engine, config))
         )
         self.lock = threading.Lock()
         self.async_scheduling = False
@@ -215,6 +218,8 @@ class LLMEngine:
             loop_s,
             tuple(item.queued_s for item in out.prefill),
             timing.mixed,
+            timing.prompt_tokens,
+            timing.cached_tokens,
         )
 
     def _fail_step(self, exc: Exception) -> StepOutput:
@@ -253,6 +258,13 @@ class _Track:
     arrival: float
     last: float | None = None
     tokens: int = 0
+
+
+def _prefix(engine: CausalLMEngine, config: SchedulerConfig) -> PrefixKV | None:
+    """The runner's prefix cache (``prefix_cache_mb``; None when it is 0)."""
+    if config.prefix_cache_mb <= 0:
+        return None
+    return PrefixKV(engine.dims, config.prefix_block_size, int(config.prefix_cache_mb * 2**20))
 
 
 class AsyncLLMEngine:
@@ -321,7 +333,8 @@ class AsyncLLMEngine:
 
     def _warmup(self, prompt: list[int], params: SamplingParams) -> None:
         config = self.llm.config  # its two prompts must fit the queue whatever max_waiting the model serves with
-        warm = LLMEngine(self.llm.engine, None, config.model_copy(update={"max_waiting": max(2, config.max_waiting)}))
+        update = {"max_waiting": max(2, config.max_waiting), "prefix_cache_mb": 0.0}
+        warm = LLMEngine(self.llm.engine, None, config.model_copy(update=update))
         warm.generate([prompt, prompt[:2]], params)
 
     async def stop(self) -> None:
@@ -435,6 +448,8 @@ class AsyncLLMEngine:
         """On the event loop: one step's updates to their streams, and the step's metrics."""
         if step.report is not None:
             safe_call(self.observer.on_step, step.report)
+            if step.report.prompt_tokens:
+                safe_call(self.observer.on_prefix_cache, step.report.prompt_tokens, step.report.cached_tokens)
         now = time.monotonic()  # the step's tokens are all streamed now
         itls: list[float] = []
         for update in step.updates:

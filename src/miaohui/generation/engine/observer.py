@@ -36,6 +36,10 @@ class StepReport:
     """How long each prompt this step prefilled had waited for it (arrival → scheduled): TTFT's queue part."""
     mixed: bool = False
     """The prefill ran as extra rows of the decode step (a mixed step)."""
+    prompt_tokens: int = 0
+    """Prompt tokens the step's prefill looked up in the prefix cache (0: none, or no prefix cache)."""
+    cached_tokens: int = 0
+    """Of those, the tokens whose KV the prefix cache gave (not computed)."""
 
 
 class GenerationObserver:
@@ -55,6 +59,11 @@ class GenerationObserver:
 
     def on_finish(self, e2e_s: float, prompt_tokens: int, completion_tokens: int, reason: str) -> None:
         """A request ended (``stop``, ``length``, ``abort`` or ``error``) ``e2e_s`` after it was added."""
+
+    def on_prefix_cache(self, prompt_tokens: int, cached_tokens: int) -> None:
+        """A request's ``prompt_tokens`` were looked up in a prefix cache and ``cached_tokens`` of them came from it
+        (engines that report their cache per request: llama.cpp's prompt cache; the ONNX Runtime runner reports each
+        prefill step's prompts together)."""
 
     def on_queue(self, running: int, waiting: int) -> None:
         """Running and waiting sequence counts changed (after each step, add and abort)."""

@@ -106,6 +106,16 @@ class SchedulerConfig(Frozen):
     prefill graph (``SlotEngineOptions.prefill_batch_buckets``; more prompts are prefilled eagerly) — unset, the
     engine's ``max_prefill_prompts`` (that largest bucket) is taken (``LLMEngine``): on the H200 the TTFT tails came
     from prefills of more prompts than that."""
+    prefix_cache_mb: float = Field(default=256.0, ge=0.0)
+    """Memory for the prefix cache (MiB; 0 turns it off): the KV of recent prompts and answers, in blocks of
+    ``prefix_block_size`` tokens shared by every request, so a prompt that starts like an earlier one (a conversation's
+    next turn, a common system prompt) computes only what follows. Least recently used blocks are evicted beyond it.
+    256 MiB holds ~5,800 tokens of SmolLM2-135M's fp32 KV (46 KB a token): a few dozen conversations' recent turns,
+    a small share of a server's memory. The ONNX Runtime engine uses it (llama.cpp keeps its own per-slot cache)."""
+    prefix_block_size: int = Field(default=16, ge=1, le=1024)
+    """Tokens per prefix-cache block: prompts share cached KV in whole blocks (a prompt reuses at most the blocks
+    that match it in full, and all but its last token). 16 as vLLM: small enough that a new turn recomputes little
+    past the point where it departs from the cached text, large enough that lookups and copies stay cheap."""
 
     @model_validator(mode="after")
     def _budget(self) -> SchedulerConfig:

@@ -120,16 +120,26 @@ class CausalLMEngine(abc.ABC):
         empty = np.zeros((batch, d.num_kv_heads, 0, d.head_dim), dtype=np.float32)
         return [empty] * (2 * d.num_layers)
 
-    def prefill(self, prompts: Sequence[Sequence[int]]) -> tuple[np.ndarray, KVCache]:
-        """Run the prompts (left-padded into one batch); logits of each prompt's last token and its cache."""
+    def prefill(self, prompts: Sequence[Sequence[int]], prefix: KVCache | None = None) -> tuple[np.ndarray, KVCache]:
+        """Run the prompts (left-padded into one batch); logits of each prompt's last token and its cache.
+
+        ``prefix``: one row per prompt holding the KV of tokens that come before it (a cached prefix; a row may have
+        none). The prompts are then only the rest, positioned after their row's prefix; the returned cache holds
+        prefix and prompt (a row's padding may then sit between the two: masked out like any padding)."""
         if not prompts:
             raise InputError("prefill got no prompts", "pass at least one list of token ids")
         width = max(len(p) for p in prompts)
         if min(len(p) for p in prompts) == 0:
             raise InputError("a prompt has no tokens", "send non-empty prompts")
-        if width > self.max_positions:
+        start = np.zeros(len(prompts), dtype=np.int64) if prefix is None else prefix.next_positions
+        if prefix is not None and prefix.batch != len(prompts):
+            raise ShapeError(
+                f"prefill got a prefix of {prefix.batch} rows for {len(prompts)} prompts", "pass one row per prompt"
+            )
+        longest = int(max(s + len(p) for s, p in zip(start, prompts, strict=True)))
+        if longest > self.max_positions:
             raise InputError(
-                f"a prompt has {width} tokens; the model's context is {self.max_positions}",
+                f"a prompt has {longest} tokens; the model's context is {self.max_positions}",
                 f"shorten the prompt to at most {self.max_positions} tokens",
             )
         ids = np.full((len(prompts), width), self.pad_token_id, dtype=np.int64)
@@ -139,9 +149,14 @@ class CausalLMEngine(abc.ABC):
             n = len(p)
             ids[r, width - n :] = p
             mask[r, width - n :] = 1
-            pos[r, width - n :] = np.arange(n)
+            pos[r, width - n :] = np.arange(start[r], start[r] + n)
         self._check_ids(ids)
-        logits, present = self._forward(ids, mask, pos, self.empty_past(len(prompts)))
+        if prefix is None:
+            past = self.empty_past(len(prompts))
+        else:
+            past = [a for pair in zip(prefix.keys, prefix.values, strict=True) for a in pair]
+            mask = np.concatenate([prefix.mask, mask], axis=1)
+        logits, present = self._forward(ids, mask, pos, past)
         return logits, self._cache(present, mask)
 
     def decode(self, tokens: Sequence[int], kv: KVCache) -> tuple[np.ndarray, KVCache]:

@@ -318,11 +318,18 @@ async function refreshMetrics() {
   drawPlot($("#plot-latency"), [series("p50_ms", "#2563eb", "p50"), series("p99_ms", "#c2410c", "p99")], { ...opts, log: true });
   drawPlot($("#plot-queue"), [series("queue_depth", "#7c3aed", "queue")], opts);
   drawPlot($("#plot-batch"), [series("batch_size", "#15803d", "batch")], opts);
+  drawPlot($("#plot-prefix"), [series("prefix_hit_rate", "#0e7490", "hit rate")], opts);
   const last = pts[pts.length - 1];
   $("#metrics-note").textContent = last
     ? `${summary.requests_total} requests since start · sampled every ${summary.interval_s} s · last: ` +
-      `${last.rps.toFixed(1)} req/s, p99 ${last.p99_ms === null ? "-" : last.p99_ms.toFixed(1) + " ms"}`
+      `${last.rps.toFixed(1)} req/s, p99 ${last.p99_ms === null ? "-" : last.p99_ms.toFixed(1) + " ms"}` +
+      prefixNote(summary.prefix_cache)
     : "waiting for the first samples";
+}
+
+function prefixNote(cache) {
+  if (!cache || cache.hit_rate === null) return "";
+  return ` · prefix cache: ${(100 * cache.hit_rate).toFixed(1)} % of ${cache.queried_tokens} prompt tokens reused`;
 }
 
 $("#metrics-window").addEventListener("change", refreshMetrics);

@@ -1,0 +1,144 @@
+"""Prefix cache: hash-chained blocks of prompt tokens → their KV, shared by every request, LRU under a byte budget.
+
+Pure Python (no numpy, no torch): a block's KV is an opaque payload whose size the caller states. The design is
+vLLM's ``KVCacheManager`` / nano-vllm's ``BlockManager`` without the paged memory: a sequence's tokens are cut into
+blocks of ``block_size``; a full block is keyed by ``(parent block id, its tokens)`` — a chain, so a block stands for
+its whole prefix and two sequences share a block exactly when they share every token up to its end. The key holds
+the tokens themselves, not a digest of them: a lookup can never return another prefix's KV.
+
+* :meth:`PrefixCache.match` walks a sequence's full blocks from the first and returns the longest cached chain.
+* :meth:`PrefixCache.insert` adds the blocks of a sequence that are not cached yet (the caller makes their payloads
+  only for those: :meth:`PrefixCache.missing` says from which block).
+* Eviction is least-recently-used, by block. A use touches a chain from its last block back to its first, so a
+  parent is always more recent than its children and the least recent block is a leaf: eviction trims chains
+  from their ends and never strands a child whose parent is gone.
+
+The engines keep their own copy of a reused prefix (the ONNX Runtime runner copies the blocks into the sequence's
+cache row; see :mod:`miaohui.generation.cache.prefix_kv`), so no block is ever pinned by a running sequence.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from miaohui.errors import ConfigError
+
+P = TypeVar("P")
+
+ROOT = -1
+"""The parent id of a sequence's first block."""
+
+
+@dataclass(eq=False)
+class Block(Generic[P]):
+    """One cached block: ``block_size`` tokens whose KV is ``payload`` (``nbytes`` of memory)."""
+
+    block_id: int
+    parent: int
+    tokens: tuple[int, ...]
+    payload: P
+    nbytes: int
+    children: set[int] = field(default_factory=set)
+
+
+class PrefixCache(Generic[P]):
+    """Token blocks → payloads (see the module docstring). Not thread-safe: one runner owns it."""
+
+    def __init__(self, block_size: int, budget_bytes: int) -> None:
+        if block_size < 1:
+            raise ConfigError(f"prefix cache block_size={block_size}", "use a block size of at least 1 token")
+        self.block_size = block_size
+        self.budget_bytes = budget_bytes
+        self.used_bytes = 0
+        self._by_key: dict[tuple[int, tuple[int, ...]], Block[P]] = {}
+        self._lru: OrderedDict[int, Block[P]] = OrderedDict()
+        """Every block, least recently used first."""
+        self._ids = itertools.count()
+        self.evicted_blocks = 0
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+    def _keys(self, tokens: Sequence[int]) -> list[tuple[int, ...]]:
+        b = self.block_size
+        return [tuple(tokens[i : i + b]) for i in range(0, len(tokens) - b + 1, b)]
+
+    def match(self, tokens: Sequence[int]) -> list[Block[P]]:
+        """The longest chain of cached blocks that starts ``tokens`` (first block first); touches it."""
+        chain: list[Block[P]] = []
+        parent = ROOT
+        for key in self._keys(tokens):
+            block = self._by_key.get((parent, key))
+            if block is None:
+                break
+            chain.append(block)
+            parent = block.block_id
+        self._touch(chain)
+        return chain
+
+    def missing(self, tokens: Sequence[int]) -> int:
+        """Index of the first full block of ``tokens`` that is not cached (= the number of full blocks when all are)."""
+        parent, n = ROOT, 0
+        for key in self._keys(tokens):
+            block = self._by_key.get((parent, key))
+            if block is None:
+                break
+            parent, n = block.block_id, n + 1
+        return n
+
+    def insert(self, tokens: Sequence[int], payload: Callable[[int], tuple[P, int]]) -> int:
+        """Cache the full blocks of ``tokens``; ``payload(i)`` makes block ``i``'s (payload, nbytes), called only for
+        blocks not cached yet. Evicts least-recently-used blocks to stay within the budget; stops (caching a shorter
+        prefix) where a block does not fit without evicting this chain itself. Returns the blocks added."""
+        chain: list[Block[P]] = []
+        parent, added = ROOT, 0
+        for i, key in enumerate(self._keys(tokens)):
+            block = self._by_key.get((parent, key))
+            if block is None:
+                data, nbytes = payload(i)
+                if not self._make_room(nbytes, {b.block_id for b in chain}):
+                    break
+                block = Block(next(self._ids), parent, key, data, nbytes)
+                self._by_key[(parent, key)] = block
+                self._lru[block.block_id] = block
+                if parent != ROOT:
+                    self._lru[parent].children.add(block.block_id)
+                self.used_bytes += nbytes
+                added += 1
+            chain.append(block)
+            parent = block.block_id
+        self._touch(chain)
+        return added
+
+    def clear(self) -> None:
+        self._by_key.clear()
+        self._lru.clear()
+        self.used_bytes = 0
+
+    def _touch(self, chain: list[Block[P]]) -> None:
+        for block in reversed(chain):  # the first block ends up most recent: parents outlive their children
+            self._lru.move_to_end(block.block_id)
+
+    def _make_room(self, nbytes: int, keep: set[int]) -> bool:
+        if nbytes > self.budget_bytes:
+            return False
+        while self.used_bytes + nbytes > self.budget_bytes:
+            victim = next(iter(self._lru.values()))
+            if victim.block_id in keep:
+                return False
+            self._evict(victim)
+        return True
+
+    def _evict(self, block: Block[P]) -> None:
+        for child in list(block.children):  # none while parents stay more recent than children; kept safe anyway
+            self._evict(self._lru[child])
+        del self._lru[block.block_id]
+        del self._by_key[(block.parent, block.tokens)]
+        if block.parent in self._lru:
+            self._lru[block.parent].children.discard(block.block_id)
+        self.used_bytes -= block.nbytes
+        self.evicted_blocks += 1

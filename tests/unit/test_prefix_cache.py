@@ -1,0 +1,48 @@
+"""The prefix cache's block manager alone (pure Python payloads): chains, partial blocks, LRU eviction."""
+
+from __future__ import annotations
+
+import pytest
+
+from miaohui.errors import ConfigError
+from miaohui.generation.cache.prefix_cache import PrefixCache
+
+
+def _insert(cache: PrefixCache[str], tokens: list[int]) -> int:
+    return cache.insert(tokens, lambda i: (f"kv{tokens[i * 4 : i * 4 + 4]}", 10))
+
+
+def test_longest_chain_of_full_blocks_is_found_and_shared() -> None:
+    cache: PrefixCache[str] = PrefixCache(block_size=4, budget_bytes=1000)
+    system = [1, 2, 3, 4, 5, 6, 7, 8]
+    assert _insert(cache, [*system, 9, 10, 11, 12, 13]) == 3  # the 13th token is a partial block: not cached
+    assert [b.payload for b in cache.match([*system, 9, 10, 11, 12, 99])] == [
+        "kv[1, 2, 3, 4]",
+        "kv[5, 6, 7, 8]",
+        "kv[9, 10, 11, 12]",
+    ]
+    assert len(cache.match([*system, 9, 10, 99, 12])) == 2  # a block matches only in full
+    assert len(cache.match([1, 2, 3, 5, 5, 6, 7, 8])) == 0  # same second block, other first: another chain
+    assert _insert(cache, [*system, 20, 21, 22, 23]) == 1  # the system prompt's blocks are shared
+    assert len(cache) == 4 and cache.used_bytes == 40
+    assert cache.missing([*system, 20, 21, 22, 23, 24, 25, 26, 27]) == 3
+
+
+def test_eviction_is_lru_from_the_ends_of_chains_and_stays_in_budget() -> None:
+    cache: PrefixCache[str] = PrefixCache(block_size=4, budget_bytes=30)  # three blocks
+    a, b = [1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 4, 9, 9, 9, 9]
+    _insert(cache, a)
+    _insert(cache, b)  # shares block [1..4]: three blocks, full
+    cache.match(a)  # a used last: b's own block is the least recent
+    assert _insert(cache, [7, 7, 7, 7]) == 1
+    assert cache.used_bytes == 30 and cache.evicted_blocks == 1
+    assert len(cache.match(b)) == 1 and len(cache.match(a)) == 2
+    # a chain longer than the budget keeps its first blocks and never evicts itself
+    assert _insert(cache, list(range(100, 116))) == 3
+    assert [len(cache.match(x)) for x in (a, list(range(100, 116)))] == [0, 3]
+    assert cache.used_bytes == 30
+
+
+def test_bad_block_size_is_a_clear_error() -> None:
+    with pytest.raises(ConfigError, match=r"^prefix cache block_size=0 — use a block size of at least 1 token$"):
+        PrefixCache(block_size=0, budget_bytes=10)
