@@ -56,6 +56,10 @@ class GenerationObserver:
     def on_finish(self, e2e_s: float, prompt_tokens: int, completion_tokens: int, reason: str) -> None:
         """A request ended (``stop``, ``length``, ``abort`` or ``error``) ``e2e_s`` after it was added."""
 
+    def on_prefix_cache(self, prompt_tokens: int, cached_tokens: int) -> None:
+        """A request's ``prompt_tokens`` were looked up in a prefix cache and ``cached_tokens`` of them came from it
+        (engines that report their cache per request: llama.cpp's prompt cache)."""
+
     def on_queue(self, running: int, waiting: int) -> None:
         """Running and waiting sequence counts changed (after each step, add and abort)."""
 

@@ -156,7 +156,7 @@ class GenerationService:
     ) -> LoadedLLM:
         """A ``llamacpp`` version: llama.cpp's server in this process behind miaohui's admission and streams."""
         tokenizer = ChatTokenizer.from_dir(path, info)
-        llm = LlamaCppLLMEngine(path, sched, self._observer(info), threads=threads)
+        llm = LlamaCppLLMEngine(path, sched, self._observer(info), threads=threads, cache_prompt=True)
         await llm.start(warmup=True)
         seconds = time.perf_counter() - started
         log.info("causal LM %s v%d (llamacpp %s) ready in %.1fs", info.name, info.version, info.precision, seconds)

@@ -331,6 +331,19 @@ class Metrics:
             ["model"],
             registry=r,
         )
+        self.prefix_hit_tokens = Counter(
+            "miaohui_prefix_cache_hit_tokens",
+            "Prompt tokens whose KV came from the prefix cache (not computed); over "
+            "miaohui_prefix_cache_queried_tokens_total: the hit rate",
+            ["model"],
+            registry=r,
+        )
+        self.prefix_queried_tokens = Counter(
+            "miaohui_prefix_cache_queried_tokens",
+            "Prompt tokens looked up in the prefix cache (every prompt token, while the model has a prefix cache)",
+            ["model"],
+            registry=r,
+        )
         # dialogue pipelines
         self.stage_seconds = Histogram(
             "miaohui_pipeline_stage_seconds",

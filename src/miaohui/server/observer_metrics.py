@@ -5,7 +5,8 @@ counters, running and waiting sequence gauges; per step: sequences in the batch,
 step's wall time (the batch-size, batch-token and compute histograms the dynamic batcher also feeds), and where
 the step's time went: ``miaohui_stage_duration_seconds{stage="decode"|"prefill"|"loop"}`` (``loop``: the loop's
 own host time between model calls); prompts per prefill in ``miaohui_prefill_sequences``, of those steps the mixed ones
-in ``miaohui_mixed_steps_total``; how long each prompt
+in ``miaohui_mixed_steps_total``; prompt tokens looked up in the prefix cache and those it gave in
+``miaohui_prefix_cache_queried_tokens_total`` / ``miaohui_prefix_cache_hit_tokens_total``; how long each prompt
 waited for its prefill step in ``miaohui_queue_duration_seconds`` (the batcher's queue histogram: TTFT's queue part).
 Label children are bound once here, so a hook costs one ``observe``/``inc``/``set``.
 """
@@ -34,6 +35,8 @@ class MetricsObserver(GenerationObserver):
         self._queue = metrics.queue_seconds.labels(model, v)
         self._prefills = metrics.prefill_seqs.labels(model)
         self._mixed = metrics.mixed_steps.labels(model)
+        self._prefix_hit = metrics.prefix_hit_tokens.labels(model)
+        self._prefix_queried = metrics.prefix_queried_tokens.labels(model)
         stage = metrics.serving_stage_seconds
         self._decode, self._prefill, self._loop = (stage.labels(model, v, s) for s in ("decode", "prefill", "loop"))
 
@@ -50,6 +53,10 @@ class MetricsObserver(GenerationObserver):
         self._e2e.observe(e2e_s)
         self._prompt.inc(prompt_tokens)
         self._generated.inc(completion_tokens)
+
+    def on_prefix_cache(self, prompt_tokens: int, cached_tokens: int) -> None:
+        self._prefix_queried.inc(prompt_tokens)
+        self._prefix_hit.inc(cached_tokens)
 
     def on_queue(self, running: int, waiting: int) -> None:
         self._running.set(running)
