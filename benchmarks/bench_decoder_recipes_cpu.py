@@ -36,9 +36,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from miaohui.generation.artifact import MARKER_NAME, ChatTokenizer, LLMPrecision, build_causal_lm, read_info
-from miaohui.generation.export import Int8Method, quantize_decoder
-from miaohui.generation.ort_engine import OrtCausalLMEngine
+from miaohui.generation.build.artifact import MARKER_NAME, ChatTokenizer, LLMPrecision, build_causal_lm, read_info
+from miaohui.generation.build.export import Int8Method, quantize_decoder
+from miaohui.generation.executors.ort_engine import OrtCausalLMEngine
 from miaohui.paths import home
 from miaohui.validate.decoder_gate import run_decoder_gate
 
@@ -85,9 +85,9 @@ def speed(folder: Path, new_tokens: int, runs: int) -> dict[str, float]:
 def llamacpp_speed(folder: Path, new_tokens: int, runs: int) -> dict[str, float]:
     import asyncio
 
-    from miaohui.generation.llamacpp_engine import LlamaCppLLMEngine
-    from miaohui.generation.params import SamplingParams
-    from miaohui.generation.scheduler import SchedulerConfig
+    from miaohui.generation.engine.llamacpp_engine import LlamaCppLLMEngine
+    from miaohui.generation.engine.params import SamplingParams
+    from miaohui.generation.engine.scheduler import SchedulerConfig
 
     info = read_info(folder)
     ids = ChatTokenizer.from_dir(folder, info).encode_chat([{"role": "user", "content": PROMPT}])

@@ -138,7 +138,7 @@ def _metric(url: str, name: str) -> float:
 def _miaohui_repo(args: argparse.Namespace) -> Path:
     if args.repository is not None:
         return Path(args.repository)
-    from miaohui.generation.artifact import build_causal_lm
+    from miaohui.generation.build.artifact import build_causal_lm
 
     repo = args.work / f"multiturn-{args.backend}-{args.precision}"
     log = lambda m: print(m, file=sys.stderr)  # noqa: E731

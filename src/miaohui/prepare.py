@@ -62,7 +62,7 @@ def default_llm() -> tuple[str, str]:
 def prepare_llm(repository: Path, log: Callable[[str], None] = print) -> Path:
     """Build (or reuse) the default ``smollm2`` version and run the decoder gate on it once (the verdict is kept in
     its ``causal_lm.json``); a failing gate is reported, not fatal (kernels differ between CPUs)."""
-    from miaohui.generation.artifact import build_causal_lm, read_info
+    from miaohui.generation.build.artifact import build_causal_lm, read_info
     from miaohui.validate.decoder_gate import run_decoder_gate
 
     backend, precision = default_llm()

@@ -18,8 +18,8 @@ import pytest
 from tests.tiny_decoders import hf_greedy, save_tiny_decoder, smollm_tokenizer
 
 from miaohui.errors import ConfigError
-from miaohui.generation.artifact import build_causal_lm, read_info
-from miaohui.generation.llamacpp_artifact import read_llamacpp_meta
+from miaohui.generation.build.artifact import build_causal_lm, read_info
+from miaohui.generation.build.llamacpp_artifact import read_llamacpp_meta
 
 pytestmark = pytest.mark.slow  # real builds, llama.cpp
 
@@ -32,9 +32,9 @@ def tokenizer() -> Any:
 
 
 def _llama_cpp_greedy(version: Path, prompt: list[int], new_tokens: int) -> list[int]:
-    from miaohui.generation.llamacpp_engine import LlamaCppLLMEngine
-    from miaohui.generation.params import SamplingParams
-    from miaohui.generation.scheduler import SchedulerConfig
+    from miaohui.generation.engine.llamacpp_engine import LlamaCppLLMEngine
+    from miaohui.generation.engine.params import SamplingParams
+    from miaohui.generation.engine.scheduler import SchedulerConfig
 
     async def run() -> list[int]:
         sched = SchedulerConfig(max_running_seqs=1, max_waiting=1, max_batched_tokens=64, max_model_len=64)
@@ -94,7 +94,7 @@ def test_qwen2_q8_0_gguf_reads_back(tokenizer: Any, tmp_path: Path) -> None:
 def test_writer_refuses_what_it_cannot_write(tmp_path: Path) -> None:
     from tests.integration.conftest import SMOLLM_CACHE
 
-    from miaohui.generation.gguf_writer import check_writable
+    from miaohui.generation.build.gguf_writer import check_writable
 
     (tmp_path / "tokenizer.json").write_bytes((SMOLLM_CACHE / "tokenizer.json").read_bytes())
     config = {"architectures": ["LlamaForCausalLM"], "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}

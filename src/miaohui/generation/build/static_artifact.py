@@ -1,0 +1,148 @@
+"""Causal-LM versions for the GPU engine (backend ``inductor``): weights + config, compiled at load time.
+
+A version folder holds ``causal_lm.json`` (backend ``inductor``), ``static_decoder.json``
+(:class:`StaticDecoderMeta`), ``config.json`` (the HF config), ``weights.safetensors`` (HF tensor names,
+in the build precision) and ``tokenizer.json``. Serving needs neither ``transformers`` nor ONNX: the
+weights go straight into a :class:`~miaohui.generation.models.static_kv.StaticKVDecoder`, and Inductor compiles
+and CUDA-graphs it during warm-up (its compile cache makes later loads faster).
+
+Every save is checked: the static-KV module, built in fp32 from the same HF model, must match HF's own
+logits on a prompt's prefill and a decode step (``max_abs_error`` is stored).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel
+
+from miaohui.errors import ArtifactError, ExportError
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from miaohui.generation.executors.slot_engine import TorchSlotEngine
+    from miaohui.generation.executors.slot_options import SlotEngineOptions
+
+META_NAME = "static_decoder.json"
+WEIGHTS_NAME = "weights.safetensors"
+HF_CONFIG_NAME = "config.json"
+StaticPrecision = Literal["bf16", "fp16", "fp32"]
+
+
+class StaticDecoderMeta(BaseModel):
+    """``static_decoder.json``."""
+
+    dims: dict[str, Any]
+    precision: StaticPrecision
+    eos_token_ids: list[int]
+    pad_token_id: int
+    check_max_abs_error: float
+    """fp32 static-KV module vs HF logits (prefill + one decode step) at save time."""
+    save_seconds: float
+
+
+def _check(hf_model: PreTrainedModel, prompt: list[int], tolerance: float) -> float:
+    """Max |logit error| of the fp32 static-KV module against HF on ``prompt`` (prefill) and one decode."""
+    import torch
+
+    from miaohui.generation.models.static_kv import StaticKVDecoder
+
+    ref_model = hf_model
+    if next(hf_model.parameters()).dtype != torch.float32:  # compare against an fp32 copy, never in place
+        import copy
+
+        ref_model = copy.deepcopy(hf_model).float()
+    with torch.inference_mode():
+        dec = StaticKVDecoder.from_hf(ref_model, num_slots=1, max_len=len(prompt) + 2, dtype=torch.float32)
+        ids = torch.tensor([prompt], device=dec.embed.device)
+        ref = ref_model(ids).logits[0].float()
+        got = dec.prefill(ids, torch.tensor([len(prompt)], device=ids.device), torch.tensor([0], device=ids.device))
+        nxt = int(got.argmax(-1))
+        step = dec.decode(
+            torch.tensor([nxt], device=ids.device), torch.tensor([len(prompt)], device=ids.device), len(prompt) + 1
+        )
+        ref2 = ref_model(torch.tensor([[*prompt, nxt]], device=ids.device)).logits[0, -1].float()
+    err = max(float((got[0] - ref[-1]).abs().max()), float((step[0] - ref2).abs().max()))
+    if not err <= tolerance:
+        raise ExportError(
+            f"the static-KV decoder differs from HF by {err:.2e} (tolerance {tolerance:.0e})", "report this"
+        )
+    return err
+
+
+def save_static_decoder(
+    folder: Path,
+    hf_model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase | None,
+    precision: StaticPrecision,
+    eos_token_ids: list[int],
+    pad_token_id: int,
+    *,
+    check_prompt: list[int] | None = None,
+    tolerance: float = 2e-3,
+) -> StaticDecoderMeta:
+    """Write the version files (see the module docstring) into ``folder`` (which must exist)."""
+    from safetensors.torch import save_file
+
+    from miaohui.generation.models.dims import DecoderDims
+    from miaohui.generation.executors.slot_engine import DTYPES
+
+    started = time.perf_counter()
+    err = _check(hf_model, check_prompt or [1, 2, 3, 4, 5, 6, 7, 8], tolerance)
+    state = dict(hf_model.state_dict())
+    if getattr(hf_model.config, "tie_word_embeddings", False):
+        state.pop("lm_head.weight", None)  # the loader takes the embeddings as the head
+    dtype = DTYPES[precision]
+    tensors = {k: v.detach().to("cpu", dtype).contiguous().clone() for k, v in state.items() if v.is_floating_point()}
+    save_file(tensors, str(folder / WEIGHTS_NAME))
+    (folder / HF_CONFIG_NAME).write_text(json.dumps(hf_model.config.to_dict(), indent=1, default=str))
+    if tokenizer is not None:
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        if backend is None:
+            raise ExportError("the tokenizer has no backend_tokenizer", "pass a HF *fast* tokenizer")
+        backend.save(str(folder / "tokenizer.json"))
+    dims = DecoderDims.from_hf(hf_model.config)
+    meta = StaticDecoderMeta(
+        dims=dims.__dict__, precision=precision, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id,
+        check_max_abs_error=err, save_seconds=round(time.perf_counter() - started, 2),
+    )  # fmt: skip
+    (folder / META_NAME).write_text(meta.model_dump_json(indent=2))
+    return meta
+
+
+def read_static_meta(folder: Path) -> StaticDecoderMeta:
+    path = folder / META_NAME
+    try:
+        return StaticDecoderMeta.model_validate_json(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ArtifactError(
+            f"cannot read {path}: {exc}", "rebuild it with `miaohui build-llm --backend inductor`"
+        ) from exc
+
+
+def load_slot_engine(folder: Path, options: SlotEngineOptions | None = None) -> TorchSlotEngine:
+    """The GPU engine of a version folder (not warmed up: call ``warmup()``). ``options.dtype`` defaults to
+    the saved precision; ArtifactError for missing or corrupt files."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    from miaohui.generation.executors.slot_engine import TorchSlotEngine, resolve_device
+    from miaohui.generation.executors.slot_options import SlotEngineOptions
+
+    meta = read_static_meta(folder)
+    opts = options or SlotEngineOptions(dtype=meta.precision)
+    fix = f"rebuild {folder.parent.name} with `miaohui build-llm --backend inductor`"
+    try:
+        config = json.loads((folder / HF_CONFIG_NAME).read_text(encoding="utf-8"))
+        state: dict[str, torch.Tensor] = load_file(str(folder / WEIGHTS_NAME), device=str(resolve_device(opts)))
+    except (OSError, ValueError, SafetensorError) as exc:
+        raise ArtifactError(f"cannot load the decoder weights in {folder}: {exc}", fix) from exc
+    max_len = min(opts.max_len, int(meta.dims["max_positions"]))
+    if max_len != opts.max_len:
+        opts = opts.model_copy(update={"max_len": max_len, "length_buckets": ()})
+    return TorchSlotEngine.create(config, state, meta.eos_token_ids, meta.pad_token_id, opts)

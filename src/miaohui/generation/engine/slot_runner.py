@@ -1,0 +1,139 @@
+"""The model runner for engines with a static slot KV cache (:class:`SlotCausalLMEngine`, the GPU engine).
+
+Same contract as :class:`~miaohui.generation.engine.runner.ModelRunner` (``execute`` / ``reset`` /
+``last_timing``), but the cache lives in the engine: the runner maps sequences to slots. A new sequence
+gets the *lowest* free slot, so the decode batch (padded to cover the highest slot in use) stays small;
+a sequence that left frees its slot before the step runs.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from miaohui.errors import QueueFullError
+from miaohui.generation.engine.params import SamplingParams
+from miaohui.generation.engine.runner import Collect, SeededRows, StepTiming
+from miaohui.generation.engine.sampling import make_rng, sample
+from miaohui.generation.engine.scheduler import RunnerOutput, SchedulerOutput
+from miaohui.generation.executors.base import SlotCausalLMEngine, StepLogits
+
+
+def sample_step(logits: StepLogits, params: Sequence[SamplingParams], rngs: Sequence[np.random.Generator]) -> list[int]:
+    """One token per row: greedy rows from one device argmax, sampled rows on the host (seeded numpy)."""
+    tokens = logits.argmax()
+    hot = [i for i, p in enumerate(params) if not p.greedy]
+    if hot:
+        rows = logits.rows(hot)
+        for j, i in enumerate(hot):
+            tokens[i] = sample(rows[j], params[i], rngs[i])
+    return tokens
+
+
+class SlotModelRunner(SeededRows):
+    """Runs scheduler steps on a slot engine; not thread-safe (one worker thread calls it).
+
+    ``chains``: the engine feeds a slot's previous greedy pick to its next decode on the device, so a step whose
+    decode items carry no token (``token_id=None``) can be launched before the previous step was collected
+    (:class:`~miaohui.generation.engine.engine_loop.AsyncLLMEngine`'s async scheduling). On a GPU :meth:`launch` returns
+    while the step computes."""
+
+    def __init__(self, engine: SlotCausalLMEngine) -> None:
+        self.engine = engine
+        self.chains = engine.feeds_tokens
+        self._slot: dict[int, int] = {}
+        self._free = list(range(engine.num_slots))
+        self._rngs: dict[int, np.random.Generator] = {}
+        self.last_timing = StepTiming(0.0, 0.0, 0, 0)
+
+    def enable_chaining(self) -> None:
+        """The loop launches steps before it reads the previous ones (async scheduling)."""
+        self.engine.chaining = True
+
+    @property
+    def rows(self) -> list[int]:
+        return list(self._slot)
+
+    def reset(self) -> None:
+        for slot in self._slot.values():
+            self.engine.release(slot)
+        self._slot, self._rngs = {}, {}
+        self._free = list(range(self.engine.num_slots))
+
+    def _release(self, seq_id: int) -> None:
+        slot = self._slot.pop(seq_id)
+        self.engine.release(slot)
+        heapq.heappush(self._free, slot)
+        self._rngs.pop(seq_id, None)
+
+    def execute(self, out: SchedulerOutput) -> RunnerOutput:
+        return self.launch(out)()
+
+    def launch(self, out: SchedulerOutput) -> Collect:
+        """Queue the step's decode and prefill on the engine and return at once (on a GPU both are in flight,
+        back to back, when this returns); the returned call samples their tokens, waiting for the device."""
+        decode_ids = {d.seq_id for d in out.decode}
+        for sid in [s for s in self._slot if s not in decode_ids]:
+            self._release(sid)
+        for sid in out.finished_ids:
+            self._rngs.pop(sid, None)
+        missing = sorted(decode_ids - set(self._slot))
+        if missing:
+            self.reset()
+            raise RuntimeError(f"decode step {out.step} names sequences {missing} that hold no slot")
+        t0 = time.perf_counter()
+        decode: _Rows | None = None
+        prefill: _Rows | None = None
+        slots = [self._slot[d.seq_id] for d in out.decode]
+        tokens = [d.token_id for d in out.decode]
+        new_slots: list[int] = []
+        if out.prefill:
+            if len(out.prefill) > len(self._free):
+                raise QueueFullError(
+                    f"{len(out.prefill)} new sequences but {len(self._free)} free KV slots",
+                    f"set max_running_seqs <= {self.engine.num_slots} (the engine's num_slots)",
+                )
+            new_slots = [heapq.heappop(self._free) for _ in out.prefill]
+            for p, slot in zip(out.prefill, new_slots, strict=True):
+                self._slot[p.seq_id] = slot
+                self._rngs[p.seq_id] = make_rng(p.params.seed)
+        prompts = [p.prompt_ids for p in out.prefill]
+        both = self.engine.decode_and_prefill(slots, tokens, new_slots, prompts) if slots and prompts else None
+        if out.decode:
+            logits = both[0] if both else self.engine.decode(slots, tokens)
+            decode = _Rows([d.seq_id for d in out.decode], [d.params for d in out.decode], logits)
+        if out.prefill:
+            logits = both[1] if both else self.engine.prefill(new_slots, prompts)
+            prefill = _Rows([p.seq_id for p in out.prefill], [p.params for p in out.prefill], logits)
+        return lambda: self._collect(out.step, t0, decode, prefill, both is not None)
+
+    def _collect(self, step: int, t0: float, decode: _Rows | None, prefill: _Rows | None, mixed: bool) -> RunnerOutput:
+        """Sample the launched rows (decode first). ``decode_s``: launch until the decode tokens are on the host;
+        on a GPU the prefill was queued behind the decode on the same stream, so in a step with both this includes
+        the prefill's GPU time and ``prefill_s`` is what is left (sampling its rows)."""
+        tokens: dict[int, int] = {}
+        if decode is not None:
+            tokens.update(self._sample(decode))
+        t1 = time.perf_counter()
+        if prefill is not None:
+            tokens.update(self._sample(prefill))
+        t2 = time.perf_counter()
+        longest = int(self.engine.lengths.max()) if self._slot else 0
+        self.last_timing = StepTiming(t1 - t0, t2 - t1, len(self._slot), longest, mixed)
+        return RunnerOutput(step, tokens)
+
+    def _sample(self, rows: _Rows) -> zip[tuple[int, int]]:
+        return zip(rows.ids, sample_step(rows.logits, rows.params, [self._rng(i) for i in rows.ids]), strict=True)
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """Launched rows of one kind (decode or prefill): their sequences, parameters and device logits."""
+
+    ids: list[int]
+    params: list[SamplingParams]
+    logits: StepLogits

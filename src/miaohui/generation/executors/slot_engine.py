@@ -1,0 +1,532 @@
+"""The GPU generation engine (backend ``inductor``): a static-KV decoder, compiled, one CUDA graph per bucket.
+
+:class:`TorchSlotEngine` wraps a :class:`~miaohui.generation.models.static_kv.StaticKVDecoder`:
+
+* **decode** — the running rows are padded to the next *batch bucket* (rows are slots, so the bucket is
+  the smallest one holding the highest slot in use; the runner hands out the lowest free slot, which
+  keeps that small) and the attended cache length to the next *length bucket*. The step is captured
+  as one CUDA graph per ``(batch bucket, length bucket)``: a step is then two tiny host→device copies
+  from pinned memory and one ``graph.replay()``, with no Python per layer.
+* **prefill** — prompts right-padded to a common length (at least 2, so a one-token prompt does not make
+  Dynamo specialise a new graph under load); with ``static_prefill`` padded to (prompts, length) buckets and
+  replayed as one CUDA graph per bucket.
+* **compile** — Inductor compiles one layer's pieces for decode and for prefill (weights are arguments, so
+  one graph serves all layers; prefill's attention is SDPA, eager) and the head, with dynamic batch/length:
+  seconds, not the minutes a whole unrolled model takes.
+* **logits stay on the device**: greedy rows take one ``argmax`` kernel and copy ``batch`` ints back;
+  only rows that sample with temperature/top-p copy their logits to the host (so the same seeded numpy
+  sampler as the CPU engines decides, token for token).
+
+On a machine without CUDA the same engine runs eagerly on the CPU (no compile, no graphs) — what the CPU
+tests exercise. Graph outputs are static buffers: a step's :class:`TorchLogits` is valid until the next
+step (the runner samples at once).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from miaohui.errors import ConfigError
+from miaohui.generation.executors.base import SlotCausalLMEngine, StepLogits
+from miaohui.generation.executors.slot_options import SlotEngineOptions, bucket_for
+from miaohui.generation.models import mixed_step
+from miaohui.generation.models.static_kv import StaticKVDecoder
+
+logger = logging.getLogger(__name__)
+
+DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def resolve_device(options: SlotEngineOptions) -> torch.device:
+    """``auto``: CUDA when available, else the CPU; ConfigError for CUDA on a machine without it."""
+    if options.device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(options.device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device {options.device!r} but CUDA is not available here", "use device: auto or cpu")
+    return dev
+
+
+class _HostTokens:
+    """Pinned host buffers for steps' greedy tokens. The device→host copy is queued right behind its step and an
+    event marks it done, so reading a step's tokens never waits for a later step queued behind it (the chained
+    loop launches step N+1 before it reads step N). Two buffers alternate: step N+1's copy does not overwrite step
+    N's tokens before they are read (step N-1's were read before step N+1 was launched).
+
+    Every torch call releases the GIL and must take it back; under the server's event loop each take-back can
+    wait up to the switch interval, so the step's host path keeps its torch calls few (and waits in
+    ``Event.synchronize``, which releases the GIL, so the event loop streams meanwhile)."""
+
+    def __init__(self, rows: int, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self._bufs = [torch.zeros(rows, dtype=torch.int64, pin_memory=self.cuda) for _ in range(2)]
+        self._events = [torch.cuda.Event() for _ in range(2)] if self.cuda else []
+        self._turn = 0
+
+    def start(self, best: torch.Tensor, early: bool) -> Callable[[], list[int]]:
+        """The call that returns ``best`` (int64 [rows] on the device) on the host. ``early``: queue its copy now,
+        behind this step (the chained loop), and wait on an event; else copy when called and wait for the stream:
+        one wait then covers a step's decode and prefill, queued back to back (one GIL take-back, not two)."""
+        if not self.cuda:
+            values = [int(v) for v in best.tolist()]
+            return lambda: values
+        turn, self._turn = self._turn, self._turn ^ 1
+        host, done = self._bufs[turn][: best.shape[0]], self._events[turn]
+        if not early:
+
+            def copy_and_fetch() -> list[int]:
+                host.copy_(best, non_blocking=True)
+                torch.cuda.current_stream(best.device).synchronize()
+                return [int(v) for v in host.tolist()]
+
+            return copy_and_fetch
+        host.copy_(best, non_blocking=True)
+        done.record()
+
+        def fetch() -> list[int]:
+            done.synchronize()
+            return [int(v) for v in host.tolist()]
+
+        return fetch
+
+
+class TorchLogits(StepLogits):
+    """Device logits ``[bucket, vocab]`` of which ``rows`` are the step's sequences, in order; ``tokens`` waits for
+    the step's greedy picks (argmax per row, computed on the device inside the step) and returns them.
+
+    The logits live in static graph buffers that the next step of the same kind (decode or prefill) overwrites:
+    ``valid`` says whether that has happened (:meth:`rows` refuses then)."""
+
+    def __init__(
+        self,
+        logits: torch.Tensor,
+        rows: Sequence[int],
+        tokens: Callable[[], list[int]],
+        valid: Callable[[], bool] = lambda: True,
+    ) -> None:
+        self.logits = logits
+        self.row_ids = list(rows)
+        self._tokens = tokens
+        self._valid = valid
+
+    def argmax(self) -> list[int]:
+        values = self._tokens()
+        return [values[r] for r in self.row_ids]
+
+    def rows(self, idx: Sequence[int]) -> np.ndarray:
+        if not self._valid():
+            raise RuntimeError(
+                "a later step overwrote these logits before their sampled rows were read",
+                # a loop that chains steps must not do so while a sequence samples (report this: a loop bug)
+            )
+        sel = torch.as_tensor([self.row_ids[i] for i in idx], device=self.logits.device)
+        return self.logits.index_select(0, sel).float().cpu().numpy()
+
+
+_Outputs = tuple[torch.Tensor, torch.Tensor]
+"""A step's logits and its greedy pick per row."""
+_Graph = tuple[torch.cuda.CUDAGraph, _Outputs]
+"""A captured CUDA graph and its static outputs."""
+
+
+def _replay_or_run(graph: _Graph | None, run: Callable[[], _Outputs]) -> _Outputs:
+    """The graph's outputs after a replay; without a graph for the shape (or on a CPU), ``run()`` eagerly."""
+    if graph is not None:
+        graph[0].replay()
+        return graph[1]
+    with torch.inference_mode():
+        return run()
+
+
+def _fill_decode_rows(
+    tok: np.ndarray,
+    pos: np.ndarray,
+    given: np.ndarray,
+    b: int,
+    pad: int,
+    slots: list[int],
+    tokens: list[int | None],
+    positions: np.ndarray,
+) -> None:
+    """Host inputs of a decode step's rows ``0..b-1`` (row = slot): the token (``pad`` where the row holds no
+    sequence), the position, and ``given`` 1 where the host names the token, 0 where the step feeds the slot's previous
+    greedy pick (``None`` in ``tokens``)."""
+    tok[:b] = pad
+    pos[:b] = 0
+    given[:b] = 1
+    if None in tokens:
+        known = [i for i, v in enumerate(tokens) if v is not None]
+        fed = [slots[i] for i, v in enumerate(tokens) if v is None]
+        tok[[slots[i] for i in known]] = [tokens[i] for i in known]
+        given[fed] = 0
+    else:
+        tok[slots] = tokens
+    pos[slots] = positions
+
+
+class _PrefillBuffers:
+    """Static prefill inputs in one tensor (one host→device copy): per prompt row, ``length`` token ids, then its
+    real length, then its cache row (slot)."""
+
+    def __init__(self, prompts: int, length: int, device: torch.device | str, pin: bool) -> None:
+        self.all = torch.zeros((prompts, length + 2), dtype=torch.int64, device=device)
+        if pin:
+            self.all = self.all.pin_memory()
+        self.tokens, self.lengths, self.slots = self.all[:, :length], self.all[:, length], self.all[:, length + 1]
+
+
+RECOMPILE_LIMIT = 64
+"""Dynamo's per-function limit while decode engines are compiled (its default is 8)."""
+
+
+def _allow_specialisations() -> None:
+    """Raise Dynamo's recompile limit so a second engine in one process still compiles.
+
+    The compiled layer halves are shared by every layer, engine and dtype of the process (Dynamo caches per code
+    object), and one engine adds ~5 specialisations of each (batch 1, the attention bias of each length bucket,
+    the cache strides). A second engine (another dtype or model) passed the default limit of 8 and, with
+    ``fullgraph=True``, failed hard (``FailOnRecompileLimitHit``: fp32 then bf16 engines in one process, found on
+    the H200, reproduced on the CPU). The number of specialisations stays bounded by engines x buckets."""
+    config = torch._dynamo.config
+    config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
+
+
+class TorchSlotEngine(SlotCausalLMEngine):
+    """See the module docstring. Build with :meth:`create`; call :meth:`warmup` before timing or serving."""
+
+    name = "inductor"
+
+    def __init__(
+        self,
+        model: StaticKVDecoder,
+        eos_token_ids: Sequence[int],
+        pad_token_id: int,
+        options: SlotEngineOptions,
+    ) -> None:
+        super().__init__(model.dims, eos_token_ids, pad_token_id, model.num_slots, model.max_len)
+        self.model = model
+        self.options = options
+        self.device = model.embed.device
+        cuda = self.device.type == "cuda"
+        self.runs_async = cuda
+        self.feeds_tokens = True
+        self.compiled = options.compile if options.compile is not None else cuda
+        self.graphs_on = (options.cuda_graphs if options.cuda_graphs is not None else cuda) and cuda
+        self.batch_buckets, self.length_buckets = options.buckets()
+        self.precision = options.dtype
+        self._decode_fn: Callable[..., torch.Tensor] = model.decode
+        self._prefill_fn: Callable[..., torch.Tensor] = model.prefill
+        model.decode_attention = options.decode_attention
+        if options.int8_batch1:
+            model.add_int8(kernel=options.int8_kernel)
+        if self.compiled:
+            _allow_specialisations()
+            mode = "max-autotune-no-cudagraphs" if options.autotune else None
+            compile_fn = functools.partial(torch.compile, dynamic=True, fullgraph=True, mode=mode)
+            model.use_compiled(compile_fn)
+            if options.mixed_prefill_tokens:
+                mixed_step.use_compiled(model, compile_fn)
+        top = max(self.batch_buckets)
+        pin = cuda
+        # a decode step's inputs, one host→device copy per step: row 0 the host's token ids, row 1 positions,
+        # row 2 1 where row 0 holds the token, 0 where the slot's previous greedy pick (``_picked``) is fed.
+        # Host staging alternates between two pinned buffers (a step may be launched while the previous step's
+        # copy is still queued).
+        self._io_host = [torch.zeros((3, top), dtype=torch.int64, pin_memory=pin) for _ in range(2)]
+        self._io_dev = torch.zeros((3, top), dtype=torch.int64, device=self.device)
+        self._picked = torch.zeros(top + 1, dtype=torch.int64, device=self.device)
+        """Per slot, the greedy token its last decode or prefill picked (written inside the step's graph); the last
+        entry takes a mixed step's padding prompts' picks."""
+        self._decode_tokens = _HostTokens(top, self.device)
+        self._graphs: dict[tuple[int, int], _Graph] = {}
+        self._launched = {"decode": 0, "prefill": 0, "mixed": 0}
+        self.prefill_batches, self.prefill_lengths = options.prefill_buckets()
+        self.max_prefill_prompts = max(self.prefill_batches) if options.static_prefill else None
+        self.eager_prefills = 0
+        """Prefills that fell back to the eager path with ``static_prefill`` on (the first one is logged)."""
+        if options.static_prefill:
+            pb, ps = max(self.prefill_batches), max(self.prefill_lengths)
+            self._pf_host = [_PrefillBuffers(pb, ps, "cpu", pin) for _ in range(2)]
+            self._pf_dev = _PrefillBuffers(pb, ps, self.device, False)
+        self._prefill_tokens = _HostTokens(model.num_slots, self.device)  # a prefill fills at most every slot
+        self._prefill_graphs: dict[tuple[int, int], _Graph] = {}
+        self.mixed_tokens = tuple(sorted(set(options.mixed_prefill_tokens)))
+        self.mixed_prompts = options.mixed_prefill_prompts
+        self.mixed_steps = 0
+        """Steps that ran as mixed steps (decode and prompts in one pass)."""
+        if self.mixed_tokens:  # more prompts in a step would take the separate (slower) prefill
+            self.max_prefill_prompts = min(self.max_prefill_prompts or self.mixed_prompts, self.mixed_prompts)
+            # a mixed step's inputs (one copy): rows token, position, cache row, given (as the decode step's row 2)
+            # over decode rows then prompt tokens; then the rows the head reads and the slots of the prompts
+            width = top + max(self.mixed_tokens)
+            self._mx_host = [torch.zeros((6, width), dtype=torch.int64, pin_memory=pin) for _ in range(2)]
+            self._mx_dev = torch.zeros((6, width), dtype=torch.int64, device=self.device)
+        self._mixed_graphs: dict[tuple[int, int, int], _Graph] = {}
+        self.warmup_seconds: float | None = None
+
+    @classmethod
+    def create(
+        cls,
+        config: dict[str, Any],
+        state: dict[str, torch.Tensor],
+        eos_token_ids: Sequence[int],
+        pad_token_id: int,
+        options: SlotEngineOptions | None = None,
+    ) -> TorchSlotEngine:
+        """From an HF config dict and HF-named weights."""
+        opts = options or SlotEngineOptions()
+        model = StaticKVDecoder.from_state_dict(
+            config,
+            state,
+            num_slots=opts.num_slots,
+            max_len=opts.max_len,
+            dtype=DTYPES[opts.dtype],
+            device=resolve_device(opts),
+        )
+        return cls(model, eos_token_ids, pad_token_id, opts)
+
+    # ---- warm-up / capture -----------------------------------------------------------------------------
+
+    def warmup(self, log: Callable[[str], None] = logger.info) -> float:
+        """Compile and capture every decode bucket, and compile prefill; seconds taken."""
+        started = time.perf_counter()
+        with torch.inference_mode():
+            for n in (1, 2):  # Dynamo specialises one prompt apart from several: compile both now
+                self._prefill_fn(
+                    torch.full((n, 16), self.pad_token_id, dtype=torch.int64, device=self.device),
+                    torch.tensor([16, 9][:n], device=self.device),
+                    torch.tensor([0, 1][:n], device=self.device),
+                )
+            if self.graphs_on:
+                self._capture(log)
+                if self.options.static_prefill:
+                    self._capture_prefill(log)
+                if self.mixed_tokens:
+                    self._capture_mixed(log)
+            else:
+                self._decode_step(2, self.length_buckets[0])
+        self.lengths[:] = 0
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.warmup_seconds = time.perf_counter() - started
+        log(
+            f"decode engine ready in {self.warmup_seconds:.1f}s: {len(self._graphs)} decode, "
+            f"{len(self._prefill_graphs)} prefill and {len(self._mixed_graphs)} mixed CUDA graphs, "
+            f"compile={'on' if self.compiled else 'off'}"
+        )
+        return self.warmup_seconds
+
+    def _capture(self, log: Callable[[str], None]) -> None:
+        pool = torch.cuda.graph_pool_handle()
+        self._io_dev.zero_()
+        self._io_dev[0].fill_(self.pad_token_id)
+        self._io_dev[2].fill_(1)
+        # largest first, so the smaller graphs reuse the pool's memory
+        for b in sorted(self.batch_buckets, reverse=True):
+            # int8 batch-1 weights: Inductor's one-row GEMM → Triton reduction rewrite needs coordinate-descent tuning
+            tune = (b == 1 and self.options.int8_batch1 and self.options.int8_kernel == "inductor") or (
+                torch._inductor.config.coordinate_descent_tuning
+            )
+            with torch._inductor.config.patch(coordinate_descent_tuning=tune):
+                for t in sorted(self.length_buckets, reverse=True):
+                    self._graphs[(b, t)] = self._capture_one(functools.partial(self._decode_step, b, t), pool)
+            log(f"captured decode graphs for batch {b}")
+
+    def _decode_step(self, b: int, t: int) -> _Outputs:
+        """Decode rows ``0..b-1`` over ``t`` cached positions from the static inputs: each row's token is the host's
+        (``io[2]`` = 1) or the slot's previous greedy pick; the step's own picks are stored for the next step."""
+        io = self._io_dev
+        tokens = torch.where(io[2, :b] != 0, io[0, :b], self._picked[:b])
+        logits = self._decode_fn(tokens, io[1, :b], t)
+        best = logits.argmax(dim=-1)
+        self._picked[:b].copy_(best)
+        return logits, best
+
+    def _prefill_step(self, tokens: torch.Tensor, lengths: torch.Tensor, slots: torch.Tensor) -> _Outputs:
+        """Prefill, and store each prompt's greedy pick as its slot's next decode token."""
+        logits = self._prefill_fn(tokens, lengths, slots)
+        best = logits.argmax(dim=-1)
+        self._picked.index_copy_(0, slots, best)
+        return logits, best
+
+    def _mixed_step(self, b: int, p: int, t: int) -> _Outputs:
+        """A mixed step from the static inputs (:meth:`_mixed`): decode rows ``0..b-1`` (tokens as in
+        :meth:`_decode_step`), then ``p`` prompt-token rows; logits of the ``b`` decode rows and of each prompt's last
+        token; the picks stored per slot as decode and prefill store them."""
+        io, k = self._mx_dev, b + self.mixed_prompts
+        decode_tokens = torch.where(io[3, :b] != 0, io[0, :b], self._picked[:b])
+        tokens = torch.cat((decode_tokens, io[0, b : b + p]))
+        logits = mixed_step.mixed_forward(self.model, tokens, io[1, : b + p], io[2, : b + p], io[4, :k], t, b)
+        best = logits.argmax(dim=-1)
+        self._picked[:b].copy_(best[:b])
+        self._picked.index_copy_(0, io[5, : self.mixed_prompts], best[b:])
+        return logits, best
+
+    def _capture_one(self, step: Callable[[], _Outputs], pool: Any) -> _Graph:
+        """Run ``step()`` twice on a side stream (compiles on the first bucket, warms cuBLAS for the shape), then
+        capture it into a CUDA graph from ``pool``; the graph and its static outputs."""
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                step()
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            out = step()
+        return graph, out
+
+    def _capture_prefill(self, log: Callable[[str], None]) -> None:
+        """One CUDA graph per (prompts, prompt length) prefill bucket over the static prefill buffers. Capture
+        runs write the pad token's K/V into slot 0's rows, which hold no sequence during warm-up."""
+        pool = torch.cuda.graph_pool_handle()
+        buf = self._pf_dev
+        buf.tokens.fill_(self.pad_token_id)
+        buf.lengths.fill_(1)
+        buf.slots.zero_()
+        for n in sorted(self.prefill_batches, reverse=True):
+            for s in sorted(self.prefill_lengths, reverse=True):
+                step = functools.partial(self._prefill_step, buf.tokens[:n, :s], buf.lengths[:n], buf.slots[:n])
+                self._prefill_graphs[(n, s)] = self._capture_one(step, pool)
+        log(f"captured {len(self._prefill_graphs)} prefill graphs")
+
+    def _capture_mixed(self, log: Callable[[str], None]) -> None:
+        """One CUDA graph per (batch, length, prompt tokens) bucket over the static mixed-step inputs: every row a
+        padding row (pad token, position 0, the scratch cache row)."""
+        pool = torch.cuda.graph_pool_handle()
+        io = self._mx_dev
+        io.zero_()
+        io[0].fill_(self.pad_token_id)
+        io[2].fill_(self.model.scratch_row)
+        io[3].fill_(1)
+        io[5].fill_(self.model.scratch_row)
+        for b in sorted(self.batch_buckets, reverse=True):
+            for t in sorted(self.length_buckets, reverse=True):
+                for p in sorted(self.mixed_tokens, reverse=True):
+                    step = functools.partial(self._mixed_step, b, p, t)
+                    self._mixed_graphs[(b, p, t)] = self._capture_one(step, pool)
+        log(f"captured {len(self._mixed_graphs)} mixed-step graphs")
+
+    def _next_turn(self, kind: str) -> tuple[int, Callable[[], bool]]:
+        """Which of the two staging buffers this step of ``kind`` uses, and a check that its outputs were not
+        overwritten yet (by a later step of the same kind)."""
+        self._launched[kind] += 1
+        n = self._launched[kind]
+        return n % 2, lambda: self._launched[kind] == n
+
+    # ---- steps -------------------------------------------------------------------------------------------
+
+    def _static_prefill(self, slots: list[int], prompts: list[list[int]]) -> StepLogits | None:
+        """Prefill through the padded static buffers (a CUDA graph replay when captured); None when the prompts
+        fit no bucket (more prompts than the largest prefill bucket, or a longer one).
+
+        Padding rows repeat the first prompt into its own slot: they write the same keys and values to the same
+        places, and their logits are dropped; so a full engine (no free slot) still prefills through its graphs."""
+        n, width = len(prompts), max(len(p) for p in prompts)
+        if n > self.prefill_batches[-1] or width > self.prefill_lengths[-1]:
+            return None
+        nb, sb = bucket_for(n, self.prefill_batches), bucket_for(width, self.prefill_lengths)
+        turn, valid = self._next_turn("prefill")
+        host, dev = self._pf_host[turn], self._pf_dev
+        tok, lens, rows = host.tokens.numpy(), host.lengths.numpy(), host.slots.numpy()
+        tok[:nb, :sb] = self.pad_token_id
+        for r, p in enumerate(prompts):
+            tok[r, : len(p)] = p
+        tok[n:nb, : len(prompts[0])] = prompts[0]
+        lens[:n], rows[:n] = [len(p) for p in prompts], slots
+        lens[n:nb], rows[n:nb] = len(prompts[0]), slots[0]
+        dev.all[:nb].copy_(host.all[:nb], non_blocking=True)
+        logits, best = _replay_or_run(
+            self._prefill_graphs.get((nb, sb)),
+            lambda: self._prefill_step(dev.tokens[:nb, :sb], dev.lengths[:nb], dev.slots[:nb]),
+        )
+        return TorchLogits(logits, range(n), self._prefill_tokens.start(best, self.chaining), valid)
+
+    def _prefill(self, slots: list[int], prompts: list[list[int]]) -> StepLogits:
+        if self.options.static_prefill:
+            out = self._static_prefill(slots, prompts)
+            if out is not None:
+                return out
+            self.eager_prefills += 1
+            if self.eager_prefills == 1:
+                logger.warning(
+                    "a prefill of %d prompts (longest %d tokens) is past the static prefill buckets %s x %s and runs "
+                    "eagerly (slow: every stream waits); raise prefill_batch_buckets / prefill_length_buckets or cap "
+                    "the scheduler's max_prefill_seqs",
+                    len(prompts), max(map(len, prompts)), self.prefill_batches, self.prefill_lengths,
+                )  # fmt: skip
+        width = max(2, *(len(p) for p in prompts))
+        ids = np.full((len(prompts), width), self.pad_token_id, dtype=np.int64)
+        for r, p in enumerate(prompts):
+            ids[r, : len(p)] = p
+        dev = self.device
+        _, valid = self._next_turn("prefill")
+        with torch.inference_mode():  # pageable host arrays: each copy has taken its data when it returns
+            logits, best = self._prefill_step(
+                torch.from_numpy(ids).to(dev, non_blocking=True),
+                torch.tensor([len(p) for p in prompts], dtype=torch.int64).to(dev),
+                torch.tensor(slots, dtype=torch.int64).to(dev),
+            )
+        return TorchLogits(logits, range(len(prompts)), self._prefill_tokens.start(best, self.chaining), valid)
+
+    def _decode(self, slots: list[int], tokens: list[int | None], positions: np.ndarray) -> StepLogits:
+        b = bucket_for(max(slots) + 1, self.batch_buckets)
+        t = bucket_for(int(positions.max()) + 1, self.length_buckets)
+        turn, valid = self._next_turn("decode")
+        io = self._io_host[turn].numpy()
+        _fill_decode_rows(io[0], io[1], io[2], b, self.pad_token_id, slots, tokens, positions)
+        self._io_dev.copy_(self._io_host[turn], non_blocking=True)  # whole (contiguous) buffer: 1.5 KB at 64 slots
+        logits, best = _replay_or_run(self._graphs.get((b, t)), lambda: self._decode_step(b, t))
+        return TorchLogits(logits, slots, self._decode_tokens.start(best, self.chaining), valid)
+
+    def _mixed(
+        self,
+        slots: list[int],
+        tokens: list[int | None],
+        positions: np.ndarray,
+        new_slots: list[int],
+        prompts: list[list[int]],
+    ) -> tuple[StepLogits, StepLogits] | None:
+        """The decode and the prefill as one mixed step (:mod:`~miaohui.generation.models.mixed_step`); None when mixed
+        steps are off, the prompts fit no token bucket, or (with CUDA graphs) the bucket has no graph."""
+        n, total = len(prompts), sum(len(p) for p in prompts)
+        if not self.mixed_tokens or n > self.mixed_prompts or total > self.mixed_tokens[-1]:
+            return None
+        b = bucket_for(max(slots) + 1, self.batch_buckets)
+        p = bucket_for(total, self.mixed_tokens)
+        t = bucket_for(max(int(positions.max()) + 1, max(len(q) for q in prompts)), self.length_buckets)
+        graph = self._mixed_graphs.get((b, p, t))
+        if graph is None and self.graphs_on:
+            return None
+        turn, valid = self._next_turn("mixed")
+        tok, pos, rows, given, out_rows, prompt_slots = self._mx_host[turn].numpy()
+        scratch, k = self.model.scratch_row, b + self.mixed_prompts
+        tok[b : b + p], pos[b : b + p], rows[: b + p] = self.pad_token_id, 0, scratch
+        _fill_decode_rows(tok, pos, given, b, self.pad_token_id, slots, tokens, positions)
+        rows[slots] = slots
+        out_rows[:k], prompt_slots[: self.mixed_prompts] = 0, scratch
+        out_rows[:b] = np.arange(b)
+        at = b
+        for i, (slot, prompt) in enumerate(zip(new_slots, prompts, strict=True)):
+            end = at + len(prompt)
+            tok[at:end], pos[at:end], rows[at:end] = prompt, np.arange(len(prompt)), slot
+            out_rows[b + i], prompt_slots[i] = end - 1, slot
+            at = end
+        self._mx_dev.copy_(self._mx_host[turn], non_blocking=True)
+        logits, best = _replay_or_run(graph, lambda: self._mixed_step(b, p, t))
+        self.mixed_steps += 1
+        decode = TorchLogits(logits, slots, self._decode_tokens.start(best[:b], self.chaining), valid)
+        prefill = TorchLogits(logits[b:], range(n), self._prefill_tokens.start(best[b : b + n], self.chaining), valid)
+        return decode, prefill
+
+    def close(self) -> None:
+        self._graphs.clear()
+        self._prefill_graphs.clear()
+        self._mixed_graphs.clear()
