@@ -35,7 +35,7 @@ import tempfile
 from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -55,6 +55,16 @@ QUESTIONS = [  # the prompts of bench_generation_cpu.py
 GEN_PEERS = ("llamacpp", "transformers")
 INTENT_PEERS = ("mlserver", "pytriton", "litserve")
 PEERS = GEN_PEERS + INTENT_PEERS
+MIAOHUI_LLMS = ("fp32", "int8", "llamacpp", "llamacpp-q8_0", "llamacpp-f16")
+GATE_RECIPE = {
+    "miaohui-ort-fp32": "fp32",
+    "miaohui-ort-int8": "int8",
+    "miaohui-llamacpp-q4_1": "llamacpp-q4_1",
+    "miaohui-llamacpp-q8_0": "llamacpp-q8_0",
+    "miaohui-llamacpp-f16": "llamacpp-f16",
+    "llamacpp-q4_1": "llamacpp-q4_1",
+}
+"""Each generation server's row in decoder_recipes_cpu.json (bench_decoder_recipes_cpu.py): its decoder gate."""
 
 
 def _ints(text: str) -> list[int]:
@@ -84,10 +94,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--peers", type=_choices(PEERS), default=list(PEERS), help="peers to run (default: all)")
     ap.add_argument(
         "--miaohui-precision",
-        type=_choices(("fp32", "int8", "llamacpp")),
+        type=_choices(MIAOHUI_LLMS),
         default=["fp32", "int8"],
         help="miaohui LLM variants, each served and measured: fp32 / int8 on ONNX Runtime, llamacpp (the same Q4_1 "
-        "GGUF as the llama.cpp peer, built with --backend llamacpp: llama.cpp's kernels under miaohui's server)",
+        "GGUF as the llama.cpp peer, built with --backend llamacpp: llama.cpp's kernels under miaohui's server), "
+        "llamacpp-q8_0 / llamacpp-f16 (GGUFs miaohui writes from the fp32 model: --precision q8_0|f16)",
     )
     ap.add_argument("--streams", type=_ints, default=[1, 8, 32])
     ap.add_argument(
@@ -176,15 +187,16 @@ class Runner:
 
 
 # ---- generation ------------------------------------------------------------------------------------------
-def _miaohui_llm(args: argparse.Namespace, precision: Literal["fp32", "int8", "llamacpp"]) -> Path:
+def _miaohui_llm(args: argparse.Namespace, precision: str) -> Path:
     from miaohui.generation.build.artifact import build_causal_lm
 
     repo = args.work / f"repo-{precision}"
     log = functools.partial(print, file=sys.stderr)
-    if precision != "llamacpp":
+    if not precision.startswith("llamacpp"):
         build_causal_lm(repo, "smollm2", precision, log=log)  # reused while its key holds
         return repo
-    build_causal_lm(repo, "smollm2", "gguf", backend="llamacpp", log=log)
+    gguf = precision.partition("-")[2] or "gguf"
+    build_causal_lm(repo, "smollm2", gguf, backend="llamacpp", log=log)
     # as the llama.cpp peer: a slot per stream of the largest level, its 8192-token context split among them
     slots = max(args.streams)
     sched = {"max_running_seqs": slots, "max_model_len": max(256, 8192 // slots), "max_batched_tokens": 2048}
@@ -194,7 +206,21 @@ def _miaohui_llm(args: argparse.Namespace, precision: Literal["fp32", "int8", "l
 
 def miaohui_server_name(precision: str) -> str:
     """The result rows' server name of a ``--miaohui-precision`` value."""
-    return "miaohui-llamacpp-q4_1" if precision == "llamacpp" else f"miaohui-ort-{precision}"
+    if precision.startswith("llamacpp"):
+        return f"miaohui-llamacpp-{precision.partition('-')[2] or 'q4_1'}"
+    return f"miaohui-ort-{precision}"
+
+
+def attach_gates(rows: list[dict[str, Any]], recipes: Path) -> None:
+    """Each row gets its server's decoder-gate verdict from ``recipes`` (decoder_recipes_cpu.json), when there."""
+    if not recipes.is_file():
+        return
+    gates = {r["recipe"]: r for r in json.loads(recipes.read_text())["rows"]}
+    for row in rows:
+        gate = gates.get(GATE_RECIPE.get(row["server"], ""))
+        if gate is not None:
+            keys = ("gate_passed", "exact_match", "teacher_forced", "factual", "commit")
+            row["gate"] = {k: gate.get(k) for k in keys}
 
 
 def _miaohui_cmd(repo: Path, port: int, models: str) -> list[str]:
@@ -430,6 +456,7 @@ def main(argv: list[str] | None = None) -> None:
     common = {"threads_per_server": args.threads, "smoke": args.smoke}
     if "generation" in args.part:
         rows = run_generation(args, runner)
+        attach_gates(rows, args.out / "decoder_recipes_cpu.json")
         config = {
             **common,
             "new_tokens": args.new_tokens,

@@ -108,7 +108,7 @@ def write(doc: dict[str, Any], path: Path) -> None:
 def generation_table(doc: dict[str, Any]) -> str:
     head = (
         f"{'server':<26}{'streams':>8}{'TTFT p50':>10}{'TTFT p99':>10}{'TPOT p50':>10}{'TPOT p99':>10}"
-        f"{'tok/s':>8}{'load':>6}"
+        f"{'tok/s':>8}{'load':>6}  gate"
     )
     lines = [head, "-" * len(head)]
     for r in doc["results"]:
@@ -118,9 +118,17 @@ def generation_table(doc: dict[str, Any]) -> str:
         lines.append(
             f"{r['server']:<26}{r['streams']:>8}{r['ttft_ms']['p50']:>10.1f}{r['ttft_ms']['p99']:>10.1f}"
             f"{r['tpot_ms']['p50']:>10.1f}{r['tpot_ms']['p99']:>10.1f}{r['tokens_per_s']:>8.1f}"
-            f"{r['loadavg_1m_before']:>6.1f}"
+            f"{r['loadavg_1m_before']:>6.1f}  {_gate(r)}"
         )
     return "\n".join(lines)
+
+
+def _gate(row: dict[str, Any]) -> str:
+    gate = row.get("gate")
+    if not gate:
+        return "n/a"
+    verdict = "pass" if gate["gate_passed"] else "FAIL"
+    return f"{verdict} (exact {gate['exact_match']:.0%}, TF {gate['teacher_forced']:.1%})"
 
 
 def intent_table(doc: dict[str, Any]) -> str:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from miaohui.config import BuildConfig, CalibrationConfig
 from miaohui.engines.store import build_artifact
@@ -12,10 +11,6 @@ from miaohui.models.checkpoint import META_NAME
 from miaohui.paths import models_dir
 from miaohui.serving.model_config import ensure_model_config
 from miaohui.zoo.intents import load_split
-
-if TYPE_CHECKING:
-    from miaohui.generation.build.artifact import LLMPrecision
-    from miaohui.generation.build.export import Int8Method
 
 DEFAULT_MODEL = "intent-e5-small"
 BERT_FFN_DOWN = (r"layer\.\d+/output/dense",)
@@ -45,22 +40,33 @@ def default_config(backend: str, precision: str) -> BuildConfig:
     return BuildConfig.model_validate({"backend": backend, "precision": precision, "calibration": calibration})
 
 
-DEFAULT_LLM: tuple[LLMPrecision, Int8Method] = ("fp32", "weight-only")
-"""Precision (and int8 method, if int8) of the ``smollm2`` version ``make run`` serves: fp32, the only recipe
-measured that passes the decoder gate (``benchmarks/bench_decoder_recipes_cpu.py`` → ``decoder_recipes_cpu.json``):
-fp32 100 % exact match, 100 % teacher-forced, facts 3/3. int8 weight-only (int8 dot products): exact 29 %,
-teacher-forced 96.0 %, and "What is the capital of France?" answered without "Paris". int8 with the first and last
-blocks and the LM head fp32 (``weight-only-edges``): exact 41 %, teacher-forced 97.2 %, the same wrong answer."""
+DEFAULT_LLM: tuple[str, str] = ("llamacpp", "f16")
+"""Backend and precision of the ``smollm2`` version ``make run`` serves: an F16 GGUF that miaohui writes from the
+fp32 model, on llama.cpp's kernels (``build-llm --backend llamacpp --precision f16``): it passes the decoder gate
+(100 % exact match, 100 % teacher-forced, facts 3/3) and is the fastest recipe that does
+(``benchmarks/bench_peers_cpu.py`` → ``peers_generation_cpu.json``, gates from ``decoder_recipes_cpu.json``).
+Recipes that fail the gate: llama.cpp Q8_0 (exact 41 %, teacher-forced 96.0 %) and the shipped Q4_1, ONNX Runtime
+int8 weight-only (exact 29 %, teacher-forced 96.0 %) and int8 with the first/last blocks and the LM head fp32
+(exact 41 %, 97.2 %): all answer "What is the capital of France?" without "Paris"."""
+FALLBACK_LLM: tuple[str, str] = ("onnxruntime", "fp32")
+"""Without the llamacpp extra (``xllamacpp``): fp32 on ONNX Runtime, the other recipe that passes the gate."""
+
+
+def default_llm() -> tuple[str, str]:
+    """:data:`DEFAULT_LLM` when ``xllamacpp`` imports, else :data:`FALLBACK_LLM`."""
+    import importlib.util
+
+    return DEFAULT_LLM if importlib.util.find_spec("xllamacpp") is not None else FALLBACK_LLM
 
 
 def prepare_llm(repository: Path, log: Callable[[str], None] = print) -> Path:
     """Build (or reuse) the default ``smollm2`` version and run the decoder gate on it once (the verdict is kept in
-    its ``causal_lm.json``); a failing gate is reported, not fatal (int8 kernels differ between CPUs)."""
+    its ``causal_lm.json``); a failing gate is reported, not fatal (kernels differ between CPUs)."""
     from miaohui.generation.build.artifact import build_causal_lm, read_info
     from miaohui.validate.decoder_gate import run_decoder_gate
 
-    precision, method = DEFAULT_LLM
-    version = build_causal_lm(repository, "smollm2", precision, int8_method=method, log=log)
+    backend, precision = default_llm()
+    version = build_causal_lm(repository, "smollm2", precision, backend=backend, log=log)  # type: ignore[arg-type]
     if read_info(version).validation is None:
         report = run_decoder_gate(version)
         verdict = "passed" if report.passed else "FAILED: " + "; ".join(report.failures)

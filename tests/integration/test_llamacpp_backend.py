@@ -207,3 +207,43 @@ def test_decoder_gate_runs_on_llama_cpp(repository: Path) -> None:
     assert by_id["zh-greeting"].teacher_forced[0] >= 7  # Chinese: byte tokens of a character have their own ids
     assert "\ufffd" not in by_id["zh-greeting"].candidate_text
     assert read_info(repository / MODEL / "1").validation is not None
+
+
+def test_prompt_cache_keeps_greedy_outputs_and_counts_hits(
+    repository: Path, client: openai.OpenAI, server: Served
+) -> None:
+    """llama.cpp's prompt cache: a conversation's second turn (the first turn's prompt and answer, then a new
+    question) reuses the first turn's KV; its greedy ids equal those of an engine with the cache off, and the
+    served model counts the reused tokens in ``miaohui_prefix_cache_hit_tokens_total``."""
+    import asyncio
+
+    from miaohui.generation.build.artifact import ChatTokenizer
+    from miaohui.generation.engine.llamacpp_engine import LlamaCppLLMEngine
+    from miaohui.generation.engine.params import SamplingParams
+
+    version = repository / MODEL / "1"
+    tok = ChatTokenizer.from_dir(version, read_info(version))
+    first = [{"role": "system", "content": "You are a helpful assistant."}, *QUESTION]
+    params = SamplingParams(max_tokens=8, temperature=0.0)
+
+    async def conversation(cache: bool) -> tuple[list[int], list[int]]:
+        sched = SchedulerConfig(max_running_seqs=2, max_waiting=2, max_batched_tokens=256, max_model_len=256)
+        async with LlamaCppLLMEngine(version, sched, threads=2, cache_prompt=cache) as engine:
+            one = [e async for e in engine.generate(tok.encode_chat(first), params)]
+            answer = "".join(e.text for e in one)
+            second = [*first, {"role": "assistant", "content": answer}, {"role": "user", "content": "And of Italy?"}]
+            two = [e.token_id async for e in engine.generate(tok.encode_chat(second), params)]
+        return [e.token_id for e in one if e.token_id is not None], [t for t in two if t is not None]
+
+    assert asyncio.run(conversation(True)) == asyncio.run(conversation(False))
+
+    def hits() -> float:
+        lines = httpx.get(server.url + "/metrics", timeout=10).text.splitlines()
+        name = f'miaohui_prefix_cache_hit_tokens_total{{model="{MODEL}"}}'
+        return sum(float(line.split()[-1]) for line in lines if line.startswith(name))
+
+    before = hits()
+    reply = client.chat.completions.create(model=MODEL, messages=first, temperature=0, max_tokens=4)  # type: ignore[arg-type]
+    again = [*first, {"role": "assistant", "content": reply.choices[0].message.content or ""}, QUESTION[0]]
+    client.chat.completions.create(model=MODEL, messages=again, temperature=0, max_tokens=4)  # type: ignore[arg-type]
+    assert hits() - before >= len(tok.encode_chat(first)) - 1  # the second turn reused the first one's prompt

@@ -51,6 +51,18 @@ def test_llamacpp_is_a_miaohui_configuration(bench: ModuleType) -> None:
     assert args.miaohui_precision == ["llamacpp"] and args.part == ["generation"]
     assert bench.miaohui_server_name("llamacpp") == "miaohui-llamacpp-q4_1"
     assert bench.miaohui_server_name("int8") == "miaohui-ort-int8"
+    assert bench.miaohui_server_name("llamacpp-f16") == "miaohui-llamacpp-f16"
+
+
+def test_rows_carry_their_decoder_gate(bench: ModuleType, tmp_path: Path) -> None:
+    recipes = tmp_path / "decoder_recipes_cpu.json"
+    gate = {"exact_match": 1.0, "teacher_forced": 1.0, "factual": 1.0, "gate_passed": True, "commit": "abc"}
+    recipes.write_text(json.dumps({"rows": [{"recipe": "llamacpp-f16", **gate}]}))
+    rows = [{"server": "miaohui-llamacpp-f16", "streams": 1}, {"server": "llamacpp-q4_1", "streams": 1}]
+    bench.attach_gates(rows, recipes)
+    assert rows[0]["gate"] == gate and "gate" not in rows[1]
+    bench.attach_gates(rows, tmp_path / "missing.json")  # no recipes file: rows unchanged
+    assert bench.report._gate(rows[0]) == "pass (exact 100%, TF 100.0%)" and bench.report._gate(rows[1]) == "n/a"
 
 
 @pytest.mark.parametrize(

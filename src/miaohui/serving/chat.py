@@ -138,7 +138,7 @@ async def make_client(
     if info.backend == "llamacpp":
         from miaohui.generation.engine.llamacpp_engine import LlamaCppLLMEngine
 
-        return LlamaCppLLMEngine(path, sched, observer, threads=threads)
+        return LlamaCppLLMEngine(path, sched, observer, threads=threads, cache_prompt=True)
     from miaohui.generation.executors.ort_engine import OrtCausalLMEngine
 
     engine: AnyCausalLMEngine

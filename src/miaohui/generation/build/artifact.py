@@ -60,9 +60,10 @@ LLMBackend = Literal["onnxruntime", "inductor", "llamacpp"]
 PRECISIONS: dict[str, tuple[str, ...]] = {
     "onnxruntime": ("fp32", "int8"),
     "inductor": ("bf16", "fp16", "fp32"),
-    "llamacpp": ("gguf",),
+    "llamacpp": ("gguf", "q8_0", "f16"),
 }
-"""Precisions each backend builds; ``llamacpp``'s ``gguf`` is the file's own quantization (recorded as ``q4_1``...)."""
+"""Precisions each backend builds; ``llamacpp``'s ``gguf`` is the file's own quantization (recorded as ``q4_1``...),
+``q8_0`` / ``f16`` a GGUF written from the fp32 HF model."""
 
 
 class CausalLMInfo(BaseModel):
@@ -300,8 +301,9 @@ def build_causal_lm(
     directory or a GGUF file (:func:`miaohui.generation.build.sources.resolve_source` checks it first).
     ``source_cache``: where a GGUF's converted fp32 model is cached (default under ``$MIAOHUI_HOME/models``).
     Reuses the newest version when its build key is equal (unless ``force``). ConfigError when ``name``
-    is not a plain name or already holds a non-causal-LM model. ``backend="llamacpp"`` takes a GGUF source (and
-    ``precision="gguf"``, its own quantization): the version holds the file itself (no export).
+    is not a plain name or already holds a non-causal-LM model. ``backend="llamacpp"`` with ``precision="gguf"``
+    takes a GGUF source and holds the file itself (no export); with ``q8_0`` / ``f16`` it writes a GGUF of that
+    type from the fp32 HF model (:mod:`miaohui.generation.build.gguf_writer`).
     """
     from miaohui.generation.build.sources import check_backend, check_family, resolve_source
     from miaohui.paths import check_model_name
@@ -331,7 +333,7 @@ def build_causal_lm(
         from miaohui.generation.build.llamacpp_artifact import check_llamacpp_source, llamacpp_build_key
 
         check_llamacpp_source(src, precision)
-        key = llamacpp_build_key(src)
+        key = llamacpp_build_key(src, precision)
     else:
         key = _build_key(src.digest, f"{backend}:{precision}" if backend != "onnxruntime" else precision, method, spec)
     if newest is not None and not force:
@@ -368,8 +370,8 @@ def _export_version(
 
             out = staging / "gguf"
             out.mkdir()
-            log(f"copying {src.label} into {name} for llama.cpp")
-            precision = write_llamacpp_files(out, src, model, tokenizer)
+            log(f"writing {src.label} ({precision}) into {name} for llama.cpp")
+            precision = write_llamacpp_files(out, src, model, tokenizer, precision)
         elif backend == "inductor":
             out = staging / "static"
             out.mkdir()

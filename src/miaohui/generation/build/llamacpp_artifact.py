@@ -5,11 +5,14 @@ Layout of a version::
     <repository>/<name>/<version>/
       causal_lm.json     # backend "llamacpp", precision = the GGUF's quantization type (e.g. "q4_1")
       llamacpp.json      # LlamaCppMeta: the GGUF's sha256, file type, eos ids, vocabulary, trained context
-      model.gguf         # the source GGUF, hard-linked (or copied) unchanged: llama.cpp's kernels run it as it is
+      model.gguf         # the source GGUF, hard-linked (or copied) unchanged: llama.cpp's kernels run it as it is;
+                         # with --precision q8_0|f16: written from the fp32 HF model (miaohui.generation.build.gguf_writer)
       tokenizer.json     # from the GGUF's fp32 HF conversion: miaohui templates and tokenizes, llama.cpp takes ids
 
 No ONNX export: the build only checks the file, converts it once to fp32 HF (the gate's reference, the tokenizer and
-the chat template, exactly as for the other backends) and copies it. Building needs no ``xllamacpp``; serving does.
+the chat template, exactly as for the other backends) and copies it — or, with ``--precision q8_0|f16``, writes a
+GGUF of that precision from the fp32 HF model (a Hugging Face directory, or a GGUF's conversion). Building needs no
+``xllamacpp``; serving does.
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ if TYPE_CHECKING:
 META_NAME = "llamacpp.json"
 GGUF_NAME = "model.gguf"
 GGUF_PRECISION = "gguf"
-"""``--precision`` of the llamacpp backend: the GGUF's own quantization (llama.cpp runs the file unchanged)."""
+"""``--precision`` of the llamacpp backend: the GGUF's own quantization (llama.cpp runs the file unchanged);
+``q8_0`` / ``f16`` write a GGUF of that type from the fp32 HF model instead."""
 BUILD_FORMAT = 1
 """Bumped when the layout of a llamacpp version changes (part of the build key)."""
 
@@ -75,46 +79,67 @@ def gguf_file_type(path: Path) -> str:
     return max(set(kinds), key=kinds.count).lower() if kinds else "unknown"
 
 
-def llamacpp_build_key(src: DecoderSource) -> str:
-    """sha256 over the GGUF's digest and the layout version (the file is served unchanged: nothing else counts)."""
-    facts = {"source": src.digest, "backend": "llamacpp", "format": BUILD_FORMAT}
+def llamacpp_build_key(src: DecoderSource, precision: str = GGUF_PRECISION) -> str:
+    """sha256 over the source's digest and the layout version (a GGUF served unchanged: nothing else counts), plus
+    the precision and the writer's version for a written GGUF."""
+    from miaohui.generation.build.gguf_writer import GGUF_PRECISIONS, WRITER_VERSION
+
+    facts: dict[str, object] = {"source": src.digest, "backend": "llamacpp", "format": BUILD_FORMAT}
+    if precision in GGUF_PRECISIONS:
+        facts |= {"precision": precision, "writer": WRITER_VERSION}
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
 
 
-def check_llamacpp_source(src: DecoderSource, precision: str) -> Path:
-    """The GGUF file of ``src``; ConfigError for a Hugging Face directory or a ``precision`` that is not the file's."""
+def check_llamacpp_source(src: DecoderSource, precision: str) -> None:
+    """ConfigError when the llamacpp backend cannot build ``src`` at ``precision``: ``q8_0`` / ``f16`` need a model
+    the GGUF writer takes; otherwise a GGUF file served as it is (``precision`` is ``gguf`` or the file's type)."""
+    from miaohui.generation.build.gguf_writer import GGUF_PRECISIONS, check_writable
+
+    if precision in GGUF_PRECISIONS:
+        check_writable(src.folder, src.architecture, src.label)
+        return
     gguf = Path(src.path)
     if src.format != "gguf" or not gguf.is_file():
         raise ConfigError(
             f"the llamacpp backend serves GGUF files; {src.label} is a Hugging Face directory",
-            "convert it with llama.cpp's convert_hf_to_gguf.py (and llama-quantize), then build the .gguf, or use "
-            "--backend onnxruntime",
+            "pass --precision q8_0 or f16 (miaohui writes the GGUF), convert it with llama.cpp's "
+            "convert_hf_to_gguf.py, or use --backend onnxruntime",
         )
     if precision not in (GGUF_PRECISION, gguf_file_type(gguf)):
         raise ConfigError(
-            f"--precision {precision!r}: the llamacpp backend runs the GGUF as it is ({gguf_file_type(gguf)})",
-            "leave --precision out (or pass gguf); quantize another way with llama.cpp's llama-quantize",
+            f"--precision {precision!r}: the llamacpp backend runs the GGUF as it is ({gguf_file_type(gguf)}) or "
+            f"writes {list(GGUF_PRECISIONS)}",
+            "leave --precision out (or pass gguf, q8_0 or f16); quantize another way with llama.cpp's llama-quantize",
         )
-    return gguf
 
 
-def write_llamacpp_files(out: Path, src: DecoderSource, model: Any, tokenizer: Any) -> str:
-    """Put the GGUF (hard link, else copy), ``tokenizer.json`` and ``llamacpp.json`` into ``out``; the precision."""
+def write_llamacpp_files(
+    out: Path, src: DecoderSource, model: Any, tokenizer: Any, precision: str = GGUF_PRECISION
+) -> str:
+    """Put the GGUF (the source's, hard link or copy; or written at ``precision`` q8_0 / f16), ``tokenizer.json`` and
+    ``llamacpp.json`` into ``out``; the GGUF's type."""
     from miaohui.generation.build.export import eos_ids
+    from miaohui.generation.build.gguf_writer import GGUF_PRECISIONS, write_gguf
     from miaohui.generation.build.sources import gguf_architecture
+    from miaohui.zoo.gguf import file_digest
 
-    gguf = Path(src.path)
     tokenizer_json = src.folder / "tokenizer.json"
     if not tokenizer_json.is_file():
-        raise ArtifactError(f"the conversion of {gguf} has no tokenizer.json ({src.folder})", "rebuild with --force")
-    try:
-        os.link(gguf, out / GGUF_NAME)
-    except OSError:  # another file system, or links not allowed
-        shutil.copyfile(gguf, out / GGUF_NAME)
+        raise ArtifactError(f"{src.label} has no tokenizer.json ({src.folder})", "rebuild with --force")
+    gguf = out / GGUF_NAME
+    if precision in GGUF_PRECISIONS:
+        write_gguf(gguf, src.folder, src.architecture, model, tokenizer, precision)
+        sha256 = str(file_digest(gguf)["sha256"])
+    else:
+        try:
+            os.link(src.path, gguf)
+        except OSError:  # another file system, or links not allowed
+            shutil.copyfile(src.path, gguf)
+        sha256 = src.digest.rpartition("@sha256:")[2]
     shutil.copyfile(tokenizer_json, out / "tokenizer.json")
     file_type = gguf_file_type(gguf)
     meta = LlamaCppMeta(
-        sha256=src.digest.rpartition("@sha256:")[2],
+        sha256=sha256,
         file_type=file_type,
         architecture=gguf_architecture(gguf),
         eos_token_ids=eos_ids(model, tokenizer),

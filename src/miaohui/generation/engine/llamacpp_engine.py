@@ -19,8 +19,12 @@ releases the GIL while llama.cpp works). llama.cpp streams one chunk per token w
 ``n_probs: 1`` with ``post_sampling_probs`` (no softmax over the vocabulary), its id — except a token whose text is
 an incomplete character: llama.cpp sends its text with the next one and its id nowhere. The callback applies the
 stop rules and hands the events to the event loop; returning True from it cancels the request in llama.cpp (a
-client that went away, a stop string). llama.cpp's prompt cache is off unless ``cache_prompt`` (miaohui's other
-engines have no prefix cache). Sampling: greedy at temperature 0, else temperature + top-p with llama.cpp's other
+client that went away, a stop string). llama.cpp's prompt cache is on with ``cache_prompt`` (the server's
+default): a request reuses the KV of the longest common prefix its slot holds, llama.cpp picks the slot whose cached
+prompt is most similar (a conversation's next turn lands on the slot of its previous one), and slots' states it
+evicts are kept in RAM up to :data:`PROMPT_CACHE_RAM_MIB`; the reused tokens are reported through
+``observer.on_prefix_cache`` (``miaohui_prefix_cache_hit_tokens_total``).
+Sampling: greedy at temperature 0, else temperature + top-p with llama.cpp's other
 samplers neutral (top-k 0, min-p 0); ``seed`` is taken modulo 2**32. With ``ignore_eos`` llama.cpp bans the
 end tokens (where the other engines generate and pass them).
 
@@ -59,6 +63,9 @@ from miaohui.generation.engine.scheduler import FinishReason, SchedulerConfig, c
 
 logger = logging.getLogger(__name__)
 
+PROMPT_CACHE_RAM_MIB = 256
+"""llama.cpp's host-memory prompt cache (``cache_ram_mib``, 8 GiB by default): slot states it evicts, kept for a
+later request with the same prefix. Bounded here because the machine's memory is shared with the other engines."""
 INSTALL_FIX = "pip install 'miaohui[llamacpp]' (the xllamacpp wheel, llama.cpp's server), or build another backend"
 
 
@@ -90,6 +97,7 @@ def open_server(folder: Path, slots: int, slot_len: int, threads: int | None) ->
     params.endpoint_metrics = False
     params.verbosity = 2  # llama.cpp's warnings and errors (3, its default, logs every request's slot and timings)
     params.warmup = True
+    params.cache_ram_mib = PROMPT_CACHE_RAM_MIB
     try:
         return xllamacpp.Server(params)
     except Exception as exc:  # the binding raises RuntimeError / ValueError for a file llama.cpp cannot load
@@ -139,6 +147,8 @@ class Chunk:
     finish: str | None = None
     completion_tokens: int | None = None
     """llama.cpp's own count, on the final chunk."""
+    cached_tokens: int | None = None
+    """Prompt tokens llama.cpp took from its prompt cache, on the final chunk."""
     error: str | None = None
     logprobs: tuple[TokenLogprobs, ...] = ()
     """Per id of ``ids``, when the request asked for log-probabilities."""
@@ -162,7 +172,15 @@ def parse_chunk(chunk: Any) -> Chunk:
                 lps.append(TokenLogprobs(float(entry["logprob"]), top))
     usage = chunk.get("usage") or {}
     used = usage.get("completion_tokens")
-    return Chunk(text, tuple(ids), finish, int(used) if used is not None else None, logprobs=tuple(lps))
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+    return Chunk(
+        text,
+        tuple(ids),
+        finish,
+        int(used) if used is not None else None,
+        cached_tokens=None if cached is None else int(cached),
+        logprobs=tuple(lps),
+    )
 
 
 @dataclass(eq=False)
@@ -182,6 +200,8 @@ class _Request:
     cancel: bool = False
     """Set to stop llama.cpp at its next token (abort, stop string, engine stopping)."""
     last: float | None = None
+    cache_counted: bool = False
+    """The prompt cache's reuse of this request was reported (once)."""
 
 
 class LlamaCppLLMEngine:
@@ -352,6 +372,9 @@ class LlamaCppLLMEngine:
             if parsed.error is not None:
                 error = parsed.error
                 return True
+            if parsed.cached_tokens is not None and self.cache_prompt and not req.cache_counted:
+                req.cache_counted = True  # llama.cpp may repeat the usage on a last, usage-only chunk
+                _soon(loop, safe_call, self.observer.on_prefix_cache, len(req.prompt), parsed.cached_tokens)
             event = self._advance(req, parsed)
             if event is not None:
                 _soon(loop, self._deliver, req, [event])
