@@ -37,6 +37,7 @@ import numpy as np
 
 from miaohui.dialogue.pipeline import ChatMessage
 from miaohui.errors import ArtifactError, MiaohuiError, ModelNotFoundError
+from miaohui.models.decision import IntentDecision, decide
 
 if TYPE_CHECKING:
     from miaohui.engines.base import Engine
@@ -87,11 +88,14 @@ def engine_call(deadline: float | None = None) -> Iterator[EngineCall]:
 # ------------------------------------------------------------------------------------------ intent
 
 
-def _softmax_top(logits: np.ndarray, labels: Sequence[str]) -> list[tuple[str, float]]:
-    e = np.exp(logits - logits.max(axis=-1, keepdims=True))
-    probs = e / e.sum(axis=-1, keepdims=True)
-    best = probs.argmax(-1)
-    return [(labels[int(b)], float(probs[i, b])) for i, b in enumerate(best)]
+PIPELINE_OOS = "out_of_scope"
+"""What a pipeline is told when the model answers out of scope (whatever the model calls it): the label its routes
+send to the fallback."""
+
+
+def _decided(logits: np.ndarray, labels: Sequence[str], decision: IntentDecision | None) -> list[tuple[str, float]]:
+    """(label, confidence) a pipeline routes on: the model's calibrated answer, ``out_of_scope`` below its threshold."""
+    return [(PIPELINE_OOS if d.out_of_scope else d.intent, d.confidence) for d in decide(logits, labels, decision)]
 
 
 class EngineClassifier:
@@ -144,7 +148,7 @@ class EngineClassifier:
         else:
             deadline = None if self.timeout_ms is None else time.monotonic() + self.timeout_ms / 1000.0
         results = await served.classify(texts, deadline, with_slots=False)
-        return [(r.intent, r.confidence) for r in results]
+        return [(PIPELINE_OOS if r.out_of_scope else r.intent, r.confidence) for r in results]
 
 
 class ArtifactClassifier:
@@ -164,6 +168,8 @@ class ArtifactClassifier:
                 "give an intent classifier artifact (built from `miaohui train-intent`)",
             )
         self.output = engine.output_names[0]
+        found = engine.manifest.extra.get("decision")
+        self.decision = IntentDecision.model_validate(found) if found else None
         self.name = f"{engine.manifest.name} v{engine.manifest.version} ({engine.manifest.backend} "
         self.name += f"{engine.manifest.precision})"
 
@@ -188,7 +194,7 @@ class ArtifactClassifier:
         return run_logits(fn, self.tokenizer, texts, engine_batch(self.engine, batch_size))
 
     async def classify(self, texts: list[str]) -> list[tuple[str, float]]:
-        return _softmax_top(await asyncio.to_thread(self.logits, texts), self.labels)
+        return _decided(await asyncio.to_thread(self.logits, texts), self.labels, self.decision)
 
 
 class TorchClassifier:
@@ -201,6 +207,7 @@ class TorchClassifier:
         loaded = load_checkpoint(Path(model_dir))
         self.module = loaded.module
         self.labels = list(loaded.meta.labels)
+        self.decision = loaded.meta.decision
         self.tokenizer = TextTokenizer(loaded.tokenizer, loaded.meta.max_length)
         self.name = f"torch fp32 ({model_dir})"
 
@@ -218,7 +225,7 @@ class TorchClassifier:
         return run_logits(fn, self.tokenizer, texts, batch_size)
 
     async def classify(self, texts: list[str]) -> list[tuple[str, float]]:
-        return _softmax_top(await asyncio.to_thread(self.logits, texts), self.labels)
+        return _decided(await asyncio.to_thread(self.logits, texts), self.labels, self.decision)
 
 
 # ------------------------------------------------------------------------------------------ text
