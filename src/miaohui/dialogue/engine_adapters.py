@@ -93,9 +93,15 @@ PIPELINE_OOS = "out_of_scope"
 send to the fallback."""
 
 
-def _decided(logits: np.ndarray, labels: Sequence[str], decision: IntentDecision | None) -> list[tuple[str, float]]:
-    """(label, confidence) a pipeline routes on: the model's calibrated answer, ``out_of_scope`` below its threshold."""
-    return [(PIPELINE_OOS if d.out_of_scope else d.intent, d.confidence) for d in decide(logits, labels, decision)]
+def _decided(
+    logits: np.ndarray, labels: Sequence[str], decision: IntentDecision | None
+) -> list[tuple[str, float, str]]:
+    """(label, confidence, candidate) a pipeline routes on: the model's calibrated answer, ``out_of_scope`` below its
+    threshold, and the best label."""
+    return [
+        (PIPELINE_OOS if d.out_of_scope else d.intent, d.confidence, d.candidate)
+        for d in decide(logits, labels, decision)
+    ]
 
 
 class EngineClassifier:
@@ -134,7 +140,7 @@ class EngineClassifier:
             return None
         return list(served.manifest.labels) if served.manifest.task == "intent" else None
 
-    async def classify(self, texts: list[str]) -> list[tuple[str, float]]:
+    async def classify(self, texts: list[str]) -> list[tuple[str, float, str]]:
         served = self.served()
         if served.manifest.task != "intent" or not served.manifest.labels:
             raise ModelNotFoundError(
@@ -148,7 +154,7 @@ class EngineClassifier:
         else:
             deadline = None if self.timeout_ms is None else time.monotonic() + self.timeout_ms / 1000.0
         results = await served.classify(texts, deadline, with_slots=False)
-        return [(PIPELINE_OOS if r.out_of_scope else r.intent, r.confidence) for r in results]
+        return [(PIPELINE_OOS if r.out_of_scope else r.intent, r.confidence, r.candidate) for r in results]
 
 
 class ArtifactClassifier:
@@ -193,7 +199,7 @@ class ArtifactClassifier:
 
         return run_logits(fn, self.tokenizer, texts, engine_batch(self.engine, batch_size))
 
-    async def classify(self, texts: list[str]) -> list[tuple[str, float]]:
+    async def classify(self, texts: list[str]) -> list[tuple[str, float, str]]:
         return _decided(await asyncio.to_thread(self.logits, texts), self.labels, self.decision)
 
 
@@ -224,7 +230,7 @@ class TorchClassifier:
 
         return run_logits(fn, self.tokenizer, texts, batch_size)
 
-    async def classify(self, texts: list[str]) -> list[tuple[str, float]]:
+    async def classify(self, texts: list[str]) -> list[tuple[str, float, str]]:
         return _decided(await asyncio.to_thread(self.logits, texts), self.labels, self.decision)
 
 
