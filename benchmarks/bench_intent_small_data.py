@@ -160,33 +160,36 @@ def main() -> None:
     negatives = load_texts(DATA / "chitchat_tune.jsonl")
     chat = load_texts(DATA / "chitchat_test.jsonl")
     results: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for domain in args.domains:
-            for n in args.sizes:
-                results.append(run(domain, n, TrainConfig(), negatives, chat, Path(tmp)) | {"recipe": "default"})
-            if args.baseline:
-                old = TrainConfig(min_steps=0, evaluations=1, balanced=False)
-                results.append(
-                    run(domain, 32, old, negatives, chat, Path(tmp)) | {"recipe": "8 epochs, no floor, last step"}
-                )
-                results.append(
-                    run(domain, 32, TrainConfig(), [], chat, Path(tmp)) | {"recipe": "default, no --oos-data"}
-                )
-        proj = project(chat, Path(tmp)) if args.project else None
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
-    doc = {
+    doc: dict[str, Any] = {
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "commit": commit,
+        "commit": subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip(),
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "hardware": {"cpu": platform.processor() or platform.machine(), "threads": TrainConfig().threads},
         "versions": {"python": platform.python_version(), "torch": torch.__version__},
         "note": "shared 2-core machine: train seconds are noisy; accuracies are deterministic per seed",
         "results": results,
-        "project": proj,
+        "project": None,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    plot(results, args.out.with_suffix(".png"))
+
+    def save() -> None:  # after every run: a long sweep that is stopped keeps what it measured
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.with_suffix(".json").write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n", "utf-8")
+        plot(results, args.out.with_suffix(".png"))
+
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in args.sizes:
+            for domain in args.domains:
+                results.append(run(domain, n, TrainConfig(), negatives, chat, Path(tmp)) | {"recipe": "default"})
+                save()
+        if args.baseline:
+            for domain in args.domains:
+                old = TrainConfig(min_steps=0, evaluations=1, balanced=False)
+                results.append(run(domain, 32, old, negatives, chat, Path(tmp)) | {"recipe": "8 epochs, last step"})
+                results.append(run(domain, 32, TrainConfig(), [], chat, Path(tmp)) | {"recipe": "no --oos-data"})
+                save()
+        if args.project:
+            doc["project"] = project(chat, Path(tmp))
+            save()
     print(f"wrote {args.out.with_suffix('.json')} and .png")
 
 
