@@ -32,9 +32,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from miaohui.generation.artifact import MARKER_NAME, ChatTokenizer, LLMPrecision, build_causal_lm, read_info
-from miaohui.generation.export import Int8Method, quantize_decoder
-from miaohui.generation.ort_engine import OrtCausalLMEngine
+from miaohui.generation.build.artifact import MARKER_NAME, ChatTokenizer, LLMPrecision, build_causal_lm, read_info
+from miaohui.generation.build.export import Int8Method, quantize_decoder
+from miaohui.generation.executors.ort_engine import OrtCausalLMEngine
 from miaohui.paths import home
 from miaohui.validate.decoder_gate import run_decoder_gate
 

@@ -39,11 +39,11 @@ from typing import Any
 import numpy as np
 
 from miaohui.bench.report import percentile
-from miaohui.generation.engine_loop import AsyncLLMEngine, LLMEngine
-from miaohui.generation.export import export_decoder, load_meta, quantize_decoder
-from miaohui.generation.ort_engine import OrtCausalLMEngine
-from miaohui.generation.params import SamplingParams
-from miaohui.generation.scheduler import SchedulerConfig
+from miaohui.generation.build.export import export_decoder, load_meta, quantize_decoder
+from miaohui.generation.engine.engine_loop import AsyncLLMEngine, LLMEngine
+from miaohui.generation.engine.params import SamplingParams
+from miaohui.generation.engine.scheduler import SchedulerConfig
+from miaohui.generation.executors.ort_engine import OrtCausalLMEngine
 from miaohui.paths import home
 from miaohui.zoo.smollm import encode_chat, load_smollm2
 

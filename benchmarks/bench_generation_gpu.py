@@ -64,12 +64,12 @@ import numpy as np
 import torch
 
 from miaohui.bench.scrape import Snapshot, fetch_metrics, gc_pauses, parse_metrics, share_above, window_histogram
-from miaohui.generation.engine_loop import AsyncLLMEngine, LLMEngine
-from miaohui.generation.params import SamplingParams
-from miaohui.generation.scheduler import SchedulerConfig
-from miaohui.generation.slot_engine import TorchSlotEngine
-from miaohui.generation.slot_options import SlotEngineOptions
-from miaohui.generation.static_kv import StaticKVDecoder
+from miaohui.generation.engine.engine_loop import AsyncLLMEngine, LLMEngine
+from miaohui.generation.engine.params import SamplingParams
+from miaohui.generation.engine.scheduler import SchedulerConfig
+from miaohui.generation.executors.slot_engine import TorchSlotEngine
+from miaohui.generation.executors.slot_options import SlotEngineOptions
+from miaohui.generation.models.static_kv import StaticKVDecoder
 from miaohui.gil import GENERATION_SWITCH_US
 
 HBM_BYTES_PER_S = 4.3e12
@@ -433,8 +433,8 @@ def _client_proc(
 def server_load(
     hf32: Any, eos: int | None, args: argparse.Namespace, vocab: int, options: SlotEngineOptions
 ) -> dict[str, Any]:
-    from miaohui.generation.artifact import CausalLMInfo, GenerationModelConfig
-    from miaohui.generation.static_artifact import save_static_decoder
+    from miaohui.generation.build.artifact import CausalLMInfo, GenerationModelConfig
+    from miaohui.generation.build.static_artifact import save_static_decoder
 
     repo = Path(tempfile.mkdtemp(prefix="llm-repo-"))
     version = repo / "llm" / "1"

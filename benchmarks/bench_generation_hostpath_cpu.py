@@ -84,10 +84,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     from tokenizers import Tokenizer
 
     import miaohui
-    from miaohui.generation.detok import detokenizer_factory
-    from miaohui.generation.engine_loop import AsyncLLMEngine, RequestStream, _InFlight, _Track
-    from miaohui.generation.params import SamplingParams
-    from miaohui.generation.scheduler import RunnerOutput, Scheduler, SchedulerConfig
+    from miaohui.generation.engine.detok import detokenizer_factory
+    from miaohui.generation.engine.engine_loop import AsyncLLMEngine, RequestStream, _InFlight, _Track
+    from miaohui.generation.engine.params import SamplingParams
+    from miaohui.generation.engine.scheduler import RunnerOutput, Scheduler, SchedulerConfig
 
     if not Path(miaohui.__file__).resolve().is_relative_to(src):
         raise SystemExit(f"miaohui was imported from {miaohui.__file__}, not from {src}")

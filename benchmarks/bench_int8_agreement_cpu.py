@@ -22,11 +22,11 @@ from typing import Any
 
 import torch
 
-from miaohui.generation.engine_loop import LLMEngine
-from miaohui.generation.params import SamplingParams
-from miaohui.generation.slot_engine import TorchSlotEngine
-from miaohui.generation.slot_options import SlotEngineOptions
-from miaohui.generation.static_kv import StaticKVDecoder
+from miaohui.generation.engine.engine_loop import LLMEngine
+from miaohui.generation.engine.params import SamplingParams
+from miaohui.generation.executors.slot_engine import TorchSlotEngine
+from miaohui.generation.executors.slot_options import SlotEngineOptions
+from miaohui.generation.models.static_kv import StaticKVDecoder
 from miaohui.zoo.smollm import encode_chat, load_smollm2
 
 QUESTIONS = [

@@ -177,7 +177,7 @@ class Runner:
 
 # ---- generation ------------------------------------------------------------------------------------------
 def _miaohui_llm(args: argparse.Namespace, precision: Literal["fp32", "int8", "llamacpp"]) -> Path:
-    from miaohui.generation.artifact import build_causal_lm
+    from miaohui.generation.build.artifact import build_causal_lm
 
     repo = args.work / f"repo-{precision}"
     log = functools.partial(print, file=sys.stderr)

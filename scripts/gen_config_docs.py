@@ -86,7 +86,7 @@ Dialogue pipelines are not repository models: each is one YAML file in `src/miao
 # (title, file the model is read from, root model) — the page's sections, in order.
 ROOTS: list[tuple[str, str, str]] = [
     ("`config.yaml`: serving a model", "miaohui.serving.model_config", "ModelConfig"),
-    ("`generation.yaml`: serving a causal LM", "miaohui.generation.artifact", "GenerationModelConfig"),
+    ("`generation.yaml`: serving a causal LM", "miaohui.generation.build.artifact", "GenerationModelConfig"),
     ("Dialogue pipeline YAML", "miaohui.dialogue.config", "PipelineConfig"),
 ]
 

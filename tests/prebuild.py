@@ -71,13 +71,13 @@ def ensure_intent_model() -> Path:
 def llm_repository_path() -> Path:
     h = hashlib.sha256()
     src = ROOT / "src" / "miaohui"
-    for rel in ("generation/export.py", "generation/llama.py", "generation/dims.py", "generation/artifact.py", "zoo/smollm.py"):  # fmt: skip
+    for rel in ("generation/build/export.py", "generation/models/llama.py", "generation/models/dims.py", "generation/build/artifact.py", "zoo/smollm.py"):  # fmt: skip
         h.update((src / rel).read_bytes())
     return CACHE / f"llm-repo-{h.hexdigest()[:12]}"
 
 
 def _build_llm_unlocked(repo: Path) -> Path:
-    from miaohui.generation.artifact import build_causal_lm
+    from miaohui.generation.build.artifact import build_causal_lm
 
     for old in CACHE.glob("llm-repo-*"):
         if old != repo:
@@ -96,7 +96,7 @@ def ensure_llm_repository() -> Path:
 
 
 def _llm_cached() -> bool:
-    from miaohui.generation.artifact import latest_version
+    from miaohui.generation.build.artifact import latest_version
 
     model = llm_repository_path() / LLM_MODEL
     return model.is_dir() and latest_version(model) is not None

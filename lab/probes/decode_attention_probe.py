@@ -21,7 +21,7 @@ import torch
 
 from lab.harness import time_graph
 from lab.probes.decode_kernel_probe import HEADS, KV_HEADS, D
-from miaohui.generation.decode_attention import (
+from miaohui.generation.kernels.decode_attention import (
     decode_attention_op,
     matmul_decode_attention,
     plan,

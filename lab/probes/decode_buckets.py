@@ -20,10 +20,10 @@ from typing import Any
 import torch
 
 from lab.harness import replay_us, summary
-from miaohui.generation.dims import DecoderDims
-from miaohui.generation.slot_engine import TorchSlotEngine
-from miaohui.generation.slot_options import SlotEngineOptions
-from miaohui.generation.static_kv import StaticKVDecoder
+from miaohui.generation.executors.slot_engine import TorchSlotEngine
+from miaohui.generation.executors.slot_options import SlotEngineOptions
+from miaohui.generation.models.dims import DecoderDims
+from miaohui.generation.models.static_kv import StaticKVDecoder
 
 QWEN_15B = DecoderDims(
     num_layers=28, hidden=1536, num_heads=12, num_kv_heads=2, head_dim=128, intermediate=8960, vocab=151936,

@@ -27,7 +27,7 @@ import torch
 from torch.nn import functional as F
 
 from lab.harness import rotating, time_graph
-from miaohui.generation.static_kv import StaticKVDecoder, attn_in
+from miaohui.generation.models.static_kv import StaticKVDecoder, attn_in
 
 HIDDEN, HEADS, KV_HEADS, D, INTER, VOCAB = 1536, 12, 2, 128, 8960, 151936
 
@@ -102,7 +102,7 @@ def probe_layer_ops(device: str, dtype: torch.dtype, tiny: bool) -> list[dict[st
     batch 64: which op launches the device-to-device copies."""
     from torch.profiler import ProfilerActivity, profile
 
-    from miaohui.generation.dims import DecoderDims
+    from miaohui.generation.models.dims import DecoderDims
 
     dims = DecoderDims(num_layers=2, hidden=64 if tiny else HIDDEN, num_heads=4 if tiny else HEADS,
                        num_kv_heads=KV_HEADS, head_dim=16 if tiny else D, intermediate=128 if tiny else INTER,

@@ -10,7 +10,7 @@ Session 10 found the batch-1 step's GEMMs take 1.26 ms in cuBLAS (0.7–3.2 TB/s
   coordinate-descent tuning (gpt-fast's int8 recipe: at M = 1 the matmul becomes a Triton reduction with the
   dequantization fused in);
 * ``int4_tinygemm``: ``aten._weight_int4pack_mm`` (4-bit, groups of 128, bf16 scale and zero; gpt-fast's int4);
-* ``int8_triton``: :func:`miaohui.generation.w8a16.w8a16_linear`, miaohui's own int8 Triton GEMM for 1–64 rows
+* ``int8_triton``: :func:`miaohui.generation.kernels.w8a16.w8a16_linear`, miaohui's own int8 Triton GEMM for 1–64 rows
   (autotuned per rows bucket; added after the session-11 run, so not in ``decode_quant_probe_h200_s11d.json``);
 * ``fp8_inductor``: :func:`fp8_linear` compiled (W8A8 float8 e4m3, per-row scales, ``torch._scaled_mm``, vLLM's fp8
   scheme; ``run_h200.sh s18c`` → ``decode_quant_probe_fp8_h200_s18c.json``: slower than cuBLAS bf16 at 1, 8 and 64
@@ -39,8 +39,8 @@ from torch.nn import functional as F
 
 from lab.harness import rotating, time_graph
 from lab.probes.decode_kernel_probe import HEADS, HIDDEN, INTER, KV_HEADS, VOCAB, D
-from miaohui.generation.int8_weights import quantize_int8
-from miaohui.generation.w8a16 import w8a16_linear
+from miaohui.generation.kernels.int8_weights import quantize_int8
+from miaohui.generation.kernels.w8a16 import w8a16_linear
 
 GROUP = 128
 FP8_MAX = 448.0

@@ -27,11 +27,11 @@ from typing import Any
 import torch
 
 from lab.harness import capture, replay_us, summary
-from miaohui.generation.constants import with_constants
-from miaohui.generation.dims import DecoderDims
-from miaohui.generation.slot_engine import TorchSlotEngine
-from miaohui.generation.slot_options import SlotEngineOptions
-from miaohui.generation.static_kv import DECODE_ATTENTION, StaticKVDecoder, make_decode_layer
+from miaohui.generation.executors.slot_engine import TorchSlotEngine
+from miaohui.generation.executors.slot_options import SlotEngineOptions
+from miaohui.generation.models.constants import with_constants
+from miaohui.generation.models.dims import DecoderDims
+from miaohui.generation.models.static_kv import DECODE_ATTENTION, StaticKVDecoder, make_decode_layer
 
 QWEN_15B = DecoderDims(
     num_layers=28, hidden=1536, num_heads=12, num_kv_heads=2, head_dim=128, intermediate=8960, vocab=151936,

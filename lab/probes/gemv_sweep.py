@@ -1,5 +1,6 @@
-"""On the GPU: miaohui's one-row int8 kernel (:func:`miaohui.generation.w8a16.w8_gemv`) over its configurations, for
-the 1.5B Qwen2.5 shape's five GEMMs (random weights), against what the batch-1 decode graph runs today.
+"""On the GPU: miaohui's one-row int8 kernel (:func:`miaohui.generation.kernels.w8a16.w8_gemv`) over its
+configurations, for the 1.5B Qwen2.5 shape's five GEMMs (random weights), against what the batch-1 decode graph runs
+today.
 
 Session 17's kernel table of the batch-1 step with ``int8_batch1`` (``profile_decode_int8b1_graph_h200_s17c.json``):
 1.61 ms of kernels, of which Inductor's coordinate-descent int8 reductions take ~1.1 ms — the down projection with
@@ -29,8 +30,8 @@ from torch.nn import functional as F
 
 from lab.harness import rotating, time_graph
 from lab.probes.decode_kernel_probe import HEADS, HIDDEN, INTER, KV_HEADS, VOCAB, D
-from miaohui.generation.int8_weights import quantize_int8
-from miaohui.generation.w8a16 import GEMV_SWEEP, GemvConfig, w8_gemv
+from miaohui.generation.kernels.int8_weights import quantize_int8
+from miaohui.generation.kernels.w8a16 import GEMV_SWEEP, GemvConfig, w8_gemv
 
 SHAPES = {"qkv": (HIDDEN + 2 * KV_HEADS * D, HIDDEN), "o": (HIDDEN, HEADS * D), "gate_up": (2 * INTER, HIDDEN),
           "down": (HIDDEN, INTER), "lm_head": (VOCAB, HIDDEN)}  # fmt: skip

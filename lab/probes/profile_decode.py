@@ -7,7 +7,7 @@ static prefill graphs of those (prompts × length) buckets.
 
 ``--symbolic-heads``: the fused decode and mixed layers get the head count as before session 23, bound by
 ``functools.partial``, so that ``dynamic=True`` makes it a symbol of their graphs (the engine binds it with
-:func:`~miaohui.generation.constants.with_constants`, a constant): the same call can time both.
+:func:`~miaohui.generation.models.constants.with_constants`, a constant): the same call can time both.
 
 ``--gemv-table``: ``lab/probes/gemv_sweep.py``'s JSON; its fastest configuration per weight shape goes into
 ``w8a16.GEMV_BEST`` before the engine is built.
@@ -25,11 +25,12 @@ import torch
 
 from lab.harness import replay_us, summary
 from miaohui.bench.kernel_timeline import cuda_kernels, exclusive
-from miaohui.generation import mixed_step, static_kv, w8a16
-from miaohui.generation.dims import DecoderDims
-from miaohui.generation.slot_engine import TorchSlotEngine
-from miaohui.generation.slot_options import SlotEngineOptions
-from miaohui.generation.static_kv import StaticKVDecoder
+from miaohui.generation.executors.slot_engine import TorchSlotEngine
+from miaohui.generation.executors.slot_options import SlotEngineOptions
+from miaohui.generation.kernels import w8a16
+from miaohui.generation.models import mixed_step, static_kv
+from miaohui.generation.models.dims import DecoderDims
+from miaohui.generation.models.static_kv import StaticKVDecoder
 
 # Qwen2.5-1.5B shape (random weights)
 QWEN_15B = DecoderDims(

@@ -22,8 +22,8 @@ import torch
 
 from lab.harness import time_graph
 from lab.probes.decode_kernel_probe import HEADS, KV_HEADS, D
-from miaohui.generation.decode_attention import decode_attention
-from miaohui.generation.prompt_attention import BLOCK_M, BLOCK_N, matmul_prompt_attention, prompt_attention
+from miaohui.generation.kernels.decode_attention import decode_attention
+from miaohui.generation.kernels.prompt_attention import BLOCK_M, BLOCK_N, matmul_prompt_attention, prompt_attention
 
 DECODE_ROWS, POSITION, BUCKET, LAYERS = 64, 200, 256, 28
 BLOCKS = [(16, 32), (16, 64), (32, 32), (32, 64), (64, 64)]
@@ -46,7 +46,7 @@ def _inputs(p: int, device: str, dtype: torch.dtype) -> tuple[torch.Tensor, torc
 
 def _one(p: int, device: str, dtype: torch.dtype) -> dict[str, Any]:
     """Times and errors of both forms (and every block size of the prompt kernel) at ``p`` prompt tokens."""
-    from miaohui.generation.prompt_attention import triton_prompt_attention
+    from miaohui.generation.kernels.prompt_attention import triton_prompt_attention
 
     cuda, b = device == "cuda", DECODE_ROWS
     q, positions, rows, caches = _inputs(p, device, dtype)

@@ -516,7 +516,7 @@ def serve(
         _fail(exc)
 
 
-from miaohui.generation.cli import build_llm  # noqa: E402
+from miaohui.generation.build.cli import build_llm  # noqa: E402
 
 app.command("build-llm")(build_llm)
 

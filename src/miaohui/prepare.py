@@ -14,8 +14,8 @@ from miaohui.serving.model_config import ensure_model_config
 from miaohui.zoo.intents import load_split
 
 if TYPE_CHECKING:
-    from miaohui.generation.artifact import LLMPrecision
-    from miaohui.generation.export import Int8Method
+    from miaohui.generation.build.artifact import LLMPrecision
+    from miaohui.generation.build.export import Int8Method
 
 DEFAULT_MODEL = "intent-e5-small"
 BERT_FFN_DOWN = (r"layer\.\d+/output/dense",)
@@ -56,7 +56,7 @@ blocks and the LM head fp32 (``weight-only-edges``): exact 41 %, teacher-forced 
 def prepare_llm(repository: Path, log: Callable[[str], None] = print) -> Path:
     """Build (or reuse) the default ``smollm2`` version and run the decoder gate on it once (the verdict is kept in
     its ``causal_lm.json``); a failing gate is reported, not fatal (int8 kernels differ between CPUs)."""
-    from miaohui.generation.artifact import build_causal_lm, read_info
+    from miaohui.generation.build.artifact import build_causal_lm, read_info
     from miaohui.validate.decoder_gate import run_decoder_gate
 
     precision, method = DEFAULT_LLM

@@ -328,9 +328,9 @@ def llm_server(repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     from tokenizers import Tokenizer
 
     from miaohui.dialogue.engine_adapters import EngineGenerator
-    from miaohui.generation.engine_loop import AsyncLLMEngine, LLMEngine
-    from miaohui.generation.export import export_decoder, quantize_decoder
-    from miaohui.generation.ort_engine import OrtCausalLMEngine
+    from miaohui.generation.build.export import export_decoder, quantize_decoder
+    from miaohui.generation.engine.engine_loop import AsyncLLMEngine, LLMEngine
+    from miaohui.generation.executors.ort_engine import OrtCausalLMEngine
     from miaohui.server.dialogue_api import DialogueService, dialogue_router
     from miaohui.serving.repository import ModelManager
     from miaohui.zoo.smollm import encode_chat, load_smollm2

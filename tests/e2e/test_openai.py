@@ -22,9 +22,9 @@ from tests.prebuild import SMOLLM_CACHE as MODEL_CACHE
 from tests.prebuild import ensure_llm_repository
 from tests.servers import UvicornThread
 
-from miaohui.generation.engine_loop import LLMEngine
-from miaohui.generation.params import SamplingParams
-from miaohui.generation.scheduler import SchedulerConfig
+from miaohui.generation.engine.engine_loop import LLMEngine
+from miaohui.generation.engine.params import SamplingParams
+from miaohui.generation.engine.scheduler import SchedulerConfig
 from miaohui.server.metrics import Metrics
 from miaohui.server.openai_api import GenerationService, create_openai_app
 

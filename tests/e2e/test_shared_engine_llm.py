@@ -28,8 +28,8 @@ from tests.e2e.test_workers import Served, scrape, serve_workers
 
 from miaohui.config import BuildConfig
 from miaohui.engines.store import build_artifact
-from miaohui.generation.artifact import latest_version
-from miaohui.generation.scheduler import SchedulerConfig
+from miaohui.generation.build.artifact import latest_version
+from miaohui.generation.engine.scheduler import SchedulerConfig
 from miaohui.serving.model_config import ModelConfig, WarmupShape, write_model_config
 
 pytestmark = pytest.mark.slow  # three spawned interpreters; the engine process loads SmolLM2

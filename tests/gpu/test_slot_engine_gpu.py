@@ -7,11 +7,11 @@ import pytest
 import torch
 from tests.tiny_llm import tiny_qwen
 
-from miaohui.generation.engine_loop import LLMEngine
-from miaohui.generation.params import SamplingParams
-from miaohui.generation.slot_engine import TorchSlotEngine
-from miaohui.generation.slot_options import SlotEngineOptions
-from miaohui.generation.static_kv import StaticKVDecoder
+from miaohui.generation.engine.engine_loop import LLMEngine
+from miaohui.generation.engine.params import SamplingParams
+from miaohui.generation.executors.slot_engine import TorchSlotEngine
+from miaohui.generation.executors.slot_options import SlotEngineOptions
+from miaohui.generation.models.static_kv import StaticKVDecoder
 
 pytestmark = pytest.mark.gpu
 
@@ -128,8 +128,8 @@ async def test_async_scheduling_on_the_gpu_matches_the_eager_synchronous_engine(
     """Async scheduling on the GPU: step N+1 launched before step N is read, its tokens the graphs' own picks (static
     prefill graphs too), 12 requests through 8 slots (slots reused while a step is in flight), one sampled request
     (the loop falls back to collect-then-schedule while it runs). Greedy tokens = the eager synchronous engine's."""
-    from miaohui.generation.engine_loop import AsyncLLMEngine
-    from miaohui.generation.scheduler import SchedulerConfig
+    from miaohui.generation.engine.engine_loop import AsyncLLMEngine
+    from miaohui.generation.engine.scheduler import SchedulerConfig
 
     hf = tiny_qwen("cuda")
     opts = SlotEngineOptions(num_slots=8, max_len=256, dtype="fp32", static_prefill=True)
@@ -153,8 +153,8 @@ async def test_mixed_step_graphs_match_the_eager_engine() -> None:
     """Mixed steps in CUDA graphs (decode rows + prompt tokens in one pass; cache writes and the triton attention by
     cache row) under async scheduling, requests of different lengths admitted two per step through 8 slots: the
     eager synchronous engine's greedy tokens; most prompts ran mixed."""
-    from miaohui.generation.engine_loop import AsyncLLMEngine
-    from miaohui.generation.scheduler import SchedulerConfig
+    from miaohui.generation.engine.engine_loop import AsyncLLMEngine
+    from miaohui.generation.engine.scheduler import SchedulerConfig
 
     hf = tiny_qwen("cuda")
     opts = SlotEngineOptions(num_slots=8, max_len=256, dtype="fp32", static_prefill=True,

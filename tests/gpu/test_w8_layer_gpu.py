@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from miaohui.generation.int8_weights import quantize_int8
-from miaohui.generation.w8_layer import interleave_glu, pair_halves, w8_gemv_glu_op, w8_gemv_rope_op
+from miaohui.generation.kernels.int8_weights import quantize_int8
+from miaohui.generation.kernels.w8_layer import interleave_glu, pair_halves, w8_gemv_glu_op, w8_gemv_rope_op
 
 pytestmark = pytest.mark.gpu
 

@@ -12,9 +12,9 @@ import pytest
 import torch
 from tests.tiny_llm import tiny_qwen
 
-from miaohui.generation.slot_engine import TorchSlotEngine
-from miaohui.generation.slot_options import SlotEngineOptions
-from miaohui.generation.static_kv import StaticKVDecoder
+from miaohui.generation.executors.slot_engine import TorchSlotEngine
+from miaohui.generation.executors.slot_options import SlotEngineOptions
+from miaohui.generation.models.static_kv import StaticKVDecoder
 
 pytestmark = pytest.mark.slow
 
@@ -115,9 +115,9 @@ def test_int8_steps_decode_with_the_int8_weights_and_the_others_without(kernel: 
     """``int8_batch1``: a compiled one-row step reads the int8 copy and gives the logits of the same model whose GEMM
     weights and LM head are replaced by their int8 values × scale (so it really reads the int8 copy; ``gemv_layer``'s
     kernels through their custom ops' CPU paths here); a step of 2+ rows gives the unquantized model's logits."""
-    from miaohui.generation.int8_weights import FusedGemvWeight, GluGemvWeight, RopeGemvWeight
-    from miaohui.generation.static_kv import _Layer
-    from miaohui.generation.w8_layer import unpair_halves
+    from miaohui.generation.kernels.int8_weights import FusedGemvWeight, GluGemvWeight, RopeGemvWeight
+    from miaohui.generation.kernels.w8_layer import unpair_halves
+    from miaohui.generation.models.static_kv import _Layer
 
     hf = tiny_qwen()
     opts = SlotEngineOptions(
@@ -177,7 +177,7 @@ def test_int8_steps_decode_with_the_int8_weights_and_the_others_without(kernel: 
 def test_compiled_mixed_step_matches_the_eager_mixed_step() -> None:
     """The mixed step's layer (cache writes by row and position, attention by cache row) compiled by Inductor, as the
     GPU engine compiles it, against the same step eager: logits of the decode rows and the prompts' last tokens."""
-    from miaohui.generation import mixed_step
+    from miaohui.generation.models import mixed_step
 
     hf = tiny_qwen()
     opts = SlotEngineOptions(num_slots=8, max_len=256, dtype="fp32", compile=True, cuda_graphs=False,

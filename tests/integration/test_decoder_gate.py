@@ -13,7 +13,7 @@ from tests.tiny_decoders import save_tiny_decoder, smollm_tokenizer
 from typer.testing import CliRunner
 
 from miaohui.errors import ArtifactError
-from miaohui.generation.artifact import build_causal_lm, read_info
+from miaohui.generation.build.artifact import build_causal_lm, read_info
 from miaohui.validate.decoder_gate import DecoderGateConfig, load_prompts, resolve_causal_lm, run_decoder_gate
 
 

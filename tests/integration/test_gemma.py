@@ -16,11 +16,11 @@ import pytest
 from tests.integration.conftest import hf_greedy_tokens
 
 from miaohui.errors import ConfigError, InputError
-from miaohui.generation.artifact import build_causal_lm, read_info
-from miaohui.generation.engine_loop import LLMEngine
-from miaohui.generation.export import load_meta
-from miaohui.generation.ort_engine import OrtCausalLMEngine
-from miaohui.generation.params import SamplingParams
+from miaohui.generation.build.artifact import build_causal_lm, read_info
+from miaohui.generation.build.export import load_meta
+from miaohui.generation.engine.engine_loop import LLMEngine
+from miaohui.generation.engine.params import SamplingParams
+from miaohui.generation.executors.ort_engine import OrtCausalLMEngine
 
 pytestmark = pytest.mark.slow
 
@@ -80,7 +80,7 @@ def test_served_through_the_openai_client_in_chinese(gemma_version: Path, gemma:
     import openai
     from tests.servers import UvicornThread
 
-    from miaohui.generation.scheduler import SchedulerConfig
+    from miaohui.generation.engine.scheduler import SchedulerConfig
     from miaohui.server.metrics import Metrics
     from miaohui.server.openai_api import GenerationService, create_openai_app
 

@@ -16,13 +16,13 @@ import pytest
 from tests.integration.conftest import hf_greedy_tokens
 
 from miaohui.errors import InputError
-from miaohui.generation.detok import IncrementalDetokenizer, is_byte_level
-from miaohui.generation.engine_loop import AsyncLLMEngine, GenerationObserver, LLMEngine, TokenEvent
-from miaohui.generation.export import DecoderMeta, export_decoder, load_meta, quantize_decoder
-from miaohui.generation.observer import StepReport
-from miaohui.generation.ort_engine import OrtCausalLMEngine
-from miaohui.generation.params import SamplingParams
-from miaohui.generation.scheduler import SchedulerConfig
+from miaohui.generation.build.export import DecoderMeta, export_decoder, load_meta, quantize_decoder
+from miaohui.generation.engine.detok import IncrementalDetokenizer, is_byte_level
+from miaohui.generation.engine.engine_loop import AsyncLLMEngine, GenerationObserver, LLMEngine, TokenEvent
+from miaohui.generation.engine.observer import StepReport
+from miaohui.generation.engine.params import SamplingParams
+from miaohui.generation.engine.scheduler import SchedulerConfig
+from miaohui.generation.executors.ort_engine import OrtCausalLMEngine
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL_CACHE = ROOT / "var" / "test-cache" / "smollm2-135m"
@@ -301,7 +301,7 @@ async def test_async_engine_streams_and_cancellation_frees_the_slot(
 
 @pytest.mark.slow
 def test_torch_engine_matches_hf(smollm: tuple[Any, Any], prompts: list[list[int]], hf_greedy: list[list[int]]) -> None:
-    from miaohui.generation.torch_engine import TorchCausalLMEngine
+    from miaohui.generation.executors.torch_engine import TorchCausalLMEngine
 
     llm = LLMEngine(TorchCausalLMEngine(smollm[0], smollm[1]), None)
     assert _tokens(llm, prompts[1]) == hf_greedy[1]

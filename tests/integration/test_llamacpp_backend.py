@@ -20,8 +20,8 @@ from tests.e2e.test_workers import Served, serve_workers
 from tests.integration.conftest import SMOLLM_CACHE
 
 from miaohui.errors import ArtifactError, ConfigError
-from miaohui.generation.artifact import build_causal_lm, read_info
-from miaohui.generation.scheduler import SchedulerConfig
+from miaohui.generation.build.artifact import build_causal_lm, read_info
+from miaohui.generation.engine.scheduler import SchedulerConfig
 
 pytestmark = pytest.mark.slow  # a real build, llama.cpp in three served processes
 
@@ -54,7 +54,7 @@ def client(server: Served) -> Iterator[openai.OpenAI]:
 
 
 def test_the_version_is_the_gguf_itself(repository: Path) -> None:
-    from miaohui.generation.llamacpp_artifact import read_llamacpp_meta
+    from miaohui.generation.build.llamacpp_artifact import read_llamacpp_meta
     from miaohui.zoo.smollm import smollm_gguf_path
 
     version = repository / MODEL / "1"
@@ -140,9 +140,9 @@ def test_engine_queue_full_abort_and_stop(repository: Path) -> None:
     import asyncio
 
     from miaohui.errors import QueueFullError
-    from miaohui.generation.engine_loop import EngineStoppedError
-    from miaohui.generation.llamacpp_engine import LlamaCppLLMEngine
-    from miaohui.generation.params import SamplingParams
+    from miaohui.generation.engine.engine_loop import EngineStoppedError
+    from miaohui.generation.engine.llamacpp_engine import LlamaCppLLMEngine
+    from miaohui.generation.engine.params import SamplingParams
 
     async def run() -> None:
         sched = SchedulerConfig(max_running_seqs=1, max_waiting=1, max_batched_tokens=64, max_model_len=64)

@@ -19,11 +19,11 @@ from tests.tiny_decoders import CLASSES, hf_greedy, save_tiny_decoder, smollm_to
 from typer.testing import CliRunner
 
 from miaohui.errors import ArtifactError, ConfigError, InputError, MiaohuiError
-from miaohui.generation.artifact import ChatTokenizer, build_causal_lm, read_info
-from miaohui.generation.engine_loop import LLMEngine
-from miaohui.generation.export import load_meta
-from miaohui.generation.ort_engine import OrtCausalLMEngine
-from miaohui.generation.params import SamplingParams
+from miaohui.generation.build.artifact import ChatTokenizer, build_causal_lm, read_info
+from miaohui.generation.build.export import load_meta
+from miaohui.generation.engine.engine_loop import LLMEngine
+from miaohui.generation.engine.params import SamplingParams
+from miaohui.generation.executors.ort_engine import OrtCausalLMEngine
 
 NEW_TOKENS = 16
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]

@@ -19,12 +19,12 @@ from tests.integration.conftest import hf_greedy_tokens
 from tests.servers import UvicornThread
 
 from miaohui.errors import ArtifactError, ConfigError
-from miaohui.generation.engine_loop import AsyncLLMEngine, LLMEngine
-from miaohui.generation.params import SamplingParams
-from miaohui.generation.scheduler import SchedulerConfig
-from miaohui.generation.slot_engine import TorchSlotEngine
-from miaohui.generation.slot_options import SlotEngineOptions
-from miaohui.generation.static_kv import StaticKVDecoder
+from miaohui.generation.engine.engine_loop import AsyncLLMEngine, LLMEngine
+from miaohui.generation.engine.params import SamplingParams
+from miaohui.generation.engine.scheduler import SchedulerConfig
+from miaohui.generation.executors.slot_engine import TorchSlotEngine
+from miaohui.generation.executors.slot_options import SlotEngineOptions
+from miaohui.generation.models.static_kv import StaticKVDecoder
 
 NEW_TOKENS = 16
 GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0)
@@ -204,7 +204,7 @@ def test_seeded_sampling_is_reproducible(smollm: tuple[Any, Any], prompts: list[
 
 @pytest.fixture(scope="module")
 def static_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from miaohui.generation.artifact import build_causal_lm
+    from miaohui.generation.build.artifact import build_causal_lm
 
     repo = tmp_path_factory.mktemp("static-repo")
     build_causal_lm(repo, "smol", "fp32", backend="inductor", source_cache=MODEL_CACHE)
@@ -214,8 +214,8 @@ def static_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_inductor_artifact_loads_and_matches(
     static_repo: Path, prompts: list[list[int]], hf_greedy: list[list[int]]
 ) -> None:
-    from miaohui.generation.artifact import build_causal_lm, read_info
-    from miaohui.generation.static_artifact import load_slot_engine, read_static_meta
+    from miaohui.generation.build.artifact import build_causal_lm, read_info
+    from miaohui.generation.build.static_artifact import load_slot_engine, read_static_meta
 
     version = static_repo / "smol" / "1"
     info, meta = read_info(version), read_static_meta(version)
@@ -230,8 +230,8 @@ def test_inductor_artifact_loads_and_matches(
 def test_bad_precision_and_corrupt_weights_are_clear_errors(static_repo: Path, tmp_path: Path) -> None:
     import shutil
 
-    from miaohui.generation.artifact import build_causal_lm
-    from miaohui.generation.static_artifact import WEIGHTS_NAME, load_slot_engine
+    from miaohui.generation.build.artifact import build_causal_lm
+    from miaohui.generation.build.static_artifact import WEIGHTS_NAME, load_slot_engine
 
     with pytest.raises(ConfigError, match="use one of"):
         build_causal_lm(tmp_path, "x", "int8", backend="inductor", source_cache=MODEL_CACHE)

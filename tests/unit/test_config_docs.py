@@ -11,9 +11,9 @@ from types import ModuleType
 import pytest
 from pydantic import BaseModel, Field
 
-from miaohui.generation.artifact import GenerationModelConfig
-from miaohui.generation.scheduler import SchedulerConfig
-from miaohui.generation.slot_options import SlotEngineOptions
+from miaohui.generation.build.artifact import GenerationModelConfig
+from miaohui.generation.engine.scheduler import SchedulerConfig
+from miaohui.generation.executors.slot_options import SlotEngineOptions
 from miaohui.serving.batcher import BatcherConfig
 from miaohui.serving.model_config import ModelConfig
 

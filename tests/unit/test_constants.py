@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from miaohui.generation.constants import with_constants
+from miaohui.generation.models.constants import with_constants
 
 
 def _heads_view(x: torch.Tensor, heads: int) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""miaohui's split-KV decode attention (``miaohui.generation.decode_attention``): under Triton's interpreter against
+"""miaohui's split-KV decode attention (``miaohui.generation.kernels.decode_attention``): under Triton's interpreter against
 the matmul form (the ``matmul`` decode path's arithmetic) for GQA groups of 1/3/6/8, head sizes 32–128, cache views
 sliced out of a bigger cache, positions from 0 to the last slot, batch 1 to 6 (one to many slices per row); compiled
 for the H200 (compute capability 9.0) on the CPU, as the GPU would compile them; the op's CPU path; the slicing plan.
@@ -10,13 +10,19 @@ import pytest
 import torch
 from tests.triton_checks import compile_for_h200, run_interpreted
 
-from miaohui.generation import decode_attention as da
-from miaohui.generation.decode_attention import BLOCK_T, BLOCK_T_BATCHED, TARGET_PROGRAMS, decode_attention_op, plan
-from miaohui.generation.decode_attention import matmul_decode_attention as reference
+from miaohui.generation.kernels import decode_attention as da
+from miaohui.generation.kernels.decode_attention import (
+    BLOCK_T,
+    BLOCK_T_BATCHED,
+    TARGET_PROGRAMS,
+    decode_attention_op,
+    plan,
+)
+from miaohui.generation.kernels.decode_attention import matmul_decode_attention as reference
 
 CHECK = """
 import torch
-from miaohui.generation.decode_attention import matmul_decode_attention, triton_decode_attention
+from miaohui.generation.kernels.decode_attention import matmul_decode_attention, triton_decode_attention
 
 torch.manual_seed(0)
 cases = [  # b, H, KVH, D, T (attended bucket), cache slots / max_len (a view of a bigger cache), dtype, target

@@ -186,7 +186,7 @@ class _LLM:
 
     def add(self, prompt_ids: list[int], params: Any, sink: Callable[[Any], None]) -> _Stream:
         from miaohui.errors import InputError
-        from miaohui.generation.engine_loop import TokenEvent
+        from miaohui.generation.engine.engine_loop import TokenEvent
 
         if prompt_ids == [0]:
             raise InputError("prompt is empty", "send a prompt")

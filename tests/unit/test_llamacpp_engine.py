@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from miaohui.errors import ConfigError
-from miaohui.generation.llamacpp_engine import import_xllamacpp, parse_chunk, request_body
-from miaohui.generation.params import SamplingParams
+from miaohui.generation.engine.llamacpp_engine import import_xllamacpp, parse_chunk, request_body
+from miaohui.generation.engine.params import SamplingParams
 
 
 def test_request_body_maps_sampling_params() -> None:

@@ -18,11 +18,11 @@ import numpy as np
 import pytest
 from fastapi import FastAPI
 
-from miaohui.generation.artifact import MARKER_NAME, CausalLMInfo, ChatTokenizer, causal_lm_names
-from miaohui.generation.base import CausalLMEngine
-from miaohui.generation.dims import DecoderDims
-from miaohui.generation.params import SamplingParams
-from miaohui.generation.scheduler import SchedulerConfig
+from miaohui.generation.build.artifact import MARKER_NAME, CausalLMInfo, ChatTokenizer, causal_lm_names
+from miaohui.generation.engine.params import SamplingParams
+from miaohui.generation.engine.scheduler import SchedulerConfig
+from miaohui.generation.executors.base import CausalLMEngine
+from miaohui.generation.models.dims import DecoderDims
 from miaohui.server.generation_service import LLMTextGenerator
 from miaohui.server.metrics import Metrics
 from miaohui.server.openai_api import GenerationService, openai_router
@@ -319,7 +319,7 @@ async def _chunks_of(events: list[Any], chat: bool = False) -> list[Any]:
     fell behind the engine), JSON-decoded like :func:`sse`."""
     from types import SimpleNamespace
 
-    from miaohui.generation.engine_loop import RequestStream
+    from miaohui.generation.engine.engine_loop import RequestStream
     from miaohui.server.openai_api import _Call, _stream_chunks
 
     stream = RequestStream(SimpleNamespace(abort=lambda rid: True), 7, 2)
@@ -332,7 +332,7 @@ async def _chunks_of(events: list[Any], chat: bool = False) -> list[Any]:
 
 
 async def test_tokens_queued_behind_a_slow_reader_go_out_in_one_chunk() -> None:
-    from miaohui.generation.engine_loop import EngineStoppedError, TokenEvent
+    from miaohui.generation.engine.engine_loop import EngineStoppedError, TokenEvent
 
     def tok(i: int, text: str, finish: str | None = None) -> TokenEvent:
         return TokenEvent(7, 10 + i, text, i, finish, 2, i)  # type: ignore[arg-type]

@@ -1,4 +1,4 @@
-"""The packed-prompt attention of mixed steps (``miaohui.generation.prompt_attention``): under Triton's interpreter
+"""The packed-prompt attention of mixed steps (``miaohui.generation.kernels.prompt_attention``): under Triton's interpreter
 against the matmul form and against the decode attention's arithmetic reading the same keys from the cache;
 compiled for the H200 on the CPU; the op's CPU path and the mixed step's attention op. The interpreter must
 be on before Triton is imported, so that check runs in a child process."""
@@ -9,14 +9,14 @@ import pytest
 import torch
 from tests.triton_checks import compile_for_h200, run_interpreted
 
-from miaohui.generation import prompt_attention as pa
-from miaohui.generation.decode_attention import matmul_decode_attention
-from miaohui.generation.mixed_step import mixed_attention_op
+from miaohui.generation.kernels import prompt_attention as pa
+from miaohui.generation.kernels.decode_attention import matmul_decode_attention
+from miaohui.generation.models.mixed_step import mixed_attention_op
 
 CHECK = """
 import torch
-from miaohui.generation.decode_attention import matmul_decode_attention
-from miaohui.generation.prompt_attention import matmul_prompt_attention, triton_prompt_attention
+from miaohui.generation.kernels.decode_attention import matmul_decode_attention
+from miaohui.generation.kernels.prompt_attention import matmul_prompt_attention, triton_prompt_attention
 
 torch.manual_seed(0)
 cases = [  # prompt lengths (then padding rows up to the bucket), bucket, H, KVH, D, dtype, block_m, block_n

@@ -14,12 +14,10 @@ import pytest
 from pydantic import ValidationError
 
 from miaohui.errors import ConfigError, InputError, QueueFullError
-from miaohui.generation.base import CausalLMEngine
-from miaohui.generation.dims import DecoderDims
-from miaohui.generation.engine_loop import AsyncLLMEngine, EngineStoppedError, LLMEngine
-from miaohui.generation.params import SamplingParams
-from miaohui.generation.sampling import make_rng, sample
-from miaohui.generation.scheduler import (
+from miaohui.generation.engine.engine_loop import AsyncLLMEngine, EngineStoppedError, LLMEngine
+from miaohui.generation.engine.params import SamplingParams
+from miaohui.generation.engine.sampling import make_rng, sample
+from miaohui.generation.engine.scheduler import (
     RunnerOutput,
     Scheduler,
     SchedulerConfig,
@@ -27,6 +25,8 @@ from miaohui.generation.scheduler import (
     SequenceStatus,
     SequenceUpdate,
 )
+from miaohui.generation.executors.base import CausalLMEngine
+from miaohui.generation.models.dims import DecoderDims
 
 EOS = 0
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8)

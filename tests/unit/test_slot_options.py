@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from miaohui.errors import ConfigError
-from miaohui.generation.slot_options import SlotEngineOptions, bucket_for
+from miaohui.generation.executors.slot_options import SlotEngineOptions, bucket_for
 
 
 def test_defaults_are_the_fast_kernel_forms() -> None:

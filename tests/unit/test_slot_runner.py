@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 
 from miaohui.errors import InputError
-from miaohui.generation.base import NumpyLogits, SlotCausalLMEngine, StepLogits
-from miaohui.generation.dims import DecoderDims
-from miaohui.generation.engine_loop import LLMEngine
-from miaohui.generation.params import SamplingParams
-from miaohui.generation.scheduler import SchedulerConfig
+from miaohui.generation.engine.engine_loop import LLMEngine
+from miaohui.generation.engine.params import SamplingParams
+from miaohui.generation.engine.scheduler import SchedulerConfig
+from miaohui.generation.executors.base import NumpyLogits, SlotCausalLMEngine, StepLogits
+from miaohui.generation.models.dims import DecoderDims
 
 VOCAB = 50
 DIMS = DecoderDims(
@@ -136,8 +136,8 @@ async def test_async_scheduling_streams_exactly_what_the_synchronous_loop_stream
         SamplingParams(max_tokens=5, temperature=1.0, seed=3),
         SamplingParams(max_tokens=8, temperature=0.0),
     ]
-    from miaohui.generation.engine_loop import AsyncLLMEngine
-    from miaohui.generation.scheduler import Scheduler
+    from miaohui.generation.engine.engine_loop import AsyncLLMEngine
+    from miaohui.generation.engine.scheduler import Scheduler
 
     runs, fed = [], []
     for chained in (False, True):
@@ -161,7 +161,7 @@ async def test_async_scheduling_cancel_frees_the_slot_while_a_step_is_in_flight(
     """An abort under async scheduling (the next step is usually already launched with the sequence in it): its
     token from that step is dropped, its slot goes back to the pool at the next launch, and the request waiting for
     the only slot then runs with the right tokens — the slot's stale device pick is not fed to it."""
-    from miaohui.generation.engine_loop import AsyncLLMEngine
+    from miaohui.generation.engine.engine_loop import AsyncLLMEngine
 
     engine = ChainingEngine(num_slots=1)
     llm = LLMEngine(engine, None, SchedulerConfig(max_running_seqs=1, max_batched_tokens=64, max_model_len=64))

@@ -1,6 +1,6 @@
-"""``int8_kernel: gemv_layer``'s kernels (``miaohui.generation.w8_layer``): the QKV product with RMSNorm, bias, RoPE
+"""``int8_kernel: gemv_layer``'s kernels (``miaohui.generation.kernels.w8_layer``): the QKV product with RMSNorm, bias, RoPE
 and the KV-cache write, and the gate/up product with SwiGLU, checked against the layer's own torch arithmetic
-(:func:`~miaohui.generation.static_kv_layers.attn_in` and the MLP's ``silu(gate) · up``) under Triton's interpreter
+(:func:`~miaohui.generation.models.static_kv_layers.attn_in` and the MLP's ``silu(gate) · up``) under Triton's interpreter
 (fp32), on the ops' CPU paths, and compiled for the H200."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 import torch
 from tests.triton_checks import compile_for_h200, run_interpreted
 
-from miaohui.generation.int8_weights import quantize_int8
-from miaohui.generation.w8_layer import (
+from miaohui.generation.kernels.int8_weights import quantize_int8
+from miaohui.generation.kernels.w8_layer import (
     interleave_glu,
     pair_halves,
     unpair_halves,
@@ -24,9 +24,9 @@ from miaohui.generation.w8_layer import (
 REFERENCE = """
 import torch
 from torch.nn import functional as F
-from miaohui.generation.int8_weights import quantize_int8
-from miaohui.generation.static_kv_layers import rope as _rope
-from miaohui.generation.w8_layer import interleave_glu, pair_halves
+from miaohui.generation.kernels.int8_weights import quantize_int8
+from miaohui.generation.models.static_kv_layers import rope as _rope
+from miaohui.generation.kernels.w8_layer import interleave_glu, pair_halves
 
 def qkv_reference(x, q, s, b, pos, cos, sin, heads, kv_heads, d):
     h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
@@ -48,7 +48,7 @@ def tables(t, d):
 CHECK = (
     REFERENCE
     + """
-from miaohui.generation.w8_layer import w8_gemv_glu, w8_gemv_rope
+from miaohui.generation.kernels.w8_layer import w8_gemv_glu, w8_gemv_rope
 torch.manual_seed(0)
 cases = [  # heads, kv heads, D, K, bias, position, (BLOCK_N, BLOCK_K, SPLIT, warps)
     (4, 2, 16, 64, True, 5, (4, 32, 1, 4)),  # GQA, bias, K in two blocks
@@ -109,7 +109,7 @@ def test_pairing_is_undone_by_unpair() -> None:
 
 def test_ops_on_the_cpu_match_the_layer_arithmetic() -> None:
     """The custom ops' torch paths (what CPU engines and the GPU tests' references run)."""
-    from miaohui.generation.static_kv_layers import rope as _rope
+    from miaohui.generation.models.static_kv_layers import rope as _rope
 
     torch.manual_seed(2)
     heads, kvh, d, k = 4, 2, 16, 32
@@ -148,7 +148,7 @@ def test_bad_shapes_are_named() -> None:
 def test_kernels_compile_for_the_h200() -> None:
     """Both kernels (1.5B shapes: QKV 2,048 × 1,536 with bias, gate/up 17,920 × 1,536), compiled to a cubin for
     compute capability 9.0 with 16-byte int8 loads."""
-    from miaohui.generation import w8_layer
+    from miaohui.generation.kernels import w8_layer
 
     rope = compile_for_h200(
         w8_layer._gemv_rope_kernel,
@@ -169,7 +169,7 @@ def test_kernels_compile_for_the_h200() -> None:
 
 
 def test_tiles_hold_whole_pairs_in_a_power_of_two() -> None:
-    from miaohui.generation.w8_layer import ROPE_BEST, _tile
+    from miaohui.generation.kernels.w8_layer import ROPE_BEST, _tile
 
     assert _tile(2048, 1536, None, ROPE_BEST) == (4, 512, 4)  # the measured QKV tile
     assert _tile(17920, 1536, None, {}) == (8, 512, 4)  # the one-row kernel's gate/up tile

@@ -1,4 +1,4 @@
-"""miaohui's one-row int8 kernel (``miaohui.generation.w8a16.w8_gemv``) checked on the CPU with Triton's interpreter
+"""miaohui's one-row int8 kernel (``miaohui.generation.kernels.w8a16.w8_gemv``) checked on the CPU with Triton's interpreter
 against ``F.linear`` with the dequantized weight: plain, with split K (ragged N and K, bias, fp16, leading dims), and
 its fused forms (the RMS of x with the norm weight folded into the int8 weight; the residual in the epilogue, also
 through the split-K reduce kernel). The interpreter must be switched on before Triton is imported, so the checks run
@@ -11,14 +11,14 @@ import pytest
 import torch
 from tests.triton_checks import compile_for_h200, run_interpreted
 
-from miaohui.generation.int8_weights import quantize_int8
-from miaohui.generation.w8a16 import GEMV_BEST, best_from_sweeps, gemv_config, w8_gemv, w8_gemv_fused_op
+from miaohui.generation.kernels.int8_weights import quantize_int8
+from miaohui.generation.kernels.w8a16 import GEMV_BEST, best_from_sweeps, gemv_config, w8_gemv, w8_gemv_fused_op
 
 CHECK = """
 import torch
 from torch.nn import functional as F
-from miaohui.generation.int8_weights import quantize_int8
-from miaohui.generation.w8a16 import w8_gemv
+from miaohui.generation.kernels.int8_weights import quantize_int8
+from miaohui.generation.kernels.w8a16 import w8_gemv
 
 torch.manual_seed(0)
 plain = [  # x shape, N, K, bias, dtype, (BLOCK_N, BLOCK_K, SPLIT, warps)
@@ -66,7 +66,7 @@ def test_one_row_kernel_and_its_fused_forms_match_the_dequantized_linear_under_t
 
 def test_triton_is_installed() -> None:
     """A dev dependency (pyproject ``[dev]``): without it the interpreter check above could not run."""
-    from miaohui.generation import w8a16
+    from miaohui.generation.kernels import w8a16
 
     assert w8a16.available()
 
@@ -120,7 +120,7 @@ def test_residual_of_the_wrong_size_is_named() -> None:
 def test_one_row_kernels_compile_for_the_h200(fused: bool) -> None:
     """``_gemv_kernel`` (plain with split K, and with the RMS and residual) and its split-K reduction, compiled down
     to a cubin for compute capability 9.0 on the CPU (``tests/triton_checks.py``)."""
-    from miaohui.generation import w8a16
+    from miaohui.generation.kernels import w8a16
 
     flags = {"HAS_BIAS": not fused, "HAS_RES": fused}
     gemv = compile_for_h200(

@@ -214,9 +214,9 @@ def negotiation_prompts(user_turns: Sequence[str] | None = None) -> list[list[Ch
 def _generate(folder: Path, prompts: list[list[ChatMessage]], max_tokens: int) -> tuple[str, list[str]]:
     from tokenizers import Tokenizer
 
-    from miaohui.generation.engine_loop import LLMEngine
-    from miaohui.generation.ort_engine import OrtCausalLMEngine
-    from miaohui.generation.params import SamplingParams
+    from miaohui.generation.engine.engine_loop import LLMEngine
+    from miaohui.generation.engine.params import SamplingParams
+    from miaohui.generation.executors.ort_engine import OrtCausalLMEngine
     from miaohui.zoo.smollm import encode_chat
 
     engine = OrtCausalLMEngine(folder)

@@ -13,7 +13,7 @@ routes with templates when there is no generator:
 * :class:`ChatFunctionGenerator` — an OpenAI-style chat callable: ``await create(model=..., messages=...,
   max_tokens=..., temperature=...)`` returning a chat completion (dict or the ``openai`` client's object),
   e.g. ``openai.AsyncOpenAI(base_url=...).chat.completions.create``.
-* :class:`EngineGenerator` — miaohui's own :class:`~miaohui.generation.engine_loop.AsyncLLMEngine` with a
+* :class:`EngineGenerator` — miaohui's own :class:`~miaohui.generation.engine.engine_loop.AsyncLLMEngine` with a
   chat encoder (messages → prompt token ids). The server uses
   :class:`~miaohui.server.generation_service.LLMTextGenerator` (the same over its generation service).
 
@@ -41,7 +41,7 @@ from miaohui.models.decision import IntentDecision, decide
 
 if TYPE_CHECKING:
     from miaohui.engines.base import Engine
-    from miaohui.generation.engine_loop import AsyncLLMEngine
+    from miaohui.generation.engine.engine_loop import AsyncLLMEngine
     from miaohui.nlp.tokenizer import TextTokenizer
     from miaohui.serving.repository import ModelManager
     from miaohui.serving.served import ServedVersion
@@ -287,7 +287,7 @@ class EngineGenerator:
         self.seed = seed
 
     async def generate(self, messages: list[ChatMessage], max_tokens: int, temperature: float = 0.0) -> str:
-        from miaohui.generation.params import SamplingParams
+        from miaohui.generation.engine.params import SamplingParams
 
         params = SamplingParams.create(max_tokens=max_tokens, temperature=temperature, seed=self.seed)
         prompt = await asyncio.to_thread(self.encode, messages)

@@ -49,7 +49,7 @@ def build_app(
 
     ``worker`` / ``workers`` / ``engine_socket``: this process's place among the processes of ``--workers N``
     (:class:`~miaohui.server.state.ServeSpec`); with ``engine_socket`` the models run in the engine process."""
-    from miaohui.generation.artifact import causal_lm_names
+    from miaohui.generation.build.artifact import causal_lm_names
     from miaohui.server.console import mount_console
     from miaohui.server.dialogue_api import DialogueService
     from miaohui.server.generation_service import GenerationService, LLMTextGenerator

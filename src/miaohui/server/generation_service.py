@@ -1,7 +1,7 @@
 """The server's causal-LM engines: one :class:`AsyncLLMEngine` per causal-LM model of the repository.
 
 :class:`GenerationService` loads the newest version of each causal-LM model (see
-:mod:`miaohui.generation.artifact` for the layout) on ONNX Runtime, warms it up (one short prefill +
+:mod:`miaohui.generation.build.artifact` for the layout) on ONNX Runtime, warms it up (one short prefill +
 decode) and starts its loop; ``stop()`` stops them (unfinished streams end with an error). Metrics go to
 the server's :class:`Metrics` through :class:`~miaohui.server.observer_metrics.MetricsObserver`.
 :class:`LLMTextGenerator` lets the dialogue pipelines use a served model for their replies.
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from miaohui.errors import ModelNotFoundError
-from miaohui.generation.artifact import (
+from miaohui.generation.build.artifact import (
     CONFIG_NAME,
     CausalLMInfo,
     ChatTokenizer,
@@ -27,20 +27,20 @@ from miaohui.generation.artifact import (
     load_generation_config,
     read_info,
 )
-from miaohui.generation.engine_loop import AsyncLLMEngine, LLMEngine
-from miaohui.generation.llamacpp_engine import LlamaCppLLMEngine
-from miaohui.generation.observer import GenerationObserver
-from miaohui.generation.params import SamplingParams
-from miaohui.generation.scheduler import SchedulerConfig
+from miaohui.generation.engine.engine_loop import AsyncLLMEngine, LLMEngine
+from miaohui.generation.engine.llamacpp_engine import LlamaCppLLMEngine
+from miaohui.generation.engine.observer import GenerationObserver
+from miaohui.generation.engine.params import SamplingParams
+from miaohui.generation.engine.scheduler import SchedulerConfig
 from miaohui.server.status import message
 from miaohui.serving.engine_process import EngineClient
 from miaohui.serving.remote_llm import RemoteLLMEngine
 
 if TYPE_CHECKING:
     from miaohui.dialogue.pipeline import ChatMessage
-    from miaohui.generation.base import AnyCausalLMEngine
-    from miaohui.generation.slot_engine import TorchSlotEngine
-    from miaohui.generation.slot_options import SlotEngineOptions
+    from miaohui.generation.executors.base import AnyCausalLMEngine
+    from miaohui.generation.executors.slot_engine import TorchSlotEngine
+    from miaohui.generation.executors.slot_options import SlotEngineOptions
     from miaohui.server.metrics import Metrics
 
 log = logging.getLogger("miaohui.generation")
@@ -127,7 +127,7 @@ class GenerationService:
         self._started = True
 
     async def _load(self, name: str) -> LoadedLLM:
-        from miaohui.generation.ort_engine import OrtCausalLMEngine
+        from miaohui.generation.executors.ort_engine import OrtCausalLMEngine
 
         model_dir = self.repository / name
         version = latest_version(model_dir)
@@ -236,7 +236,7 @@ class GenerationService:
 
 def _load_static(path: Path, options: SlotEngineOptions | None) -> TorchSlotEngine:
     """Load an ``inductor`` causal-LM version and compile / capture its CUDA graphs (the warm-up)."""
-    from miaohui.generation.static_artifact import load_slot_engine
+    from miaohui.generation.build.static_artifact import load_slot_engine
 
     engine = load_slot_engine(path, options)
     try:

@@ -12,7 +12,7 @@ Label children are bound once here, so a hook costs one ``observe``/``inc``/``se
 
 from __future__ import annotations
 
-from miaohui.generation.observer import GenerationObserver, StepReport
+from miaohui.generation.engine.observer import GenerationObserver, StepReport
 from miaohui.server.metrics import Metrics, observe_many
 
 

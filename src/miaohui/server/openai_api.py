@@ -31,7 +31,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from miaohui.errors import MiaohuiError, ModelNotFoundError
-from miaohui.generation.engine_loop import EngineStoppedError, RequestStream, TokenEvent
+from miaohui.generation.engine.engine_loop import EngineStoppedError, RequestStream, TokenEvent
 from miaohui.server.generation_service import GenerationService, LoadedLLM
 from miaohui.server.metrics import UNKNOWN_MODEL, Metrics
 from miaohui.server.openai_schema import (

@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from miaohui.errors import InputError, MiaohuiError
-from miaohui.generation.params import SamplingParams
+from miaohui.generation.engine.params import SamplingParams
 
 MAX_TOKENS_LIMIT = 32_768
 """``SamplingParams.max_tokens`` upper bound; a request without max_tokens gets min(this, room left)."""

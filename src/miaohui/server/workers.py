@@ -152,7 +152,7 @@ def _engine_main(spec: ServeSpec, path: str, events: Any) -> None:
 async def _engine_serve(spec: ServeSpec, path: str, events: Any) -> None:
     """Load and warm up the encoder models and the causal LMs, then answer the workers until cancelled (SIGTERM)."""
     from miaohui.gcpolicy import flush_pauses_every, freeze_heap
-    from miaohui.generation.artifact import causal_lm_names
+    from miaohui.generation.build.artifact import causal_lm_names
     from miaohui.server.generation_service import GenerationService
     from miaohui.server.metrics import Metrics
     from miaohui.serving.engine_process import EngineServer

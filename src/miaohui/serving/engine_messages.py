@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
-    from miaohui.generation.engine_loop import FinishReason
+    from miaohui.generation.engine.engine_loop import FinishReason
 
 __all__ = [
     "Abort",
@@ -106,8 +106,8 @@ class Err(NamedTuple):
 
 TokenRow = tuple[int, "int | None", str, int, "FinishReason | None", int, int]
 """One generated token: (sid, token_id, text, generated so far, finish_reason, prompt_tokens, completion_tokens), the
-fields of :class:`~miaohui.generation.engine_loop.TokenEvent` for request ``sid``. A plain tuple on purpose: frames
-carry one per token per decode step, and a tuple of a class of its own costs ~8x more to pickle and unpickle."""
+fields of :class:`~miaohui.generation.engine.engine_loop.TokenEvent` for request ``sid``. A plain tuple on purpose:
+frames carry one per token per decode step, and a tuple of a class of its own costs ~8x more to pickle and unpickle."""
 
 
 class StreamError(NamedTuple):

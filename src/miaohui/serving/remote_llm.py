@@ -1,6 +1,6 @@
 """A causal LM served by the engine process of ``--workers N --shared-engine``, as an HTTP worker sees it.
 
-:class:`RemoteLLMEngine` has the part of :class:`~miaohui.generation.engine_loop.AsyncLLMEngine`'s interface the
+:class:`RemoteLLMEngine` has the part of :class:`~miaohui.generation.engine.engine_loop.AsyncLLMEngine`'s interface the
 OpenAI routes and the dialogue pipelines use (``add`` → a :class:`RequestStream`, ``generate``, ``abort``,
 ``start``/``stop``, ``is_running``). The request goes to the engine process over the worker's
 :class:`~miaohui.serving.engine_process.EngineClient`; the engine process runs the one continuous-batching loop of
@@ -16,14 +16,14 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from miaohui.generation.engine_loop import (
+from miaohui.generation.engine.engine_loop import (
     EngineStoppedError,
     RequestStream,
     TokenEvent,
     check_token_ids,
     stream_events,
 )
-from miaohui.generation.params import SamplingParams
+from miaohui.generation.engine.params import SamplingParams
 from miaohui.serving.engine_messages import StreamError, StreamItem
 from miaohui.serving.engine_process import EngineClient, remote_error
 

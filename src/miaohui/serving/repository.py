@@ -64,7 +64,7 @@ class ModelManager:
     def names_on_disk(self) -> list[str]:
         if not self.repository.is_dir():
             return []
-        from miaohui.generation.artifact import is_causal_lm_model
+        from miaohui.generation.build.artifact import is_causal_lm_model
 
         return sorted(
             p.name

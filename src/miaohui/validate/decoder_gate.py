@@ -30,7 +30,7 @@ from pydantic import BaseModel, Field
 
 from miaohui.config import Frozen
 from miaohui.errors import ArtifactError, ConfigError, ModelNotFoundError
-from miaohui.generation.artifact import (
+from miaohui.generation.build.artifact import (
     MARKER_NAME,
     CausalLMInfo,
     ChatTokenizer,
@@ -147,7 +147,7 @@ class _Stepper(Protocol):
 
 class _OrtStepper:
     def __init__(self, folder: Path) -> None:
-        from miaohui.generation.ort_engine import OrtCausalLMEngine
+        from miaohui.generation.executors.ort_engine import OrtCausalLMEngine
 
         self.engine = OrtCausalLMEngine(folder)
         self.eos = set(self.engine.meta.eos_token_ids)
@@ -166,7 +166,7 @@ class _SlotStepper:
     """An ``inductor`` version on its static-KV engine (GPU), one slot."""
 
     def __init__(self, folder: Path) -> None:
-        from miaohui.generation.static_artifact import load_slot_engine, read_static_meta
+        from miaohui.generation.build.static_artifact import load_slot_engine, read_static_meta
 
         self.engine = load_slot_engine(folder)
         self.engine.warmup()
@@ -186,8 +186,8 @@ class _LlamaCppStepper:
     reference's tokens the same way; llama.cpp returns no logits, its greedy pick is the argmax)."""
 
     def __init__(self, folder: Path) -> None:
-        from miaohui.generation.llamacpp_artifact import read_llamacpp_meta
-        from miaohui.generation.llamacpp_engine import open_server
+        from miaohui.generation.build.llamacpp_artifact import read_llamacpp_meta
+        from miaohui.generation.engine.llamacpp_engine import open_server
 
         meta = read_llamacpp_meta(folder)
         self.server = open_server(folder, 1, min(meta.max_positions, 2048), None)

@@ -29,8 +29,8 @@ class SlotEngineOptions(Frozen):
     """Inductor ``max-autotune-no-cudagraphs`` for decode (slower warm-up, sometimes faster steps)."""
     decode_attention: Literal["matmul", "triton"] = "triton"
     """Decode's attention over the cache. ``triton`` (default): miaohui's split-KV decode kernels
-    (:mod:`miaohui.generation.decode_attention`), which read each row's cache only up to its position; faster than
-    the matmul form at every batch measured on the H200. ``matmul``: two batched matmuls around a softmax over the
+    (:mod:`miaohui.generation.kernels.decode_attention`), which read each row's cache only up to its position; faster
+    than the matmul form at every batch measured on the H200. ``matmul``: two batched matmuls around a softmax over the
     whole attended-length bucket, the reference form. On the CPU, or with a head size that is not a power of two, the
     triton op computes the matmul form."""
     int8_batch1: bool = False
@@ -40,9 +40,9 @@ class SlotEngineOptions(Frozen):
     model-dtype weights, so a sequence's tokens may differ with whether it decoded alone: off by default."""
     int8_kernel: Literal["inductor", "gemv_layer"] = "gemv_layer"
     """The kernels that read the int8 copy in steps of one row. ``gemv_layer`` (default, the faster on the H200):
-    miaohui's one-row Triton kernels (:mod:`miaohui.generation.w8_layer`) with the RMSNorms folded in, the QKV kernel
-    also applying RoPE and writing the key/value into the cache, the gate/up kernel writing ``silu(gate) · up`` and
-    the O/down kernels adding the residual: six kernels per layer. ``inductor``: the dequantizing ``F.linear``
+    miaohui's one-row Triton kernels (:mod:`miaohui.generation.kernels.w8_layer`) with the RMSNorms folded in, the QKV
+    kernel also applying RoPE and writing the key/value into the cache, the gate/up kernel writing ``silu(gate) · up``
+    and the O/down kernels adding the residual: six kernels per layer. ``inductor``: the dequantizing ``F.linear``
     compiled by Inductor with coordinate-descent tuning into one Triton reduction per GEMM (gpt-fast's recipe), the
     reference form."""
     batch_buckets: tuple[int, ...] = ()
@@ -56,15 +56,15 @@ class SlotEngineOptions(Frozen):
     busy under many streams. Off by default, where it costs padding and capture time for nothing (CPU engines, batch
     jobs); the GPU server benchmarks turn it on (``bench_generation_gpu.py --static-prefill``). With it the engine
     caps the scheduler's prefills at the largest prompts bucket
-    (:attr:`~miaohui.generation.base.SlotCausalLMEngine.max_prefill_prompts`). On a CPU the same padded path runs
-    eagerly (tests)."""
+    (:attr:`~miaohui.generation.executors.base.SlotCausalLMEngine.max_prefill_prompts`). On a CPU the same padded path
+    runs eagerly (tests)."""
     prefill_batch_buckets: tuple[int, ...] = (1, 2, 4, 8)
     """Prompts per static prefill; more new prompts in one step are prefilled eagerly."""
     prefill_length_buckets: tuple[int, ...] = ()
     """Padded prompt lengths (default: 16, 32, ... up to max_len); longer prompts are prefilled eagerly."""
 
     mixed_prefill_tokens: tuple[int, ...] = (128, 256, 512)
-    """Mixed steps (:mod:`miaohui.generation.mixed_step`): when a step both decodes and takes new prompts, the
+    """Mixed steps (:mod:`miaohui.generation.models.mixed_step`): when a step both decodes and takes new prompts, the
     prompts' tokens run as extra rows of the decode step (one pass over the weights, not two; vLLM's chunked-prefill
     idea), padded to the smallest of these token counts that holds them; one CUDA graph per (batch, length, token)
     bucket. Prompts that fit no bucket (or more than ``mixed_prefill_prompts``) take the separate prefill; empty: off.

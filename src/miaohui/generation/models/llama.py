@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from miaohui.generation.dims import DecoderDims
+from miaohui.generation.models.dims import DecoderDims
 
 if TYPE_CHECKING:
     from transformers import LlamaForCausalLM

@@ -21,7 +21,7 @@ from types import TracebackType
 import numpy as np
 
 from miaohui.errors import InputError, ShapeError
-from miaohui.generation.dims import DecoderDims
+from miaohui.generation.models.dims import DecoderDims
 
 
 def check_token_ids(ids: np.ndarray, vocab: int) -> None:
@@ -221,7 +221,7 @@ class SlotCausalLMEngine(abc.ABC):
     """A decoder that owns a static KV cache of ``num_slots`` rows (the GPU engine).
 
     A sequence is prefilled into a free slot and decoded there until it finishes; the caller (the
-    :class:`~miaohui.generation.slot_runner.SlotModelRunner`) chooses slots and frees them. The engine
+    :class:`~miaohui.generation.engine.slot_runner.SlotModelRunner`) chooses slots and frees them. The engine
     keeps each slot's length. Logits come back as :class:`StepLogits`, so greedy rows never copy the
     vocabulary-wide logits to the host.
     """
@@ -234,7 +234,7 @@ class SlotCausalLMEngine(abc.ABC):
     previous step (decode or prefill), so a step can be launched before the previous one's tokens reach the host."""
     max_prefill_prompts: int | None = None
     """The most prompts one prefill runs at full speed (a static prefill's largest bucket, or the most prompts of a
-    mixed step); more fall back to a slower path. :class:`~miaohui.generation.engine_loop.LLMEngine` caps its
+    mixed step); more fall back to a slower path. :class:`~miaohui.generation.engine.engine_loop.LLMEngine` caps its
     scheduler's prefills there unless the scheduler config names its own ``max_prefill_seqs``. None: no such limit."""
     chaining: bool = False
     """Set (by :meth:`SlotModelRunner.enable_chaining`) when steps are launched before the previous one was read:
@@ -278,8 +278,8 @@ class SlotCausalLMEngine(abc.ABC):
         prompts: Sequence[Sequence[int]],
     ) -> tuple[StepLogits, StepLogits] | None:
         """:meth:`decode` of ``slots`` and :meth:`prefill` of ``prompts`` into ``new_slots`` as one step where the
-        engine runs them together (a *mixed* step; :mod:`miaohui.generation.mixed_step`); None where it does not (or
-        not for these prompts): then call the two."""
+        engine runs them together (a *mixed* step; :mod:`miaohui.generation.models.mixed_step`); None where it does not
+        (or not for these prompts): then call the two."""
         pos = self._decode_positions(slots, tokens)
         self._check_prompts(new_slots, prompts)
         if set(slots) & set(new_slots):

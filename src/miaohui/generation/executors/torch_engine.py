@@ -1,5 +1,5 @@
 """The PyTorch eager engine (the baseline of our own engines): the explicit-KV module of
-:mod:`miaohui.generation.llama`, built from an HF model and sharing its weights, in fp32 eager mode.
+:mod:`miaohui.generation.models.llama`, built from an HF model and sharing its weights, in fp32 eager mode.
 
 Same API and KV layout as the ONNX Runtime engine; numpy in and out (``torch.from_numpy`` / ``.numpy()``
 share memory, no copies). HF ``generate`` itself is the other baseline, measured in the benchmark.
@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from miaohui.generation.base import CausalLMEngine
+from miaohui.generation.executors.base import CausalLMEngine
 
 if TYPE_CHECKING:
     from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
 
-    from miaohui.generation.llama import KVLlama
+    from miaohui.generation.models.llama import KVLlama
 
 
 class TorchCausalLMEngine(CausalLMEngine):
@@ -29,7 +29,7 @@ class TorchCausalLMEngine(CausalLMEngine):
     ) -> None:
         import torch
 
-        from miaohui.generation.llama import KVLlama
+        from miaohui.generation.models.llama import KVLlama
 
         if threads is not None:
             torch.set_num_threads(threads)

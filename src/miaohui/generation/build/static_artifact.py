@@ -3,7 +3,7 @@
 A version folder holds ``causal_lm.json`` (backend ``inductor``), ``static_decoder.json``
 (:class:`StaticDecoderMeta`), ``config.json`` (the HF config), ``weights.safetensors`` (HF tensor names,
 in the build precision) and ``tokenizer.json``. Serving needs neither ``transformers`` nor ONNX: the
-weights go straight into a :class:`~miaohui.generation.static_kv.StaticKVDecoder`, and Inductor compiles
+weights go straight into a :class:`~miaohui.generation.models.static_kv.StaticKVDecoder`, and Inductor compiles
 and CUDA-graphs it during warm-up (its compile cache makes later loads faster).
 
 Every save is checked: the static-KV module, built in fp32 from the same HF model, must match HF's own
@@ -25,8 +25,8 @@ if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-    from miaohui.generation.slot_engine import TorchSlotEngine
-    from miaohui.generation.slot_options import SlotEngineOptions
+    from miaohui.generation.executors.slot_engine import TorchSlotEngine
+    from miaohui.generation.executors.slot_options import SlotEngineOptions
 
 META_NAME = "static_decoder.json"
 WEIGHTS_NAME = "weights.safetensors"
@@ -50,7 +50,7 @@ def _check(hf_model: PreTrainedModel, prompt: list[int], tolerance: float) -> fl
     """Max |logit error| of the fp32 static-KV module against HF on ``prompt`` (prefill) and one decode."""
     import torch
 
-    from miaohui.generation.static_kv import StaticKVDecoder
+    from miaohui.generation.models.static_kv import StaticKVDecoder
 
     ref_model = hf_model
     if next(hf_model.parameters()).dtype != torch.float32:  # compare against an fp32 copy, never in place
@@ -89,8 +89,8 @@ def save_static_decoder(
     """Write the version files (see the module docstring) into ``folder`` (which must exist)."""
     from safetensors.torch import save_file
 
-    from miaohui.generation.dims import DecoderDims
-    from miaohui.generation.slot_engine import DTYPES
+    from miaohui.generation.models.dims import DecoderDims
+    from miaohui.generation.executors.slot_engine import DTYPES
 
     started = time.perf_counter()
     err = _check(hf_model, check_prompt or [1, 2, 3, 4, 5, 6, 7, 8], tolerance)
@@ -131,8 +131,8 @@ def load_slot_engine(folder: Path, options: SlotEngineOptions | None = None) -> 
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    from miaohui.generation.slot_engine import TorchSlotEngine, resolve_device
-    from miaohui.generation.slot_options import SlotEngineOptions
+    from miaohui.generation.executors.slot_engine import TorchSlotEngine, resolve_device
+    from miaohui.generation.executors.slot_options import SlotEngineOptions
 
     meta = read_static_meta(folder)
     opts = options or SlotEngineOptions(dtype=meta.precision)

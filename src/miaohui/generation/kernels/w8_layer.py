@@ -1,9 +1,9 @@
 """One-row int8 kernels that also do their layer's neighbouring work (``SlotEngineOptions.int8_kernel: gemv_layer``).
 
-With only the RMSNorm and residual folded into the matrix-vector products (:func:`miaohui.generation.w8a16.w8_gemv`),
-a decode layer at batch 1 is nine kernels: four products, RoPE of the query, RoPE of the key with the KV-cache write,
-SiLU·up, and the attention's two; the small ones cost a launch and a gap each for a few KB of work. Here two products
-take them in:
+With only the RMSNorm and residual folded into the matrix-vector products
+(:func:`miaohui.generation.kernels.w8a16.w8_gemv`), a decode layer at batch 1 is nine kernels: four products, RoPE of
+the query, RoPE of the key with the KV-cache write, SiLU·up, and the attention's two; the small ones cost a launch and
+a gap each for a few KB of work. Here two products take them in:
 
 * :func:`w8_gemv_rope` — the QKV product with RMSNorm, bias, RoPE of the query and key heads, and the key/value
   written into the cache at the row's position; returns the query. Its weight rows are stored pair-wise per head
@@ -11,8 +11,8 @@ take them in:
 * :func:`w8_gemv_glu` — the gate/up product with RMSNorm and SwiGLU: rows stored gate, up, gate, up…
   (:func:`interleave_glu`), the program's epilogue writes ``silu(gate) · up``.
 
-So a layer is six kernels. Both keep the matrix-vector loop of :func:`~miaohui.generation.w8a16.w8_gemv` (one slice
-of K per program, no split) and its measured tile per weight shape.
+So a layer is six kernels. Both keep the matrix-vector loop of :func:`~miaohui.generation.kernels.w8a16.w8_gemv` (one
+slice of K per program, no split) and its measured tile per weight shape.
 
 They sit behind custom ops (opaque to ``torch.compile``, captured by CUDA graphs); on the CPU, or without Triton, the
 ops compute the same in torch. Checked on the CPU under Triton's interpreter and compiled for compute capability 9.0
@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
-from miaohui.generation.w8a16 import GemvConfig, gemv_config
+from miaohui.generation.kernels.w8a16 import GemvConfig, gemv_config
 
 try:  # Triton comes with CUDA builds of torch; CPU installs may lack it
     import triton
@@ -298,7 +298,8 @@ def w8_gemv_rope_op(
     rms_eps: float,
 ) -> torch.Tensor:
     """:func:`w8_gemv_rope` on CUDA (``rms_eps`` ≤ 0: no norm); the same in torch elsewhere (RoPE in fp32 of the
-    product rounded to x's dtype, as the layer's :func:`~miaohui.generation.static_kv_layers.attn_in` computes it)."""
+    product rounded to x's dtype, as the layer's :func:`~miaohui.generation.models.static_kv_layers.attn_in` computes
+    it)."""
     if x.is_cuda and triton is not None:
         return w8_gemv_rope(x, q, scale, bias, positions, cos, sin, k_cache, v_cache, heads, rms_eps or None)
     kv_heads, d = k_cache.shape[1], k_cache.shape[3]

@@ -1,4 +1,4 @@
-"""Causal attention of packed prompts (a mixed step's prompt rows, :mod:`~miaohui.generation.mixed_step`), as one
+"""Causal attention of packed prompts (a mixed step's prompt rows, :mod:`~miaohui.generation.models.mixed_step`), as one
 flash-attention Triton kernel over the rows' own keys and values.
 
 A mixed step packs its prompts' tokens one after another: prompt i's tokens are contiguous rows at positions 0, 1,
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from miaohui.generation.decode_attention import supported
+from miaohui.generation.kernels.decode_attention import supported
 
 try:  # Triton comes with CUDA builds of torch; CPU installs may lack it
     import triton

@@ -1,6 +1,6 @@
 """The GPU generation engine (backend ``inductor``): a static-KV decoder, compiled, one CUDA graph per bucket.
 
-:class:`TorchSlotEngine` wraps a :class:`~miaohui.generation.static_kv.StaticKVDecoder`:
+:class:`TorchSlotEngine` wraps a :class:`~miaohui.generation.models.static_kv.StaticKVDecoder`:
 
 * **decode** — the running rows are padded to the next *batch bucket* (rows are slots, so the bucket is
   the smallest one holding the highest slot in use; the runner hands out the lowest free slot, which
@@ -34,10 +34,10 @@ import numpy as np
 import torch
 
 from miaohui.errors import ConfigError
-from miaohui.generation import mixed_step
-from miaohui.generation.base import SlotCausalLMEngine, StepLogits
-from miaohui.generation.slot_options import SlotEngineOptions, bucket_for
-from miaohui.generation.static_kv import StaticKVDecoder
+from miaohui.generation.executors.base import SlotCausalLMEngine, StepLogits
+from miaohui.generation.executors.slot_options import SlotEngineOptions, bucket_for
+from miaohui.generation.models import mixed_step
+from miaohui.generation.models.static_kv import StaticKVDecoder
 
 logger = logging.getLogger(__name__)
 
@@ -494,8 +494,8 @@ class TorchSlotEngine(SlotCausalLMEngine):
         new_slots: list[int],
         prompts: list[list[int]],
     ) -> tuple[StepLogits, StepLogits] | None:
-        """The decode and the prefill as one mixed step (:mod:`~miaohui.generation.mixed_step`); None when mixed steps
-        are off, the prompts fit no token bucket, or (with CUDA graphs) the bucket has no graph."""
+        """The decode and the prefill as one mixed step (:mod:`~miaohui.generation.models.mixed_step`); None when mixed
+        steps are off, the prompts fit no token bucket, or (with CUDA graphs) the bucket has no graph."""
         n, total = len(prompts), sum(len(p) for p in prompts)
         if not self.mixed_tokens or n > self.mixed_prompts or total > self.mixed_tokens[-1]:
             return None

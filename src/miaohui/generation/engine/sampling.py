@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from miaohui.errors import ShapeError
-from miaohui.generation.params import SamplingParams
+from miaohui.generation.engine.params import SamplingParams
 
 __all__ = ["SamplingParams", "make_rng", "sample", "sample_batch"]
 

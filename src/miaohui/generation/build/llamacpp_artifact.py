@@ -1,4 +1,4 @@
-"""``llamacpp`` causal-LM versions: the GGUF itself, served by llama.cpp (:mod:`miaohui.generation.llamacpp_engine`).
+"""``llamacpp`` causal-LM versions: the GGUF itself, served by llama.cpp (:mod:`miaohui.generation.engine.llamacpp_engine`).
 
 Layout of a version::
 
@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict
 from miaohui.errors import ArtifactError, ConfigError
 
 if TYPE_CHECKING:
-    from miaohui.generation.sources import DecoderSource
+    from miaohui.generation.build.sources import DecoderSource
 
 META_NAME = "llamacpp.json"
 GGUF_NAME = "model.gguf"
@@ -100,8 +100,8 @@ def check_llamacpp_source(src: DecoderSource, precision: str) -> Path:
 
 def write_llamacpp_files(out: Path, src: DecoderSource, model: Any, tokenizer: Any) -> str:
     """Put the GGUF (hard link, else copy), ``tokenizer.json`` and ``llamacpp.json`` into ``out``; the precision."""
-    from miaohui.generation.export import eos_ids
-    from miaohui.generation.sources import gguf_architecture
+    from miaohui.generation.build.export import eos_ids
+    from miaohui.generation.build.sources import gguf_architecture
 
     gguf = Path(src.path)
     tokenizer_json = src.folder / "tokenizer.json"

@@ -30,10 +30,10 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Protocol
 
 from miaohui.errors import ConfigError, InputError, MiaohuiError
-from miaohui.generation.observer import GenerationObserver, StepReport, safe_call
-from miaohui.generation.params import SamplingParams
-from miaohui.generation.runner import Collect, ModelRunner
-from miaohui.generation.scheduler import (
+from miaohui.generation.engine.observer import GenerationObserver, StepReport, safe_call
+from miaohui.generation.engine.params import SamplingParams
+from miaohui.generation.engine.runner import Collect, ModelRunner
+from miaohui.generation.engine.scheduler import (
     Advanced,
     FinishReason,
     RunnerOutput,
@@ -42,13 +42,13 @@ from miaohui.generation.scheduler import (
     SchedulerOutput,
     SequenceUpdate,
 )
-from miaohui.generation.slot_runner import SlotModelRunner
+from miaohui.generation.engine.slot_runner import SlotModelRunner
 from miaohui.gil import GENERATION_SWITCH_US, apply_switch_interval
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
-    from miaohui.generation.base import AnyCausalLMEngine
+    from miaohui.generation.executors.base import AnyCausalLMEngine
 
 logger = logging.getLogger(__name__)
 
@@ -132,8 +132,8 @@ class LLMEngine:
     def __init__(
         self, engine: AnyCausalLMEngine, tokenizer: Tokenizer | None, config: SchedulerConfig | None = None
     ) -> None:
-        from miaohui.generation.base import SlotCausalLMEngine
-        from miaohui.generation.detok import detokenizer_factory
+        from miaohui.generation.engine.detok import detokenizer_factory
+        from miaohui.generation.executors.base import SlotCausalLMEngine
 
         self.engine = engine
         self.tokenizer = tokenizer

@@ -39,7 +39,7 @@ class StepReport:
 
 
 class GenerationObserver:
-    """No-op metrics hooks of :class:`~miaohui.generation.engine_loop.AsyncLLMEngine`."""
+    """No-op metrics hooks of :class:`~miaohui.generation.engine.engine_loop.AsyncLLMEngine`."""
 
     def on_first_token(self, ttft_s: float) -> None:
         """A request's first token was streamed ``ttft_s`` after it was added (queue wait + prefill)."""

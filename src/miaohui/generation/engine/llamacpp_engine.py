@@ -1,5 +1,5 @@
 """The ``llamacpp`` backend's engine: llama.cpp's own server (the ``xllamacpp`` wheel) in this process, behind the
-interface of :class:`~miaohui.generation.engine_loop.AsyncLLMEngine`.
+interface of :class:`~miaohui.generation.engine.engine_loop.AsyncLLMEngine`.
 
 Why an engine-loop-level adapter, not a slot engine under miaohui's scheduler: ``xllamacpp`` exposes llama.cpp's
 server (``Server.handle_completions`` and friends, thread-safe, continuous batching over ``n_parallel`` slots), not
@@ -44,11 +44,17 @@ from typing import Any
 
 from miaohui.engines.target import usable_cores
 from miaohui.errors import ConfigError, InputError, QueueFullError
-from miaohui.generation.engine_loop import EngineStoppedError, RequestStream, TokenEvent, check_token_ids, stream_events
-from miaohui.generation.llamacpp_artifact import GGUF_NAME, LlamaCppMeta, read_llamacpp_meta
-from miaohui.generation.observer import GenerationObserver, safe_call
-from miaohui.generation.params import SamplingParams
-from miaohui.generation.scheduler import FinishReason, SchedulerConfig, find_stop
+from miaohui.generation.build.llamacpp_artifact import GGUF_NAME, LlamaCppMeta, read_llamacpp_meta
+from miaohui.generation.engine.engine_loop import (
+    EngineStoppedError,
+    RequestStream,
+    TokenEvent,
+    check_token_ids,
+    stream_events,
+)
+from miaohui.generation.engine.observer import GenerationObserver, safe_call
+from miaohui.generation.engine.params import SamplingParams
+from miaohui.generation.engine.scheduler import FinishReason, SchedulerConfig, find_stop
 
 logger = logging.getLogger(__name__)
 

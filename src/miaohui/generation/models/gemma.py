@@ -22,8 +22,8 @@ import torch
 from torch import nn
 
 from miaohui.errors import ArtifactError
-from miaohui.generation.dims import DecoderDims
-from miaohui.generation.llama import _frozen, gqa_attention, qkv_heads, rope
+from miaohui.generation.models.dims import DecoderDims
+from miaohui.generation.models.llama import _frozen, gqa_attention, qkv_heads, rope
 
 
 def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

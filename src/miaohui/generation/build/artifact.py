@@ -42,12 +42,12 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from miaohui.errors import ArtifactError, ConfigError, InputError
-from miaohui.generation.export import META_NAME, TOKENIZER_NAME, DecoderExportSpec, Int8Method
-from miaohui.generation.scheduler import SchedulerConfig
-from miaohui.generation.slot_options import SlotEngineOptions
+from miaohui.generation.build.export import META_NAME, TOKENIZER_NAME, DecoderExportSpec, Int8Method
+from miaohui.generation.engine.scheduler import SchedulerConfig
+from miaohui.generation.executors.slot_options import SlotEngineOptions
 
 if TYPE_CHECKING:
-    from miaohui.generation.sources import DecoderSource
+    from miaohui.generation.build.sources import DecoderSource
 
 logger = logging.getLogger(__name__)
 
@@ -278,13 +278,13 @@ def build_causal_lm(
     """Export a causal LM into ``<repository>/<name>/<next version>/``; its path.
 
     ``source``: a built-in shortcut (``smollm2``, the default, or ``gemma3-270m``), a Hugging Face causal-LM
-    directory or a GGUF file (:func:`miaohui.generation.sources.resolve_source` checks it first).
+    directory or a GGUF file (:func:`miaohui.generation.build.sources.resolve_source` checks it first).
     ``source_cache``: where a GGUF's converted fp32 model is cached (default under ``$MIAOHUI_HOME/models``).
     Reuses the newest version when its build key is equal (unless ``force``). ConfigError when ``name``
     is not a plain name or already holds a non-causal-LM model. ``backend="llamacpp"`` takes a GGUF source (and
     ``precision="gguf"``, its own quantization): the version holds the file itself (no export).
     """
-    from miaohui.generation.sources import check_backend, check_family, resolve_source
+    from miaohui.generation.build.sources import check_backend, check_family, resolve_source
     from miaohui.paths import check_model_name
 
     check_model_name(name)
@@ -309,7 +309,7 @@ def build_causal_lm(
     check_backend(src, backend)
     method = int8_method if precision == "int8" else None
     if backend == "llamacpp":
-        from miaohui.generation.llamacpp_artifact import check_llamacpp_source, llamacpp_build_key
+        from miaohui.generation.build.llamacpp_artifact import check_llamacpp_source, llamacpp_build_key
 
         check_llamacpp_source(src, precision)
         key = llamacpp_build_key(src)
@@ -334,8 +334,8 @@ def _export_version(
     key: str,
     log: Callable[[str], None],
 ) -> Path:
-    from miaohui.generation.export import export_decoder, quantize_decoder
-    from miaohui.generation.sources import load_source
+    from miaohui.generation.build.export import export_decoder, quantize_decoder
+    from miaohui.generation.build.sources import load_source
 
     started = time.perf_counter()
     model, tokenizer, template = load_source(src)
@@ -345,7 +345,7 @@ def _export_version(
     staging = Path(tempfile.mkdtemp(prefix=".build-", dir=model_dir))
     try:
         if backend == "llamacpp":
-            from miaohui.generation.llamacpp_artifact import write_llamacpp_files
+            from miaohui.generation.build.llamacpp_artifact import write_llamacpp_files
 
             out = staging / "gguf"
             out.mkdir()
@@ -387,8 +387,8 @@ def _export_version(
 
 
 def _save_static(out: Path, model: Any, tokenizer: Any, precision: LLMPrecision) -> None:
-    from miaohui.generation.export import check_prompt_ids, eos_ids
-    from miaohui.generation.static_artifact import save_static_decoder
+    from miaohui.generation.build.export import check_prompt_ids, eos_ids
+    from miaohui.generation.build.static_artifact import save_static_decoder
 
     eos = eos_ids(model, tokenizer)
     pad = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0])

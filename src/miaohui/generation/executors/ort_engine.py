@@ -3,7 +3,7 @@
 Session: CPU provider, all graph optimizations, ``intra_op_num_threads`` = the physical cores given
 (default: all cores this process may use), sequential execution. Inputs and outputs are numpy; the
 ``present`` outputs of one step are the next step's ``past`` inputs unchanged (see
-:mod:`miaohui.generation.base` for the batched, left-padded KV layout).
+:mod:`miaohui.generation.executors.base` for the batched, left-padded KV layout).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import numpy as np
 
 from miaohui.engines.target import usable_cores
 from miaohui.errors import ArtifactError, BackendUnavailableError
-from miaohui.generation.base import CausalLMEngine
-from miaohui.generation.export import MODEL_NAME, DecoderMeta, input_names, load_meta, output_names
+from miaohui.generation.build.export import MODEL_NAME, DecoderMeta, input_names, load_meta, output_names
+from miaohui.generation.executors.base import CausalLMEngine
 
 
 class OrtCausalLMEngine(CausalLMEngine):

@@ -1,6 +1,6 @@
 """The model runner for engines with a static slot KV cache (:class:`SlotCausalLMEngine`, the GPU engine).
 
-Same contract as :class:`~miaohui.generation.runner.ModelRunner` (``execute`` / ``reset`` /
+Same contract as :class:`~miaohui.generation.engine.runner.ModelRunner` (``execute`` / ``reset`` /
 ``last_timing``), but the cache lives in the engine: the runner maps sequences to slots. A new sequence
 gets the *lowest* free slot, so the decode batch (padded to cover the highest slot in use) stays small;
 a sequence that left frees its slot before the step runs.
@@ -16,11 +16,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from miaohui.errors import QueueFullError
-from miaohui.generation.base import SlotCausalLMEngine, StepLogits
-from miaohui.generation.params import SamplingParams
-from miaohui.generation.runner import Collect, SeededRows, StepTiming
-from miaohui.generation.sampling import make_rng, sample
-from miaohui.generation.scheduler import RunnerOutput, SchedulerOutput
+from miaohui.generation.engine.params import SamplingParams
+from miaohui.generation.engine.runner import Collect, SeededRows, StepTiming
+from miaohui.generation.engine.sampling import make_rng, sample
+from miaohui.generation.engine.scheduler import RunnerOutput, SchedulerOutput
+from miaohui.generation.executors.base import SlotCausalLMEngine, StepLogits
 
 
 def sample_step(logits: StepLogits, params: Sequence[SamplingParams], rngs: Sequence[np.random.Generator]) -> list[int]:
@@ -39,7 +39,7 @@ class SlotModelRunner(SeededRows):
 
     ``chains``: the engine feeds a slot's previous greedy pick to its next decode on the device, so a step whose
     decode items carry no token (``token_id=None``) can be launched before the previous step was collected
-    (:class:`~miaohui.generation.engine_loop.AsyncLLMEngine`'s async scheduling). On a GPU :meth:`launch` returns
+    (:class:`~miaohui.generation.engine.engine_loop.AsyncLLMEngine`'s async scheduling). On a GPU :meth:`launch` returns
     while the step computes."""
 
     def __init__(self, engine: SlotCausalLMEngine) -> None:

@@ -1,6 +1,6 @@
 """The decoder's weights for decode steps: a plain model-dtype tensor, or an int8 copy tagged with the kernel that
 reads it (``SlotEngineOptions.int8_kernel``), and the products that dispatch on that tag. The static-KV decoder
-(:mod:`miaohui.generation.static_kv`) keeps the copies; its compiled layer functions call :func:`linear`,
+(:mod:`miaohui.generation.models.static_kv`) keeps the copies; its compiled layer functions call :func:`linear`,
 :func:`norm_linear` and :func:`residual_linear`, which Dynamo traces through (the tag is the tuple's type)."""
 
 from __future__ import annotations
@@ -11,15 +11,15 @@ import torch
 from torch.nn import functional as F
 
 from miaohui.errors import ConfigError
-from miaohui.generation.w8_layer import interleave_glu, pair_halves
-from miaohui.generation.w8a16 import w8_gemv_fused_op
+from miaohui.generation.kernels.w8_layer import interleave_glu, pair_halves
+from miaohui.generation.kernels.w8a16 import w8_gemv_fused_op
 
 
 class FusedGemvWeight(NamedTuple):
-    """An int8 weight read by miaohui's one-row kernel (:func:`~miaohui.generation.w8a16.w8_gemv`) with the layer's
-    neighbours folded in: for QKV and gate/up the preceding RMSNorm (its weight multiplied into the columns before
-    quantization, the RMS taken inside the kernel), for O and down the residual add after them; the LM head's copy
-    has neither."""
+    """An int8 weight read by miaohui's one-row kernel (:func:`~miaohui.generation.kernels.w8a16.w8_gemv`) with the
+    layer's neighbours folded in: for QKV and gate/up the preceding RMSNorm (its weight multiplied into the columns
+    before quantization, the RMS taken inside the kernel), for O and down the residual add after them; the LM head's
+    copy has neither."""
 
     q: torch.Tensor
     scale: torch.Tensor
@@ -27,8 +27,8 @@ class FusedGemvWeight(NamedTuple):
 
 class RopeGemvWeight(NamedTuple):
     """``int8_kernel: gemv_layer``'s QKV weight: :class:`FusedGemvWeight`'s RMSNorm fold, its rows (and bias) stored
-    pair-wise per head (:func:`~miaohui.generation.w8_layer.pair_halves`) for the kernel that also applies RoPE and
-    writes the key and value into the cache (:func:`~miaohui.generation.w8_layer.w8_gemv_rope`)."""
+    pair-wise per head (:func:`~miaohui.generation.kernels.w8_layer.pair_halves`) for the kernel that also applies RoPE
+    and writes the key and value into the cache (:func:`~miaohui.generation.kernels.w8_layer.w8_gemv_rope`)."""
 
     q: torch.Tensor
     scale: torch.Tensor
@@ -37,7 +37,8 @@ class RopeGemvWeight(NamedTuple):
 
 class GluGemvWeight(NamedTuple):
     """``int8_kernel: gemv_layer``'s gate/up weight: the RMSNorm fold, rows stored gate, up, gate, up…
-    (:func:`~miaohui.generation.w8_layer.interleave_glu`) for the kernel whose epilogue writes ``silu(gate) · up``."""
+    (:func:`~miaohui.generation.kernels.w8_layer.interleave_glu`) for the kernel whose epilogue writes
+    ``silu(gate) · up``."""
 
     q: torch.Tensor
     scale: torch.Tensor
@@ -54,7 +55,7 @@ def linear(x: torch.Tensor, w: Weight, bias: torch.Tensor | None = None) -> torc
     """``F.linear`` for every kind of :data:`Weight` but the two that have their own ops. A plain int8 tuple takes
     gpt-fast's form, ``F.linear(x, q.to(x.dtype)) * scale``: compiled with coordinate-descent tuning, Inductor turns it
     into one Triton reduction that reads the int8 bytes (``int8_kernel: inductor``). A :class:`FusedGemvWeight` goes
-    to miaohui's one-row kernel (the custom op :func:`~miaohui.generation.w8a16.w8_gemv_fused_op`, no norm, no
+    to miaohui's one-row kernel (the custom op :func:`~miaohui.generation.kernels.w8a16.w8_gemv_fused_op`, no norm, no
     residual)."""
     if isinstance(w, FusedGemvWeight):
         return w8_gemv_fused_op(x, w.q, w.scale, bias, None, 0.0)
@@ -125,7 +126,7 @@ def int8_layer(
 ) -> dict[str, Weight]:
     """One layer's int8 copies for ``int8_kernel`` ``kernel``: ``gemv_layer`` folds each RMSNorm's weight into the QKV
     and gate/up copies and reorders their rows for its kernels' RoPE and SwiGLU epilogues
-    (:mod:`miaohui.generation.w8_layer`); ``inductor`` keeps plain (int8, scale) tuples."""
+    (:mod:`miaohui.generation.kernels.w8_layer`); ``inductor`` keeps plain (int8, scale) tuples."""
     if kernel not in ("inductor", "gemv_layer"):
         raise ConfigError(f"int8_kernel {kernel!r} is not one of 'inductor', 'gemv_layer'", "use one of those two")
     q_kv: Weight = _pack(kernel, qkv, in_norm)

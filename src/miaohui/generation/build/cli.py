@@ -60,8 +60,8 @@ def build_llm(
     ] = "smollm2",
 ) -> None:
     """Export a causal LM (explicit KV cache, checked against PyTorch and HF) into REPOSITORY/NAME/<next version>."""
-    from miaohui.generation.artifact import PRECISIONS, SOURCES, build_causal_lm, read_info
-    from miaohui.generation.sources import default_name
+    from miaohui.generation.build.artifact import PRECISIONS, SOURCES, build_causal_lm, read_info
+    from miaohui.generation.build.sources import default_name
     from miaohui.paths import repository_dir
 
     console, err = Console(), Console(stderr=True)

@@ -1,5 +1,5 @@
 """The static-KV decoder's layer functions: pure functions of their tensors (weights are arguments), so one compiled
-graph serves every layer of :class:`~miaohui.generation.static_kv.StaticKVDecoder`.
+graph serves every layer of :class:`~miaohui.generation.models.static_kv.StaticKVDecoder`.
 
 * :func:`attn_in` — RMSNorm → fused QKV → RoPE (decode and prefill);
 * :func:`make_decode_layer` — a whole decode layer, cache write included, around a decode attention
@@ -18,8 +18,8 @@ from typing import Any, Literal, overload
 import torch
 from torch.nn import functional as F
 
-from miaohui.generation.decode_attention import decode_attention_op
-from miaohui.generation.int8_weights import (
+from miaohui.generation.kernels.decode_attention import decode_attention_op
+from miaohui.generation.kernels.int8_weights import (
     GluGemvWeight,
     Weight,
     add_residual,
@@ -28,7 +28,7 @@ from miaohui.generation.int8_weights import (
     residual_linear,
     rms_norm,
 )
-from miaohui.generation.w8_layer import w8_gemv_glu_op
+from miaohui.generation.kernels.w8_layer import w8_gemv_glu_op
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -151,8 +151,8 @@ def attn_out_mlp_triton(
     carry: bool = False,
 ) -> torch.Tensor | Carry:
     """:func:`attn_out_mlp` with the attention as miaohui's split-KV decode kernels
-    (:mod:`miaohui.generation.decode_attention`, a custom op: two Triton kernels that read each row's cache only up
-    to its position), masked by ``positions`` [b] rather than an additive mask."""
+    (:mod:`miaohui.generation.kernels.decode_attention`, a custom op: two Triton kernels that read each row's cache
+    only up to its position), masked by ``positions`` [b] rather than an additive mask."""
     b, heads, d = q.shape
     attn = decode_attention_op(q, keys, values, positions).reshape(b, heads * d)
     return mlp_block(residual_linear(x, attn, o, addmm=False), post_norm, gate_up, down, eps, carry)

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from miaohui.generation.base import CausalLMEngine, KVCache
-from miaohui.generation.sampling import make_rng, sample_batch
-from miaohui.generation.scheduler import RunnerOutput, SchedulerOutput
+from miaohui.generation.engine.sampling import make_rng, sample_batch
+from miaohui.generation.engine.scheduler import RunnerOutput, SchedulerOutput
+from miaohui.generation.executors.base import CausalLMEngine, KVCache
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ class ModelRunner(SeededRows):
 
     chains = False
     """Whether a step can be launched before the previous one's tokens are on the host (see
-    :class:`~miaohui.generation.slot_runner.SlotModelRunner`); this runner needs every token."""
+    :class:`~miaohui.generation.engine.slot_runner.SlotModelRunner`); this runner needs every token."""
 
     def __init__(self, engine: CausalLMEngine) -> None:
         self.engine = engine

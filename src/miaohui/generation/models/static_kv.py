@@ -1,6 +1,6 @@
 """A Llama/Qwen2-style decoder with a *static* KV cache of fixed slots (gpt-fast / nano-vllm style).
 
-The GPU engine (:mod:`miaohui.generation.slot_engine`) compiles and CUDA-graphs this module; on the CPU
+The GPU engine (:mod:`miaohui.generation.executors.slot_engine`) compiles and CUDA-graphs this module; on the CPU
 it runs eagerly (tests, CI). The cache is one ``[slots, kv_heads, max_len, head_dim]`` tensor per layer
 for keys and one for values, allocated once: a sequence owns one *slot* (a row) from prefill to finish,
 its tokens sit at positions ``0 .. length-1`` of that row, and nothing is ever copied or concatenated.
@@ -13,12 +13,12 @@ its tokens sit at positions ``0 .. length-1`` of that row, and nothing is ever c
   positions, masked to ``<= position``. Rows that hold no sequence compute harmless garbage (the engine
   pads a batch to a bucket this way; a later prefill overwrites what they wrote). Every shape depends
   only on ``(b, kv_len)``, so one CUDA graph per bucket replays it.
-* :func:`miaohui.generation.mixed_step.mixed_forward` runs a decode step and prompts' tokens as one batch of rows
+* :func:`miaohui.generation.models.mixed_step.mixed_forward` runs a decode step and prompts' tokens as one batch of rows
   (the cache has one spare *scratch* row, past the slots, for its padding rows).
 
-The layers' arithmetic lives in :mod:`miaohui.generation.static_kv_layers` (pure functions, compiled once for every
-layer); this module holds the weights, the cache and the loops over layers. Numerics follow HF: RMSNorm and softmax
-in fp32, weights and cache in the model dtype (bf16/fp16 on the GPU, fp32 on the CPU). Weights keep HF's
+The layers' arithmetic lives in :mod:`miaohui.generation.models.static_kv_layers` (pure functions, compiled once for
+every layer); this module holds the weights, the cache and the loops over layers. Numerics follow HF: RMSNorm and
+softmax in fp32, weights and cache in the model dtype (bf16/fp16 on the GPU, fp32 on the CPU). Weights keep HF's
 ``[out, in]`` layout (``F.linear``), with Q/K/V and gate/up fused into one matmul each; Qwen2's Q/K/V biases are
 supported. The LM head is a separate tensor even when tied to the embeddings.
 """
@@ -34,17 +34,17 @@ from torch import nn
 from torch.nn import functional as F
 
 from miaohui.errors import ArtifactError
-from miaohui.generation.constants import with_constants
-from miaohui.generation.dims import DecoderDims
-from miaohui.generation.int8_weights import RopeGemvWeight, Weight, add_residual, int8_head, int8_layer
-from miaohui.generation.static_kv_layers import (
+from miaohui.generation.kernels.int8_weights import RopeGemvWeight, Weight, add_residual, int8_head, int8_layer
+from miaohui.generation.kernels.w8_layer import w8_gemv_rope_op
+from miaohui.generation.models.constants import with_constants
+from miaohui.generation.models.dims import DecoderDims
+from miaohui.generation.models.static_kv_layers import (
     DECODE_ATTENTION,
     attn_in,
     attn_proj_mlp,
     final_logits,
     make_decode_layer,
 )
-from miaohui.generation.w8_layer import w8_gemv_rope_op
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -231,7 +231,7 @@ class StaticKVDecoder(nn.Module):
         decode steps of one row (``SlotEngineOptions.int8_batch1``: a lone stream reads half the weight bytes per
         token). Steps of 2+ rows and prefill keep the model-dtype weights, so a sequence's tokens can differ
         depending on whether it decoded alone. ``kernel`` (``SlotEngineOptions.int8_kernel``) decides the copies'
-        form (:func:`~miaohui.generation.int8_weights.int8_layer`)."""
+        form (:func:`~miaohui.generation.kernels.int8_weights.int8_layer`)."""
         with torch.no_grad():
             self._q8 = [
                 int8_layer(kernel, self.dims.head_dim, lay.qkv, lay.qkv_bias, lay.in_norm, lay.o, lay.gate_up,
@@ -319,8 +319,9 @@ class StaticKVDecoder(nn.Module):
         kv_len: int,
     ) -> torch.Tensor:
         """Layer ``i`` of a one-row step with ``int8_kernel: gemv_layer``: one kernel for RMSNorm → QKV → RoPE →
-        cache write (:func:`~miaohui.generation.w8_layer.w8_gemv_rope`, a custom op that writes the cache in place,
-        so it runs outside the compiled graphs; the step's CUDA graph captures it), then ``attend``'s compiled half."""
+        cache write (:func:`~miaohui.generation.kernels.w8_layer.w8_gemv_rope`, a custom op that writes the cache in
+        place, so it runs outside the compiled graphs; the step's CUDA graph captures it), then ``attend``'s compiled
+        half."""
         d, layer = self.dims, self.layers[i]
         assert isinstance(layer, _Layer)
         kc, vc = self.k_cache[i], self.v_cache[i]

@@ -43,13 +43,13 @@ from pydantic import Field, model_validator
 
 from miaohui.config import Frozen
 from miaohui.errors import ConfigError, InputError, QueueFullError
-from miaohui.generation.params import SamplingParams
+from miaohui.generation.engine.params import SamplingParams
 
 FinishReason = Literal["stop", "length", "abort", "error"]
 
 
 class Detokenizer(Protocol):
-    """Incremental text of a sequence's tokens (see :mod:`miaohui.generation.detok`)."""
+    """Incremental text of a sequence's tokens (see :mod:`miaohui.generation.engine.detok`)."""
 
     def push(self, token_id: int) -> str: ...
 

@@ -14,7 +14,7 @@ build key). :func:`load_source` loads ``(model, fast tokenizer, chat template)``
 The chat template is the tokenizer's (``tokenizer_config.json``'s ``chat_template``, ``chat_template.jinja``, or
 the GGUF's ``tokenizer.chat_template``); none means raw prompts only (``/v1/completions``). Stop tokens are
 ``generation_config.json``'s ``eos_token_id`` (an int or a list) plus the tokenizer's EOS
-(:func:`miaohui.generation.export.eos_ids`).
+(:func:`miaohui.generation.build.export.eos_ids`).
 
 RoPE: ``default``, ``linear`` and ``llama3`` are static frequency tables the ONNX export reproduces (it takes
 HF's own ``inv_freq``); position-dependent kinds (``dynamic``, ``yarn``, ``longrope``, ...) are refused, and the

@@ -7,9 +7,9 @@ vLLM's chunked-prefill / Sarathi idea on a static cache: every row is one token 
 
 * the GEMMs, norms and MLP run once over ``decode rows + prompt tokens``;
 * each row writes its key/value at ``(cache_rows[r], positions[r])``; a decode row then attends in its cache row up
-  to its position (the decode kernel, :func:`~miaohui.generation.decode_attention.decode_attention`), and a prompt's
-  tokens attend causally to the prompt's tokens, whose keys the layer has just written
-  (:mod:`~miaohui.generation.prompt_attention`): one op, :func:`mixed_attention_op`;
+  to its position (the decode kernel, :func:`~miaohui.generation.kernels.decode_attention.decode_attention`), and a
+  prompt's tokens attend causally to the prompt's tokens, whose keys the layer has just written
+  (:mod:`~miaohui.generation.kernels.prompt_attention`): one op, :func:`mixed_attention_op`;
 * the LM head runs on the rows named by ``out_rows`` only (each decode row and each prompt's last token).
 
 Padding rows (decode rows of slots that hold no sequence, prompt rows past the prompts' tokens) write into the
@@ -24,12 +24,12 @@ from typing import Any
 import torch
 from torch.nn import functional as F
 
-from miaohui.generation.constants import with_constants
-from miaohui.generation.decode_attention import decode_attention
-from miaohui.generation.int8_weights import Weight, add_residual, residual_linear
-from miaohui.generation.prompt_attention import prompt_attention
-from miaohui.generation.static_kv import StaticKVDecoder, _Layer
-from miaohui.generation.static_kv_layers import Carry, attn_in, mlp_block
+from miaohui.generation.kernels.decode_attention import decode_attention
+from miaohui.generation.kernels.int8_weights import Weight, add_residual, residual_linear
+from miaohui.generation.kernels.prompt_attention import prompt_attention
+from miaohui.generation.models.constants import with_constants
+from miaohui.generation.models.static_kv import StaticKVDecoder, _Layer
+from miaohui.generation.models.static_kv_layers import Carry, attn_in, mlp_block
 
 
 @torch.library.custom_op("miaohui::mixed_attention", mutates_args=())

@@ -1,6 +1,6 @@
 """Export a Llama-style decoder to ONNX with an explicit KV cache, check it, and quantize it to int8.
 
-The graph (see :mod:`miaohui.generation.llama` for the math)::
+The graph (see :mod:`miaohui.generation.models.llama` for the math)::
 
     inputs   input_ids [batch, seq] int64, attention_mask [batch, past+seq] int64,
              position_ids [batch, seq] int64,
@@ -34,13 +34,13 @@ from pydantic import BaseModel, Field
 
 from miaohui.config import Frozen
 from miaohui.errors import ArtifactError, ExportError
-from miaohui.generation.dims import DecoderDims
+from miaohui.generation.models.dims import DecoderDims
 from miaohui.paths import atomic_dir
 
 if TYPE_CHECKING:
     from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
 
-    from miaohui.generation.llama import KVLlama
+    from miaohui.generation.models.llama import KVLlama
 
 META_NAME = "decoder.json"
 MODEL_NAME = "model.onnx"
@@ -65,7 +65,7 @@ class DecoderMeta(BaseModel):
 
     name: str
     dims: dict[str, Any]
-    """:class:`~miaohui.generation.llama.DecoderDims` as a dict."""
+    """:class:`~miaohui.generation.models.llama.DecoderDims` as a dict."""
     precision: Literal["fp32", "int8"]
     int8_method: Int8Method | None = None
     """int8 only: ``dynamic`` (MatMulInteger, activations quantized per call), ``weight-only`` (MatMulNBits,
@@ -230,10 +230,10 @@ def eos_ids(hf_model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBase) -> l
 
 
 def kv_decoder(hf_model: Any) -> KVLlama:
-    """The explicit-KV module for ``hf_model``: :class:`~miaohui.generation.gemma.KVGemma3` for Gemma 3 text
-    models, :class:`~miaohui.generation.llama.KVLlama` for Llama-style ones (Llama, SmolLM2, Qwen2)."""
-    from miaohui.generation.gemma import KVGemma3
-    from miaohui.generation.llama import KVLlama
+    """The explicit-KV module for ``hf_model``: :class:`~miaohui.generation.models.gemma.KVGemma3` for Gemma 3 text
+    models, :class:`~miaohui.generation.models.llama.KVLlama` for Llama-style ones (Llama, SmolLM2, Qwen2)."""
+    from miaohui.generation.models.gemma import KVGemma3
+    from miaohui.generation.models.llama import KVLlama
 
     if str(getattr(hf_model.config, "model_type", "")).startswith("gemma3"):
         return KVGemma3(hf_model)  # type: ignore[return-value]  # same forward contract
