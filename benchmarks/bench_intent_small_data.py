@@ -121,6 +121,38 @@ def project(chat: list[str], tmp: Path) -> dict[str, Any]:
     return out
 
 
+def project_threshold(checkpoint: Path, chat: list[str]) -> dict[str, Any]:
+    """An already trained 24-label checkpoint: fit the temperature and threshold on the project's dev split as
+    ``train-intent`` does at its end, and measure the chit-chat texts with the model's own ``out_of_scope`` class
+    alone and with the threshold."""
+    from miaohui.models.decision import fit_decision
+    from miaohui.validate.run import load_data
+
+    loaded = load_checkpoint(checkpoint)
+    tok = TextTokenizer(loaded.tokenizer, loaded.meta.max_length)
+    labels = loaded.meta.labels
+    dev = load_data("dev")
+    logits = full_logits(loaded.module, tok, [x.text for x in dev], loaded.meta.max_length).numpy()
+    gold = np.array([labels.index(x.intent) for x in dev])
+    decision = fit_decision(logits, gold, TrainConfig().target_recall, oos_class=labels.index("out_of_scope"))
+    chat_logits = full_logits(loaded.module, tok, chat, loaded.meta.max_length).numpy()
+    answered = [d.intent for d in decide(logits, labels, decision)]
+    own_class = [labels[i] == "out_of_scope" for i in chat_logits.argmax(-1)]
+    out = {
+        "checkpoint": str(checkpoint),
+        "dev_accuracy": round(float((logits.argmax(-1) == gold).mean()), 4),
+        "dev_accuracy_with_oos": round(float(np.mean([a == x.intent for a, x in zip(answered, dev, strict=True)])), 4),
+        "chitchat_out_of_scope_class_only": round(float(np.mean(own_class)), 4),
+        "chitchat_rejected": round(float(np.mean([d.out_of_scope for d in decide(chat_logits, labels, decision)])), 4),
+        "chitchat_answers": sorted({d.intent for d in decide(chat_logits, labels, decision)}),
+        "decision": decision.model_dump(),
+        "n_dev": len(dev),
+        "n_chitchat": len(chat),
+    }
+    print(json.dumps(out), flush=True)
+    return out
+
+
 def plot(results: list[dict[str, Any]], file: Path) -> None:
     import matplotlib
 
@@ -156,9 +188,18 @@ def main() -> None:
     ap.add_argument("--baseline", action="store_true")
     ap.add_argument("--project", action="store_true")
     ap.add_argument("--out", type=Path, default=RESULTS / "intent_small_data")
+    ap.add_argument(
+        "--project-checkpoint", type=Path, help="Only fit and measure the threshold of this 24-label checkpoint."
+    )
     args = ap.parse_args()
     negatives = load_texts(DATA / "chitchat_tune.jsonl")
     chat = load_texts(DATA / "chitchat_test.jsonl")
+    if args.project_checkpoint is not None:
+        found = project_threshold(args.project_checkpoint, chat)
+        file = args.out.with_name(args.out.name + "_project.json")
+        meta = {"date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "command": " ".join(sys.argv)}
+        file.write_text(json.dumps(meta | found, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        return
     results: list[dict[str, Any]] = []
     doc: dict[str, Any] = {
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
