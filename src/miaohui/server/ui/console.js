@@ -137,7 +137,7 @@ function dialogueDetails(resp) {
       ? detailRow("out of scope", el("span", { class: "oos", "data-candidate": resp.candidate },
         `below the model's confidence threshold: best candidate ${resp.candidate} (${resp.confidence.toFixed(3)}) ` +
         "rejected, the fallback answered"))
-      : "",
+      : null,
     detailRow("slots", ...slots),
     detailRow("compliance", interventions),
     detailRow("timings, ms", el("span", { class: "timings" }, stages)),
