@@ -194,12 +194,6 @@ def main() -> None:
     args = ap.parse_args()
     negatives = load_texts(DATA / "chitchat_tune.jsonl")
     chat = load_texts(DATA / "chitchat_test.jsonl")
-    if args.project_checkpoint is not None:
-        found = project_threshold(args.project_checkpoint, chat)
-        file = args.out.with_name(args.out.name + "_project.json")
-        meta = {"date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "command": " ".join(sys.argv)}
-        file.write_text(json.dumps(meta | found, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-        return
     results: list[dict[str, Any]] = []
     doc: dict[str, Any] = {
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -211,6 +205,13 @@ def main() -> None:
         "results": results,
         "project": None,
     }
+    if args.project_checkpoint is not None:
+        found = project_threshold(args.project_checkpoint, chat)
+        file = args.out.with_name(args.out.name + "_project.json")
+        meta = {"date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "commit": doc["commit"]}
+        meta["command"] = doc["command"]
+        file.write_text(json.dumps(meta | found, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        return
 
     def save() -> None:  # after every run: a long sweep that is stopped keeps what it measured
         args.out.parent.mkdir(parents=True, exist_ok=True)
