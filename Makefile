@@ -10,7 +10,7 @@ GRPC_PORT ?= 8001
 PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 
-.PHONY: install run prepare test test-fast lint format bench docs clean promtool browser
+.PHONY: install run prepare test test-fast lint format bench docs clean promtool browser image image-test
 
 install: $(STAMP)
 
@@ -61,6 +61,16 @@ bench: $(STAMP)
 ## docs/model-repository.md from the config docstrings (tests/unit/test_config_docs.py fails when it is stale).
 docs: $(STAMP)
 	$(BIN)/python scripts/gen_config_docs.py
+
+## The CPU serving image (podman; Docker with ENGINE=docker): a local Debian base, a wheelhouse, the engines of
+## REPOSITORY (default: `miaohui prepare`'s). Nothing from outside but the package archives. See docs/deploy.md.
+image: $(STAMP)
+	VENV=$(VENV) bash scripts/image/build.sh
+
+## Build a small image (tiny intent model + SmolLM2 GGUF) and check it: read-only, non-root, ready, /v1/intent, a
+## streamed chat, /metrics, SIGTERM drains. IMAGE=miaohui:0.1.0-cpu checks the image `make image` built instead.
+image-test: $(STAMP)
+	$(BIN)/pytest -p no:xdist tests/e2e/test_image.py -s $(PYTEST_ARGS)
 
 clean:
 	rm -rf var .pytest_cache .mypy_cache .ruff_cache

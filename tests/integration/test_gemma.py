@@ -82,7 +82,10 @@ def test_served_through_the_openai_client_in_chinese(gemma_version: Path, gemma:
 
     from miaohui.generation.engine.scheduler import SchedulerConfig
     from miaohui.server.metrics import Metrics
-    from miaohui.server.openai_api import GenerationService, create_openai_app
+    from miaohui.server.observer_metrics import chat_observers
+    from miaohui.server.openai_api import create_openai_app
+    from miaohui.serving.chat import ChatDefaults
+    from miaohui.serving.repository import ModelManager
 
     tokenizer = gemma[1]
     question = [{"role": "user", "content": "我想查一下信用卡账单。"}]
@@ -90,11 +93,12 @@ def test_served_through_the_openai_client_in_chinese(gemma_version: Path, gemma:
                        add_special_tokens=False)["input_ids"]  # fmt: skip
     metrics = Metrics()
     sched = SchedulerConfig(max_running_seqs=2, max_batched_tokens=256, max_model_len=256)
-    service = GenerationService(gemma_version.parent.parent, metrics, scheduler=sched)
+    service = ModelManager(
+        gemma_version.parent.parent, chat_observer_factory=chat_observers(metrics), chat_defaults=ChatDefaults(sched)
+    )
     with UvicornThread(create_openai_app(service, metrics)) as srv:
-        assert service.failures == {}
-        llm = service.get("gemma3")  # the same decoder, run offline in this thread: the reference
-        offline = LLMEngine(llm.engine.llm.engine, llm.tokenizer.tokenizer)
+        llm = service.chat("gemma3")  # the same decoder, run offline in this thread: the reference
+        offline = LLMEngine(llm.client.llm.engine, llm.tokenizer.tokenizer)  # type: ignore[attr-defined]
         greedy = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
         want_ids, want_text, _ = offline.generate([prompt], greedy)[0]
         with openai.OpenAI(base_url=f"http://127.0.0.1:{srv.port}/v1", api_key="x", max_retries=0, timeout=60) as c:

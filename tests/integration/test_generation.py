@@ -17,11 +17,12 @@ from tests.integration.conftest import hf_greedy_tokens
 
 from miaohui.errors import InputError
 from miaohui.generation.build.export import DecoderMeta, export_decoder, load_meta, quantize_decoder
+from miaohui.generation.engine.client import TokenEvent
 from miaohui.generation.engine.detok import IncrementalDetokenizer, is_byte_level
-from miaohui.generation.engine.engine_loop import AsyncLLMEngine, GenerationObserver, LLMEngine, TokenEvent
+from miaohui.generation.engine.engine_loop import AsyncLLMEngine, GenerationObserver, LLMEngine
 from miaohui.generation.engine.observer import StepReport
 from miaohui.generation.engine.params import SamplingParams
-from miaohui.generation.engine.scheduler import SchedulerConfig
+from miaohui.generation.engine.scheduler import SchedulerConfig, SequenceUpdate
 from miaohui.generation.executors.ort_engine import OrtCausalLMEngine
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -176,10 +177,10 @@ def test_batched_decode_matches_each_alone(ort_fp32: OrtCausalLMEngine, prompts:
     for step in range(6):
         if step == 3:
             got.update({llm.add_request(p, GREEDY): [] for p in three[1:]})
-        for up in llm.step():
+        for up in _updates(llm):
             got[up.seq_id].append(up.token_id or 0)
     while llm.scheduler.has_work():
-        for up in llm.step():
+        for up in _updates(llm):
             got[up.seq_id].append(up.token_id or 0)
     assert list(got.values()) == alone
 
@@ -312,3 +313,9 @@ def test_missing_decoder_dir_is_a_clear_error(tmp_path: Path) -> None:
 
     with pytest.raises(ArtifactError, match="cannot read decoder metadata"):
         OrtCausalLMEngine(tmp_path)
+
+
+def _updates(llm: LLMEngine) -> list[SequenceUpdate]:
+    """One synchronous step's updates (none when nothing was scheduled)."""
+    out = llm.step()
+    return out.updates if out is not None else []

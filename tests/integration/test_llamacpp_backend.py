@@ -140,7 +140,7 @@ def test_engine_queue_full_abort_and_stop(repository: Path) -> None:
     import asyncio
 
     from miaohui.errors import QueueFullError
-    from miaohui.generation.engine.engine_loop import EngineStoppedError
+    from miaohui.generation.engine.client import EngineStoppedError
     from miaohui.generation.engine.llamacpp_engine import LlamaCppLLMEngine
     from miaohui.generation.engine.params import SamplingParams
 

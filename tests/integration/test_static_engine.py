@@ -249,14 +249,18 @@ def test_bad_precision_and_corrupt_weights_are_clear_errors(static_repo: Path, t
 def server(static_repo: Path, request: pytest.FixtureRequest) -> Iterator[str]:
     """The real server on the slot engine, with the synchronous loop and with async scheduling."""
     from miaohui.server.metrics import Metrics
-    from miaohui.server.openai_api import GenerationService, create_openai_app
+    from miaohui.server.observer_metrics import chat_observers
+    from miaohui.server.openai_api import create_openai_app
+    from miaohui.serving.chat import ChatDefaults
+    from miaohui.serving.repository import ModelManager
 
     metrics = Metrics()
     sched = SchedulerConfig(max_running_seqs=4, max_model_len=256, async_scheduling=request.param)
-    service = GenerationService(static_repo, metrics, scheduler=sched)
+    service = ModelManager(
+        static_repo, chat_observer_factory=chat_observers(metrics), chat_defaults=ChatDefaults(sched)
+    )
     with UvicornThread(create_openai_app(service, metrics)) as srv:
-        assert service.failures == {}
-        assert service._models["smol"].engine.async_scheduling is request.param  # type: ignore[union-attr]
+        assert service.chat("smol").client.async_scheduling is request.param  # type: ignore[attr-defined]
         yield f"http://127.0.0.1:{srv.port}"
 
 

@@ -186,7 +186,7 @@ class _LLM:
 
     def add(self, prompt_ids: list[int], params: Any, sink: Callable[[Any], None]) -> _Stream:
         from miaohui.errors import InputError
-        from miaohui.generation.engine.engine_loop import TokenEvent
+        from miaohui.generation.engine.client import TokenEvent
 
         if prompt_ids == [0]:
             raise InputError("prompt is empty", "send a prompt")
@@ -202,15 +202,24 @@ class _LLM:
         return stream
 
 
-class _Generation:
+class _Chat:
+    """A served chat version stand-in: version 4 of ``llm``."""
+
+    version = 4
+
     def __init__(self) -> None:
-        self.llm = _LLM()
-        self.failures: dict[str, str] = {}
+        self.client = _LLM()
 
-    def engine(self, model: str) -> _LLM:
-        return self.llm
 
-    def loaded(self) -> list[Any]:
+class _ChatManager(_Manager):
+    def __init__(self, answer: Answer) -> None:
+        super().__init__(answer)
+        self.served = _Chat()
+
+    def chat(self, model: str) -> _Chat:
+        return self.served
+
+    def chat_states(self) -> list[Any]:
         return []
 
 
@@ -223,21 +232,20 @@ def test_generation_events_cross_as_typed_messages(tmp_path: Path) -> None:
 
     async def main() -> None:
         path = str(tmp_path / "engine.sock")
-        generation = _Generation()
-        server = EngineServer(_Manager(_sums), generation)
+        server = EngineServer(_ChatManager(_sums))  # type: ignore[arg-type]
         await server.start(path)
         client = EngineClient(path)
         got: dict[int, list[Any]] = {1: [], 2: []}
         try:
             with pytest.raises(InputError, match="prompt is empty"):
                 await client.generate(5, "llm", [0], None, got[1].append)
-            await client.generate(1, "llm", [4, 5, 6], None, got[1].append)
+            assert await client.generate(1, "llm", [4, 5, 6], None, got[1].append) == 4  # the version admitting it
             await client.generate(2, "llm", [9], None, got[2].append)
             for _ in range(100):
                 if len(got[1]) == 2 and got[2]:
                     break
                 await asyncio.sleep(0.01)
-            assert await client.llm_status() == {"models": {}, "failures": {}}
+            assert await client.llm_status() == {}
             client.release(1)  # finished here: the connection's close below must not reach their sinks
             client.release(2)
         finally:

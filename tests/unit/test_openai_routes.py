@@ -23,9 +23,11 @@ from miaohui.generation.engine.params import SamplingParams
 from miaohui.generation.engine.scheduler import SchedulerConfig
 from miaohui.generation.executors.base import CausalLMEngine
 from miaohui.generation.models.dims import DecoderDims
-from miaohui.server.generation_service import LLMTextGenerator
 from miaohui.server.metrics import Metrics
-from miaohui.server.openai_api import GenerationService, openai_router
+from miaohui.server.observer_metrics import chat_observers
+from miaohui.server.openai_api import LLMTextGenerator, openai_router
+from miaohui.serving.chat import ChatDefaults
+from miaohui.serving.repository import ModelManager
 
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 SPECIALS = ["<unk>", "<s>", "</s>"]
@@ -79,11 +81,15 @@ def info(name: str = "counter") -> CausalLMInfo:
 
 
 @pytest.fixture
-async def served(tmp_path: Path) -> AsyncIterator[tuple[httpx.AsyncClient, GenerationService, Metrics]]:
+async def served(tmp_path: Path) -> AsyncIterator[tuple[httpx.AsyncClient, ModelManager, Metrics]]:
     metrics = Metrics()
-    service = GenerationService(tmp_path, metrics, scheduler=SchedulerConfig(max_running_seqs=1, max_waiting=2))
-    await service.start()  # empty repository: nothing loaded
-    await service.add_engine(info(), CountingEngine(), ChatTokenizer(char_tokenizer(), TEMPLATE))
+    service = ModelManager(
+        tmp_path,
+        chat_observer_factory=chat_observers(metrics),
+        chat_defaults=ChatDefaults(SchedulerConfig(max_running_seqs=1, max_waiting=2)),
+    )
+    await service.load_all()  # empty repository: nothing loaded
+    await service.add_chat_engine(info(), CountingEngine(), ChatTokenizer(char_tokenizer(), TEMPLATE))
 
     async def pipeline_reply(body: dict[str, Any]) -> dict[str, Any]:
         text = "echo: " + body["messages"][-1]["content"]
@@ -94,7 +100,7 @@ async def served(tmp_path: Path) -> AsyncIterator[tuple[httpx.AsyncClient, Gener
         return pipeline_reply if model.startswith("pipeline/") else None
 
     app = FastAPI()
-    app.include_router(openai_router(service, other_models=lambda: ["intent"], chat_delegate=delegate))
+    app.include_router(openai_router(service, metrics, other_models=lambda: ["intent"], chat_delegate=delegate))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
         yield client, service, metrics
     await service.stop()
@@ -111,7 +117,7 @@ def ask(content: str = "hi", **fields: Any) -> dict[str, Any]:
     return {"model": "counter", "messages": [{"role": "user", "content": content}], "temperature": 0, **fields}
 
 
-async def test_chat_completion_shape_and_finishes(served: tuple[httpx.AsyncClient, GenerationService, Metrics]) -> None:
+async def test_chat_completion_shape_and_finishes(served: tuple[httpx.AsyncClient, ModelManager, Metrics]) -> None:
     client, _, _ = served
     r = await client.post("/v1/chat/completions", json=ask(max_tokens=5))
     assert r.status_code == 200
@@ -134,7 +140,7 @@ async def test_chat_completion_shape_and_finishes(served: tuple[httpx.AsyncClien
     assert (r.json()["choices"][0]["message"]["content"], r.json()["choices"][0]["finish_reason"]) == ("abcde", "stop")
 
 
-async def test_chat_stream_chunks(served: tuple[httpx.AsyncClient, GenerationService, Metrics]) -> None:
+async def test_chat_stream_chunks(served: tuple[httpx.AsyncClient, ModelManager, Metrics]) -> None:
     client, _, _ = served
     r = await client.post(
         "/v1/chat/completions", json=ask(max_tokens=4, stream=True, stream_options={"include_usage": True})
@@ -151,7 +157,7 @@ async def test_chat_stream_chunks(served: tuple[httpx.AsyncClient, GenerationSer
     assert all(c["usage"] is None for c in chunks[:-1])
 
 
-async def test_completions_plain_and_streamed(served: tuple[httpx.AsyncClient, GenerationService, Metrics]) -> None:
+async def test_completions_plain_and_streamed(served: tuple[httpx.AsyncClient, ModelManager, Metrics]) -> None:
     client, _, _ = served
     body = {"model": "counter", "prompt": "xy", "temperature": 0}
     r = await client.post("/v1/completions", json=body)
@@ -164,7 +170,7 @@ async def test_completions_plain_and_streamed(served: tuple[httpx.AsyncClient, G
     assert events[-2]["choices"][0]["finish_reason"] == "length"
 
 
-async def test_errors_in_openai_shape(served: tuple[httpx.AsyncClient, GenerationService, Metrics]) -> None:
+async def test_errors_in_openai_shape(served: tuple[httpx.AsyncClient, ModelManager, Metrics]) -> None:
     client, _, _ = served
     r = await client.post("/v1/chat/completions", json=ask(temperature=-1))
     assert r.status_code == 400
@@ -178,24 +184,25 @@ async def test_errors_in_openai_shape(served: tuple[httpx.AsyncClient, Generatio
     }
     r = await client.post("/v1/chat/completions", json={**ask(), "model": "nope"})
     assert r.status_code == 404
-    assert (
-        r.json()["error"]["message"] == "The model 'nope' does not exist. Fix: generation models served here: counter"
-    )
+    assert r.json()["error"]["message"] == "The model 'nope' does not exist. Fix: chat models served here: counter"
     assert (r.json()["error"]["code"], r.json()["error"]["param"]) == ("model_not_found", "model")
     r = await client.post("/v1/completions", json={"model": "counter", "prompt": "a" * 300})
     assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
     assert "maximum context length is 256 tokens" in r.json()["error"]["message"]
     r = await client.post("/v1/completions", json={"model": "counter", "prompt": [999]})
-    assert r.json()["error"]["message"] == f"prompt token ids must be in [0, {len(VOCAB)}); got [999]"
+    assert r.json()["error"]["message"] == (
+        f"prompt token ids must be ints in [0, {len(VOCAB)}); got [999]. "
+        "Fix: encode the prompt with this model's tokenizer"
+    )
     r = await client.post("/v1/chat/completions", content=b"{", headers={"content-type": "application/json"})
     assert r.status_code == 400 and r.json()["error"]["message"].startswith("the request body is not valid JSON")
     r = await client.post("/v1/chat/completions", json=ask(max_tokens=2))  # still serving
     assert r.status_code == 200
 
 
-async def test_queue_full_is_429(served: tuple[httpx.AsyncClient, GenerationService, Metrics]) -> None:
+async def test_queue_full_is_429(served: tuple[httpx.AsyncClient, ModelManager, Metrics]) -> None:
     client, service, _ = served
-    engine = service.engine("counter")
+    engine: Any = service.chat("counter").client
     long = SamplingParams(max_tokens=10_000, temperature=0.0, ignore_eos=True)
     engine.llm.engine.delay_s = 0.01  # type: ignore[attr-defined]
     running = engine.add([VOCAB["a"]], long)
@@ -216,12 +223,12 @@ async def test_queue_full_is_429(served: tuple[httpx.AsyncClient, GenerationServ
 
 
 async def test_stopping_the_service_ends_open_streams_with_an_error(
-    served: tuple[httpx.AsyncClient, GenerationService, Metrics],
+    served: tuple[httpx.AsyncClient, ModelManager, Metrics],
 ) -> None:
     client, service, _ = served
-    service.engine("counter").llm.engine.delay_s = 0.005  # type: ignore[attr-defined]
+    service.chat("counter").client.llm.engine.delay_s = 0.005  # type: ignore[attr-defined]
     request = asyncio.create_task(client.post("/v1/chat/completions", json=ask(stream=True, max_tokens=200)))
-    while service.engine("counter").num_running == 0:
+    while service.chat("counter").client.num_running == 0:
         assert not request.done(), request.result().text
         await asyncio.sleep(0.001)
     await service.stop()
@@ -233,7 +240,7 @@ async def test_stopping_the_service_ends_open_streams_with_an_error(
     assert r.status_code == 404  # nothing is served after stop()
 
 
-async def test_models_metrics_and_delegates(served: tuple[httpx.AsyncClient, GenerationService, Metrics]) -> None:
+async def test_models_metrics_and_delegates(served: tuple[httpx.AsyncClient, ModelManager, Metrics]) -> None:
     client, _, metrics = served
     r = await client.get("/v1/models")
     assert r.json() == {
@@ -267,7 +274,7 @@ async def test_models_metrics_and_delegates(served: tuple[httpx.AsyncClient, Gen
 
 
 async def test_text_generator_for_dialogue_pipelines(
-    served: tuple[httpx.AsyncClient, GenerationService, Metrics],
+    served: tuple[httpx.AsyncClient, ModelManager, Metrics],
 ) -> None:
     _, service, _ = served
     generator = LLMTextGenerator(service, "counter")
@@ -280,12 +287,13 @@ async def test_repository_models_are_found_and_broken_ones_reported(tmp_path: Pa
     broken.mkdir(parents=True)
     (broken / MARKER_NAME).write_text(info("llm").model_dump_json())
     assert causal_lm_names(tmp_path) == ["llm"]
-    service = GenerationService(tmp_path)
-    await service.start()
-    assert service.ready and service.loaded() == []
-    assert service.failures["llm"].startswith("cannot read decoder metadata")
-    with pytest.raises(Exception, match="^model 'llm' failed to load: cannot read decoder metadata"):
-        service.get("llm")
+    service = ModelManager(tmp_path)
+    await service.load_all()
+    assert service.chat_states() == []
+    row = next(row for row in service.index() if row["name"] == "llm")
+    assert row["state"] == "UNAVAILABLE" and row["reason"].startswith("load failed: cannot load")
+    with pytest.raises(Exception, match=r"^model 'llm' is not loaded \(load failed: cannot load .*tokenizer.json"):
+        service.chat("llm")
     await service.stop()
 
 
@@ -319,7 +327,7 @@ async def _chunks_of(events: list[Any], chat: bool = False) -> list[Any]:
     fell behind the engine), JSON-decoded like :func:`sse`."""
     from types import SimpleNamespace
 
-    from miaohui.generation.engine.engine_loop import RequestStream
+    from miaohui.generation.engine.client import RequestStream
     from miaohui.server.openai_api import _Call, _stream_chunks
 
     stream = RequestStream(SimpleNamespace(abort=lambda rid: True), 7, 2)
@@ -332,7 +340,7 @@ async def _chunks_of(events: list[Any], chat: bool = False) -> list[Any]:
 
 
 async def test_tokens_queued_behind_a_slow_reader_go_out_in_one_chunk() -> None:
-    from miaohui.generation.engine.engine_loop import EngineStoppedError, TokenEvent
+    from miaohui.generation.engine.client import EngineStoppedError, TokenEvent
 
     def tok(i: int, text: str, finish: str | None = None) -> TokenEvent:
         return TokenEvent(7, 10 + i, text, i, finish, 2, i)  # type: ignore[arg-type]

@@ -14,7 +14,8 @@ import pytest
 from pydantic import ValidationError
 
 from miaohui.errors import ConfigError, InputError, QueueFullError
-from miaohui.generation.engine.engine_loop import AsyncLLMEngine, EngineStoppedError, LLMEngine
+from miaohui.generation.engine.client import EngineStoppedError
+from miaohui.generation.engine.engine_loop import AsyncLLMEngine, LLMEngine
 from miaohui.generation.engine.params import SamplingParams
 from miaohui.generation.engine.sampling import make_rng, sample
 from miaohui.generation.engine.scheduler import (
@@ -378,7 +379,7 @@ def test_runner_batches_rows_of_different_lengths_and_drops_finished_ones() -> N
     a = llm.add_request([5], SamplingParams(temperature=0.0, max_tokens=2))
     llm.step()
     b = llm.add_request([7, 8], SamplingParams(temperature=0.0, max_tokens=3))
-    ups = llm.step() + llm.step() + llm.step()
+    ups = [up for _ in range(3) if (out := llm.step()) is not None for up in out.updates]
     assert [u.token_id for u in ups if u.seq_id == a] == [7]
     assert [u.token_id for u in ups if u.seq_id == b] == [9, 10, 11]
     assert llm.runner.rows == [b]  # a's row went when it stopped decoding; 0, 1, 2 went long before

@@ -15,7 +15,7 @@ routes with templates when there is no generator:
   e.g. ``openai.AsyncOpenAI(base_url=...).chat.completions.create``.
 * :class:`EngineGenerator` — miaohui's own :class:`~miaohui.generation.engine.engine_loop.AsyncLLMEngine` with a
   chat encoder (messages → prompt token ids). The server uses
-  :class:`~miaohui.server.generation_service.LLMTextGenerator` (the same over its generation service).
+  :class:`~miaohui.server.openai_api.LLMTextGenerator` (the same over the model manager's chat model).
 
 Per-request state crosses the protocol (which takes only texts) in a context variable:
 :func:`engine_call` sets the deadline that :class:`EngineClassifier` applies and records the model version

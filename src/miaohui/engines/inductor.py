@@ -43,7 +43,7 @@ import torch
 
 from miaohui.engines.context import BuildContext, BuiltEngine
 from miaohui.engines.encoder_buckets import check_static_shapes
-from miaohui.engines.onnxruntime import io_specs
+from miaohui.engines.onnxruntime_builder import io_specs
 from miaohui.engines.target import cpu_target, cuda_target
 from miaohui.errors import BuildError
 from miaohui.models import tuning

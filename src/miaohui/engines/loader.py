@@ -10,7 +10,6 @@ from miaohui.engines.base import Engine, Manifest
 from miaohui.engines.store import backend_version, file_info, read_manifest
 from miaohui.engines.target import check_target
 from miaohui.errors import ArtifactError, BackendUnavailableError
-from miaohui.models.fast_bert import has_fast
 
 
 def _same_release(built: str, here: str, backend: str) -> bool:
@@ -64,6 +63,12 @@ def check_machine(manifest: Manifest) -> None:
     check_target(manifest.target, f"{manifest.name} v{manifest.version} ({manifest.backend})", manifest.backend)
 
 
+def _has_fast(path: Path) -> bool:
+    from miaohui.models.fast_bert import has_fast  # torch: only inductor artifacts need it
+
+    return has_fast(path)
+
+
 def load_engine(
     path: Path,
     threads: int | None = None,
@@ -80,7 +85,7 @@ def load_engine(
     manifest = read_manifest(path)
     # fast_start reads the program only in its background upgrade: its sha256 is checked there, not on the way to
     # the first answer (~0.1 s per 130 MB hashed on this CPU: the e5 fp32 program)
-    late = manifest.backend == "inductor" and fast_start and has_fast(path) and manifest.engine_file in manifest.files
+    late = manifest.backend == "inductor" and fast_start and _has_fast(path) and manifest.engine_file in manifest.files
     deferred = frozenset({manifest.engine_file}) if late and verify_checksums else frozenset()
     check_files(path, manifest, verify_checksums, deferred)
     check_machine(manifest)

@@ -230,9 +230,9 @@ def exported_onnx(model: LoadedModel, log: Log, real_texts: list[str]) -> Path:
 def _run_backend(ctx: BuildContext) -> BuiltEngine:
     backend = ctx.cfg.backend
     if backend == "onnxruntime":
-        from miaohui.engines import onnxruntime
+        from miaohui.engines import onnxruntime_builder
 
-        return onnxruntime.build(ctx)
+        return onnxruntime_builder.build(ctx)
     if backend in ("tensorrt", "tensorrt-rtx"):
         from miaohui.engines import tensorrt_builder
 

@@ -10,7 +10,7 @@ import torch
 
 from miaohui.engines.base import Engine, Manifest
 from miaohui.engines.context import BuildContext, BuiltEngine
-from miaohui.engines.onnxruntime import io_specs
+from miaohui.engines.onnxruntime_builder import io_specs
 from miaohui.engines.target import cpu_target, cuda_target
 from miaohui.errors import BuildError
 from miaohui.models.checkpoint import META_NAME, WEIGHTS_NAME

@@ -11,18 +11,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field
-from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 
 from miaohui.errors import ArtifactError
 from miaohui.models.decision import IntentDecision
-from miaohui.models.intent import IntentClassifier, SentenceEncoder
 from miaohui.paths import atomic_dir
 
 if TYPE_CHECKING:
+    import torch
     from transformers import PreTrainedModel
+
+# torch, safetensors' torch helpers and transformers are imported where a checkpoint is loaded or saved, never at
+# import: a server that only loads prebuilt engines reads the metadata here without the training framework
 
 META_NAME = "miaohui-model.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -71,6 +72,8 @@ class LoadedModel:
 
 def save_checkpoint(path: Path, module: torch.nn.Module, meta: ModelMeta, tokenizer: Tokenizer) -> Path:
     """Write atomically: a temp dir next to ``path`` renamed into place."""
+    from safetensors.torch import save_file
+
     path = Path(path)
     with atomic_dir(path) as tmp:
         state = {k: v.detach().contiguous() for k, v in module.state_dict().items()}
@@ -143,6 +146,8 @@ def build_encoder(bert_config: dict[str, Any], attn_implementation: str = "sdpa"
 
 
 def build_module(meta: ModelMeta, attn_implementation: str = "sdpa") -> torch.nn.Module:
+    from miaohui.models.intent import IntentClassifier, SentenceEncoder
+
     encoder = build_encoder(meta.bert_config, attn_implementation)
     if meta.kind == "intent":
         return IntentClassifier(encoder, num_labels=len(meta.labels))
@@ -151,6 +156,8 @@ def build_module(meta: ModelMeta, attn_implementation: str = "sdpa") -> torch.nn
 
 def load_checkpoint(path: Path, attn_implementation: str = "sdpa") -> LoadedModel:
     """Load a checkpoint in eval mode. ``attn_implementation='eager'`` for ONNX export."""
+    from safetensors.torch import load_file
+
     path = Path(path)
     meta = read_meta(path)
     module = build_module(meta, attn_implementation)

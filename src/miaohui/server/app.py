@@ -49,39 +49,34 @@ def build_app(
 
     ``worker`` / ``workers`` / ``engine_socket``: this process's place among the processes of ``--workers N``
     (:class:`~miaohui.server.state.ServeSpec`); with ``engine_socket`` the models run in the engine process."""
-    from miaohui.generation.build.artifact import causal_lm_names
     from miaohui.server.console import mount_console
     from miaohui.server.dialogue_api import DialogueService
-    from miaohui.server.generation_service import GenerationService, LLMTextGenerator
+    from miaohui.server.observer_metrics import chat_observers
+    from miaohui.server.openai_api import LLMTextGenerator
     from miaohui.serving.shadow import ShadowManager
 
     metrics = Metrics()
     engine = EngineClient(engine_socket) if engine_socket else None  # an HTTP worker of `--shared-engine`
-    manager = ModelManager(repository, observer_factory=metrics.observer, engine_process=engine)
-    state = ServerState(manager, metrics, worker=worker, workers=workers)
-    llm_names = causal_lm_names(repository)
-    generation = GenerationService(
+    manager = ModelManager(
         repository,
-        metrics,
-        names=[n for n in models if n in llm_names] if models else llm_names,
-        engine_process=engine,  # `--shared-engine`: the causal LMs run there too, for every worker
+        observer_factory=metrics.observer,
+        engine_process=engine,  # `--shared-engine`: every model runs there, for every worker
+        chat_observer_factory=chat_observers(metrics),
     )
-    state.generation = generation
-    generator = LLMTextGenerator(generation, dialogue_llm) if dialogue_llm else None
+    state = ServerState(manager, metrics, worker=worker, workers=workers)
+    generator = LLMTextGenerator(manager, dialogue_llm) if dialogue_llm else None
     dialogue = DialogueService.for_manager(manager, metrics, intent_model=dialogue_intent, generator=generator)
     state.dialogue = dialogue
     state.shadow = ShadowManager(manager, metrics)
-    encoder_models = [n for n in models if n not in llm_names] if models else None
     app = create_app(state)
     console = mount_console(app, state)  # /ui and /v1/console/*
     shadow = state.shadow
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        if encoder_models is None or encoder_models:  # [] = only LLMs were asked for
-            await manager.load_all(encoder_models)
+        await manager.load_all(models or None)
+        if manager.states():
             dialogue.check_labels()  # logs each pipeline whose routes the intent model lacks
-        await generation.start()
         await shadow.start()
         if freeze_when_warm:
             freeze_heap(f"server pid {os.getpid()}")
@@ -94,7 +89,6 @@ def build_app(
             gc_flusher.cancel()
             await console.stop()
             await shadow.stop()
-            await generation.stop()
             await manager.stop()
 
     app.router.lifespan_context = lifespan

@@ -220,8 +220,8 @@ def models_view(state: ServerState) -> dict[str, Any]:
         rows.append(row)
     llms = [
         {"name": llm.name, "version": llm.version, "backend": llm.info.backend, "precision": llm.info.precision,
-         "ready": llm.engine.is_running, "chat": llm.info.chat_template is not None}
-        for llm in (state.generation.loaded() if state.generation is not None else [])
+         "ready": llm.ready, "chat": llm.info.chat_template is not None}
+        for st in manager.chat_states() for llm in st.versions.values()
     ]  # fmt: skip
     try:
         check_model_control(state)

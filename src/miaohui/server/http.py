@@ -67,14 +67,13 @@ def create_app(state: ServerState) -> FastAPI:
             )
         )
     dialogue = state.dialogue
-    if state.generation is not None:
 
-        def encoders() -> list[str]:
-            pipelines = dialogue.model_names() if dialogue is not None else []
-            return [s.name for s in manager.states() if s.versions] + pipelines
+    def encoders() -> list[str]:
+        pipelines = dialogue.model_names() if dialogue is not None else []
+        return [s.name for s in manager.states() if s.versions] + pipelines
 
-        delegate = dialogue.chat_delegate if dialogue is not None else None
-        app.include_router(openai_router(state.generation, metrics, other_models=encoders, chat_delegate=delegate))
+    delegate = dialogue.chat_delegate if dialogue is not None else None
+    app.include_router(openai_router(manager, metrics, other_models=encoders, chat_delegate=delegate))
     if dialogue is not None or state.shadow is not None:
         from miaohui.server.dialogue_api import dialogue_router, shadow_router
 
@@ -107,10 +106,7 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.get("/v2/health/ready")
     async def ready() -> Response:
-        encoders = any(s.versions for s in manager.states())
-        llms = state.generation is not None and bool(state.generation.loaded())
-        llm_ok = state.generation is None or state.generation.ready
-        ok = (encoders or llms) and (manager.ready or not encoders) and llm_ok and not state.shutting_down
+        ok = manager.ready and not state.shutting_down
         body: dict[str, Any] = {"ready": ok}
         if state.workers > 1:  # which worker answered (each reports ready only once its own models are warm)
             body |= {"worker": state.worker, "workers": state.workers, "pid": os.getpid()}
@@ -145,7 +141,7 @@ def create_app(state: ServerState) -> FastAPI:
     @app.get("/v2/models/{model}/versions/{version}/ready")
     async def model_ready(model: str, version: str | None = None) -> Response:
         try:
-            served = manager.get(kserve.split_name(model)[0], version)
+            served = manager.version(kserve.split_name(model)[0], version)
         except ModelNotFoundError:
             return JSONResponse({"name": model, "ready": False}, status_code=404)
         return JSONResponse({"name": model, "ready": served.ready}, status_code=200 if served.ready else 503)
@@ -158,7 +154,7 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.post("/v2/repository/models/{model}/load")
     async def load_model(model: str, request: Request) -> dict[str, Any]:
-        check_model_control(state)
+        check_model_control(state, model)
         body = await read_body(request)
         if body.strip():  # tritonclient sends {"parameters": {...}} only for inline config or files
             params = kserve.parse_json_object(body).get("parameters") or {}
@@ -168,7 +164,7 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.post("/v2/repository/models/{model}/unload")
     async def unload_model(model: str) -> dict[str, Any]:
-        check_model_control(state)
+        check_model_control(state, model)
         await manager.unload(model)
         return {"name": model, "state": "UNAVAILABLE"}
 

@@ -12,6 +12,8 @@ Label children are bound once here, so a hook costs one ``observe``/``inc``/``se
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from miaohui.generation.engine.observer import GenerationObserver, StepReport
 from miaohui.server.metrics import Metrics, observe_many
 
@@ -70,3 +72,8 @@ class MetricsObserver(GenerationObserver):
             self._loop.observe(step.loop_s)
         if step.queue_s:
             observe_many(self._queue, list(step.queue_s))
+
+
+def chat_observers(metrics: Metrics) -> Callable[[str, int], MetricsObserver]:
+    """The model manager's ``chat_observer_factory``: each chat version's loop reports to ``metrics``."""
+    return lambda name, version: MetricsObserver(metrics, name, version)

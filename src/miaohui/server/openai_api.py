@@ -1,8 +1,8 @@
 """OpenAI-compatible generation: ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/completions``.
 
-:class:`~miaohui.server.generation_service.GenerationService` (re-exported here) owns one
-:class:`AsyncLLMEngine` per causal-LM model of the repository. :func:`openai_router` is the FastAPI
-router; it answers errors in OpenAI's shape (``{"error": {"message", "type", "param", "code"}}``): 400 bad
+The chat models are the repository's, served by the :class:`~miaohui.serving.repository.ModelManager` like every
+model (each version's front end an :class:`~miaohui.generation.engine.client.LLMClient`). :func:`openai_router` is
+the FastAPI router; it answers errors in OpenAI's shape (``{"error": {"message", "type", "param", "code"}}``): 400 bad
 parameters, 404 unknown model, 429 queue full, 503 stopping.
 
 A request is admitted (``engine.add``) before any byte is sent, so a rejection is a plain HTTP error even
@@ -24,15 +24,15 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from miaohui.errors import MiaohuiError, ModelNotFoundError
-from miaohui.generation.engine.engine_loop import EngineStoppedError, RequestStream, TokenEvent
-from miaohui.server.generation_service import GenerationService, LoadedLLM
+from miaohui.generation.engine.client import EngineStoppedError, RequestStream, TokenEvent
+from miaohui.generation.engine.params import SamplingParams
 from miaohui.server.metrics import UNKNOWN_MODEL, Metrics
 from miaohui.server.openai_schema import (
     ChatRequest,
@@ -44,8 +44,13 @@ from miaohui.server.openai_schema import (
     sampling_params,
 )
 from miaohui.server.status import http_status, message, reason
+from miaohui.serving.chat import ServedChatVersion
+from miaohui.serving.repository import ModelManager
 
-__all__ = ["ChatDelegate", "GenerationService", "create_openai_app", "error_body", "openai_router"]
+if TYPE_CHECKING:
+    from miaohui.dialogue.pipeline import ChatMessage
+
+__all__ = ["ChatDelegate", "LLMTextGenerator", "create_openai_app", "error_body", "openai_router"]
 
 log = logging.getLogger("miaohui.generation")
 MAX_BODY_BYTES = 4 << 20
@@ -104,10 +109,12 @@ class _Call:
     """One admitted request: its stream and how to shape its chunks."""
 
     chat: bool
-    llm: LoadedLLM
+    llm: ServedChatVersion
     stream: RequestStream
     prompt_tokens: int
     include_usage: bool
+    served: int | None = None
+    """The version that answers, where the engine process chose it (``--shared-engine``); else ``llm``'s."""
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
     _template: tuple[bytes, bytes] | None = field(default=None, repr=False)
@@ -121,12 +128,13 @@ class _Call:
         return "chat.completion.chunk" if self.chat else "text_completion"
 
     def head(self, obj: str) -> dict[str, Any]:
+        llm = self.llm
         return {
             "id": ("chatcmpl-" if self.chat else "cmpl-") + self.id,
             "object": obj,
             "created": self.created,
-            "model": self.llm.name,
-            "system_fingerprint": f"miaohui-{self.llm.name}-v{self.llm.version}-{self.llm.info.precision}",
+            "model": llm.name,
+            "system_fingerprint": f"miaohui-{llm.name}-v{self.served or llm.version}-{llm.info.precision}",
         }
 
     def usage(self, completion_tokens: int) -> dict[str, int]:
@@ -257,25 +265,24 @@ sent as one content chunk and a finish chunk."""
 
 
 def openai_router(
-    service: GenerationService,
-    metrics: Metrics | None = None,
+    manager: ModelManager,
+    metrics: Metrics,
     *,
     other_models: Callable[[], Iterable[str]] | None = None,
     chat_delegate: ChatDelegate | None = None,
 ) -> APIRouter:
-    """The OpenAI-compatible routes over ``service``.
+    """The OpenAI-compatible routes over the chat models of ``manager``.
 
     ``other_models``: more names for ``/v1/models`` (the repository's intent models, the pipelines).
     ``chat_delegate``: see :data:`ChatDelegate`; asked first for every chat request's model.
     """
     router = APIRouter()
-    metrics = metrics or service.metrics
 
     def model_card(name: str, created: int) -> dict[str, Any]:
         return {"id": name, "object": "model", "created": created, "owned_by": "miaohui"}
 
     def cards() -> list[dict[str, Any]]:
-        out = [model_card(m.name, m.info.created) for m in service.loaded()]
+        out = [model_card(s.latest.name, s.latest.info.created) for s in manager.chat_states() if s.latest]
         seen = {c["id"] for c in out}
         start = int(time.time())
         out += [model_card(n, start) for n in sorted(set(other_models() if other_models else ())) if n not in seen]
@@ -294,9 +301,9 @@ def openai_router(
             OpenAIError(404, f"The model '{model}' does not exist", param="model", code="model_not_found")
         )
 
-    def lookup(name: str) -> LoadedLLM:
+    def lookup(name: str) -> ServedChatVersion:
         try:
-            return service.get(name)
+            return manager.chat(name)
         except ModelNotFoundError:
             if other_models is not None and name in set(other_models()):
                 raise OpenAIError(
@@ -318,10 +325,11 @@ def openai_router(
             llm = lookup(req.model)
             done.label, done.version = llm.name, str(llm.version)
             ids = _encode(llm, req)
-            stream = llm.engine.add(ids, sampling_params(req, len(ids), llm.max_model_len))
+            stream = llm.client.add(ids, sampling_params(req, len(ids), llm.max_model_len))
             await stream.admitted()  # a remote engine's rejection (429 full queue) before any byte is sent
+            done.version = str(stream.version or llm.version)
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            call = _Call(chat, llm, stream, len(ids), include_usage)
+            call = _Call(chat, llm, stream, len(ids), include_usage, stream.version)
             if req.stream:
                 return _streamed(call, done)
             events = await _collect(request, stream)
@@ -407,7 +415,7 @@ def _reason(exc: BaseException) -> str:
     return reason(exc)
 
 
-def _encode(llm: LoadedLLM, req: ChatRequest | CompletionRequest) -> list[int]:
+def _encode(llm: ServedChatVersion, req: ChatRequest | CompletionRequest) -> list[int]:
     if isinstance(req, ChatRequest):
         messages = chat_messages(req.messages)
         try:
@@ -415,11 +423,7 @@ def _encode(llm: LoadedLLM, req: ChatRequest | CompletionRequest) -> list[int]:
         except MiaohuiError as exc:
             raise OpenAIError(400, message(exc), param="messages") from None
     prompt = completion_prompt(req.prompt)
-    if prompt.token_ids is not None:
-        vocab = llm.vocab
-        bad = [t for t in prompt.token_ids if not 0 <= t < vocab]
-        if bad:
-            raise OpenAIError(400, f"prompt token ids must be in [0, {vocab}); got {bad[:5]}", param="prompt")
+    if prompt.token_ids is not None:  # checked by the engine (check_prompt), like every prompt
         return prompt.token_ids
     ids = llm.tokenizer.encode(prompt.text or "")
     if not ids:
@@ -427,23 +431,37 @@ def _encode(llm: LoadedLLM, req: ChatRequest | CompletionRequest) -> list[int]:
     return ids
 
 
-def create_openai_app(service: GenerationService, metrics: Metrics) -> FastAPI:
-    """A standalone app: the OpenAI routes and ``/metrics``, with ``service`` started and stopped by the
+def create_openai_app(manager: ModelManager, metrics: Metrics) -> FastAPI:
+    """A standalone app: the OpenAI routes and ``/metrics``, with ``manager``'s models loaded and stopped by the
     lifespan (tests, benchmarks; ``miaohui serve`` mounts :func:`openai_router` into its own app)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        await service.start()
+        await manager.load_all()
         try:
             yield
         finally:
-            await service.stop()
+            await manager.stop()
 
     app = FastAPI(title="miaohui-openai", lifespan=lifespan)
-    app.include_router(openai_router(service, metrics))
+    app.include_router(openai_router(manager, metrics))
 
     @app.get("/metrics")
     async def prometheus() -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     return app
+
+
+class LLMTextGenerator:
+    """A served chat model as the dialogue pipelines' ``TextGenerator`` (greedy by default)."""
+
+    def __init__(self, manager: ModelManager, model: str) -> None:
+        self.manager, self.model = manager, model
+
+    async def generate(self, messages: list[ChatMessage], max_tokens: int, temperature: float = 0.0) -> str:
+        llm = self.manager.chat(self.model)
+        ids = llm.tokenizer.encode_chat([{"role": m["role"], "content": m["content"]} for m in messages])
+        room = llm.max_model_len - len(ids)
+        params = SamplingParams.create(max_tokens=max(1, min(max_tokens, room)), temperature=temperature)
+        return "".join([event.text async for event in llm.client.generate(ids, params)])

@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from miaohui.errors import ConfigError, ConflictError, UnavailableError
+from miaohui.generation.build.artifact import is_causal_lm_model
 
 if TYPE_CHECKING:
     from miaohui.server.dialogue_api import DialogueService
-    from miaohui.server.generation_service import GenerationService
     from miaohui.server.metrics import Metrics
     from miaohui.serving.repository import ModelManager
     from miaohui.serving.shadow import ShadowManager
@@ -85,8 +85,6 @@ class ServerState:
         self.metrics = metrics
         self.started = time.time()
         self.shutting_down = False
-        self.generation: GenerationService | None = None
-        """Causal-LM engines (OpenAI routes); None: the server has no generation models."""
         self.dialogue: DialogueService | None = None
         """Dialogue pipelines (``/v1/dialogue``, ``pipeline/<name>`` chat models); None: not served."""
         self.shadow: ShadowManager | None = None
@@ -97,9 +95,16 @@ class ServerState:
         """N: how many worker processes serve (each holds its own models)."""
 
 
-def check_model_control(state: ServerState) -> None:
-    """Model load/unload changes one process's models: refused when several workers serve (each holds its own)."""
-    if state.workers > 1:
+def check_model_control(state: ServerState, model: str | None = None) -> None:
+    """Model load/unload changes one process's models: refused when several workers serve (each holds its own) —
+    except a chat model under ``--shared-engine``, which the engine process loads for every worker (their requests
+    go to its serving version)."""
+    shared_chat = (
+        model is not None
+        and state.manager.engine_process is not None
+        and is_causal_lm_model(state.manager.repository / model)
+    )
+    if state.workers > 1 and not shared_chat:
         raise ConflictError(
             f"model control (load/unload) is not available with --workers {state.workers}: each worker process "
             "holds its own copy of the models, and a load would reach only the worker that received it",

@@ -150,39 +150,35 @@ def _engine_main(spec: ServeSpec, path: str, events: Any) -> None:
 
 
 async def _engine_serve(spec: ServeSpec, path: str, events: Any) -> None:
-    """Load and warm up the encoder models and the causal LMs, then answer the workers until cancelled (SIGTERM)."""
+    """Load and warm up the repository's models (encoders and chat models), then answer the workers until cancelled
+    (SIGTERM)."""
     from miaohui.gcpolicy import flush_pauses_every, freeze_heap
-    from miaohui.generation.build.artifact import causal_lm_names
-    from miaohui.server.generation_service import GenerationService
     from miaohui.server.metrics import Metrics
+    from miaohui.server.observer_metrics import chat_observers
     from miaohui.serving.engine_process import EngineServer
     from miaohui.serving.repository import ModelManager
 
     metrics = Metrics()  # batch, queue, compute and generation metrics: shared files, shown by every worker
-    manager = ModelManager(spec.repository, observer_factory=metrics.observer)
-    llms = causal_lm_names(spec.repository)
-    encoders = [m for m in spec.models if m not in llms] if spec.models else None
-    if encoders is None or encoders:  # [] = only causal LMs were asked for
-        await manager.load_all(encoders)
-    generation = GenerationService(
-        spec.repository, metrics, names=[m for m in spec.models if m in llms] if spec.models else llms
+    manager = ModelManager(
+        spec.repository,
+        observer_factory=metrics.observer,
+        chat_observer_factory=chat_observers(metrics),
     )
-    await generation.start()
-    server = EngineServer(manager, generation)
+    await manager.load_all(spec.models or None)
+    server = EngineServer(manager)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)  # left by an engine process that died
     await server.start(path)
     freeze_heap("engine process")
     gc_flusher = asyncio.ensure_future(flush_pauses_every())
     events.put(("ready", 0, os.getpid()))
-    served = [s.name for s in manager.states()] + [m.name for m in generation.loaded()]
+    served = [s.name for s in manager.all_states()]
     log.info("engine process serves %s on %s", served, path)
     try:
         await asyncio.Event().wait()
     finally:
         gc_flusher.cancel()
         await server.stop()
-        await generation.stop()
         await manager.stop()
 
 

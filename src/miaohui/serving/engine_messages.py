@@ -5,34 +5,44 @@ They are typed, immutable records (``NamedTuple``), one class per kind. The toke
 plain rows (:data:`TokenRow`), so the per-token frames of generation cost what untyped tuples cost to pickle.
 
 Worker → engine: :class:`Infer`, :class:`Cancel`, :class:`Status`, :class:`LlmStatus`, :class:`Generate`,
-:class:`Abort`. Engine → worker: :class:`Ok` or :class:`Err` (a reply to the request with the same ``rid``), and
+:class:`Abort`, :class:`Load`, :class:`Unload`.
+Engine → worker: :class:`Ok` or :class:`Err` (a reply to the request with the same ``rid``), and
 :class:`TokenBatch` (the generation events of one event-loop turn: :data:`TokenRow` tokens, :class:`StreamError`
 failures).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
-if TYPE_CHECKING:
-    from miaohui.generation.engine.engine_loop import FinishReason
+import numpy as np
+
+from miaohui.generation.engine.params import SamplingParams
+from miaohui.generation.engine.scheduler import FinishReason
 
 __all__ = [
     "Abort",
     "Cancel",
+    "ChatFacts",
+    "ChatStatus",
     "EngineReply",
     "EngineRequest",
     "Err",
     "Generate",
     "Infer",
+    "ItemSink",
     "LlmStatus",
+    "Load",
     "Ok",
+    "OkValue",
     "RemoteError",
     "Status",
     "StreamError",
     "StreamItem",
     "TokenBatch",
     "TokenRow",
+    "Unload",
 ]
 
 
@@ -68,20 +78,46 @@ class Status(NamedTuple):
 
 
 class LlmStatus(NamedTuple):
-    """The causal LMs the engine process serves (reply: :class:`Ok` with ``{"models", "failures"}``)."""
+    """The chat versions the engine process serves (reply: :class:`Ok` with a :data:`ChatStatus`)."""
 
     rid: int
 
 
+class ChatFacts(NamedTuple):
+    """What a worker needs to know of a chat version the engine process serves."""
+
+    vocab: int
+    max_model_len: int
+
+
+ChatStatus = dict[str, dict[int, ChatFacts]]
+"""Ready chat versions by model and version."""
+
+
+class Load(NamedTuple):
+    """Load (or reload) ``model`` per its version policy in the engine process (reply: :class:`Ok` once its new
+    versions are warm and serving)."""
+
+    rid: int
+    model: str
+
+
+class Unload(NamedTuple):
+    """Unload ``model`` in the engine process (reply: :class:`Ok` once its running streams finished)."""
+
+    rid: int
+    model: str
+
+
 class Generate(NamedTuple):
-    """Admit generation request ``sid`` (reply: :class:`Ok` once admitted; its tokens follow in
-    :class:`TokenBatch` frames)."""
+    """Admit generation request ``sid`` on ``model``'s serving version (reply: :class:`Ok` with that version once
+    admitted; its tokens follow in :class:`TokenBatch` frames)."""
 
     rid: int
     sid: int
     model: str
     prompt_ids: list[int]
-    params: Any
+    params: SamplingParams
 
 
 class Abort(NamedTuple):
@@ -90,11 +126,16 @@ class Abort(NamedTuple):
     sid: int
 
 
+OkValue = np.ndarray | dict[str, list[int]] | ChatStatus | int | None
+"""An :class:`Infer`'s output rows, a :class:`Status`, a :class:`LlmStatus`, the version a :class:`Generate` went to,
+or nothing (:class:`Load`, :class:`Unload`)."""
+
+
 class Ok(NamedTuple):
     """Request ``rid`` succeeded with ``value``."""
 
     rid: int
-    value: Any
+    value: OkValue
 
 
 class Err(NamedTuple):
@@ -104,7 +145,7 @@ class Err(NamedTuple):
     error: RemoteError
 
 
-TokenRow = tuple[int, "int | None", str, int, "FinishReason | None", int, int]
+TokenRow = tuple[int, int | None, str, int, FinishReason | None, int, int]
 """One generated token: (sid, token_id, text, generated so far, finish_reason, prompt_tokens, completion_tokens), the
 fields of :class:`~miaohui.generation.engine.engine_loop.TokenEvent` for request ``sid``. A plain tuple on purpose:
 frames carry one per token per decode step, and a tuple of a class of its own costs ~8x more to pickle and unpickle."""
@@ -120,6 +161,9 @@ class StreamError(NamedTuple):
 StreamItem = TokenRow | StreamError
 """What a generation request's sink receives."""
 
+ItemSink = Callable[[StreamItem], None]
+"""A worker's receiver of one generation request's items."""
+
 
 class TokenBatch(NamedTuple):
     """The generation events of one event-loop turn of the engine process (one frame per decode step): the tokens,
@@ -129,5 +173,7 @@ class TokenBatch(NamedTuple):
     errors: list[StreamError]
 
 
-EngineRequest = Infer | Cancel | Status | LlmStatus | Generate | Abort
+EngineRequest = Infer | Cancel | Status | LlmStatus | Generate | Abort | Load | Unload
 EngineReply = Ok | Err | TokenBatch
+REQUEST_TYPES = (Infer, Cancel, Status, LlmStatus, Generate, Abort, Load, Unload)
+REPLY_TYPES = (Ok, Err, TokenBatch)

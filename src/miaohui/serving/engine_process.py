@@ -34,28 +34,41 @@ import pickle
 import struct
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
 from miaohui import errors
 from miaohui.errors import MiaohuiError, UnavailableError
 from miaohui.serving.engine_messages import (
+    REPLY_TYPES,
+    REQUEST_TYPES,
     Abort,
     Cancel,
+    ChatFacts,
+    ChatStatus,
     EngineReply,
     EngineRequest,
     Err,
     Generate,
     Infer,
+    ItemSink,
     LlmStatus,
+    Load,
     Ok,
+    OkValue,
     RemoteError,
     Status,
     StreamError,
     TokenBatch,
     TokenRow,
+    Unload,
 )
+
+if TYPE_CHECKING:
+    from miaohui.generation.engine.client import RequestStream, Sink, TokenEvent
+    from miaohui.generation.engine.params import SamplingParams
+    from miaohui.serving.repository import ModelManager
 
 log = logging.getLogger("miaohui.engine_process")
 
@@ -69,10 +82,25 @@ def _frame(message: EngineRequest | EngineReply) -> bytes:
     return _HEADER.pack(len(body)) + body
 
 
-async def _read(reader: asyncio.StreamReader) -> Any:
-    """The next message (an :data:`EngineRequest` on the engine side, an :data:`EngineReply` on the worker's)."""
+async def _unpickle(reader: asyncio.StreamReader) -> object:
     (size,) = _HEADER.unpack(await reader.readexactly(_HEADER.size))
     return pickle.loads(await reader.readexactly(size))  # our own processes, over a private socket
+
+
+async def _read_request(reader: asyncio.StreamReader) -> EngineRequest:
+    """The next message from a worker; ConnectionError (the connection is dropped) for anything else."""
+    message = await _unpickle(reader)
+    if not isinstance(message, REQUEST_TYPES):
+        raise ConnectionError(f"a worker sent {type(message).__name__}, not an engine request")
+    return message
+
+
+async def _read_reply(reader: asyncio.StreamReader) -> EngineReply:
+    """The next message from the engine process; ConnectionError for anything else."""
+    message = await _unpickle(reader)
+    if not isinstance(message, REPLY_TYPES):
+        raise ConnectionError(f"the engine process sent {type(message).__name__}, not a reply")
+    return message
 
 
 def error_fields(exc: BaseException) -> RemoteError:
@@ -104,10 +132,8 @@ async def _send(writer: asyncio.StreamWriter, message: EngineRequest | EngineRep
 class EngineServer:
     """Answers the HTTP workers' rows with the versions of ``manager`` (run in the engine process)."""
 
-    def __init__(self, manager: Any, generation: Any = None) -> None:
+    def __init__(self, manager: ModelManager) -> None:
         self.manager = manager
-        self.generation = generation
-        """The engine process's :class:`~miaohui.server.generation_service.GenerationService` (causal LMs), if any."""
         self._server: asyncio.AbstractServer | None = None
         self._connections: set[asyncio.StreamWriter] = set()
 
@@ -127,15 +153,12 @@ class EngineServer:
         """The versions that are ready, by model."""
         return {s.name: sorted(v for v, served in s.versions.items() if served.ready) for s in self.manager.states()}
 
-    def llm_status(self) -> dict[str, Any]:
-        """The causal LMs served here: version, vocabulary and context length by name; failures by name."""
-        if self.generation is None:
-            return {"models": {}, "failures": {}}
-        models = {
-            m.name: {"version": m.version, "vocab": m.vocab, "max_model_len": m.max_model_len}
-            for m in self.generation.loaded()
+    def llm_status(self) -> ChatStatus:
+        """The chat versions that are ready, by model and version: their vocabulary and context length."""
+        return {
+            s.name: {v: ChatFacts(c.vocab, c.max_model_len) for v, c in s.versions.items() if c.ready}
+            for s in self.manager.chat_states()
         }
-        return {"models": models, "failures": dict(self.generation.failures)}
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         tasks: dict[int, asyncio.Task[None]] = {}
@@ -143,7 +166,7 @@ class EngineServer:
         self._connections.add(writer)
         try:
             while True:
-                message: EngineRequest = await _read(reader)
+                message = await _read_request(reader)
                 match message:
                     case Infer():
                         tasks[message.rid] = asyncio.create_task(self._infer(writer, tasks, message))
@@ -159,6 +182,8 @@ class EngineServer:
                         await _send(writer, self._generate(streams, message))
                     case Abort(sid):
                         streams.abort(sid)
+                    case Load() | Unload():
+                        tasks[message.rid] = asyncio.create_task(self._repository(writer, tasks, message))
         except (asyncio.IncompleteReadError, ConnectionError):
             pass  # the worker went away: its requests are dropped below
         finally:
@@ -169,16 +194,36 @@ class EngineServer:
             writer.close()
 
     def _generate(self, streams: _GenerationStreams, request: Generate) -> Ok | Err:
-        """Admit a worker's generation request (its tokens follow in :class:`TokenBatch` frames)."""
+        """Admit a worker's generation request on the model's serving version (its tokens follow in
+        :class:`TokenBatch` frames); the reply names the version."""
         try:
-            if self.generation is None:
-                raise errors.ModelNotFoundError(f"the engine process serves no causal LM {request.model!r}", None)
-            engine = self.generation.engine(request.model)
-            stream = engine.add(request.prompt_ids, request.params, sink=streams.sink(request.sid))
+            served = self.manager.chat(request.model)
+            stream = served.client.add(request.prompt_ids, request.params, sink=streams.sink(request.sid))
         except MiaohuiError as exc:
             return Err(request.rid, error_fields(exc))
         streams.add(request.sid, stream)
-        return Ok(request.rid, None)
+        return Ok(request.rid, served.version)
+
+    async def _repository(
+        self, writer: asyncio.StreamWriter, tasks: dict[int, asyncio.Task[None]], request: Load | Unload
+    ) -> None:
+        """A worker's ``POST /v2/repository/models/<m>/load|unload``, done here where the models run."""
+        reply: Ok | Err
+        try:
+            if isinstance(request, Load):
+                await self.manager.load(request.model)
+            else:
+                await self.manager.unload(request.model)
+            reply = Ok(request.rid, None)
+        except asyncio.CancelledError:
+            return
+        except Exception as exc:
+            if not isinstance(exc, MiaohuiError):
+                log.exception("%s of %s failed", type(request).__name__.lower(), request.model)
+            reply = Err(request.rid, error_fields(exc))
+        finally:
+            tasks.pop(request.rid, None)
+        await _send(writer, reply)
 
     async def _infer(self, writer: asyncio.StreamWriter, tasks: dict[int, asyncio.Task[None]], request: Infer) -> None:
         from miaohui.serving.served import deadline_from_ms
@@ -206,15 +251,15 @@ class _GenerationStreams:
 
     def __init__(self, writer: asyncio.StreamWriter) -> None:
         self.writer = writer
-        self.streams: dict[int, Any] = {}
+        self.streams: dict[int, RequestStream] = {}
         self.tokens: list[TokenRow] = []
         self.errors: list[StreamError] = []
 
-    def add(self, sid: int, stream: Any) -> None:
+    def add(self, sid: int, stream: RequestStream) -> None:
         self.streams[sid] = stream
 
-    def sink(self, sid: int) -> Any:
-        def push(item: Any) -> None:
+    def sink(self, sid: int) -> Sink:
+        def push(item: TokenEvent | BaseException) -> None:
             if isinstance(item, BaseException):
                 self.streams.pop(sid, None)
                 self.errors.append(StreamError(sid, error_fields(item)))
@@ -255,12 +300,12 @@ class EngineClient:
     def __init__(self, path: str) -> None:
         self.path = path
         self._writer: asyncio.StreamWriter | None = None
-        self._pending: dict[int, asyncio.Future[Any]] = {}
+        self._pending: dict[int, asyncio.Future[OkValue]] = {}
         self._ids = itertools.count(1)
         self._lock: asyncio.Lock | None = None
         self._reader: asyncio.Task[None] | None = None
         self._generation_ids = itertools.count(1)
-        self._token_sinks: dict[int, Any] = {}
+        self._token_sinks: dict[int, ItemSink] = {}
         """Generation requests by id: called with each :data:`TokenRow` / :class:`StreamError` for them."""
 
     async def _connection(self) -> asyncio.StreamWriter:
@@ -284,7 +329,7 @@ class EngineClient:
     async def _read_replies(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while True:
-                message: EngineReply = await _read(reader)
+                message = await _read_reply(reader)
                 if isinstance(message, TokenBatch):
                     sinks = self._token_sinks
                     for row in message.tokens:
@@ -323,11 +368,11 @@ class EngineClient:
                         )
                     )
 
-    async def _call(self, request: Callable[[int], EngineRequest]) -> Any:
+    async def _call(self, request: Callable[[int], EngineRequest]) -> OkValue:
         """Send ``request(rid)`` with a fresh ``rid`` and wait for its reply's value."""
         writer = await self._connection()
         rid = next(self._ids)
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[OkValue] = asyncio.get_running_loop().create_future()
         self._pending[rid] = future
         await _send(writer, request(rid))
         if writer.is_closing():  # lost before or while sending: the reader's sweep may have missed this request
@@ -353,25 +398,33 @@ class EngineClient:
 
     async def status(self) -> dict[str, list[int]]:
         """Ready versions by model, as the engine process sees them."""
-        out = await self._call(Status)
-        assert isinstance(out, dict)
-        return out
+        return cast("dict[str, list[int]]", await self._call(Status))
 
-    async def llm_status(self) -> dict[str, Any]:
-        """The engine process's causal LMs (:meth:`EngineServer.llm_status`)."""
-        out = await self._call(LlmStatus)
-        assert isinstance(out, dict)
-        return out
+    async def llm_status(self) -> ChatStatus:
+        """The engine process's chat versions (:meth:`EngineServer.llm_status`)."""
+        return cast("ChatStatus", await self._call(LlmStatus))
 
-    async def generate(self, sid: int, model: str, prompt_ids: list[int], params: Any, sink: Any) -> None:
-        """Start generation request ``sid`` in the engine process; returns once admitted (raises its InputError /
-        QueueFullError otherwise). ``sink`` gets the request's items until one finishes it."""
+    async def load(self, model: str) -> None:
+        """Load (or reload) ``model`` in the engine process; returns once its new versions serve there."""
+        await self._call(lambda rid: Load(rid, model))
+
+    async def unload(self, model: str) -> None:
+        """Unload ``model`` in the engine process; returns once its running streams finished."""
+        await self._call(lambda rid: Unload(rid, model))
+
+    async def generate(
+        self, sid: int, model: str, prompt_ids: list[int], params: SamplingParams, sink: ItemSink
+    ) -> int:
+        """Start generation request ``sid`` on ``model``'s serving version in the engine process; returns that
+        version once admitted (raises its InputError / QueueFullError otherwise). ``sink`` gets the request's
+        items until one finishes it."""
         self._token_sinks[sid] = sink
         try:
-            await self._call(lambda rid: Generate(rid, sid, model, prompt_ids, params))
+            version = await self._call(lambda rid: Generate(rid, sid, model, prompt_ids, params))
         except BaseException:
             self._token_sinks.pop(sid, None)
             raise
+        return cast(int, version)
 
     def new_generation_id(self) -> int:
         """An id for a generation request, unique on this connection whichever model it is for."""

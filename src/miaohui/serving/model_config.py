@@ -9,34 +9,10 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from miaohui.config import VersionPolicy
 from miaohui.engines.target import usable_cores
 from miaohui.errors import ConfigError
 from miaohui.serving.batcher import BatcherConfig
-
-
-class VersionPolicy(BaseModel):
-    """Which versions are served: the ``latest`` N, ``all``, or ``specific`` ones."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    policy: Literal["latest", "all", "specific"] = "latest"
-    latest: int = Field(default=1, ge=1)
-    """How many of the newest versions to serve when policy is ``latest``."""
-    versions: list[int] = Field(default_factory=list)
-    """The versions to serve when policy is ``specific``."""
-
-    @model_validator(mode="after")
-    def _specific(self) -> VersionPolicy:
-        if self.policy == "specific" and not self.versions:
-            raise ConfigError("version_policy 'specific' lists no versions", "add versions: [1, 2] or use latest")
-        return self
-
-    def select(self, available: list[int]) -> list[int]:
-        if self.policy == "all":
-            return sorted(available)
-        if self.policy == "specific":
-            return sorted(v for v in available if v in self.versions)
-        return sorted(available)[-self.latest :]
 
 
 class WarmupShape(BaseModel):

@@ -1,51 +1,70 @@
-"""A causal LM served by the engine process of ``--workers N --shared-engine``, as an HTTP worker sees it.
+"""A chat version served by the engine process of ``--workers N --shared-engine``, as an HTTP worker sees it.
 
-:class:`RemoteLLMEngine` has the part of :class:`~miaohui.generation.engine.engine_loop.AsyncLLMEngine`'s interface the
-OpenAI routes and the dialogue pipelines use (``add`` → a :class:`RequestStream`, ``generate``, ``abort``,
-``start``/``stop``, ``is_running``). The request goes to the engine process over the worker's
+:class:`RemoteLLMEngine` is the engine-process implementation of the front-end contract
+(:class:`~miaohui.generation.engine.client.LLMClient`). The request goes to the engine process over the worker's
 :class:`~miaohui.serving.engine_process.EngineClient`; the engine process runs the one continuous-batching loop of
 the model for every worker and sends each step's tokens back in one frame per connection. So N workers stream
 (HTTP, SSE, JSON) in parallel processes while one process owns the model, its KV cache and the GPU — vLLM's API
-server / engine-core split. Prompt checks that need no engine state are made here (a 400 before anything is sent);
-the engine's own rejections (a full queue: 429) come back through :meth:`RequestStream.admitted`.
+server / engine-core split. The engine process checks the prompt (its 400) and admits it (its 429); both come back
+through :meth:`RequestStream.admitted`.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
 
-from miaohui.generation.engine.engine_loop import (
-    EngineStoppedError,
-    RequestStream,
-    TokenEvent,
-    check_token_ids,
-    stream_events,
-)
+from miaohui.errors import UnavailableError
+from miaohui.generation.engine.client import EngineStoppedError, RequestStream, Sink, TokenEvent, stream_events
 from miaohui.generation.engine.params import SamplingParams
-from miaohui.serving.engine_messages import StreamError, StreamItem
+from miaohui.serving.engine_messages import ItemSink, StreamError, StreamItem
 from miaohui.serving.engine_process import EngineClient, remote_error
 
 
 class RemoteLLMEngine:
-    """One causal LM of the engine process, used from an HTTP worker."""
+    """One chat version of the engine process, used from an HTTP worker."""
 
-    def __init__(self, client: EngineClient, model: str, vocab: int) -> None:
-        self.client, self.model, self.vocab = client, model, vocab
+    def __init__(self, client: EngineClient, model: str, version: int, vocab: int, max_model_len: int) -> None:
+        self.client, self.model, self.version = client, model, version
+        self._vocab, self._max_model_len = vocab, max_model_len
         self._streams: dict[int, RequestStream] = {}
         self._running = False
+
+    @classmethod
+    async def connect(cls, client: EngineClient, model: str, version: int) -> RemoteLLMEngine:
+        """The engine process's ``model`` version ``version``; UnavailableError (503) unless it serves it."""
+        served = (await client.llm_status()).get(model, {})
+        facts = served.get(version)
+        if facts is None:
+            raise UnavailableError(
+                f"the engine process does not serve {model} version {version} (it serves {sorted(served) or 'none'})",
+                "see the engine process's load error in the server log",
+            )
+        return cls(client, model, version, facts.vocab, facts.max_model_len)
+
+    @property
+    def vocab(self) -> int:
+        return self._vocab
+
+    @property
+    def max_model_len(self) -> int:
+        return self._max_model_len
 
     @property
     def is_running(self) -> bool:
         return self._running
 
+    @property
+    def num_running(self) -> int:
+        """This worker's requests on the version (the engine process counts every worker's)."""
+        return len(self._streams)
+
+    @property
+    def num_waiting(self) -> int:
+        return 0
+
     async def start(self, *, warmup: bool = True) -> None:
-        """Ready once the engine process reports the model loaded (it warmed it up)."""
-        status = await self.client.llm_status()
-        if self.model not in status["models"]:
-            why = status["failures"].get(self.model, "not loaded there")
-            raise EngineStoppedError(f"the engine process does not serve {self.model!r}: {why}", "see its log")
+        """Ready: the engine process loaded and warmed up the version (:meth:`connect` checked)."""
         self._running = True
 
     async def stop(self) -> None:
@@ -56,23 +75,30 @@ class RemoteLLMEngine:
             stream._push(EngineStoppedError("the generation engine stopped", "retry on a running server"))
         self._streams.clear()
 
-    def add(self, prompt_ids: Sequence[int], params: SamplingParams | None = None) -> RequestStream:
+    async def shutdown(self) -> None:
+        """:meth:`stop` (the engine process owns the model)."""
+        await self.stop()
+
+    def add(
+        self, prompt_ids: Sequence[int], params: SamplingParams | None = None, sink: Sink | None = None
+    ) -> RequestStream:
         """Send a request to the engine process and return its stream at once (await ``stream.admitted()`` for
-        the engine's verdict). Raises InputError for token ids outside the vocabulary, like a local engine."""
+        the engine's verdict: its InputError / QueueFullError)."""
         if not self._running:
             raise EngineStoppedError("the generation engine is not running", "await engine.start() first")
-        check_token_ids(prompt_ids, self.vocab)
         sid = self.client.new_generation_id()  # unique across the worker's models: one connection carries all
-        stream = RequestStream(self, sid, len(prompt_ids))
+        stream = RequestStream(self, sid, len(prompt_ids), sink)
         self._streams[sid] = stream
-        stream._admission = asyncio.ensure_future(self._admit(sid, [int(t) for t in prompt_ids], params))
+        stream._admission = asyncio.ensure_future(self._admit(sid, list(prompt_ids), params))
         return stream
 
     async def _admit(self, sid: int, prompt_ids: list[int], params: SamplingParams | None) -> BaseException | None:
         """None once the engine process admitted the request, else its error (also pushed to the stream, so a
         caller that iterates without awaiting ``admitted()`` gets it there)."""
         try:
-            await self.client.generate(sid, self.model, prompt_ids, params or SamplingParams(), self._sink(sid))
+            version = await self.client.generate(
+                sid, self.model, prompt_ids, params or SamplingParams(), self._sink(sid)
+            )
         except asyncio.CancelledError:  # the caller went away while waiting: the engine may have admitted it
             self._streams.pop(sid, None)
             self.client.abort(sid)
@@ -82,9 +108,12 @@ class RemoteLLMEngine:
             if stream is not None:
                 stream._push(exc)
             return exc
+        stream = self._streams.get(sid)
+        if stream is not None:
+            stream.version = version
         return None
 
-    def _sink(self, sid: int) -> Any:
+    def _sink(self, sid: int) -> ItemSink:
         def push(item: StreamItem) -> None:
             stream = self._streams.get(sid)
             if stream is None:

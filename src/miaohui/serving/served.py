@@ -68,35 +68,11 @@ class IntentResult:
 class ServedVersion:
     """A model version that is loaded, warmed up and batching."""
 
-    def __init__(
-        self,
-        path: Path,
-        config: ModelConfig,
-        observer: BatcherObserver | None = None,
-        engine_process: EngineClient | None = None,
-    ) -> None:
-        """``engine_process``: serve the version remotely (``--shared-engine``): no engines here, rows go to
-        the engine process, which batches and computes them (:mod:`miaohui.serving.engine_process`)."""
+    def __init__(self, path: Path, config: ModelConfig, observer: BatcherObserver | None = None) -> None:
         self.path = path
         self.config = config
-        self.remote = engine_process
         instances = config.batching.instances
-        threads = config.instance_threads()
-        self.engines: list[Engine] = (
-            [
-                load_engine(
-                    path,
-                    threads=threads,
-                    verify_checksums=i == 0,
-                    spin_wait=config.spin_wait,
-                    graph_copies=config.graph_copies,
-                    fast_start=config.fast_start,
-                )
-                for i in range(instances)
-            ]
-            if engine_process is None
-            else []
-        )
+        self.engines: list[Engine] = self._open_engines()
         self.manifest: Manifest = self.engines[0].manifest if self.engines else read_manifest(path)
         self.name, self.version = self.manifest.name, self.manifest.version
         found = self.manifest.extra.get("decision")
@@ -105,11 +81,6 @@ class ServedVersion:
         self.output_name = self.manifest.outputs[0].name
         self.tensors = self.manifest.task == "tensor"
         """A raw-tensor model (a user's ONNX file): requests go to an engine as they come, no batcher."""
-        if engine_process is not None and self.tensors:
-            raise UnavailableError(
-                f"{self.name} serves raw tensors, which the shared engine process does not carry",
-                "serve it without --shared-engine",
-            )
         profile = self.manifest.inputs[0].profile
         self.max_length = self.manifest.max_length or (profile.max[-1] if profile else 1 << 30)
         self.max_batch = min(config.batching.max_batch_size, profile.max[0] if profile else 1 << 30)
@@ -145,21 +116,24 @@ class ServedVersion:
 
     # ------------------------------------------------------------------ lifecycle
 
+    def _open_engines(self) -> list[Engine]:
+        config = self.config
+        return [
+            load_engine(
+                self.path,
+                threads=config.instance_threads(),
+                verify_checksums=i == 0,
+                spin_wait=config.spin_wait,
+                graph_copies=config.graph_copies,
+                fast_start=config.fast_start,
+            )
+            for i in range(config.batching.instances)
+        ]
+
     async def start(self) -> None:
         """Start batching and run the warm-up shapes on every instance; only then is the version ready.
 
-        Instances warm up one after another (not at once): CUDA graph capture is not safe from two threads.
-        A remote version is ready once the engine process says it serves this version (it warmed it up)."""
-        if self.remote is not None:
-            ready = await self.remote.status()
-            if self.version not in ready.get(self.name, []):
-                raise UnavailableError(
-                    f"the engine process does not serve {self.name} version {self.version} "
-                    f"(it serves {ready or 'nothing'})",
-                    "see the engine process's load error in the server log",
-                )
-            self.ready = True
-            return
+        Instances warm up one after another (not at once): CUDA graph capture is not safe from two threads."""
         self.batcher.start()
         started = time.perf_counter()
         engines = [await self._free.get() for _ in self.engines]
@@ -185,10 +159,7 @@ class ServedVersion:
 
     def start_timings(self) -> dict[str, float]:
         """Where this version's start went, in seconds: ``load``, ``warmup`` (until ready) and, once done,
-        ``compile`` (a ``fast_start`` version's background compile, after ready). Empty for a version served by
-        the engine process (it reports its own)."""
-        if self.remote is not None:
-            return {}
+        ``compile`` (a ``fast_start`` version's background compile, after ready)."""
         timings = {"load": self.load_seconds, "warmup": self.warmup_seconds}
         compiled = self.compile_seconds()
         if compiled:
@@ -226,8 +197,6 @@ class ServedVersion:
 
     async def stop(self) -> None:
         self.ready = False
-        if self.remote is not None:
-            return
         await self.batcher.stop(drain=True)
         self._pool.shutdown(wait=True)
         for engine in self.engines:
@@ -268,14 +237,7 @@ class ServedVersion:
         return await self._outputs(self._submit(rows, deadline))
 
     def _submit(self, rows: list[list[int]], deadline: float | None) -> asyncio.Task[list[RowResult]]:
-        if self.remote is not None:
-            return asyncio.get_running_loop().create_task(self._remote_rows(rows, deadline))
         return self.batcher.submit_many([(Row(ids), len(ids)) for ids in rows], deadline)
-
-    async def _remote_rows(self, rows: list[list[int]], deadline: float | None) -> list[RowResult]:
-        assert self.remote is not None
-        out = await self.remote.infer(self.name, self.version, rows, deadline)
-        return [RowResult(output=row) for row in out]
 
     @staticmethod
     async def _outputs(pending: asyncio.Task[list[RowResult]]) -> np.ndarray:
@@ -395,6 +357,51 @@ class ServedVersion:
                 )
             rows.append([int(x) for x in input_ids[r, :n]])
         return await self.run_rows(rows, deadline)
+
+
+class RemoteServedVersion(ServedVersion):
+    """A version an HTTP worker of ``--shared-engine`` serves: no engines here; its rows go to the engine process,
+    which batches and computes them (:mod:`miaohui.serving.engine_process`). Manifest and tokenizer are read from
+    the artifact, so tokenizing, slots and answers stay in the worker."""
+
+    def __init__(
+        self, path: Path, config: ModelConfig, observer: BatcherObserver | None, engine_process: EngineClient
+    ) -> None:
+        self.remote = engine_process
+        super().__init__(path, config, observer)
+        if self.tensors:
+            raise UnavailableError(
+                f"{self.name} serves raw tensors, which the shared engine process does not carry",
+                "serve it without --shared-engine",
+            )
+
+    def _open_engines(self) -> list[Engine]:
+        return []
+
+    async def start(self) -> None:
+        """Ready once the engine process says it serves this version (it warmed it up)."""
+        ready = await self.remote.status()
+        if self.version not in ready.get(self.name, []):
+            raise UnavailableError(
+                f"the engine process does not serve {self.name} version {self.version} "
+                f"(it serves {ready or 'nothing'})",
+                "see the engine process's load error in the server log",
+            )
+        self.ready = True
+
+    def start_timings(self) -> dict[str, float]:
+        """Empty: the engine process reports its own."""
+        return {}
+
+    async def stop(self) -> None:
+        self.ready = False
+
+    def _submit(self, rows: list[list[int]], deadline: float | None) -> asyncio.Task[list[RowResult]]:
+        return asyncio.get_running_loop().create_task(self._remote_rows(rows, deadline))
+
+    async def _remote_rows(self, rows: list[list[int]], deadline: float | None) -> list[RowResult]:
+        out = await self.remote.infer(self.name, self.version, rows, deadline)
+        return [RowResult(output=row) for row in out]
 
 
 def softmax(x: np.ndarray) -> np.ndarray:

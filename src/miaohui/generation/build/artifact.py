@@ -11,8 +11,8 @@ Layout (one folder per model, one sub-folder per version, like the other reposit
         tokenizer.json           # HF ``tokenizers`` file
 
 A version is a causal-LM when it holds ``causal_lm.json`` (:func:`is_causal_lm_dir`); a model is one when
-its newest version is. The intent/encoder loader (``ModelManager``) skips such models; the
-:class:`~miaohui.server.openai_api.GenerationService` loads them. Only the newest version is served.
+its newest version is. The serving ``ModelManager`` loads them like the other models: the versions its
+``generation.yaml`` ``version_policy`` names (default: the newest), each once warm.
 
 The chat template is kept in ``causal_lm.json`` and rendered here with the same sandboxed jinja settings
 as ``transformers`` (``trim_blocks``, ``lstrip_blocks``, ``loopcontrols``, ``tojson``, ``raise_exception``),
@@ -41,6 +41,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from miaohui.config import VersionPolicy
+from miaohui.engines.store import versions
 from miaohui.errors import ArtifactError, ConfigError, InputError
 from miaohui.generation.build.export import META_NAME, TOKENIZER_NAME, DecoderExportSpec, Int8Method
 from miaohui.generation.engine.scheduler import SchedulerConfig
@@ -110,6 +112,9 @@ class GenerationModelConfig(BaseModel):
     """ONNX Runtime intra-op threads, or llama.cpp's (default: every core this process may use)."""
     engine: SlotEngineOptions | None = None
     """``inductor`` versions: KV slots, slot length, buckets, device (default: SlotEngineOptions())."""
+    version_policy: VersionPolicy = Field(default_factory=VersionPolicy)
+    """Which versions are served (default: the newest). A new version serves once loaded and warmed up
+    (``POST /v2/repository/models/<name>/load``); streams running on the version it replaces finish there."""
 
 
 def is_causal_lm_dir(version_dir: Path) -> bool:
@@ -117,14 +122,8 @@ def is_causal_lm_dir(version_dir: Path) -> bool:
     return (version_dir / MARKER_NAME).is_file()
 
 
-def _versions(model_dir: Path) -> list[int]:
-    if not model_dir.is_dir():
-        return []
-    return sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit())
-
-
 def latest_version(model_dir: Path) -> int | None:
-    found = _versions(model_dir)
+    found = versions(model_dir)
     return found[-1] if found else None
 
 

@@ -1,5 +1,5 @@
 """The ``llamacpp`` backend's engine: llama.cpp's own server (the ``xllamacpp`` wheel) in this process, behind the
-interface of :class:`~miaohui.generation.engine.engine_loop.AsyncLLMEngine`.
+front-end contract (:class:`~miaohui.generation.engine.client.LLMClient`).
 
 Why an engine-loop-level adapter, not a slot engine under miaohui's scheduler: ``xllamacpp`` exposes llama.cpp's
 server (``Server.handle_completions`` and friends, thread-safe, continuous batching over ``n_parallel`` slots), not
@@ -43,18 +43,12 @@ from pathlib import Path
 from typing import Any
 
 from miaohui.engines.target import usable_cores
-from miaohui.errors import ConfigError, InputError, QueueFullError
+from miaohui.errors import ConfigError
 from miaohui.generation.build.llamacpp_artifact import GGUF_NAME, LlamaCppMeta, read_llamacpp_meta
-from miaohui.generation.engine.engine_loop import (
-    EngineStoppedError,
-    RequestStream,
-    TokenEvent,
-    check_token_ids,
-    stream_events,
-)
+from miaohui.generation.engine.client import EngineStoppedError, RequestStream, Sink, TokenEvent, stream_events
 from miaohui.generation.engine.observer import GenerationObserver, safe_call
 from miaohui.generation.engine.params import SamplingParams
-from miaohui.generation.engine.scheduler import FinishReason, SchedulerConfig, find_stop
+from miaohui.generation.engine.scheduler import FinishReason, SchedulerConfig, check_prompt, check_queue, find_stop
 
 logger = logging.getLogger(__name__)
 
@@ -252,8 +246,13 @@ class LlamaCppLLMEngine:
             await asyncio.to_thread(thread.join)
         self._server = None  # xllamacpp stops llama.cpp's main loop in the destructor
 
-    def close(self) -> None:
-        """Nothing left to free after :meth:`stop` (the GenerationService calls close on every engine)."""
+    async def shutdown(self) -> None:
+        """:meth:`stop`: llama.cpp's server is freed with it."""
+        await self.stop()
+
+    @property
+    def max_model_len(self) -> int:
+        return self.config.max_model_len
 
     async def __aenter__(self) -> LlamaCppLLMEngine:
         await self.start()
@@ -266,26 +265,16 @@ class LlamaCppLLMEngine:
         self,
         prompt_ids: Sequence[int],
         params: SamplingParams | None = None,
-        sink: Callable[[TokenEvent | BaseException], None] | None = None,
+        sink: Sink | None = None,
     ) -> RequestStream:
         """Queue a request now and return its stream. Raises InputError / QueueFullError at once, as the scheduler."""
         if not self.is_running:
             raise EngineStoppedError("the generation engine is not running", "await engine.start() first")
         params = params or SamplingParams()
         cfg = self.config
-        check_token_ids(prompt_ids, self.meta.vocab)
-        if not prompt_ids:
-            raise InputError("the prompt has no tokens", "send a non-empty prompt")
-        if len(prompt_ids) >= cfg.max_model_len:
-            raise InputError(
-                f"the prompt has {len(prompt_ids)} tokens; the context length is {cfg.max_model_len}",
-                f"shorten the prompt below {cfg.max_model_len} tokens (room is needed for the answer)",
-            )
-        if len(self._running) >= cfg.max_running_seqs and len(self._waiting) >= cfg.max_waiting:
-            raise QueueFullError(
-                f"{len(self._waiting)} requests are waiting (max_waiting={cfg.max_waiting})",
-                "retry later, or raise max_waiting / max_running_seqs",
-            )
+        check_prompt(prompt_ids, cfg, self.meta.vocab, step_budget=False)  # llama.cpp prefills in chunks of its own
+        if len(self._running) >= cfg.max_running_seqs:
+            check_queue(len(self._waiting), cfg, "max_running_seqs")
         rid = next(self._ids)
         prompt = [int(t) for t in prompt_ids]
         req = _Request(rid, prompt, params, RequestStream(self, rid, len(prompt), sink))

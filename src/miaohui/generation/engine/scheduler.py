@@ -272,6 +272,41 @@ class SequenceUpdate:
         d["finish_reason"] = finish_reason
 
 
+def check_prompt(prompt_ids: Seq[int], config: SchedulerConfig, vocab: int | None, *, step_budget: bool = True) -> None:
+    """The one prompt check of every engine (the scheduler's and llama.cpp's): InputError unless the prompt is
+    non-empty, its ids are ints in ``[0, vocab)``, it leaves room for an answer in ``max_model_len`` and (with
+    ``step_budget``: miaohui's scheduler prefills a prompt in one step) fits one step's ``max_batched_tokens``."""
+    if vocab is not None:
+        bad = [t for t in prompt_ids if not (isinstance(t, int) and 0 <= t < vocab)]
+        if bad:
+            raise InputError(
+                f"prompt token ids must be ints in [0, {vocab}); got {bad[:5]}",
+                "encode the prompt with this model's tokenizer",
+            )
+    if not prompt_ids:
+        raise InputError("the prompt has no tokens", "send a non-empty prompt")
+    if len(prompt_ids) >= config.max_model_len:
+        raise InputError(
+            f"the prompt has {len(prompt_ids)} tokens; the context length is {config.max_model_len}",
+            f"shorten the prompt below {config.max_model_len} tokens (room is needed for the answer)",
+        )
+    if step_budget and len(prompt_ids) > config.max_batched_tokens:
+        raise InputError(
+            f"the prompt has {len(prompt_ids)} tokens, more than max_batched_tokens="
+            f"{config.max_batched_tokens} (one step's budget)",
+            f"shorten the prompt to {config.max_batched_tokens} tokens or raise max_batched_tokens",
+        )
+
+
+def check_queue(waiting: int, config: SchedulerConfig, more: str) -> None:
+    """QueueFullError once ``max_waiting`` requests wait; ``more``: the other way to make room."""
+    if waiting >= config.max_waiting:
+        raise QueueFullError(
+            f"{waiting} requests are waiting (max_waiting={config.max_waiting})",
+            f"retry later, or raise max_waiting / {more}",
+        )
+
+
 class Scheduler:
     """Continuous-batching scheduler; see the module docstring for the contract of each call."""
 
@@ -281,8 +316,11 @@ class Scheduler:
         eos_token_ids: Iterable[int] = (),
         detokenizer_factory: DetokenizerFactory | None = None,
         clock: Callable[[], float] = time.monotonic,
+        vocab: int | None = None,
     ) -> None:
         self.config = config
+        self.vocab = vocab
+        """Prompt token ids must be in ``[0, vocab)`` (None: not checked, a scheduler test without a model)."""
         self._clock = clock
         """Arrival times and prompt holds (``prefill_min_prompts``) read it; tests pass a fake one."""
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
@@ -323,26 +361,10 @@ class Scheduler:
 
     # ---- requests ------------------------------------------------------------------------------------
     def add(self, prompt_ids: Seq[int], params: SamplingParams, seq_id: int | None = None) -> Sequence:
-        """Queue a request. Raises InputError (bad prompt) or QueueFullError (``max_waiting`` reached)."""
-        cfg = self.config
-        if not prompt_ids:
-            raise InputError("the prompt has no tokens", "send a non-empty prompt")
-        if len(prompt_ids) >= cfg.max_model_len:
-            raise InputError(
-                f"the prompt has {len(prompt_ids)} tokens; the context length is {cfg.max_model_len}",
-                f"shorten the prompt below {cfg.max_model_len} tokens (room is needed for the answer)",
-            )
-        if len(prompt_ids) > cfg.max_batched_tokens:
-            raise InputError(
-                f"the prompt has {len(prompt_ids)} tokens, more than max_batched_tokens="
-                f"{cfg.max_batched_tokens} (one step's budget)",
-                f"shorten the prompt to {cfg.max_batched_tokens} tokens or raise max_batched_tokens",
-            )
-        if len(self._waiting) >= cfg.max_waiting:
-            raise QueueFullError(
-                f"{len(self._waiting)} requests are waiting (max_waiting={cfg.max_waiting})",
-                "retry later, or raise max_waiting / add instances",
-            )
+        """Queue a request. Raises InputError (bad prompt, :func:`check_prompt`) or QueueFullError (``max_waiting``
+        reached)."""
+        check_prompt(prompt_ids, self.config, self.vocab)
+        check_queue(len(self._waiting), self.config, "add instances")
         sid = self.new_seq_id() if seq_id is None else seq_id
         if sid in self._seqs:
             raise InputError(f"sequence id {sid} is already in use", "use a new id or let the scheduler pick")
