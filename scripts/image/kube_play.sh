@@ -30,7 +30,10 @@ args[args.index("--host") + 1] = "127.0.0.1"  # the host network: only this mach
 args[args.index("--port") + 1] = port
 args[args.index("--grpc-port") + 1] = grpc_port
 box["volumeMounts"] = [m for m in box["volumeMounts"] if "subPath" not in m]
+pod = deploy["spec"]["template"]["spec"]
+pod["volumes"] = [v for v in pod["volumes"] if v["name"] in {m["name"] for m in box["volumeMounts"]}]
 box["resources"] = {}  # the pod runs with what the machine has
+box.pop("ports", None)  # the host network publishes nothing: podman refuses port mappings there
 yaml.safe_dump(deploy, open(dst, "w"))
 PY
 podman kube play --replace --network host "$OUT/play.yaml" >/dev/null

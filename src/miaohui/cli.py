@@ -207,7 +207,7 @@ def build(
     opt_level: Annotated[int, typer.Option(min=0, max=5)] = 3,
     autotune: Annotated[bool, typer.Option(help="inductor: max-autotune GEMM selection (slower build).")] = False,
     inductor_format: Annotated[
-        str, typer.Option(help="inductor: auto | aoti-package | exported-program (see docs/gpu.md)")
+        str, typer.Option(help="inductor: auto | fast-graphs | aoti-package | exported-program (see docs/gpu.md)")
     ] = "auto",
     gpu_kernels: Annotated[
         str,

@@ -196,11 +196,15 @@ class BuildConfig(Frozen):
     autotune: bool = False
     """inductor: Inductor's max-autotune GEMM selection. Off by default: on the H200 its Triton templates lost to
     cuBLAS at the encoder's shapes and it made the build minutes long."""
-    inductor_format: Literal["auto", "aoti-package", "exported-program"] = "auto"
-    """inductor: the artifact's format. ``auto``: the AOTInductor package when a fresh process loads and runs it
-    at build time, else the exported program + Inductor cache; ``aoti-package``: fail the build instead of falling
-    back; ``exported-program``: skip the package (where it is known to crash on load, e.g. the H200 image with
-    torch 2.11, it saves the package's compile and probe)."""
+    inductor_format: Literal["auto", "fast-graphs", "aoti-package", "exported-program"] = "auto"
+    """inductor: the artifact's format. ``fast-graphs``: miaohui's fast encoder (its weights, and the Triton kernels
+    its tuned ops compiled at build) run as captured CUDA graphs, with no Dynamo or Inductor at load: ready in
+    seconds on a fresh machine, 2–5 % slower per batch than the compiled program (BERT-base, H200). ``auto``: that,
+    on a GPU, for every model miaohui's encoder covers (BERT, RoBERTa / XLM-R, DistilBERT, ELECTRA); otherwise the
+    AOTInductor package when a fresh process loads and runs it at build time, else the exported program + Inductor
+    cache. ``aoti-package``: fail the build instead of falling back; ``exported-program``: the compiled program
+    (fastest per batch; Dynamo traces it again at load, 10–25 s). torch 2.11's AOTInductor loader segfaults on the
+    H200 image for every CUDA package, so there ``auto`` never ends with a package."""
     gpu_kernels: Literal["tuned", "library"] = "tuned"
     """inductor on a GPU, fp16: ``tuned`` runs, for each shape the GPU's tuning file (:mod:`miaohui.models.tuning`,
     matched by GPU name, compute capability and the torch / Triton / cuBLASLt versions it was measured with) measured

@@ -66,3 +66,19 @@ class UnavailableError(MiaohuiError):
 
 class ConflictError(MiaohuiError):
     """The request conflicts with how the server runs, e.g. model control with several workers (HTTP 409)."""
+
+
+class PayloadTooLargeError(InputError):
+    """The request body is larger than the server's limit (HTTP 413)."""
+
+
+class ClientDisconnectedError(MiaohuiError):
+    """The client went away before its answer was ready; the work was dropped (HTTP 499, nginx's code)."""
+
+
+class EngineStoppedError(MiaohuiError):
+    """The generation engine stopped (shutdown, a broken loop) while the request was queued or running (HTTP 503)."""
+
+
+class InternalError(MiaohuiError):
+    """A fault inside miaohui (a failed engine step, a bug) hit this request; others go on (HTTP 500)."""

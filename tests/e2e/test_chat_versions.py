@@ -74,20 +74,20 @@ def _stream(client: openai.OpenAI, out: dict[str, Any], first: threading.Event) 
 
 def test_a_new_version_swaps_in_without_dropping_a_stream(server: Served, tiny_version: Path) -> None:
     root = server.log.parent
-    with openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=120) as client:
+    with openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=900) as client:
         out: dict[str, Any] = {}
         first = threading.Event()
         streaming = threading.Thread(target=_stream, args=(client, out, first))
         streaming.start()
-        assert first.wait(120), server.log.read_text()
+        first.wait()
         shutil.copytree(tiny_version, root / MODEL / ".2.tmp")
         (root / MODEL / ".2.tmp").rename(root / MODEL / "2")  # added whole, as build-llm adds a version
         r = httpx.post(f"{server.url}/v2/repository/models/{MODEL}/load", timeout=120)
         assert r.status_code == 200, r.text
         assert r.json() == {"name": MODEL, "versions": [2], "state": "READY"}
         running = streaming.is_alive()  # version 1 was still streaming when version 2 took over
-        streaming.join(120)
-        assert running and not streaming.is_alive()
+        streaming.join()  # however slow the machine: the stream must end by itself, on version 1
+        assert running
         assert out["fingerprint"].startswith(f"miaohui-{MODEL}-v1-")
         assert (out["finish"], out["tokens"]) == ("length", LONG)  # finished on version 1, nothing cut
         answers = [

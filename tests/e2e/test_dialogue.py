@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -34,7 +36,6 @@ from tests.servers import UvicornThread
 from miaohui.dialogue.compliance import DISCLAIMER, count_disclaimers
 from miaohui.nlp.numbers import extract_numbers, numbers_grounded
 from miaohui.server.app import build_app
-from miaohui.server.metrics import Metrics
 
 pytestmark = pytest.mark.slow
 
@@ -321,45 +322,21 @@ SMOLLM_CACHE = Path(__file__).resolve().parents[2] / "var" / "test-cache" / "smo
 
 @pytest.fixture(scope="module")
 def llm_server(repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[UvicornThread]:
-    """The dialogue routes with a real generator: SmolLM2-135M-Instruct exported to ONNX, int8, on miaohui's
-    async generation engine (the llm routes then generate instead of using their fallback templates)."""
-    from collections.abc import AsyncIterator
+    """The dialogue routes with a real generator, wired as ``miaohui serve --dialogue-llm smollm2`` wires them
+    (:func:`build_app`): SmolLM2-135M-Instruct (fp32 ONNX, :mod:`tests.prebuild`) in the same repository as the
+    intent model, served by the server's generation service, the pipelines generating through the server's own
+    generator (:class:`~miaohui.server.openai_api.LLMTextGenerator`) instead of their fallback templates."""
+    from tests.prebuild import LLM_MODEL, ensure_llm_repository
 
-    from tokenizers import Tokenizer
+    from miaohui.server.openai_api import LLMTextGenerator
 
-    from miaohui.dialogue.engine_adapters import EngineGenerator
-    from miaohui.generation.build.export import export_decoder, quantize_decoder
-    from miaohui.generation.engine.engine_loop import AsyncLLMEngine, LLMEngine
-    from miaohui.generation.executors.ort_engine import OrtCausalLMEngine
-    from miaohui.server.dialogue_api import DialogueService, dialogue_router
-    from miaohui.serving.repository import ModelManager
-    from miaohui.zoo.smollm import encode_chat, load_smollm2
-
-    hf_model, hf_tok, _ = load_smollm2(SMOLLM_CACHE)
-    root = tmp_path_factory.mktemp("llm")
-    export_decoder(hf_model, hf_tok, root / "fp32")
-    quantize_decoder(root / "fp32", root / "int8")
-    del hf_model
-    metrics = Metrics()
-    manager = ModelManager(repo, observer_factory=metrics.observer)
-    decoder = root / "int8"
-    llm = AsyncLLMEngine(LLMEngine(OrtCausalLMEngine(decoder), Tokenizer.from_file(str(decoder / "tokenizer.json"))))
-    generator = EngineGenerator(llm, lambda messages: encode_chat(list(messages), tokenizer=hf_tok))  # type: ignore[arg-type]
-    service = DialogueService.for_manager(manager, metrics, generator=generator)
-
-    @contextlib.asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        await manager.load_all()
-        await llm.start()
-        try:
-            yield
-        finally:
-            await llm.stop()
-            await manager.stop()
-
-    app = FastAPI(lifespan=lifespan)
-    app.include_router(dialogue_router(service))
-    with UvicornThread(app, metrics) as srv:
+    both = tmp_path_factory.mktemp("dialogue-llm-repo")
+    shutil.copytree(repo / "intent", both / "intent", copy_function=os.link)
+    shutil.copytree(ensure_llm_repository() / LLM_MODEL, both / LLM_MODEL, copy_function=os.link)
+    app = build_app(both, dialogue_llm=LLM_MODEL)
+    with UvicornThread(app) as srv:
+        generators = {type(p.generator) for p in app.state.miaohui.dialogue.pipelines.values()}
+        assert generators == {LLMTextGenerator}
         yield srv
 
 

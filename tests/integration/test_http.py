@@ -229,7 +229,7 @@ async def test_bad_requests_get_4xx_and_the_server_keeps_serving(
 
 async def test_oversized_and_compressed_bodies_are_refused(client: httpx.AsyncClient) -> None:
     big = await client.post("/v2/models/intent/infer", content=b"x" * ((8 << 20) + 1))
-    assert big.status_code == 400
+    assert big.status_code == 413
     assert big.json()["error"] == "request body is larger than the limit of 8388608 bytes. Fix: send smaller batches"
     gz = await client.post("/v1/intent", content=b"...", headers={"Content-Encoding": "gzip"})
     assert gz.status_code == 400

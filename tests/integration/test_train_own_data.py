@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 from miaohui.cli import app as cli_app
 from miaohui.config import BuildConfig
-from miaohui.dialogue.engine_adapters import EngineClassifier, TorchClassifier
+from miaohui.dialogue.engine_adapters import EngineClassifier
 from miaohui.dialogue.pipeline import Pipeline
 from miaohui.engines.store import build_artifact
 from miaohui.errors import BuildError, ConfigError, UnavailableError
@@ -34,6 +34,7 @@ from miaohui.server.http import create_app
 from miaohui.server.metrics import Metrics
 from miaohui.server.state import ServerState
 from miaohui.serving.repository import ModelManager
+from miaohui.validate.comparator import TorchClassifier
 from miaohui.zoo.intents import load_train_data
 from miaohui.zoo.minilm import minilm_model_dir
 from miaohui.zoo.tiny import any_tokenizer

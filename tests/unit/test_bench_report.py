@@ -368,3 +368,13 @@ def _texts(tmp_path: Path) -> Path:
     path = tmp_path / "texts.jsonl"
     path.write_text('{"text": "查社保"}\n{"text": "hello"}\n', encoding="utf-8")
     return path
+
+
+def test_http_target_sends_the_model_it_is_given() -> None:
+    """``miaohui bench --target http --model X`` asks /v1/intent for X (it used to ask the default ``intent``)."""
+    from miaohui.bench.targets import RawHttpTarget, TargetSpec, make_target
+
+    target = make_target(TargetSpec(kind="http", model="support"))
+    assert isinstance(target, RawHttpTarget)
+    body = target.request_bytes("我想买基金").split(b"\r\n\r\n", 1)[1]
+    assert json.loads(body) == {"text": "我想买基金", "model": "support"}

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from miaohui.errors import ConfigError, InputError, QueueFullError
+from miaohui.errors import ConfigError, InputError, InternalError, QueueFullError
 from miaohui.generation.engine.client import EngineStoppedError
 from miaohui.generation.engine.engine_loop import AsyncLLMEngine, LLMEngine
 from miaohui.generation.engine.params import SamplingParams
@@ -497,7 +497,7 @@ async def test_a_failing_step_ends_its_requests_and_the_engine_keeps_serving() -
     llm = LLMEngine(FailingEngine(fail_at=3), None, SchedulerConfig(max_running_seqs=2, max_batched_tokens=8))
     async with AsyncLLMEngine(llm) as engine:
         stream = engine.add([1], SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True))
-        with pytest.raises(EngineStoppedError, match=r"generation step failed: RuntimeError\('device fault'\)"):
+        with pytest.raises(InternalError, match=r"generation step failed: RuntimeError\('device fault'\)"):
             [ev async for ev in stream]
         assert (engine.num_running, engine.num_waiting) == (0, 0)
         events = [ev async for ev in engine.add([5], SamplingParams(temperature=0.0, max_tokens=3))]

@@ -92,7 +92,7 @@ class Target(abc.ABC):
 
 def make_target(spec: TargetSpec) -> Target:
     if spec.kind == "http":
-        return RawHttpTarget(spec.url, "/v1/intent", lambda t: {"text": t}, b'"intent"', spec)
+        return RawHttpTarget(spec.url, "/v1/intent", lambda t: {"text": t, "model": spec.model}, b'"intent"', spec)
     if spec.kind == "v2-http":
 
         def body(text: str) -> dict[str, Any]:

@@ -67,7 +67,7 @@ def _drift_row(table: Table, name: str, inputs: str, r: DriftReport) -> None:
 
 
 def compare_command(
-    old: Annotated[str, typer.Argument(help="Old engine: artifact dir, model name[:version], or decoder dir.")],
+    old: Annotated[str, typer.Argument(help="Old: a version folder or NAME[:VERSION] (encoder or causal LM).")],
     new: Annotated[str, typer.Argument(help="New engine, the same kind as OLD.")],
     data: Annotated[str, typer.Option(help="'dev' (the dev split), a labelled JSONL or a .txt file.")] = "dev",
     pipelines: Annotated[

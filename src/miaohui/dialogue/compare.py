@@ -10,10 +10,11 @@ OLD and NEW are artifact directories or repository names ``name[:version]`` of i
   intents answered, of the reply texts (exact and character similarity), and — for pipelines with
   ``keyword_categories`` (the negotiation coach: 拒绝/接受/折中/探询) — keyword-distribution drift.
 
-OLD and NEW may instead be two exported decoder directories (``decoder.json``; causal LMs): then the
-negotiation coach's system prompt with each user turn (the gate set's negotiation turns, or the texts of
-``--data``) goes through both with greedy decoding, and the generated texts are compared (agreement,
-similarity, keyword drift).
+OLD and NEW may instead be two causal-LM versions (``name[:version]`` of the repository or version folders, built
+by ``miaohui build-llm`` for ONNX Runtime, inductor or llama.cpp): then the negotiation coach's system prompt with
+each user turn (the gate set's negotiation turns, or the texts of ``--data``) goes through both with greedy decoding,
+each side on its own backend and with its own tokenizer and chat template (the comparator's decoder runners,
+:mod:`miaohui.validate.comparator`), and the generated texts are compared (agreement, similarity, keyword drift).
 
 The thresholds (:class:`~miaohui.validate.consistency.DriftThresholds`: intent disagreement and keyword
 drift above ``max_drift``, default 5%; optional logit error and text similarity bounds) apply to every
@@ -26,27 +27,19 @@ import asyncio
 import contextlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Protocol
 
-import numpy as np
 from pydantic import BaseModel, Field
 
 from miaohui.dialogue.config import PIPELINE_NAMES, load_pipeline_config
-from miaohui.dialogue.engine_adapters import ArtifactClassifier
 from miaohui.dialogue.gate import GATE_NOW, GateDialogue, load_gate_dialogues
 from miaohui.dialogue.pipeline import ChatMessage, IntentClassifier, Pipeline
 from miaohui.engines.store import resolve_artifact
 from miaohui.errors import ConfigError, ValidationGateError
+from miaohui.validate.comparator import ArtifactClassifier, EncoderRunner, decoder_outputs, intent_outputs, open_decoder
 from miaohui.validate.consistency import DriftReport, DriftThresholds, EngineOutputs, compare_outputs
+from miaohui.validate.decoder_gate import resolve_causal_lm
 
 __all__ = ["CompareReport", "Section", "compare_decoders", "compare_engines", "compare_intents", "load_texts"]
-
-
-class LogitSource(Protocol):
-    labels: list[str]
-    name: str
-
-    def logits(self, texts: list[str], batch_size: int = 32) -> np.ndarray: ...
 
 
 class Section(BaseModel):
@@ -98,12 +91,11 @@ def load_texts(data: str) -> list[str]:
 # ---------------------------------------------------------------------------------------------- intents
 
 
-def compare_intents(old: LogitSource, new: LogitSource, texts: list[str], thresholds: DriftThresholds) -> DriftReport:
+def compare_intents(
+    old: EncoderRunner, new: EncoderRunner, texts: list[str], thresholds: DriftThresholds
+) -> DriftReport:
     """Intent agreement (by label name) and, when both have the same labels, logit error."""
-    lo, ln = old.logits(texts), new.logits(texts)
-    same = list(old.labels) == list(new.labels)
-    a = EngineOutputs(intents=[old.labels[int(i)] for i in lo.argmax(-1)], logits=lo.tolist() if same else None)
-    b = EngineOutputs(intents=[new.labels[int(i)] for i in ln.argmax(-1)], logits=ln.tolist() if same else None)
+    a, b = intent_outputs([old, new], texts)
     return compare_outputs(a, b, thresholds, categories={})
 
 
@@ -156,11 +148,15 @@ def compare_engines(
     thresholds: DriftThresholds | None = None,
     pipelines: Sequence[str] | None = PIPELINE_NAMES,
 ) -> CompareReport:
-    """Compare two intent artifacts (or two decoder directories, see :func:`compare_decoders`)."""
+    """Compare two intent artifacts (or two causal-LM versions, see :func:`compare_decoders`)."""
     t = thresholds or DriftThresholds()
-    if _is_decoder(old_spec) and _is_decoder(new_spec):
+    old_llm, new_llm = resolve_causal_lm(old_spec, repository), resolve_causal_lm(new_spec, repository)
+    if old_llm is not None and new_llm is not None:
         user_turns = None if data == "dev" else load_texts(data)
-        return compare_decoders(Path(old_spec), Path(new_spec), t, user_turns=user_turns)
+        return compare_decoders(old_llm, new_llm, t, user_turns=user_turns)
+    if old_llm is not None or new_llm is not None:
+        which = old_spec if old_llm is not None else new_spec
+        raise ConfigError(f"{which!r} is a causal LM and the other is not", "compare two causal LMs or two encoders")
     unknown = [p for p in pipelines or () if p not in PIPELINE_NAMES]
     if unknown:
         raise ConfigError(f"unknown pipeline(s) {unknown}", f"use {', '.join(PIPELINE_NAMES)}, 'all' or 'none'")
@@ -182,10 +178,6 @@ def _classifiers(old: Path, new: Path) -> Iterator[tuple[ArtifactClassifier, Art
 
 
 # ---------------------------------------------------------------------------------------------- decoders
-
-
-def _is_decoder(spec: str) -> bool:
-    return (Path(spec) / "decoder.json").is_file()
 
 
 def negotiation_prompts(user_turns: Sequence[str] | None = None) -> list[list[ChatMessage]]:
@@ -211,26 +203,6 @@ def negotiation_prompts(user_turns: Sequence[str] | None = None) -> list[list[Ch
     return prompts
 
 
-def _generate(folder: Path, prompts: list[list[ChatMessage]], max_tokens: int) -> tuple[str, list[str]]:
-    from tokenizers import Tokenizer
-
-    from miaohui.generation.engine.engine_loop import LLMEngine
-    from miaohui.generation.engine.params import SamplingParams
-    from miaohui.generation.executors.ort_engine import OrtCausalLMEngine
-    from miaohui.zoo.smollm import encode_chat
-
-    engine = OrtCausalLMEngine(folder)
-    try:
-        llm = LLMEngine(engine, Tokenizer.from_file(str(folder / "tokenizer.json")))
-        params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
-        out = llm.generate(
-            [encode_chat([{"role": m["role"], "content": m["content"]} for m in p]) for p in prompts], params
-        )
-    finally:
-        engine.close()
-    return f"{engine.meta.name} {engine.meta.precision} ({folder})", [text.strip() for _, text, _ in out]
-
-
 def compare_decoders(
     old: Path,
     new: Path,
@@ -238,13 +210,15 @@ def compare_decoders(
     max_tokens: int = 96,
     user_turns: Sequence[str] | None = None,
 ) -> CompareReport:
-    """Greedy replies of two decoders to the negotiation prompts (:func:`negotiation_prompts`): text
-    agreement and keyword drift. Few prompts make a coarse drift figure (6 prompts: one flip is 17%)."""
+    """Greedy replies of two causal-LM versions (each on its own backend, each prompt encoded with its own tokenizer
+    and chat template) to the negotiation prompts (:func:`negotiation_prompts`): text agreement and keyword drift.
+    Few prompts make a coarse drift figure (6 prompts: one flip is 17%)."""
     prompts = negotiation_prompts(user_turns)
-    old_name, old_texts = _generate(old, prompts, max_tokens)
-    new_name, new_texts = _generate(new, prompts, max_tokens)
+    with open_decoder(old) as a, open_decoder(new) as b:
+        old_out, new_out = decoder_outputs([a, b], prompts, max_tokens)
+        old_name, new_name = a.name, b.name
     cats = load_pipeline_config("negotiation_coach").keyword_categories
-    report = compare_outputs(EngineOutputs(texts=old_texts), EngineOutputs(texts=new_texts), thresholds, cats)
+    report = compare_outputs(old_out, new_out, thresholds, cats)
     section = Section(
         name="generation negotiation_coach",
         inputs=f"{len(prompts)} negotiation prompts, greedy, {max_tokens} new tokens",

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from miaohui.dialogue.config import PIPELINE_NAMES
-from miaohui.dialogue.engine_adapters import ArtifactClassifier, TorchClassifier
 from miaohui.dialogue.gate import PipelineGateReport, load_gate_dialogues, run_pipeline_gate
 from miaohui.engines.store import read_manifest, resolve_artifact
 from miaohui.errors import ArtifactError, ConfigError
+from miaohui.validate.comparator import ArtifactClassifier, TorchClassifier
 
 __all__ = ["GateRun", "run_gate"]
 

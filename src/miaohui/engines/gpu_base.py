@@ -23,6 +23,10 @@ class GpuEngine(Engine):
         self.last_stages: dict[str, float] = {}
         """Seconds per stage of the last ``infer`` where it was timed (``h2d``, ``gpu``, ``d2h`` from CUDA events);
         empty otherwise."""
+        self.start_phases: dict[str, float] = {}
+        """Where this engine's start went, in seconds: ``load`` (files read, weights on the device), ``compile``
+        (first calls: Dynamo's trace and Inductor / Triton cache hits, or Triton kernels loaded), ``capture`` (CUDA
+        graphs captured, also those captured by the warm-up)."""
 
     def warmed_up(self) -> None:
         """Called once its server's warm-up has run (stage sampling restarts: the first served batch is timed)."""

@@ -41,13 +41,15 @@ from typing import Any
 
 import torch
 
+from miaohui.engines import fast_graphs
 from miaohui.engines.context import BuildContext, BuiltEngine
 from miaohui.engines.encoder_buckets import check_static_shapes
 from miaohui.engines.onnxruntime_builder import io_specs
 from miaohui.engines.target import cpu_target, cuda_target
 from miaohui.errors import BuildError
 from miaohui.models import tuning
-from miaohui.models.fast_bert import from_module, save_fast, use_fused_gelu, use_kernels
+from miaohui.models.fast_bert import FAST_WEIGHTS, from_module, save_fast, use_fused_gelu, use_kernels
+from miaohui.models.fast_hf import Unsupported, fast_from_hf
 from miaohui.sources.detect import load_source
 
 log = logging.getLogger(__name__)
@@ -89,9 +91,14 @@ def build(ctx: BuildContext) -> BuiltEngine:
         raise BuildError("fp16 inductor engines need a CUDA GPU", "build on the GPU, or use fp32/bf16 on CPU")
     loaded = load_source(ctx.model.path, attn_implementation="sdpa")
     generic = loaded.meta.source_format != "miaohui"
-    if generic:  # a user's HF model: torch.export of its own HF forward (its own head), library kernels
-        module = loaded.module
-        kernels: dict[str, Any] = {"mode": "library", "reason": "Hugging Face source: its own forward, not FastBert"}
+    fast = True
+    if generic:  # a team's HF model: miaohui's fast encoder with the model's own head, where it maps onto it
+        try:
+            module = fast_from_hf(loaded.module)
+        except Unsupported as exc:  # torch.export of its own HF forward, library kernels
+            module, fast = loaded.module, False
+            kernels: dict[str, Any] = {"mode": "library", "reason": f"Hugging Face forward: {exc}"}
+            ctx.log(f"compiling the model's own forward: {exc}")
     else:
         model_type = loaded.meta.bert_config.get("model_type", "bert")
         if model_type != "bert":  # FastBert copies BERT's weights by name: another architecture would compute wrongly
@@ -100,10 +107,33 @@ def build(ctx: BuildContext) -> BuiltEngine:
                 "build this model with --backend onnxruntime (or torch)",
             )
         module = from_module(loaded.module)
+    if fast:
         use_fused_gelu(module, device == "cuda")  # cuBLASLt's GEMM+bias+GELU epilogue (tanh GELU); CPU: erf GELU
         kernels = use_gpu_kernels(module, ctx.cfg.gpu_kernels if device == "cuda" else "library", ctx.cfg.precision)
+    fmt = ctx.cfg.inductor_format
+    if fmt == "fast-graphs" and not (fast and device == "cuda" and not ctx.cfg.static_shapes):
+        why = "on a CUDA GPU" if device != "cuda" else "without --static-shapes" if fast else "for this model"
+        raise BuildError(
+            f"the fast-graphs format needs miaohui's fast encoder {why}",
+            "build with --inductor-format auto or exported-program",
+        )
     if kernels["mode"] == "tuned":
         ctx.log(f"miaohui's kernels where the tuning file measured them faster on this GPU: {kernels}")
+    meta = ctx.model.meta
+    width = len(meta.labels) if meta.kind == "intent" else int(meta.bert_config["hidden_size"])
+    inputs, outputs = io_specs(ctx, "logits" if meta.kind == "intent" else "embeddings", ["batch", width])
+    if fast and target is not None and fmt in ("auto", "fast-graphs") and not ctx.cfg.static_shapes:
+        model = FloatLogits(module).to(device=device, dtype=DTYPES[ctx.cfg.precision]).eval()
+        built = fast_graphs.build(ctx, model, rng.min, rng.max)
+        return BuiltEngine(
+            engine_file=FAST_WEIGHTS,
+            backend_version=str(torch.__version__).split("+")[0],
+            target=target,
+            inputs=inputs,
+            outputs=outputs,
+            extra={"torch": torch.__version__, "cuda": torch.version.cuda, "ffn_gelu": "cublaslt-epilogue-tanh",
+                   "gpu_kernels": kernels, "format": "fast-graphs", **built},
+        )  # fmt: skip
     model = FloatLogits(module).to(device=device, dtype=DTYPES[ctx.cfg.precision]).eval()
     (batch, b), (seq, s) = (
         _export_dim(n, rng.min[i], rng.opt[i], rng.max[i]) for i, n in enumerate(("batch", "sequence"))
@@ -140,12 +170,9 @@ def build(ctx: BuildContext) -> BuiltEngine:
         if not aoti["ok"]:
             ctx.log(f"AOTInductor package not used ({aoti['reason']}): saving the exported program + Inductor cache")
             _build_exported_program(ctx, ep, first_calls(rng.min, rng.opt, rng.max), device, kernels)
-            if not generic:
+            if fast:
                 save_fast(module, ctx.out_dir)  # what ``fast_start`` answers with while the program loads and compiles
     compile_s = time.perf_counter() - started - export_s
-    meta = ctx.model.meta
-    width = len(meta.labels) if meta.kind == "intent" else int(meta.bert_config["hidden_size"])
-    inputs, outputs = io_specs(ctx, "logits" if meta.kind == "intent" else "embeddings", ["batch", width])
     return BuiltEngine(
         engine_file=AOTI_FILE if aoti["ok"] else ENGINE_FILE,
         backend_version=str(torch.__version__).split("+")[0],

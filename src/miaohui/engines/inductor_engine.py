@@ -23,6 +23,7 @@ import torch
 
 from miaohui.engines.base import Manifest
 from miaohui.engines.encoder_buckets import batch_buckets, seq_buckets
+from miaohui.engines.fast_graphs import TRITON_FILE, restore_triton_cache, triton_version
 from miaohui.engines.gpu_base import GpuEngine
 from miaohui.engines.inductor import (
     AOTI_FILE,
@@ -36,7 +37,7 @@ from miaohui.engines.inductor import (
     static_view,
 )
 from miaohui.errors import ArtifactError
-from miaohui.models.fast_bert import has_fast, load_fast
+from miaohui.models.fast_bert import has_fast, load_fast, use_direct_ops, use_kernels
 
 log = logging.getLogger(__name__)
 _CAPTURE_LOCK = threading.Lock()
@@ -108,11 +109,16 @@ class InductorEngine(GpuEngine):
         self._kernels = gpu_kernels_at_load(manifest.extra)
         """Built with ``gpu_kernels tuned``: the tuning entries are loaded, and each program compiles with PDL as at
         build."""
+        self.fast_graphs = manifest.extra.get("format") == "fast-graphs"
+        """miaohui's fast encoder run as is in CUDA graphs (:mod:`miaohui.engines.fast_graphs`): nothing to compile."""
         try:
-            if self.packaged:  # ahead-of-time compiled: nothing to trace or compile
+            self._runner: Any = None
+            if self.fast_graphs:
+                self._runner = self._load_fast_graphs()
+            elif self.packaged:  # ahead-of-time compiled: nothing to trace or compile
                 # single-threaded runner: its thread-synchronisation logic conflicts with CUDA-graph capture
                 # (torch's docs); one owner thread per instance calls it anyway
-                self._runner: Any = load_package(path / AOTI_FILE, single_threaded=self.use_graphs)
+                self._runner = load_package(path / AOTI_FILE, single_threaded=self.use_graphs)
                 if fast_start:
                     log.info("%s: fast_start is moot for an AOTInductor package (nothing to compile)", manifest.name)
             elif fast_start and has_fast(path):  # the fast model's weights: no program load, no trace until upgrade()
@@ -129,6 +135,7 @@ class InductorEngine(GpuEngine):
                 "the files are corrupt or were built by another torch; rebuild it",
             ) from exc
         self.load_seconds = time.perf_counter() - started
+        self.start_phases["load"] = self.load_seconds
         profile = manifest.inputs[0].profile
         max_b, max_s = profile.max if profile else (64, manifest.max_length or 128)
         self.min_b, self.min_s = profile.min if profile else (1, 1)
@@ -151,6 +158,7 @@ class InductorEngine(GpuEngine):
         self._upgrader: threading.Thread | None = None
         self.upgrade_seconds = 0.0
         if self._eager is None and not self.packaged:  # the program's first calls, as at build: all cache hits
+            traced = time.perf_counter()
             try:
                 self._trace(self.stream if self.device.type == "cuda" else None)
             except Exception as exc:  # the first line names it (Dynamo's full report stays on the chained cause)
@@ -159,7 +167,28 @@ class InductorEngine(GpuEngine):
                     f"inductor engine {path} failed its first calls {self._first_calls}: {first}",
                     "rebuild it with this torch on this machine; on a GPU, check it has memory free",
                 ) from exc
+            self.start_phases["compile"] = time.perf_counter() - traced
             self.load_seconds = time.perf_counter() - started
+
+    def _load_fast_graphs(self) -> Any:
+        """The fast model from its weights with the build's kernel choice, and the build's Triton kernels put into
+        this process's Triton cache (a fresh machine then compiles none)."""
+        module = use_direct_ops(load_fast(self.path, self.device))  # nothing traces it: no op dispatch needed
+        if self._kernels.get("mode") == "tuned":
+            k = self._kernels
+            use_kernels(module, skinny=bool(k.get("skinny_gemm_shapes")), attention=bool(k.get("attention_shapes")),
+                        cublaslt=bool(k.get("cublaslt_shapes")))  # fmt: skip
+        tar = self.path / TRITON_FILE
+        if tar.is_file():
+            restored = restore_triton_cache(tar)
+            log.info("%s: Triton kernels from the artifact: %s", self.manifest.name, restored)
+        built_with = self.manifest.extra.get("triton")
+        if built_with and built_with != triton_version():
+            log.warning(
+                "%s was built with Triton %s, this machine has %s: its kernels compile again at the first calls "
+                "(rebuild it here to keep the start short)", self.manifest.name, built_with, triton_version(),
+            )  # fmt: skip
+        return FloatLogits(module).eval()
 
     def _load_program(self) -> torch.nn.Module:
         """The exported program as a module, with Inductor's cache of its kernels loaded (so compiling it is all
@@ -289,7 +318,9 @@ class InductorEngine(GpuEngine):
                 return
             compiled = self.upgraded.is_set()
             runner = self._compiled_for((b, s)) if compiled else self._eager
+            started = time.perf_counter()
             self._graphs[(b, s)] = self._capture_bucket(b, s, runner, self.stream, compiled)
+            self.start_phases["capture"] = self.start_phases.get("capture", 0.0) + time.perf_counter() - started
 
     def _capture_bucket(self, b: int, s: int, runner: Any, stream: Any, compiled: bool) -> _Bucket:
         """Bucket (b, s)'s graph of ``runner`` captured on ``stream``; the caller holds ``_CAPTURE_LOCK``."""
@@ -302,7 +333,7 @@ class InductorEngine(GpuEngine):
         # default stream).
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.no_grad(), torch.cuda.stream(stream):
-            for _ in range(2):  # warm the kernels and the allocator outside the graph
+            for _ in range(1 if self.fast_graphs else 2):  # warm the kernels and the allocator outside the graph
                 warm = runner(ids, mask)
             stream.synchronize()
             host_io = io.cpu().pin_memory()  # what a replay copies in until a batch writes it

@@ -85,7 +85,10 @@ def load_engine(
     manifest = read_manifest(path)
     # fast_start reads the program only in its background upgrade: its sha256 is checked there, not on the way to
     # the first answer (~0.1 s per 130 MB hashed on this CPU: the e5 fp32 program)
-    late = manifest.backend == "inductor" and fast_start and _has_fast(path) and manifest.engine_file in manifest.files
+    late = (
+        manifest.backend == "inductor" and fast_start and _has_fast(path) and manifest.engine_file in manifest.files
+        and manifest.extra.get("format") != "fast-graphs"  # its engine file is the fast model: read at once
+    )  # fmt: skip
     deferred = frozenset({manifest.engine_file}) if late and verify_checksums else frozenset()
     check_files(path, manifest, verify_checksums, deferred)
     check_machine(manifest)

@@ -118,17 +118,34 @@ def planned_target(cfg: BuildConfig) -> Target:
 
 
 def build_key(source_digest: str, cfg: BuildConfig, target: Target) -> str:
-    fields = {
+    fields: dict[str, object] = {
         "source": source_digest,
         "options": cfg.compute_hash(),
         "backend": cfg.backend,
         "backend_version": backend_version(cfg.backend),
         "target": target_key(target),
     }
+    if cfg.backend == "inductor" and target.device == "cuda":  # compiled kernels are only valid for these
+        fields["gpu_libraries"] = gpu_library_versions()
     tuning_digest = tuning_key(cfg, target)
     if tuning_digest is not None:  # a tuned GPU build is rebuilt when its GPU's tuning file changes
         fields["tuning"] = tuning_digest
     return digest_json(fields)
+
+
+def gpu_library_versions() -> dict[str, str | None]:
+    """The versions an ``inductor`` GPU artifact's compiled kernels depend on: torch (with its CUDA) and Triton."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def of(name: str) -> str | None:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return None
+
+    import torch
+
+    return {"torch": str(torch.__version__), "cuda": torch.version.cuda, "triton": of("triton")}
 
 
 def tuning_key(cfg: BuildConfig, target: Target) -> str | None:

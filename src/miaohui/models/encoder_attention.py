@@ -162,6 +162,11 @@ def sdpa_encoder_attention(qkv: torch.Tensor, bias: torch.Tensor, heads: int) ->
 
 @torch.library.custom_op("miaohui::encoder_attention", mutates_args=())
 def encoder_attention_op(qkv: torch.Tensor, bias: torch.Tensor, heads: int) -> torch.Tensor:
+    """:func:`encoder_attention_call` as an op of its own (opaque to ``torch.export`` and Inductor)."""
+    return encoder_attention_call(qkv, bias, heads)
+
+
+def encoder_attention_call(qkv: torch.Tensor, bias: torch.Tensor, heads: int) -> torch.Tensor:
     """The Triton kernel where it takes the input (:func:`supported`, and with :data:`ATTN_SHAPES_ONLY` the shape is
     in :data:`ATTN_BEST`), the SDPA form elsewhere."""
     if supported(qkv, heads) and (not ATTN_SHAPES_ONLY or _key(qkv, heads) in ATTN_BEST):

@@ -12,6 +12,7 @@ in a fraction of a second without the source checkpoint, ``transformers`` or ``t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -51,6 +52,11 @@ class FastBertLayer(nn.Module):
     fastest for the product and rows, where it has one (:data:`miaohui.models.skinny_gemm.LT_BEST`), instead of the
     heuristic's pick. Set by :func:`use_kernels`."""
 
+    direct_ops: bool = False
+    """Call the functions behind miaohui's ops rather than the ops (``torch.library`` custom ops, which ``torch.export``
+    and Inductor need): their Python dispatch cost ~0.6 ms a call on the H200 host, 7 s of a fast-graphs start that
+    runs every bucket eagerly. Set by :func:`use_direct_ops` where nothing traces the model (``fast-graphs``)."""
+
     def __init__(self, hidden: int, heads: int, intermediate: int, eps: float) -> None:
         super().__init__()
         self.heads, self.head_dim = heads, hidden // heads
@@ -69,9 +75,9 @@ class FastBertLayer(nn.Module):
         """Multi-head attention over the QKV projection's output [B, S, 3H] → [B, S, H]."""
         b, s, h3 = qkv.shape
         if self.triton_attention:
-            from miaohui.models.encoder_attention import encoder_attention_op  # Triton is imported only when asked for
+            from miaohui.models import encoder_attention as ea  # Triton is imported only when asked for
 
-            return encoder_attention_op(qkv, bias, self.heads)
+            return (ea.encoder_attention_call if self.direct_ops else ea.encoder_attention_op)(qkv, bias, self.heads)
         q, k, v = qkv.view(b, s, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias).transpose(1, 2).reshape(b, s, h3 // 3)
 
@@ -83,9 +89,10 @@ class FastBertLayer(nn.Module):
         """``lin(x)`` (then GELU when ``gelu``) by the kernel the flags choose: ``skinny_linear`` (tanh GELU),
         cuBLASLt's GEMM+bias+GELU epilogue (``fused_gelu``), or ``nn.Linear`` and erf GELU."""
         if self.skinny:
-            from miaohui.models.skinny_gemm import skinny_op  # Triton is imported only when asked for
+            from miaohui.models import skinny_gemm  # Triton is imported only when asked for
 
-            return skinny_op(x, lin.weight, lin.bias, gelu, self.cublaslt)
+            op = skinny_gemm.skinny_call if self.direct_ops else skinny_gemm.skinny_op
+            return op(x, lin.weight, lin.bias, gelu, self.cublaslt)
         if gelu and self.fused_gelu:
             b, s, h = x.shape
             return torch._addmm_activation(lin.bias, x.reshape(b * s, h), lin.weight.t(), use_gelu=True).view(b, s, -1)
@@ -94,7 +101,11 @@ class FastBertLayer(nn.Module):
 
 
 class FastBert(nn.Module):
-    """Embeddings (word + position + token type 0) → LayerNorm → layers; returns the last hidden states."""
+    """Embeddings (word + position + token type 0) → LayerNorm → layers; returns the last hidden states.
+
+    ``position_offset``: the first position id (RoBERTa / XLM-R count positions from ``pad_token_id + 1``);
+    ``embedding_size``: embeddings narrower than the hidden size, projected up after their LayerNorm (ELECTRA-small's
+    ``embeddings_project``); 0 = the hidden size. A model without token types (DistilBERT) has one all-zero row."""
 
     def __init__(
         self,
@@ -108,18 +119,26 @@ class FastBert(nn.Module):
         eps: float = 1e-12,
         *,
         init: bool = True,
+        position_offset: int = 0,
+        embedding_size: int = 0,
     ) -> None:
         super().__init__()
-        self.word = _embedding(vocab, hidden, init)
-        self.position = _embedding(max_positions, hidden, init)
-        self.token_type = _embedding(type_vocab, hidden, init)
-        self.ln = nn.LayerNorm(hidden, eps=eps)
+        width = embedding_size or hidden
+        self.position_offset = position_offset
+        self.word = _embedding(vocab, width, init)
+        self.position = _embedding(max_positions, width, init)
+        self.token_type = _embedding(type_vocab, width, init)
+        self.ln = nn.LayerNorm(width, eps=eps)
+        self.project = nn.Linear(width, hidden) if width != hidden else None
         self.layers = nn.ModuleList(FastBertLayer(hidden, heads, intermediate, eps) for _ in range(layers))
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         s = input_ids.shape[1]
-        x = self.word(input_ids) + self.position.weight[:s] + self.token_type.weight[0]
+        off = self.position_offset
+        x = self.word(input_ids) + self.position.weight[off : off + s] + self.token_type.weight[0]
         x = self.ln(x)
+        if self.project is not None:
+            x = self.project(x)
         bias = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * MASK_BIAS
         if self.layers[0].skinny:
             return _fused_stack(self.layers, x, bias)  # type: ignore[arg-type]
@@ -131,7 +150,9 @@ class FastBert(nn.Module):
 def _fused_stack(layers: list[FastBertLayer], h: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """The layers with each inner LayerNorm and the GEMMs around it as one ``miaohui::proj_ln_proj``: attention output
     → LayerNorm → FFN in, and FFN output → LayerNorm → the next layer's QKV; the last LayerNorm stays as it was."""
-    from miaohui.models.skinny_ln import proj_ln_proj  # Triton is imported only when asked for
+    from miaohui.models import skinny_ln  # Triton is imported only when asked for
+
+    proj_ln_proj = skinny_ln.proj_ln_proj_call if layers[0].direct_ops else skinny_ln.proj_ln_proj
 
     qkv = layers[0]._proj(layers[0].qkv, h)
     for i, layer in enumerate(layers):
@@ -168,6 +189,11 @@ def use_kernels(module: nn.Module, *, skinny: bool, attention: bool, cublaslt: b
     return module
 
 
+def use_direct_ops(module: nn.Module, on: bool = True) -> nn.Module:
+    """Switch every :class:`FastBertLayer` of ``module`` to call miaohui's ops' functions directly (``direct_ops``)."""
+    return _set_layer_flag(module, "direct_ops", on)
+
+
 def use_fused_gelu(module: nn.Module, on: bool = True) -> nn.Module:
     """Switch every :class:`FastBertLayer` of ``module`` to the fused GEMM+bias+GELU (see ``fused_gelu``)."""
     return _set_layer_flag(module, "fused_gelu", on)
@@ -188,13 +214,43 @@ class FastIntentClassifier(nn.Module):
         return self.head(_pool(self.encoder(input_ids, attention_mask), attention_mask))
 
 
-class FastSentenceEncoder(nn.Module):
-    def __init__(self, encoder: FastBert) -> None:
+HEAD_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"tanh": torch.tanh, "gelu": F.gelu,
+                                                                        "relu": F.relu}  # fmt: skip
+
+
+class FastClsClassifier(nn.Module):
+    """The head of a Hugging Face ``*ForSequenceClassification`` on the first token: ``out(act(dense(h[:, 0])))``.
+    BERT (pooler + classifier) and RoBERTa / XLM-R: tanh; ELECTRA: GELU; DistilBERT (pre_classifier): ReLU."""
+
+    def __init__(self, encoder: FastBert, num_labels: int, activation: str) -> None:
         super().__init__()
+        if activation not in HEAD_ACTIVATIONS:
+            raise ValueError(f"head activation {activation!r}: one of {sorted(HEAD_ACTIVATIONS)}")
+        first: FastBertLayer = encoder.layers[0]  # type: ignore[assignment]
+        hidden = first.attn_out.in_features
         self.encoder = encoder
+        self.activation = activation
+        self.dense = nn.Linear(hidden, hidden)
+        self.out = nn.Linear(hidden, num_labels)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        return F.normalize(_pool(self.encoder(input_ids, attention_mask), attention_mask), dim=-1)
+        first = self.encoder(input_ids, attention_mask)[:, 0]
+        return self.out(HEAD_ACTIVATIONS[self.activation](self.dense(first)))
+
+
+class FastSentenceEncoder(nn.Module):
+    """Pooled (masked mean, or the first token: ``pooling``) and, with ``normalize``, L2-normalized embeddings."""
+
+    def __init__(self, encoder: FastBert, pooling: Literal["mean", "cls"] = "mean", normalize: bool = True) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.pooling = pooling
+        self.normalize = normalize
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        hidden = self.encoder(input_ids, attention_mask)
+        pooled = hidden[:, 0] if self.pooling == "cls" else _pool(hidden, attention_mask)
+        return F.normalize(pooled, dim=-1) if self.normalize else pooled
 
 
 @torch.no_grad()
@@ -258,7 +314,9 @@ class FastSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    kind: Literal["intent", "encoder"]
+    kind: Literal["intent", "encoder", "cls-classifier"]
+    """``intent``: miaohui's classifier (mean pool + linear); ``cls-classifier``: a Hugging Face sequence classifier's
+    head on the first token (:class:`FastClsClassifier`); ``encoder``: pooled embeddings."""
     vocab: int
     hidden: int
     layers: int
@@ -268,29 +326,58 @@ class FastSpec(BaseModel):
     type_vocab: int
     eps: float
     num_labels: int = 0
-    """Logits of an ``intent`` model; 0 for an ``encoder``."""
+    """Logits of a classifier; 0 for an ``encoder``."""
     fused_gelu: bool = False
+    position_offset: int = 0
+    embedding_size: int = 0
+    head_activation: str = "tanh"
+    """``cls-classifier``: the activation between its two linears."""
+    pooling: Literal["mean", "cls"] = "mean"
+    normalize: bool = True
+    """``encoder``: how the hidden states are pooled, and whether the result is L2-normalized."""
 
 
 def spec_of(module: nn.Module) -> FastSpec:
     """The spec of a :class:`FastIntentClassifier` or :class:`FastSentenceEncoder`."""
-    if not isinstance(module, FastIntentClassifier | FastSentenceEncoder):
+    if not isinstance(module, FastIntentClassifier | FastSentenceEncoder | FastClsClassifier):
         raise TypeError(f"not a fast model: {type(module).__name__}")
     enc: FastBert = module.encoder
     first: FastBertLayer = enc.layers[0]  # type: ignore[assignment]
+    kind: Literal["intent", "encoder", "cls-classifier"] = (
+        "intent" if isinstance(module, FastIntentClassifier)
+        else "cls-classifier" if isinstance(module, FastClsClassifier) else "encoder"
+    )  # fmt: skip
+    num_labels = (
+        module.head.out_features if isinstance(module, FastIntentClassifier)
+        else module.out.out_features if isinstance(module, FastClsClassifier) else 0
+    )  # fmt: skip
     return FastSpec(
-        kind="intent" if isinstance(module, FastIntentClassifier) else "encoder",
+        kind=kind,
         vocab=enc.word.num_embeddings,
-        hidden=enc.word.embedding_dim,
+        hidden=first.attn_out.in_features,
         layers=len(enc.layers),
         heads=first.heads,
         intermediate=first.ffn_in.out_features,
         max_positions=enc.position.num_embeddings,
         type_vocab=enc.token_type.num_embeddings,
         eps=float(enc.ln.eps),
-        num_labels=module.head.out_features if isinstance(module, FastIntentClassifier) else 0,
+        num_labels=num_labels,
         fused_gelu=first.fused_gelu,
+        position_offset=enc.position_offset,
+        embedding_size=enc.word.embedding_dim if enc.project is not None else 0,
+        head_activation=module.activation if isinstance(module, FastClsClassifier) else "tanh",
+        pooling=module.pooling if isinstance(module, FastSentenceEncoder) else "mean",
+        normalize=module.normalize if isinstance(module, FastSentenceEncoder) else True,
     )
+
+
+def build_head(spec: FastSpec, encoder: FastBert) -> nn.Module:
+    """The model of kind ``spec.kind`` around ``encoder``."""
+    if spec.kind == "intent":
+        return FastIntentClassifier(encoder, spec.num_labels)
+    if spec.kind == "cls-classifier":
+        return FastClsClassifier(encoder, spec.num_labels, spec.head_activation)
+    return FastSentenceEncoder(encoder, spec.pooling, spec.normalize)
 
 
 def save_fast(module: nn.Module, directory: Path) -> None:
@@ -322,10 +409,10 @@ def load_fast(directory: Path, device: torch.device | str) -> nn.Module:
             spec.type_vocab,
             spec.eps,
             init=False,
+            position_offset=spec.position_offset,
+            embedding_size=spec.embedding_size,
         )
-        module: nn.Module = (
-            FastIntentClassifier(encoder, spec.num_labels) if spec.kind == "intent" else FastSentenceEncoder(encoder)
-        )
+        module = build_head(spec, encoder)
     state = load_file(str(Path(directory) / FAST_WEIGHTS), device=str(device))
     module.load_state_dict(state, strict=True, assign=True)
     use_fused_gelu(module, spec.fused_gelu)

@@ -296,6 +296,11 @@ def _algo(text: str) -> Algo:
 
 @torch.library.custom_op("miaohui::skinny_linear", mutates_args=())
 def skinny_op(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor, gelu: bool, lt: bool = False) -> torch.Tensor:
+    """:func:`skinny_call` as an op of its own (opaque to ``torch.export`` and Inductor)."""
+    return skinny_call(x, w, bias, gelu, lt)
+
+
+def skinny_call(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor, gelu: bool, lt: bool = False) -> torch.Tensor:
     """The encoder's ``linear(x, w, bias)`` (+ tanh GELU): :func:`skinny_linear` where :data:`SKINNY_BEST` has the
     product's (rows, N, K); else, with ``lt``, cuBLASLt with :data:`LT_BEST`'s algorithm where it has one; else what
     the engine runs without either (cuBLAS; its GELU epilogue for the FFN)."""

@@ -137,6 +137,23 @@ def proj_ln_proj(
     gelu: bool,
     lt: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`proj_ln_proj_call` as an op of its own (opaque to ``torch.export`` and Inductor)."""
+    return proj_ln_proj_call(x, w1, b1, r, gamma, beta, eps, w2, b2, gelu, lt)
+
+
+def proj_ln_proj_call(
+    x: torch.Tensor,
+    w1: torch.Tensor,
+    b1: torch.Tensor,
+    r: torch.Tensor,
+    gamma: torch.Tensor,
+    beta: torch.Tensor,
+    eps: float,
+    w2: torch.Tensor,
+    b2: torch.Tensor,
+    gelu: bool,
+    lt: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(``y``, ``h``): ``h = LayerNorm(r + x @ w1ᵀ + b1)``, ``y = h @ w2ᵀ + b2`` (then tanh GELU); see the module.
     ``lt``: the GEMMs that run cuBLAS run cuBLASLt's timed algorithm where it has one (``skinny_op``'s ``lt``)."""
     k = x.shape[-1]
@@ -145,8 +162,8 @@ def proj_ln_proj(
         h = skinny_gemm.skinny_linear(x, w1, b1, cfg, pdl=skinny_gemm.SKINNY_PDL, residual_ln=(r, gamma, beta, eps))
     else:  # PDL where the first product ran the skinny kernel: a chain of small kernels, as the ops around it
         pdl = skinny_gemm.SKINNY_PDL and (x.numel() // k, *w1.shape) in skinny_gemm.SKINNY_BEST
-        h = add_layer_norm(skinny_gemm.skinny_op(x, w1, b1, False, lt), r, gamma, beta, eps, pdl=pdl)
-    return skinny_gemm.skinny_op(h, w2, b2, gelu, lt), h
+        h = add_layer_norm(skinny_gemm.skinny_call(x, w1, b1, False, lt), r, gamma, beta, eps, pdl=pdl)
+    return skinny_gemm.skinny_call(h, w2, b2, gelu, lt), h
 
 
 @proj_ln_proj.register_fake

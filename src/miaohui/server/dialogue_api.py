@@ -335,7 +335,7 @@ def dialogue_router(service: DialogueService) -> APIRouter:
             req = DialogueRequest.parse(body)
             deadline = deadline_from_ms(req.timeout_ms or timeout_ms(request))
             work = service.turn(pipeline, req.text, req.session_id, req.lang, deadline)
-            resp, engine = await until_disconnect(request, work)
+            resp, engine = await until_disconnect(request.receive, work)
             version = str(engine["version"] or "")
             content = resp.model_dump(mode="json", exclude=None if req.timings else {"timings"})
             content["engine"] = engine

@@ -60,14 +60,15 @@ def embeddings_router(manager: ModelManager, metrics: Metrics) -> APIRouter:
     @router.post("/v1/embeddings")
     async def embeddings(request: Request) -> JSONResponse:
         """OpenAI embeddings: ``model`` (an encoder model of the repository) and ``input``."""
-        from miaohui.server.kserve import model_label, parse_json_object
-        from miaohui.server.status import http_status, message, reason
+        from miaohui.server.http_io import error_response, read_json
+        from miaohui.server.kserve import model_label
+        from miaohui.server.status import http_status, reason
 
         started = time.perf_counter()
         served: ServedVersion | None = None
         model, code, why = "", 200, ""
         try:
-            body = parse_json_object(await request.body())
+            body = await read_json(request)
             model = str(body.get("model") or "")
             if not model:
                 raise InputError("missing 'model'", "name an embedding model of the repository, e.g. GET /v1/models")
@@ -88,7 +89,7 @@ def embeddings_router(manager: ModelManager, metrics: Metrics) -> APIRouter:
             return JSONResponse(doc)
         except Exception as exc:
             code, why = http_status(exc), reason(exc)
-            return JSONResponse({"error": message(exc)}, status_code=code)
+            return error_response(exc, openai=True)
         finally:
             version = str(served.version) if served else ""
             metrics.done(model_label(manager, model), version, "http", code, time.perf_counter() - started, why)

@@ -3,9 +3,10 @@
 
 KServe inference takes JSON tensors and Triton's binary tensor extension (what ``tritonclient.http`` sends by
 default; see :mod:`miaohui.server.kserve`), and answers with binary outputs when the request asks for them.
-Every error is an explicit status with a JSON ``{"error": message}`` body (KServe's error format).
-A request is either answered or rejected (400/404/429/503/504); a client that disconnects while its
-request is queued has it dropped before compute.
+Every error is an explicit status (the table in :mod:`miaohui.server.status`) with a JSON ``{"error": message}``
+body (KServe's error format), or OpenAI's error body on the OpenAI routes. A request is either answered or
+rejected (400/404/413/429/500/503/504); a client that disconnects while its request is queued has it dropped
+before compute (499 in the metrics).
 
 The two inference routes, ``POST /v1/intent`` and ``POST /v2/models/{m}[/versions/{v}]/infer``, are the hot
 path: :class:`MiaohuiApp` answers them straight from ASGI (:class:`HotPaths`), without FastAPI's middleware
@@ -15,8 +16,8 @@ is plain FastAPI.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
+import logging
 import os
 import re
 import time
@@ -35,20 +36,23 @@ from miaohui.server import kserve
 from miaohui.server.embeddings_api import embeddings_router
 from miaohui.server.http_io import (
     JSON_ERRORS,
-    MAX_BODY_BYTES,
     dumps,
     error_response,
+    is_openai_path,
     loads,
     parse_timeout_ms,
     read_body,
+    receive_body,
+    until_disconnect,
 )
 from miaohui.server.metrics import ModelStateCollector
 from miaohui.server.openai_api import openai_router
 from miaohui.server.state import ServerState, check_model_control
-from miaohui.server.status import http_status, message, reason
+from miaohui.server.status import kserve_body, reason
 from miaohui.serving.served import ServedVersion, deadline_from_ms
 
 T = TypeVar("T")
+logger = logging.getLogger("miaohui.server")
 
 
 def create_app(state: ServerState) -> FastAPI:
@@ -84,19 +88,32 @@ def create_app(state: ServerState) -> FastAPI:
 
     app.include_router(embeddings_router(manager, metrics))
 
+    # Errors that leave a route (or never reach one: an unknown path, a bad method, FastAPI's validation) are
+    # answered here, in OpenAI's shape on the OpenAI routes and KServe's elsewhere, from the one status table.
     @app.exception_handler(MiaohuiError)
-    async def _miaohui_error(_: Request, exc: MiaohuiError) -> JSONResponse:
-        return error_response(exc)
+    async def _miaohui_error(request: Request, exc: MiaohuiError) -> JSONResponse:
+        return error_response(exc, openai=is_openai_path(request.url.path))
 
     @app.exception_handler(RequestValidationError)
-    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0] if exc.errors() else {}
         where = ".".join(str(p) for p in first.get("loc", ()))
-        return JSONResponse({"error": f"invalid request at {where}: {first.get('msg', 'bad value')}"}, status_code=400)
+        error = InputError(f"invalid request at {where}: {first.get('msg', 'bad value')}")
+        return error_response(error, openai=is_openai_path(request.url.path))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if not is_openai_path(request.url.path):
+            return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code)
+        kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        body = {"error": {"message": str(exc.detail), "type": kind, "param": None, "code": None}}
+        return JSONResponse(body, status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
+        """A bug in a route: 500 for this request, logged with its traceback (the server goes on)."""
+        logger.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+        return error_response(exc, openai=is_openai_path(request.url.path))
 
     # ------------------------------------------------------------------ health & metadata
 
@@ -287,13 +304,13 @@ class HotPaths:
         in_flight.inc()
         try:
             head = _Head(scope)
-            body = _json_object(await _read_body(receive, head))
+            body = _json_object(await receive_body(receive, head.length, head.encoding))
             model = str(body.get("model") or "intent")
             texts, single = _intent_texts(body)
             served = manager.get(model, body.get("version"))
             deadline = deadline_from_ms(parse_timeout_ms(head.timeout, body))
             work = served.classify(texts, deadline, bool(body.get("slots", True)))
-            results = await _until_disconnect(receive, work)
+            results = await until_disconnect(receive, work)
             rows = [
                 {
                     "intent": r.intent,
@@ -308,7 +325,8 @@ class HotPaths:
             ]
             code, payload, headers = 200, dumps(rows[0] if single else rows), [_JSON_TYPE]
         except Exception as exc:
-            code, payload, headers, why = http_status(exc), dumps({"error": message(exc)}), [_JSON_TYPE], reason(exc)
+            code, doc = kserve_body(exc)
+            payload, headers, why = dumps(doc), [_JSON_TYPE], reason(exc)
         finally:
             in_flight.dec()
         await _reply(send, code, payload, headers)
@@ -331,13 +349,13 @@ class HotPaths:
         in_flight.inc()
         try:
             head = _Head(scope)
-            body = await _read_body(receive, head)
+            body = await receive_body(receive, head.length, head.encoding)
             header, binary = kserve.split_body(body, head.binary)
             base, raw = kserve.split_name(model)
             served = manager.get(base, version)
             tensors = kserve.inputs_from_request(header, binary)
             deadline = deadline_from_ms(parse_timeout_ms(head.timeout, header))
-            outputs = await _until_disconnect(receive, kserve.infer_tensors(served, raw, tensors, deadline))
+            outputs = await until_disconnect(receive, kserve.infer_tensors(served, raw, tensors, deadline))
             payload, header_length = kserve.infer_response(model, served.version, header, outputs)
             code = 200
             if header_length is None:
@@ -345,38 +363,12 @@ class HotPaths:
             else:
                 headers = [_BINARY_TYPE, (_BINARY_HEADER, str(header_length).encode())]
         except Exception as exc:
-            code, payload, headers, why = http_status(exc), dumps({"error": message(exc)}), [_JSON_TYPE], reason(exc)
+            code, doc = kserve_body(exc)
+            payload, headers, why = dumps(doc), [_JSON_TYPE], reason(exc)
         finally:
             in_flight.dec()
         await _reply(send, code, payload, headers)
         metrics.done(label, str(served.version) if served else "", "http", code, time.perf_counter() - started, why)
-
-
-async def _read_body(receive: Receive, head: _Head) -> bytes:
-    """The request body, read no further than :data:`MAX_BODY_BYTES` (as :func:`~miaohui.server.http_io.read_body`)."""
-    encoding = (head.encoding or "identity").strip().lower()
-    if encoding != "identity":
-        raise InputError(f"Content-Encoding {encoding!r} is not supported", "send the body uncompressed")
-    too_big = InputError(f"request body is larger than the limit of {MAX_BODY_BYTES} bytes", "send smaller batches")
-    declared = head.length or ""
-    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        raise too_big
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        msg = await receive()
-        if msg["type"] == "http.disconnect":
-            raise InputError("client disconnected", "nothing to do")
-        chunk = msg.get("body", b"")
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise too_big
-        if not msg.get("more_body", False):
-            if not chunks:
-                return chunk
-            chunks.append(chunk)
-            return b"".join(chunks)
-        chunks.append(chunk)
 
 
 def _json_object(data: bytes) -> dict[str, Any]:
@@ -387,30 +379,6 @@ def _json_object(data: bytes) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise InputError(f"request body is a JSON {type(doc).__name__}, not an object", "send a JSON object")
     return doc
-
-
-async def _until_disconnect(receive: Receive, work: Awaitable[T]) -> T:
-    """Await ``work``; if the client goes away first, cancel it (the batcher then drops it before compute).
-
-    Once the body is read, the server's ``receive()`` returns only at disconnect (or after the response):
-    one waiter instead of polling."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(receive())
-    try:
-        while True:
-            await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
-            if task.done():
-                return task.result()
-            if watcher.result().get("type") == "http.disconnect":
-                task.cancel()
-                raise InputError("client disconnected", "nothing to do")
-            watcher = asyncio.ensure_future(receive())
-    except asyncio.CancelledError:
-        task.cancel()
-        raise
-    finally:
-        if not watcher.done():
-            watcher.cancel()
 
 
 async def _captured(handler: Callable[[Send], Awaitable[None]]) -> Response:

@@ -1,25 +1,26 @@
-"""What the HTTP routes of every router share: reading a bounded body, JSON (orjson where installed), per-request
-deadlines, dropping work whose client went away, and the error response (``{"error": message}``)."""
+"""The HTTP boundary every router shares (the raw-ASGI hot path, FastAPI routes, the OpenAI routes): one body
+reader and one limit (8 MiB, 413), one disconnect watcher (499), the error response in KServe's or OpenAI's
+shape from the one status table (:mod:`miaohui.server.status`), JSON (orjson where installed), per-request
+deadlines."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
-from starlette.requests import ClientDisconnect
+from starlette.types import Receive
 
-from miaohui.errors import InputError
+from miaohui.errors import ClientDisconnectedError, InputError, PayloadTooLargeError
 from miaohui.server import kserve
-from miaohui.server.status import http_status, message
+from miaohui.server.status import kserve_body, openai_body
 
 T = TypeVar("T")
-DISCONNECT_POLL_S = 0.05
 MAX_BODY_BYTES = 8 << 20
+"""The largest request body any route takes (KServe tensors in JSON or Triton's binary extension need room)."""
 
 try:  # orjson: ~8x faster JSON for the small bodies of the hot path; the standard library otherwise
     import orjson
@@ -38,46 +39,89 @@ except ImportError:  # pragma: no cover - orjson is a dependency
     JSON_ERRORS = (json.JSONDecodeError, UnicodeDecodeError)
 
 
-def error_response(exc: BaseException) -> JSONResponse:
-    return JSONResponse({"error": message(exc)}, status_code=http_status(exc))
+OPENAI_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models")
+"""Routes answered in OpenAI's error shape (``/v1/models/{m}`` too); every other route in KServe's."""
+
+
+def is_openai_path(path: str) -> bool:
+    return path in OPENAI_PATHS or path.startswith("/v1/models/")
+
+
+def error_response(exc: BaseException, *, openai: bool = False) -> JSONResponse:
+    """The one error response: the status of ``exc``'s row in :mod:`~miaohui.server.status`, in OpenAI's shape
+    or KServe's."""
+    code, body = openai_body(exc) if openai else kserve_body(exc)
+    return JSONResponse(body, status_code=code)
+
+
+async def receive_body(receive: Receive, length: str | None, encoding: str | None) -> bytes:
+    """The request body from ASGI ``receive``, read no further than :data:`MAX_BODY_BYTES`: a body declared
+    (``length``, the Content-Length header) or found bigger is refused as it arrives (413). ``encoding``: the
+    Content-Encoding header; only identity is taken. A client gone before the body is complete: 499."""
+    encoding = (encoding or "identity").strip().lower()
+    if encoding != "identity":
+        raise InputError(f"Content-Encoding {encoding!r} is not supported", "send the body uncompressed")
+    too_big = PayloadTooLargeError(
+        f"request body is larger than the limit of {MAX_BODY_BYTES} bytes", "send smaller batches"
+    )
+    if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
+        raise too_big
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            raise disconnected()
+        chunk = msg.get("body", b"")
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise too_big
+        if not msg.get("more_body", False):
+            if not chunks:
+                return chunk
+            chunks.append(chunk)
+            return b"".join(chunks)
+        chunks.append(chunk)
 
 
 async def read_body(request: Request) -> bytes:
-    """The request body, read no further than :data:`MAX_BODY_BYTES` (a bigger one is refused as it arrives)."""
-    encoding = request.headers.get("content-encoding", "identity").strip().lower()
-    if encoding != "identity":
-        raise InputError(f"Content-Encoding {encoding!r} is not supported", "send the body uncompressed")
-    too_big = InputError(f"request body is larger than the limit of {MAX_BODY_BYTES} bytes", "send smaller batches")
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        raise too_big
-    chunks, size = [], 0
-    try:
-        async with contextlib.aclosing(request.stream()) as stream:
-            async for chunk in stream:
-                size += len(chunk)
-                if size > MAX_BODY_BYTES:
-                    raise too_big
-                chunks.append(chunk)
-    except ClientDisconnect:
-        raise InputError("client disconnected", "nothing to do") from None
-    return b"".join(chunks)
+    """:func:`receive_body` for a FastAPI route."""
+    headers = request.headers
+    return await receive_body(request.receive, headers.get("content-length"), headers.get("content-encoding"))
 
 
 async def read_json(request: Request) -> dict[str, Any]:
     return kserve.parse_json_object(await read_body(request))
 
 
-async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
-    """Await ``work``; if the client goes away first, cancel it (the batcher then drops it before compute)."""
+def disconnected() -> ClientDisconnectedError:
+    return ClientDisconnectedError("client disconnected", "nothing to do")
+
+
+async def until_disconnect(receive: Receive, work: Awaitable[T]) -> T:
+    """Await ``work``; if the client goes away first, cancel it (the batcher then drops it before compute; the
+    generation engine aborts it) and raise :class:`~miaohui.errors.ClientDisconnectedError` (499).
+
+    Once the body is read, the server's ``receive()`` returns only at disconnect (or after the response):
+    one waiter instead of polling."""
     task = asyncio.ensure_future(work)
-    while True:
-        done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
-        if done:
-            return task.result()
-        if await request.is_disconnected():
+    watcher = asyncio.ensure_future(receive())
+    try:
+        while True:
+            await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+            if task.done():
+                return task.result()
+            if watcher.result().get("type") == "http.disconnect":
+                task.cancel()
+                raise disconnected()
+            watcher = asyncio.ensure_future(receive())
+    except BaseException:
+        if not task.done():
             task.cancel()
-            raise InputError("client disconnected", "nothing to do")
+        raise
+    finally:
+        if not watcher.done():
+            watcher.cancel()
 
 
 def timeout_ms(request: Request, body: dict[str, Any] | None = None) -> float | None:

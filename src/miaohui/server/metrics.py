@@ -162,7 +162,8 @@ class ModelStateCollector(Collector):
         )
         start = GaugeMetricFamily(
             "miaohui_model_start_seconds",
-            "Seconds a model version's start took, by phase: load, warmup (until ready), compile (fast_start, after)",
+            "Seconds a model version's start took, by phase: load, warmup (until ready), compile (fast_start, after); "
+            "GPU engines split theirs: engine_load, engine_compile (first calls), engine_capture (CUDA graphs)",
             labels=["model", "version", "phase"],
         )
         for name, version, ok, timings in self._states():

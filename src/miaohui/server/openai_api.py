@@ -2,8 +2,9 @@
 
 The chat models are the repository's, served by the :class:`~miaohui.serving.repository.ModelManager` like every
 model (each version's front end an :class:`~miaohui.generation.engine.client.LLMClient`). :func:`openai_router` is
-the FastAPI router; it answers errors in OpenAI's shape (``{"error": {"message", "type", "param", "code"}}``): 400 bad
-parameters, 404 unknown model, 429 queue full, 503 stopping.
+the FastAPI router; it answers errors in OpenAI's shape (``{"error": {"message", "type", "param", "code"}}``) with the
+statuses of :mod:`miaohui.server.status`: 400 bad parameters, 404 unknown model, 413 body too large, 429 queue full,
+499 client gone, 500 a fault in the engine, 503 stopping.
 
 A request is admitted (``engine.add``) before any byte is sent, so a rejection is a plain HTTP error even
 for ``stream: true``. Streams are SSE: ``data: {chunk}\\n\\n`` (``chat.completion.chunk`` /
@@ -16,7 +17,6 @@ request polls for a disconnect while it waits and aborts too.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
@@ -33,6 +33,7 @@ from starlette.types import Receive, Scope, Send
 from miaohui.errors import MiaohuiError, ModelNotFoundError
 from miaohui.generation.engine.client import EngineStoppedError, RequestStream, TokenEvent
 from miaohui.generation.engine.params import SamplingParams
+from miaohui.server import http_io
 from miaohui.server.metrics import UNKNOWN_MODEL, Metrics
 from miaohui.server.openai_schema import (
     ChatRequest,
@@ -43,38 +44,24 @@ from miaohui.server.openai_schema import (
     parse_request,
     sampling_params,
 )
-from miaohui.server.status import http_status, message, reason
+from miaohui.server.status import message, openai_body, reason
 from miaohui.serving.chat import ServedChatVersion
 from miaohui.serving.repository import ModelManager
 
 if TYPE_CHECKING:
     from miaohui.dialogue.pipeline import ChatMessage
 
-__all__ = ["ChatDelegate", "LLMTextGenerator", "create_openai_app", "error_body", "openai_router"]
+__all__ = ["ChatDelegate", "LLMTextGenerator", "create_openai_app", "openai_router"]
 
 log = logging.getLogger("miaohui.generation")
-MAX_BODY_BYTES = 4 << 20
-DISCONNECT_POLL_S = 0.05
 PROTOCOL = "openai"
-_ERROR_KINDS = {400: "invalid_request_error", 404: "invalid_request_error", 429: "rate_limit_error"}
 
 
 # ---- responses -------------------------------------------------------------------------------------------
 
 
-def error_body(exc: BaseException) -> tuple[int, dict[str, Any]]:
-    if isinstance(exc, OpenAIError):
-        return exc.status, exc.body()
-    status = 503 if isinstance(exc, EngineStoppedError) else http_status(exc)
-    missing = isinstance(exc, ModelNotFoundError)
-    code, param = ("model_not_found", "model") if missing else (reason(exc), None)
-    kind = _ERROR_KINDS.get(status, "server_error")
-    return status, {"error": {"message": message(exc), "type": kind, "param": param, "code": code}}
-
-
 def error_response(exc: BaseException) -> JSONResponse:
-    status, body = error_body(exc)
-    return JSONResponse(body, status_code=status)
+    return http_io.error_response(exc, openai=True)
 
 
 def _dumps(obj: Any) -> str:
@@ -212,46 +199,22 @@ async def _stream_chunks(call: _Call, done: Callable[[int, str], None]) -> Async
                 break
         done(200, "")
     except MiaohuiError as exc:  # the engine stopped or failed mid-stream: tell the client in-band
-        status, body = error_body(exc)
+        status, body = openai_body(exc)
         done(status, reason(exc))
         yield _sse(body)
     yield _sse("[DONE]")
 
 
 async def _collect(request: Request, stream: RequestStream) -> list[TokenEvent]:
-    """All of a request's events; aborts it if the client disconnects first."""
+    """All of a request's events; aborts it if the client disconnects first (499)."""
 
     async def drain() -> list[TokenEvent]:
         return [ev async for ev in stream]
 
-    task = asyncio.ensure_future(drain())
     try:
-        while True:
-            finished, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
-            if finished:
-                return task.result()
-            if await request.is_disconnected():
-                raise OpenAIError(499, "client disconnected", code="client_closed")
+        return await http_io.until_disconnect(request.receive, drain())
     finally:
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
         stream.abort()
-
-
-async def _read_body(request: Request) -> bytes:
-    declared = request.headers.get("content-length", "")
-    too_big = OpenAIError(413, f"the request body is larger than {MAX_BODY_BYTES} bytes", code="body_too_large")
-    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        raise too_big
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise too_big
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 # ---- the router ------------------------------------------------------------------------------------------
@@ -317,7 +280,7 @@ def openai_router(
     async def generate(request: Request, chat: bool) -> Response:
         done = _Recorder(metrics)
         try:
-            req = parse_request(ChatRequest if chat else CompletionRequest, await _read_body(request))
+            req = parse_request(ChatRequest if chat else CompletionRequest, await http_io.read_body(request))
             handler = chat_delegate(req.model) if chat and chat_delegate is not None else None
             if handler is not None:
                 done.label = req.model
@@ -340,7 +303,7 @@ def openai_router(
         except Exception as exc:
             if not isinstance(exc, MiaohuiError):
                 log.exception("generation request failed")
-            status, body = error_body(exc)
+            status, body = openai_body(exc)
             done(status, _reason(exc))
             return JSONResponse(body, status_code=status)
 

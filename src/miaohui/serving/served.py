@@ -145,9 +145,10 @@ class ServedVersion:
                 self._free.put_nowait(engine)
         self.warmup_seconds = time.perf_counter() - started
         self.ready = True
+        phases = ", ".join(f"{k.removeprefix('engine_')} {v:.2f}s" for k, v in self.engine_phases().items())
         log.info(
-            "%s v%d ready: load %.2fs, warm-up %.2fs%s",
-            self.name, self.version, self.load_seconds, self.warmup_seconds,
+            "%s v%d ready: load %.2fs, warm-up %.2fs%s%s",
+            self.name, self.version, self.load_seconds, self.warmup_seconds, f" (engine: {phases})" if phases else "",
             "; compiling in the background (fast_start)" if self.compile_seconds() is None else "",
         )  # fmt: skip
 
@@ -164,7 +165,16 @@ class ServedVersion:
         compiled = self.compile_seconds()
         if compiled:
             timings["compile"] = compiled
-        return timings
+        return timings | self.engine_phases()
+
+    def engine_phases(self) -> dict[str, float]:
+        """The GPU engines' own split of load and warm-up (:attr:`GpuEngine.start_phases`, the slowest instance per
+        phase), as ``engine_load``, ``engine_compile`` (first calls) and ``engine_capture`` (CUDA graphs)."""
+        phases: dict[str, float] = {}
+        for engine in self.engines:
+            for phase, seconds in (engine.start_phases if isinstance(engine, GpuEngine) else {}).items():
+                phases[f"engine_{phase}"] = max(phases.get(f"engine_{phase}", 0.0), seconds)
+        return phases
 
     def warmup_shapes(self, engine: Engine) -> list[tuple[int, int]]:
         """The config's warm-up shapes, then every bucket the engine specialises on (CUDA graphs: none is then

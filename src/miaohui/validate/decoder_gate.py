@@ -23,21 +23,21 @@ import importlib.resources
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, Field
 
 from miaohui.config import Frozen
-from miaohui.errors import ArtifactError, ConfigError, ModelNotFoundError
+from miaohui.errors import ConfigError, ModelNotFoundError
 from miaohui.generation.build.artifact import (
     MARKER_NAME,
     CausalLMInfo,
-    ChatTokenizer,
     is_causal_lm_dir,
     latest_version,
     read_info,
 )
+from miaohui.validate.comparator import DecoderRunner, open_decoder, source_decoder
 
 
 class DecoderGateConfig(Frozen):
@@ -137,148 +137,6 @@ def resolve_causal_lm(spec: str, repository: Path) -> Path | None:
     return model_dir / version if is_causal_lm_dir(model_dir / version) else None
 
 
-# ---- the candidate: one greedy step at a time, on either engine ---------------------------------------------
-
-
-class _Stepper(Protocol):
-    def first(self, prompt: Sequence[int]) -> int: ...
-    def next(self, token: int) -> int: ...
-
-
-class _OrtStepper:
-    def __init__(self, folder: Path) -> None:
-        from miaohui.generation.executors.ort_engine import OrtCausalLMEngine
-
-        self.engine = OrtCausalLMEngine(folder)
-        self.eos = set(self.engine.meta.eos_token_ids)
-        self._kv: Any = None
-
-    def first(self, prompt: Sequence[int]) -> int:
-        logits, self._kv = self.engine.prefill([list(prompt)])
-        return int(logits[0].argmax())
-
-    def next(self, token: int) -> int:
-        logits, self._kv = self.engine.decode([token], self._kv)
-        return int(logits[0].argmax())
-
-
-class _SlotStepper:
-    """An ``inductor`` version on its static-KV engine (GPU), one slot."""
-
-    def __init__(self, folder: Path) -> None:
-        from miaohui.generation.build.static_artifact import load_slot_engine, read_static_meta
-
-        self.engine = load_slot_engine(folder)
-        self.engine.warmup()
-        self.eos = set(read_static_meta(folder).eos_token_ids)
-
-    def first(self, prompt: Sequence[int]) -> int:
-        self.engine.release(0)
-        return int(self.engine.prefill([0], [list(prompt)]).argmax()[0])
-
-    def next(self, token: int) -> int:
-        return int(self.engine.decode([0], [token]).argmax()[0])
-
-
-class _LlamaCppStepper:
-    """A ``llamacpp`` version on llama.cpp's server, one slot: each step is a one-token greedy request on the context
-    so far with llama.cpp's prompt cache on, so it evaluates only the new token (teacher forcing feeds the
-    reference's tokens the same way; llama.cpp returns no logits, its greedy pick is the argmax)."""
-
-    def __init__(self, folder: Path) -> None:
-        from miaohui.generation.build.llamacpp_artifact import read_llamacpp_meta
-        from miaohui.generation.engine.llamacpp_engine import open_server
-
-        meta = read_llamacpp_meta(folder)
-        self.server = open_server(folder, 1, min(meta.max_positions, 2048), None)
-        self.eos = set(meta.eos_token_ids)
-        self._ids: list[int] = []
-
-    def _argmax(self) -> int:
-        """The greedy next token, from llama.cpp's native ``/completion`` on the server's own 127.0.0.1 port: its
-        ``return_tokens`` has every generated id (the in-process OpenAI-style call reports none for a token whose text
-        is an incomplete character, the first byte tokens of a Chinese character for SmolLM2)."""
-        import httpx
-
-        body = {
-            "prompt": self._ids, "n_predict": 1, "temperature": 0.0, "top_k": 0, "min_p": 0.0,
-            "repeat_penalty": 1.0, "cache_prompt": True, "return_tokens": True, "stream": False,
-        }  # fmt: skip
-        try:
-            reply = httpx.post(f"{self.server.listening_address}/completion", json=body, timeout=600).json()
-            return int(reply["tokens"][0])
-        except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
-            raise ArtifactError(f"llama.cpp failed a gate step: {exc!r}", "see the llama.cpp log above") from exc
-
-    def first(self, prompt: Sequence[int]) -> int:
-        self._ids = [int(t) for t in prompt]
-        return self._argmax()
-
-    def next(self, token: int) -> int:
-        self._ids.append(int(token))
-        return self._argmax()
-
-
-def _stepper(info: CausalLMInfo, folder: Path) -> _OrtStepper | _SlotStepper | _LlamaCppStepper:
-    if info.backend == "onnxruntime":
-        return _OrtStepper(folder)
-    if info.backend == "llamacpp":
-        return _LlamaCppStepper(folder)
-    return _SlotStepper(folder)
-
-
-def _greedy(stepper: _Stepper, eos: set[int], prompt: Sequence[int], n: int) -> list[int]:
-    out = [stepper.first(prompt)]
-    while len(out) < n and out[-1] not in eos:
-        out.append(stepper.next(out[-1]))
-    return out
-
-
-def _teacher_forced(stepper: _Stepper, prompt: Sequence[int], reference: Sequence[int]) -> int:
-    """Positions where the candidate's argmax, fed the reference so far, is the reference's next token."""
-    agree = int(stepper.first(prompt) == reference[0])
-    for i in range(1, len(reference)):
-        agree += int(stepper.next(reference[i - 1]) == reference[i])
-    return agree
-
-
-# ---- the reference -----------------------------------------------------------------------------------------
-
-
-def _source_folder(info: CausalLMInfo) -> Path | None:
-    """The fp32 HF directory a version was exported from; versions built before ``source_path`` was recorded: the
-    built-in SmolLM2's cache when that is their source."""
-    if info.source_path:
-        return Path(info.source_path)
-    from miaohui.zoo.smollm import GGUF_NAME, smollm_cache_dir
-
-    return smollm_cache_dir() if info.source.startswith(f"{GGUF_NAME}@") else None
-
-
-def _reference_model(info: CausalLMInfo, folder: Path) -> Any:
-    fix = f"rebuild it with `miaohui build-llm ... --name {info.name} --force` (the source is recorded then)"
-    source = _source_folder(info)
-    if source is None:
-        raise ArtifactError(f"{folder / MARKER_NAME} does not say where its fp32 source is", fix)
-    if not (source / "config.json").is_file():
-        raise ArtifactError(f"the fp32 source of {info.name} v{info.version}, {source}, is gone", fix)
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(str(source), local_files_only=True, dtype="float32").eval()
-
-
-def _reference_greedy(model: Any, prompt: Sequence[int], n: int, eos: set[int]) -> list[int]:
-    import torch
-
-    with torch.inference_mode():
-        ids = torch.tensor([list(prompt)])
-        out = model.generate(
-            ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False, eos_token_id=sorted(eos),
-            pad_token_id=sorted(eos)[0],
-        )  # fmt: skip
-    return [int(t) for t in out[0, len(prompt) :]]
-
-
 def _has(text: str, expect: str) -> bool:
     return any(word.lower() in text.lower() for word in expect.split("|"))
 
@@ -297,16 +155,25 @@ def run_decoder_gate(
     prompts = list(prompts) if prompts is not None else load_prompts()
     if not prompts:
         raise ConfigError("the decoder gate has no prompts", "give a YAML with `chat` and `factual` lists")
-    tok = ChatTokenizer.from_dir(folder, info)
-    stepper = _stepper(info, folder)
-    reference = _reference_model(info, folder)
+    with open_decoder(folder) as candidate:
+        results = _compare(candidate, source_decoder(folder, candidate.eos), prompts, config.new_tokens)
+    report = _report(info, config, results, time.perf_counter() - started)
+    info.validation = report.model_dump(mode="json")
+    (folder / MARKER_NAME).write_text(info.model_dump_json(indent=2), encoding="utf-8")
+    return report
+
+
+def _compare(
+    candidate: DecoderRunner, reference: DecoderRunner, prompts: Sequence[GatePrompt], new_tokens: int
+) -> list[PromptResult]:
+    """Each prompt (encoded by the candidate: the version's tokenizer, which its source shares) through both."""
     results = []
     for p in prompts:
-        ids = tok.encode_chat([{"role": "user", "content": p.text}]) if tok.chat_template else tok.encode(p.text)
-        ref = _reference_greedy(reference, ids, config.new_tokens, stepper.eos)
-        got = _greedy(stepper, stepper.eos, ids, config.new_tokens)
-        agree = len(ref) if got == ref else _teacher_forced(stepper, ids, ref)
-        ref_text, got_text = tok.decode(ref), tok.decode(got)
+        ids = candidate.prompt_ids([{"role": "user", "content": p.text}])
+        ref = reference.greedy(ids, new_tokens)
+        got = candidate.greedy(ids, new_tokens)
+        agree = len(ref) if got == ref else candidate.teacher_forced(ids, ref)
+        ref_text, got_text = candidate.tokenizer.decode(ref), candidate.tokenizer.decode(got)
         results.append(
             PromptResult(
                 id=p.id, lang=p.lang, exact=got == ref, teacher_forced=[agree, len(ref)], reference_text=ref_text,
@@ -315,10 +182,7 @@ def run_decoder_gate(
                 candidate_has_fact=_has(got_text, p.expect) if p.expect else None,
             )
         )  # fmt: skip
-    report = _report(info, config, results, time.perf_counter() - started)
-    info.validation = report.model_dump(mode="json")
-    (folder / MARKER_NAME).write_text(info.model_dump_json(indent=2), encoding="utf-8")
-    return report
+    return results
 
 
 def _report(

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Protocol
 
-from miaohui.errors import MiaohuiError
+from miaohui.errors import EngineStoppedError
 
 if TYPE_CHECKING:
     from miaohui.generation.engine.params import SamplingParams
@@ -225,7 +225,3 @@ async def stream_events(
             yield event
     finally:
         stream.abort()
-
-
-class EngineStoppedError(MiaohuiError):
-    """The engine stopped or failed while the request was running."""

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from miaohui.errors import ConfigError, MiaohuiError
+from miaohui.errors import ConfigError, InternalError, MiaohuiError
 from miaohui.generation.engine.client import EngineStoppedError, RequestStream, Sink, TokenEvent, stream_events
 from miaohui.generation.engine.observer import GenerationObserver, StepReport, safe_call
 from miaohui.generation.engine.params import SamplingParams
@@ -218,9 +218,7 @@ class LLMEngine:
         self.runner.reset()
         error = exc if isinstance(exc, MiaohuiError) else None
         if error is None:
-            error = EngineStoppedError(
-                f"generation step failed: {exc!r}", "retry; if it persists, check the engine logs"
-            )
+            error = InternalError(f"generation step failed: {exc!r}", "retry; if it persists, check the engine logs")
         with self.lock:
             sched = self.scheduler
             failed = [sid for sid in sched.seq_ids() if sched.abort(sid, "error") is not None]

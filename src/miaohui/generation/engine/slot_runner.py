@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from miaohui.errors import QueueFullError
+from miaohui.errors import InternalError
 from miaohui.generation.engine.params import SamplingParams
 from miaohui.generation.engine.runner import Collect, SeededRows, StepTiming
 from miaohui.generation.engine.sampling import make_rng, sample
@@ -93,7 +93,7 @@ class SlotModelRunner(SeededRows):
         new_slots: list[int] = []
         if out.prefill:
             if len(out.prefill) > len(self._free):
-                raise QueueFullError(
+                raise InternalError(
                     f"{len(out.prefill)} new sequences but {len(self._free)} free KV slots",
                     f"set max_running_seqs <= {self.engine.num_slots} (the engine's num_slots)",
                 )
