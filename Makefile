@@ -10,7 +10,7 @@ GRPC_PORT ?= 8001
 PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 
-.PHONY: install run prepare test test-fast lint format bench docs clean promtool browser image image-test
+.PHONY: install run prepare test test-fast lint format bench docs clean promtool browser redis image image-test
 
 install: $(STAMP)
 
@@ -30,6 +30,10 @@ prepare: $(STAMP)
 promtool:
 	@bash scripts/install_prometheus.sh || echo "warning: promtool not installed; the Prometheus rule tests will skip"
 
+## redis-server (Debian) for the shared session store's tests; idempotent
+redis:
+	@bash scripts/install_redis.sh || echo "warning: redis-server not installed; the Redis session store tests will skip"
+
 ## Headless Chromium + chromedriver (Debian) for the web console's browser test; idempotent
 browser:
 	@bash scripts/install_browser.sh || echo "warning: chromium not installed; the console's browser test will skip"
@@ -39,7 +43,7 @@ browser:
 ## (slow files first, those needing the intent model it trains in the background last); TEST_WORKERS=0 runs them in
 ## this process.
 XDIST = -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
-test: $(STAMP) promtool browser
+test: $(STAMP) promtool browser redis
 	$(BIN)/pytest $(XDIST) $(PYTEST_ARGS)
 
 ## Quick loop while developing: skips the tests marked slow.

@@ -477,6 +477,26 @@ def serve(
             "collections pause serving for less.",
         ),
     ] = True,
+    session_store: Annotated[
+        str | None,
+        typer.Option(
+            envvar="MIAOHUI_SESSION_STORE",
+            help="Where dialogue sessions live: memory (one process), sqlite:PATH (the processes of one host; "
+            "--workers N uses one in its run directory by default) or redis://host:6379/0 (several servers).",
+        ),
+    ] = None,
+    api_keys: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="MIAOHUI_API_KEYS",
+            help="API key file (`miaohui keys add`): HTTP and gRPC then need 'Authorization: Bearer <key>' and "
+            "each key may use only its models and pipelines at its rate (default: an open server).",
+        ),
+    ] = None,
+    tls_cert: Annotated[
+        Path | None, typer.Option(help="PEM certificate: HTTP and gRPC then speak TLS only (with --tls-key).")
+    ] = None,
+    tls_key: Annotated[Path | None, typer.Option(help="PEM private key of --tls-cert.")] = None,
     gil_switch_us: Annotated[
         float | None,
         typer.Option(
@@ -503,6 +523,10 @@ def serve(
             cores=cores,
             gc_freeze=gc_freeze,
             gil_switch_us=gil_switch_us,
+            session_store=session_store,
+            api_keys=api_keys,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
         )
         if spec.workers > 1:
             from miaohui.server.workers import run_workers
@@ -514,6 +538,56 @@ def serve(
             run_server(spec)
     except MiaohuiError as exc:
         _fail(exc)
+
+
+keys_app = typer.Typer(help="API keys of a server's key file (--api-keys): add, list.", no_args_is_help=True)
+app.add_typer(keys_app, name="keys")
+KeyFileOpt = Annotated[Path, typer.Option("--file", "-f", help="The key file (made when missing).")]
+
+
+@keys_app.command("add")
+def keys_add(
+    file: KeyFileOpt,
+    tenant: Annotated[str, typer.Option(help="Tenant name (in logs and metrics; the key never is).")],
+    models: Annotated[str, typer.Option(help="Comma-separated models / pipeline/<name> it may use; * = all.")] = "*",
+    requests_per_s: Annotated[float, typer.Option(min=0, help="Rate limit; 0 = none.")] = 0.0,
+    priority: Annotated[str, typer.Option(help="interactive or bulk.")] = "interactive",
+) -> None:
+    """Add a key: prints the key once (only its SHA-256 is stored)."""
+    from miaohui.server.auth import ApiKey, KeyFile, hash_key, new_key
+
+    try:
+        keys = KeyFile.load(file) if file.exists() else KeyFile()
+        key = new_key()
+        entry = ApiKey.model_validate(
+            {
+                "tenant": tenant,
+                "sha256": hash_key(key),
+                "models": [m.strip() for m in models.split(",") if m.strip()],
+                "requests_per_s": requests_per_s,
+                "priority": priority,
+            }
+        )
+    except MiaohuiError as exc:
+        _fail(exc)
+    except ValueError as exc:
+        _fail(ConfigError(f"bad key settings: {str(exc).splitlines()[0]}", "see `miaohui keys add --help`"))
+    keys.keys.append(entry)
+    keys.save(file)
+    console.print(key)
+
+
+@keys_app.command("list")
+def keys_list(file: KeyFileOpt) -> None:
+    """The keys of a key file: tenant, models, rate, priority (never the keys, which are not stored)."""
+    from miaohui.server.auth import KeyFile
+
+    try:
+        keys = KeyFile.load(file)
+    except MiaohuiError as exc:
+        _fail(exc)
+    for k in keys.keys:
+        console.print(f"{k.tenant}\t{','.join(k.models)}\t{k.requests_per_s:g}/s\t{k.priority}\t{k.sha256[:12]}…")
 
 
 from miaohui.generation.build.cli import build_llm  # noqa: E402

@@ -68,6 +68,22 @@ class ConflictError(MiaohuiError):
     """The request conflicts with how the server runs, e.g. model control with several workers (HTTP 409)."""
 
 
+class UnauthorizedError(MiaohuiError):
+    """No API key, or one the server does not know (HTTP 401)."""
+
+
+class ForbiddenError(MiaohuiError):
+    """The API key may not use that model or pipeline (HTTP 403)."""
+
+
+class RateLimitedError(QueueFullError):
+    """The API key is over its rate limit (HTTP 429 with ``Retry-After``)."""
+
+    def __init__(self, message: str, fix: str | None = None, retry_after_s: int = 1) -> None:
+        super().__init__(message, fix)
+        self.retry_after_s = retry_after_s
+
+
 class PayloadTooLargeError(InputError):
     """The request body is larger than the server's limit (HTTP 413)."""
 

@@ -12,6 +12,7 @@ import pytest
 from pydantic import ValidationError
 
 from miaohui.errors import ConfigError, DeadlineExceededError, InputError, MiaohuiError, QueueFullError
+from miaohui.priority import PRIORITY
 from miaohui.serving.batcher import BatcherConfig, BatcherObserver, DynamicBatcher
 
 SHUTDOWN = (
@@ -575,3 +576,23 @@ def test_config_field_constraints(field: str, value: Any, message: str) -> None:
         BatcherConfig(**{field: value})
     (error,) = info.value.errors()
     assert error["msg"] == message
+
+
+# ------------------------------------------------------------------ priority
+
+
+async def test_interactive_requests_are_queued_ahead_of_bulk_ones() -> None:
+    """The API key's priority class (a context variable the key gate sets): interactive before bulk, FIFO within."""
+    engine = FakeEngine()
+    async with serve(engine, max_batch_size=2, max_queue_delay_ms=0) as (batcher, _):
+        blocker = await hold(batcher, engine)
+        token = PRIORITY.set("bulk")
+        bulk = await queue(batcher, [(1, 4), (2, 4), (3, 4)])
+        PRIORITY.reset(token)
+        interactive = await queue(batcher, [(4, 4), (5, 4)])
+        bulk_other = PRIORITY.set("bulk")
+        late = await queue(batcher, [(6, 4)])  # bulk again: behind the earlier bulk ones
+        PRIORITY.reset(bulk_other)
+        engine.gate.set()  # type: ignore[union-attr]
+        await asyncio.gather(blocker, *bulk, *interactive, *late)
+    assert engine.batches[1:] == [[4, 5], [1, 2], [3, 6]]

@@ -21,6 +21,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from miaohui.server.auth import KeyFile
 from miaohui.server.http import create_app
 from miaohui.server.metrics import Metrics
 from miaohui.server.state import ServerState
@@ -119,7 +120,15 @@ def test_overlay_renders_to_valid_kubernetes(overlay: str) -> None:
 
 def test_cpu_overlay_matches_the_server_and_the_image() -> None:
     kinds = by_kind(render("overlays/cpu"))
-    assert set(kinds) == {"ConfigMap", "Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget"}
+    assert set(kinds) == {
+        "ConfigMap",
+        "Deployment",
+        "Service",
+        "HorizontalPodAutoscaler",
+        "PodDisruptionBudget",
+        "Secret",
+        "Ingress",
+    }
     deploy, hpa, pdb = kinds["Deployment"], kinds["HorizontalPodAutoscaler"], kinds["PodDisruptionBudget"]
     pod = deploy["spec"]["template"]
     (container,) = pod["spec"]["containers"]
@@ -131,6 +140,34 @@ def test_cpu_overlay_matches_the_server_and_the_image() -> None:
     assert pdb["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
     assert hpa["spec"]["minReplicas"] > pdb["spec"]["maxUnavailable"]  # a drain never takes the last pod
     assert container["resources"]["requests"]["cpu"]  # CPU utilization needs a request
+    assert_keys_and_session_routing(kinds)
+
+
+def assert_keys_and_session_routing(kinds: dict[str, dict[str, Any]]) -> None:
+    """API keys on (the Secret mounted where MIAOHUI_API_KEYS points, in the key file's format) and the ingress
+    hashing the session header to the Service's HTTP port."""
+    pod = kinds["Deployment"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    secret = kinds["Secret"]
+    volume = next(v for v in pod["volumes"] if v.get("secret", {}).get("secretName") == secret["metadata"]["name"])
+    mount = next(m for m in container["volumeMounts"] if m["name"] == volume["name"])
+    (name,) = secret["stringData"]
+    assert env["MIAOHUI_API_KEYS"] == f"{mount['mountPath']}/{name}"
+    KeyFile.model_validate(yaml.safe_load(secret["stringData"][name]))
+    ingress = kinds["Ingress"]
+    assert ingress["metadata"]["annotations"]["nginx.ingress.kubernetes.io/upstream-hash-by"] == "$http_x_session_id"
+    (rule,) = ingress["spec"]["rules"]
+    backend = rule["http"]["paths"][0]["backend"]["service"]
+    assert backend == {"name": kinds["Service"]["metadata"]["name"], "port": {"name": "http"}}
+
+
+def test_base_has_keys_on_and_routes_by_session() -> None:
+    """The same checks on the base files (kubectl may be missing here)."""
+    base = K8S / "base"
+    docs = [yaml.safe_load((base / f).read_text()) for f in ("deployment.yaml", "secret.yaml", "ingress.yaml")]
+    docs.append(yaml.safe_load((base / "service.yaml").read_text()))
+    assert_keys_and_session_routing(by_kind(docs))
 
 
 def test_gpu_overlay_waits_for_the_engines_its_job_builds() -> None:

@@ -126,6 +126,14 @@ async def test_bad_bodies_are_400(client: httpx.AsyncClient, body: bytes, messag
     assert (await client.post("/v1/dialogue/gov_hotline", json={"text": "查社保"})).status_code == 200
 
 
+async def test_session_id_from_the_routing_header(client: httpx.AsyncClient) -> None:
+    """The ingress hashes X-Session-Id; a body without session_id continues the header's session."""
+    head = {"X-Session-Id": "routed-1"}
+    r1 = await client.post("/v1/dialogue/gov_hotline", json={"text": "查社保"}, headers=head)
+    r2 = await client.post("/v1/dialogue/gov_hotline", json={"text": "查社保"}, headers=head)
+    assert (r1.json()["session_id"], r1.json()["turn"], r2.json()["turn"]) == ("routed-1", 1, 2)
+
+
 def test_pipeline_model_names() -> None:
     assert pipeline_of_model("pipeline/bank_advisor") == "bank_advisor"
     assert pipeline_of_model("pipeline:gov_hotline") == "gov_hotline"

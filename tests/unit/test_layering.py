@@ -11,7 +11,7 @@ import miaohui
 ROOT = Path(miaohui.__file__).parent
 
 LAYERS = (
-    ("errors", "paths", "config", "gil", "gcpolicy"),
+    ("errors", "paths", "config", "gil", "gcpolicy", "priority"),
     ("nlp", "zoo"),
     ("models",),
     ("sources",),

@@ -77,10 +77,12 @@ def bad(cls: type[ChatRequest] | type[CompletionRequest], body: object) -> OpenA
             "stream_options.usage",
             "Unrecognized request argument supplied: stream_options.usage",
         ),
+        ({"logprobs": 3}, "logprobs", "logprobs is 3: send true or false (and top_logprobs 0-20)"),
+        ({"top_logprobs": 2}, "top_logprobs", "top_logprobs needs logprobs: true"),
         (
-            {"logprobs": True},
-            "logprobs",
-            "'logprobs' is not supported by this server: log-probabilities are not returned; send false or leave it out",
+            {"logprobs": True, "top_logprobs": 21},
+            "top_logprobs",
+            "Invalid value for 'top_logprobs': 21. Input should be less than or equal to 20.",
         ),
         (
             {"frequency_penalty": 0.5},
@@ -88,14 +90,10 @@ def bad(cls: type[ChatRequest] | type[CompletionRequest], body: object) -> OpenA
             "'frequency_penalty' is not supported by this server: penalties are not implemented; send 0 or leave it out",
         ),
         (
-            {"tools": [{"type": "function"}]},
-            "tools",
-            "'tools' is not supported by this server: tool and function calling are not implemented",
-        ),
-        (
-            {"response_format": {"type": "json_object"}},
-            "response_format",
-            "'response_format' is not supported by this server: only {'type': 'text'} is supported",
+            {"functions": [{"name": "f"}]},
+            "functions",
+            "'functions' is not supported by this server: the legacy function calling is not implemented; "
+            "send tools and tool_choice",
         ),
         (
             {"max_tokens": 5, "max_completion_tokens": 6},
@@ -183,3 +181,10 @@ def test_sampling_params_fit_the_context() -> None:
     with pytest.raises(OpenAIError, match="at most 16 stop sequences, got 17") as info:
         sampling_params(chat(stop=[str(i) for i in range(17)]), 10, 100)
     assert info.value.param == "stop"
+
+
+def test_completion_logprobs_is_a_count() -> None:
+    assert bad(CompletionRequest, {"model": "m", "prompt": "x", "logprobs": True}).message == (
+        "logprobs is True: send the number of alternatives per token, 0-20"
+    )
+    assert bad(CompletionRequest, {"model": "m", "prompt": "x", "logprobs": 21}).param == "logprobs"

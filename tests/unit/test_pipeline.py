@@ -114,8 +114,11 @@ async def test_seed_market_outlook_through_the_llm() -> None:
     messages, max_tokens, temperature = gen.calls[0]
     assert (max_tokens, temperature) == (256, 0.3)
     assert messages[0]["role"] == "system"
-    assert "理财顾问" in messages[0]["content"] and "黄金ETF联接A（MH5001" in messages[0]["content"]
-    assert messages[-1] == {"role": "user", "content": "最近黄金涨得不错，现在入场合适吗？"}
+    assert "理财顾问" in messages[0]["content"] and "MH5001" not in messages[0]["content"]
+    assert messages[-1]["role"] == "user" and "黄金ETF联接A（MH5001" in messages[-1]["content"]
+    assert messages[-1]["content"].startswith(
+        "最近黄金涨得不错，现在入场合适吗？\n\n参考资料（只可引用其中的数字）：\n"
+    )
 
 
 async def test_llm_number_not_in_sources_is_replaced() -> None:
@@ -207,6 +210,17 @@ async def test_seed_negotiation_reports_keyword_categories() -> None:
     history = gen.calls[1][0]
     assert [m["role"] for m in history] == ["system", "user", "assistant", "user"]
     assert history[2]["content"] == r.text
+
+
+async def test_llm_prompt_is_a_growing_prefix() -> None:
+    gen = FakeGenerator("黄金ETF联接A波动较大，请谨慎。", "黄金ETF联接A适合长期持有。")
+    pipe = make("bank_advisor", gen)
+    await pipe.run_turn("最近黄金涨得不错，现在入场合适吗？", "g")
+    await pipe.run_turn("黄金还能买吗？", "g")
+    first, second = gen.calls[0][0], gen.calls[1][0]
+    assert second[0] == first[0]  # the system prompt does not change with the turn's facts
+    assert second[1]["content"] == "最近黄金涨得不错，现在入场合适吗？"  # history holds the user's words only
+    assert [m["role"] for m in second] == ["system", "user", "assistant", "user"]
 
 
 async def test_negotiation_without_generator_echoes_the_figures() -> None:

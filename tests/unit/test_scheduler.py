@@ -28,6 +28,7 @@ from miaohui.generation.engine.scheduler import (
 )
 from miaohui.generation.executors.base import CausalLMEngine
 from miaohui.generation.models.dims import DecoderDims
+from miaohui.priority import PRIORITY
 
 EOS = 0
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8)
@@ -138,6 +139,20 @@ def test_each_prefill_says_how_long_its_prompt_waited() -> None:
     clock.now += 0.010
     out = sched.schedule()
     assert [(p.seq_id, round(p.queued_s, 6)) for p in out.prefill] == [(b.seq_id, 0.013)]
+
+
+def test_interactive_requests_wait_ahead_of_bulk_ones() -> None:
+    """The API key's priority class (:mod:`miaohui.priority`): interactive prompts are prefilled before bulk ones that
+    arrived earlier; FIFO within a class."""
+    sched = make(max_running_seqs=8, max_batched_tokens=64, max_prefill_seqs=2)
+    token = PRIORITY.set("bulk")
+    bulk = [sched.add([1, 2, 3], GREEDY) for _ in range(2)]
+    PRIORITY.reset(token)
+    interactive = [sched.add([1, 2, 3], GREEDY) for _ in range(2)]
+    first = sched.schedule()
+    assert [p.seq_id for p in first.prefill] == [s.seq_id for s in interactive]
+    run(sched, first)
+    assert [p.seq_id for p in sched.schedule().prefill] == [s.seq_id for s in bulk]
 
 
 def test_max_prefill_seqs_spreads_prompts_that_arrive_together() -> None:

@@ -46,7 +46,7 @@ from miaohui.dialogue.compliance import Intervention, apply_compliance
 from miaohui.dialogue.config import PipelineConfig, Route, Strategy, load_pipeline_config
 from miaohui.dialogue.knowledge import KnowledgeBase, Lang, load_knowledge
 from miaohui.dialogue.language import detect_language
-from miaohui.dialogue.session import Session, SessionStore, Turn
+from miaohui.dialogue.session import Session, SessionBackend, SessionStore, Turn
 from miaohui.errors import ConfigError, InputError
 from miaohui.nlp.keywords import count_categories
 from miaohui.nlp.normalize import normalize_text
@@ -166,10 +166,11 @@ class Pipeline:
         *,
         knowledge: KnowledgeBase | None = None,
         clock: Callable[[], datetime] | None = None,
-        sessions: SessionStore | None = None,
+        sessions: SessionBackend | None = None,
     ) -> None:
         """``clock`` gives the local time for slots and bookings (default: now at the config's UTC offset);
-        ``sessions`` replaces the store built from ``config.session`` (tests inject a fake clock)."""
+        ``sessions`` replaces the in-memory store built from ``config.session`` (a shared store of the server, or
+        a fake clock in tests)."""
         self.config = config
         self.classifier = classifier
         self.generator = generator
@@ -190,7 +191,7 @@ class Pipeline:
         *,
         knowledge: KnowledgeBase | None = None,
         clock: Callable[[], datetime] | None = None,
-        sessions: SessionStore | None = None,
+        sessions: SessionBackend | None = None,
     ) -> Pipeline:
         """The packaged pipeline ``name_or_path`` (or a pipeline YAML file) with these engines."""
         config = load_pipeline_config(name_or_path)
@@ -242,8 +243,7 @@ class Pipeline:
                 f"dialogue text has {len(text)} characters, more than {self.config.max_text_chars}",
                 "send one user turn at a time, or raise max_text_chars in the pipeline config",
             )
-        session, created = self.sessions.get(session_id)
-        async with session.lock:
+        async with self.sessions.turn(session_id) as (session, created):
             return await self._turn(session, created, text, norm, lang, t0)
 
     async def _turn(
@@ -346,21 +346,24 @@ class Pipeline:
         llm = self.config.llm
         if llm is None:  # checked by PipelineConfig
             raise ConfigError(f"pipeline {self.config.name!r} has no llm block", "add llm: to its YAML")
+        # The conversation is a growing prefix: the fixed system prompt, the history, and only then this turn's
+        # facts with the user's words, so a prefix cache reuses every earlier turn of the session.
         prompt = (route.system_prompt or llm.system_prompt).get(ctx.lang)
-        facts = answer.all_facts()
-        if any(facts):
-            head = (
-                "参考资料（只可引用其中的数字）："
-                if ctx.lang == "zh"
-                else "Reference facts (quote only these figures):"
-            )
-            prompt = f"{prompt}\n{head}\n" + "\n".join(f for f in facts if f)
         messages: list[ChatMessage] = [{"role": "system", "content": prompt}]
         history = list(session.turns)[-llm.history_turns :] if llm.history_turns else []
         for turn in history:
             messages.append({"role": "user", "content": turn.user})
             messages.append({"role": "assistant", "content": turn.reply})
-        messages.append({"role": "user", "content": ctx.text})
+        user = ctx.text
+        facts = [f for f in answer.all_facts() if f]
+        if facts:
+            head = (
+                "参考资料（只可引用其中的数字）："
+                if ctx.lang == "zh"
+                else "Reference facts (quote only these figures):"
+            )
+            user = f"{ctx.text}\n\n{head}\n" + "\n".join(facts)
+        messages.append({"role": "user", "content": user})
         text = await self.generator.generate(messages, max_tokens=llm.max_tokens, temperature=llm.temperature)
         return _Reply(text=text, strategy="llm", answer=answer, templated=False)
 

@@ -1,5 +1,19 @@
 """Multi-turn dialogue sessions kept server-side, bounded in time and size.
 
+A pipeline answers a turn inside :meth:`SessionBackend.turn`: the session is found (or made), the turn runs
+under the session's lock, and the changed session is stored when the turn succeeded (a failed turn leaves the
+session as it was). Backends:
+
+* :class:`SessionStore` (``memory``, the embedded default) — the sessions of one process, in its memory.
+* :class:`~miaohui.dialogue.session_stores.SqliteSessionStore` — a SQLite file in WAL mode that the processes
+  of one host share (``miaohui serve --workers N`` uses one in its run directory without any set-up).
+* :class:`~miaohui.dialogue.session_stores.RedisSessionStore` — a Redis server that several hosts share.
+
+The shared backends store a session as JSON (:func:`session_to_json`) with a version number; a turn's write
+succeeds only over the version it read, so two turns of one session racing in two processes cannot both
+win (the loser answers 409). A store that cannot be reached answers 503 and never starts the conversation
+afresh.
+
 :class:`SessionStore` maps session ids to :class:`Session` objects (history, slot memory, a pending action,
 the session's language). Bounds:
 
@@ -16,12 +30,16 @@ first live one (amortized O(1) per call).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import re
 import time
 import uuid
+from abc import ABC, abstractmethod
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -29,7 +47,17 @@ from miaohui.dialogue.answers import MemoryValue
 from miaohui.dialogue.knowledge import Lang
 from miaohui.errors import InputError
 
-__all__ = ["Session", "SessionConfig", "SessionStats", "SessionStore", "Turn"]
+__all__ = [
+    "Session",
+    "SessionBackend",
+    "SessionConfig",
+    "SessionStats",
+    "SessionStore",
+    "Turn",
+    "check_session_id",
+    "session_from_json",
+    "session_to_json",
+]
 
 _SESSION_ID_RE = re.compile(r"^[A-Za-z0-9_.:@-]{1,128}$")
 
@@ -69,6 +97,8 @@ class Session:
     pending: str | None = None
     """Intent of an action waiting for more information (e.g. a booking without a room)."""
     turns_total: int = 0
+    version: int = 0
+    """Stored version this session was read at (shared backends; 0: not stored yet)."""
     turns: deque[Turn] = field(init=False)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
     """Held while a turn runs: turns of one session are answered one after the other."""
@@ -90,8 +120,65 @@ class SessionStats(BaseModel):
     evicted: int
 
 
-class SessionStore:
-    """Sessions by id with a TTL, an LRU size bound and a per-session turn bound."""
+def check_session_id(session_id: str | None) -> str:
+    """``session_id`` when well formed, a new random id for None; InputError otherwise."""
+    if session_id is not None and not _SESSION_ID_RE.match(session_id):
+        raise InputError(
+            f"bad session id {session_id[:40]!r}",
+            "use 1-128 characters from letters, digits and _ . : @ -, or omit it to start a new session",
+        )
+    return session_id or uuid.uuid4().hex
+
+
+def session_to_json(session: Session) -> str:
+    """The stored form of a session (what the shared backends keep)."""
+    return json.dumps(
+        {
+            "lang": session.lang,
+            "memory": session.memory,
+            "pending": session.pending,
+            "turns_total": session.turns_total,
+            "turns": [[t.user, t.reply, t.intent] for t in session.turns],
+        },
+        ensure_ascii=False,
+        separators=(",", ":"),
+    )
+
+
+def session_from_json(session_id: str, data: str, version: int, max_turns: int, last_used: float) -> Session:
+    """The session stored as ``data`` (see :func:`session_to_json`) at ``version``."""
+    raw: dict[str, Any] = json.loads(data)
+    session = Session(id=session_id, max_turns=max_turns, last_used=last_used, version=version)
+    session.lang = raw.get("lang")
+    session.memory = dict(raw.get("memory") or {})
+    session.pending = raw.get("pending")
+    session.turns_total = int(raw.get("turns_total") or 0)
+    session.turns.extend(Turn(user=u, reply=r, intent=i) for u, r, i in raw.get("turns") or [])
+    return session
+
+
+class SessionBackend(ABC):
+    """Where a pipeline's sessions live (see the module docstring)."""
+
+    config: SessionConfig
+    where: str = "memory"
+    """What the store is, for messages and logs (never a password)."""
+
+    @abstractmethod
+    def turn(self, session_id: str | None) -> contextlib.AbstractAsyncContextManager[tuple[Session, bool]]:
+        """``async with store.turn(sid) as (session, created)``: the session of ``sid`` (a new one for None, an
+        unknown or an expired id) held for one turn; stored when the block ends without an exception."""
+
+    @abstractmethod
+    def stats(self) -> SessionStats:
+        """Counters of this store (the shared backends: this process's, ``active`` from the store)."""
+
+    async def close(self) -> None:  # noqa: B027 - nothing to release for most stores
+        """Release connections (the server calls it at shutdown)."""
+
+
+class SessionStore(SessionBackend):
+    """Sessions by id with a TTL, an LRU size bound and a per-session turn bound, in this process's memory."""
 
     def __init__(self, config: SessionConfig | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config or SessionConfig()
@@ -121,14 +208,9 @@ class SessionStore:
         ``None`` makes a new session with a random id; an unknown or expired id makes a new session with
         that id.
         """
-        if session_id is not None and not _SESSION_ID_RE.match(session_id):
-            raise InputError(
-                f"bad session id {session_id[:40]!r}",
-                "use 1-128 characters from letters, digits and _ . : @ -, or omit it to start a new session",
-            )
+        sid = check_session_id(session_id)
         now = self._clock()
         self._sweep(now)
-        sid = session_id or uuid.uuid4().hex
         session = self._sessions.get(sid)
         if session is not None:
             session.last_used = now
@@ -141,6 +223,12 @@ class SessionStore:
         self._sessions[sid] = session
         self._created += 1
         return session, True
+
+    @contextlib.asynccontextmanager
+    async def turn(self, session_id: str | None) -> AsyncIterator[tuple[Session, bool]]:
+        session, created = self.get(session_id)
+        async with session.lock:
+            yield session, created
 
     def drop(self, session_id: str) -> bool:
         """Forget a session; True if it existed."""

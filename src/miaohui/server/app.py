@@ -38,6 +38,8 @@ def build_app(
     worker: int = 0,
     workers: int = 1,
     engine_socket: str | None = None,
+    session_store: str | None = None,
+    api_keys: Path | None = None,
 ) -> FastAPI:
     """The HTTP app with a lifespan that loads (and warms up) the repository before serving.
 
@@ -48,7 +50,9 @@ def build_app(
     replies with the causal LM ``dialogue_llm`` (None: those routes answer with their templates).
 
     ``worker`` / ``workers`` / ``engine_socket``: this process's place among the processes of ``--workers N``
-    (:class:`~miaohui.server.state.ServeSpec`); with ``engine_socket`` the models run in the engine process."""
+    (:class:`~miaohui.server.state.ServeSpec`); with ``engine_socket`` the models run in the engine process.
+    ``session_store``: where the dialogue sessions live (``--session-store``; None: this process's memory).
+    ``api_keys``: the key file that HTTP and gRPC check (``--api-keys``; None: an open server)."""
     from miaohui.server.console import mount_console
     from miaohui.server.dialogue_api import DialogueService
     from miaohui.server.observer_metrics import chat_observers
@@ -64,8 +68,15 @@ def build_app(
         chat_observer_factory=chat_observers(metrics),
     )
     state = ServerState(manager, metrics, worker=worker, workers=workers)
+    if api_keys is not None:
+        from miaohui.server.auth import Authenticator
+
+        state.auth = Authenticator.from_file(api_keys)
     generator = LLMTextGenerator(manager, dialogue_llm) if dialogue_llm else None
-    dialogue = DialogueService.for_manager(manager, metrics, intent_model=dialogue_intent, generator=generator)
+    dialogue = DialogueService.for_manager(
+        manager, metrics, intent_model=dialogue_intent, generator=generator, session_store=session_store
+    )
+    dialogue.worker = worker
     state.dialogue = dialogue
     state.shadow = ShadowManager(manager, metrics)
     app = create_app(state)
@@ -90,6 +101,7 @@ def build_app(
             await console.stop()
             await shadow.stop()
             await manager.stop()
+            await dialogue.close()
 
     app.router.lifespan_context = lifespan
     return app
@@ -119,10 +131,22 @@ async def serve_async(
         worker=spec.worker,
         workers=spec.workers,
         engine_socket=spec.engine_socket,
+        session_store=spec.session_store,
+        api_keys=spec.api_keys,
     )
     state: ServerState = app.state.miaohui
     host, port, grpc_port = spec.host, spec.port, spec.grpc_port
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="on")
+    tls = (spec.tls_cert, spec.tls_key) if spec.tls_cert is not None and spec.tls_key is not None else None
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+        ssl_certfile=str(tls[0]) if tls else None,
+        ssl_keyfile=str(tls[1]) if tls else None,
+    )
     server = uvicorn.Server(config)
     grpc_server: grpc.aio.Server | None = None
     grpc_error: BaseException | None = None
@@ -140,7 +164,7 @@ async def serve_async(
         try:  # the import too: grpcio older than the generated stubs need fails here, and must stop the server
             from miaohui.server.grpc import start_grpc
 
-            grpc_server = await start_grpc(state, host, grpc_port, reuse_port=sockets is not None)
+            grpc_server = await start_grpc(state, host, grpc_port, reuse_port=sockets is not None, tls=tls)
         except Exception as exc:
             grpc_error = exc
             log.error("gRPC could not start, stopping the server: %s", message(exc))

@@ -1,9 +1,11 @@
 """HTTP for the dialogue pipelines and shadow reports (FastAPI routers, included by ``create_app``).
 
-* ``POST /v1/dialogue/{pipeline}`` — body ``{"text", "session_id"?, "lang"?, "timings"?, "timeout_ms"?}`` →
+* ``POST /v1/dialogue/{pipeline}`` — body ``{"text", "session_id"?, "lang"?, "timings"?, "timeout_ms"?}`` (the
+  session id may come as the ``X-Session-Id`` header instead, what the ingress routes by) →
   the :class:`~miaohui.dialogue.pipeline.DialogueResponse` as JSON (``timings`` only when asked) plus
-  ``engine: {model, version}`` (the intent model version that answered). Unknown pipeline → 404 with the
-  list (``pipelines``); a bad body → 400; a deadline (``X-Request-Timeout-Ms`` or ``timeout_ms``) → 504.
+  ``engine: {model, version}`` (the intent model version that answered) and, with ``--workers N``, ``worker``.
+  Unknown pipeline → 404 with the list (``pipelines``); a bad body → 400; a deadline (``X-Request-Timeout-Ms``
+  or ``timeout_ms``) → 504.
 * ``GET /v1/dialogue`` — the pipelines and their OpenAI model names.
 * ``GET /v1/shadow`` and ``GET /v1/shadow/{model}`` — :class:`~miaohui.serving.shadow.ShadowStatus`.
 
@@ -39,10 +41,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError
 
-from miaohui.dialogue.config import PIPELINE_NAMES
+from miaohui.dialogue.config import PIPELINE_NAMES, load_pipeline_config
 from miaohui.dialogue.engine_adapters import EngineClassifier, engine_call
 from miaohui.dialogue.knowledge import KnowledgeBase, load_knowledge
 from miaohui.dialogue.pipeline import DialogueResponse, IntentClassifier, Pipeline, TextGenerator
+from miaohui.dialogue.session_stores import open_session_store
 from miaohui.errors import ConfigError, InputError, ModelNotFoundError, UnavailableError
 from miaohui.server.http_io import error_response, read_json, timeout_ms, until_disconnect
 from miaohui.server.metrics import UNKNOWN_MODEL
@@ -122,13 +125,20 @@ class DialogueService:
         pipelines: Sequence[str] = PIPELINE_NAMES,
         knowledge: KnowledgeBase | None = None,
         clock: Callable[[], datetime] | None = None,
+        session_store: str | None = None,
     ) -> None:
+        """``session_store``: where the pipelines keep their sessions (``--session-store``; None: this process's
+        memory), see :func:`~miaohui.dialogue.session_stores.open_session_store`."""
         kb = knowledge if knowledge is not None else load_knowledge()
         self.metrics = metrics
-        self.pipelines: dict[str, Pipeline] = {
-            name: Pipeline.from_name(name, classifier, generator, knowledge=kb, clock=clock) for name in pipelines
-        }
+        self.pipelines: dict[str, Pipeline] = {}
+        for name in pipelines:
+            config = load_pipeline_config(name)
+            sessions = open_session_store(session_store, name, config.session)
+            self.pipelines[name] = Pipeline(config, classifier, generator, knowledge=kb, clock=clock, sessions=sessions)
         self._conversations: OrderedDict[str, str] = OrderedDict()
+        self.worker = 0
+        """This process's worker index with ``--workers N`` (1..N; responses name it); 0 in a single process."""
 
     @classmethod
     def for_manager(
@@ -138,9 +148,15 @@ class DialogueService:
         *,
         intent_model: str = "intent",
         generator: TextGenerator | None = None,
+        session_store: str | None = None,
     ) -> DialogueService:
         """The server's service: intent from the served model ``intent_model`` (its primary version)."""
-        return cls(EngineClassifier(manager, intent_model), metrics, generator=generator)
+        return cls(EngineClassifier(manager, intent_model), metrics, generator=generator, session_store=session_store)
+
+    async def close(self) -> None:
+        """Release the session stores' connections."""
+        for pipe in self.pipelines.values():
+            await pipe.sessions.close()
 
     def get(self, name: str) -> Pipeline:
         pipe = self.pipelines.get(name)
@@ -334,11 +350,14 @@ def dialogue_router(service: DialogueService) -> APIRouter:
             body = await read_json(request)
             req = DialogueRequest.parse(body)
             deadline = deadline_from_ms(req.timeout_ms or timeout_ms(request))
-            work = service.turn(pipeline, req.text, req.session_id, req.lang, deadline)
+            session_id = req.session_id or request.headers.get("x-session-id")  # what the ingress hashes by
+            work = service.turn(pipeline, req.text, session_id, req.lang, deadline)
             resp, engine = await until_disconnect(request.receive, work)
             version = str(engine["version"] or "")
             content = resp.model_dump(mode="json", exclude=None if req.timings else {"timings"})
             content["engine"] = engine
+            if service.worker:
+                content["worker"] = service.worker
             out: Response = JSONResponse(content)
         except Exception as exc:
             code, why, out = http_status(exc), reason(exc), error_response(exc)

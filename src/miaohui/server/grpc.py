@@ -18,6 +18,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable
+from pathlib import Path
 from typing import TypeVar
 
 import grpc
@@ -26,6 +27,7 @@ import numpy as np
 from miaohui import __version__
 from miaohui.errors import ConfigError, InputError, MiaohuiError, ModelNotFoundError
 from miaohui.server import kserve, tensor_codec
+from miaohui.server.auth import GrpcGate
 from miaohui.server.proto import grpc_service_pb2 as pb
 from miaohui.server.proto import grpc_service_pb2_grpc as pb_grpc
 from miaohui.server.state import ServerState, check_model_control, check_not_shutting_down
@@ -58,24 +60,37 @@ _CONTENTS_FIELD = {
 }
 
 
-async def start_grpc(state: ServerState, host: str, port: int, reuse_port: bool = False) -> grpc.aio.Server:
+async def start_grpc(
+    state: ServerState, host: str, port: int, reuse_port: bool = False, tls: tuple[Path, Path] | None = None
+) -> grpc.aio.Server:
     """Bind ``host:port`` and start serving on the running event loop; ``await server.stop(grace)`` ends it.
 
     Raises :class:`ConfigError` when the address cannot be bound (port in use, bad host). SO_REUSEPORT is
     off unless ``reuse_port`` (the workers of ``--workers N`` share the port; their parent reserved it), so a
-    second server on the same port fails here instead of silently sharing the port.
+    second server on the same port fails here instead of silently sharing the port. ``tls``: (certificate, key)
+    PEM files: the port then speaks TLS only.
     """
+    gate = (
+        GrpcGate(state.auth, lambda model, code, why: state.metrics.done(model or "", "", "grpc", code, 0.0, why))
+        if state.auth is not None
+        else None
+    )
     server = grpc.aio.server(
+        interceptors=[gate] if gate is not None else None,
         options=[
             ("grpc.max_receive_message_length", GRPC_MAX_RECEIVE_BYTES),
             ("grpc.so_reuseport", 1 if reuse_port else 0),
-        ]
+        ],
     )
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(state), server)
     address = f"{host}:{port}"
     cause = "bind failed"
     try:
-        bound = server.add_insecure_port(address)
+        if tls is None:
+            bound = server.add_insecure_port(address)
+        else:
+            pair = (tls[1].read_bytes(), tls[0].read_bytes())
+            bound = server.add_secure_port(address, grpc.ssl_server_credentials([pair]))
     except RuntimeError as exc:  # grpc ≥ 1.5x raises; older versions return port 0
         bound, cause = 0, str(exc).rstrip(".")
     if not bound:

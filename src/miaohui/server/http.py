@@ -33,6 +33,7 @@ from starlette.types import Receive, Scope, Send
 from miaohui import __version__
 from miaohui.errors import InputError, MiaohuiError, ModelNotFoundError
 from miaohui.server import kserve
+from miaohui.server.auth import HttpGate
 from miaohui.server.embeddings_api import embeddings_router
 from miaohui.server.http_io import (
     JSON_ERRORS,
@@ -60,6 +61,8 @@ def create_app(state: ServerState) -> FastAPI:
     app.state.miaohui = state
     hot = app.hot = HotPaths(state)
     manager, metrics = state.manager, state.metrics
+    if state.auth is not None:
+        app.gate = HttpGate(state.auth, lambda model, code, why: metrics.done(model, "", "http", code, 0.0, why))
     with contextlib.suppress(ValueError):  # already registered when an app is built twice on one Metrics
         metrics.register(
             ModelStateCollector(
@@ -252,8 +255,15 @@ class MiaohuiApp(FastAPI):
     """FastAPI whose inference routes are answered by :class:`HotPaths` before the middleware stack."""
 
     hot: HotPaths | None = None
+    gate: HttpGate | None = None
+    """API keys (``--api-keys``): checked before any route; None: an open server."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.gate is not None and scope["type"] == "http":
+            admitted = await self.gate.admit(scope, receive, send)
+            if admitted is None:
+                return
+            receive = admitted
         hot = self.hot
         if hot is not None and scope["type"] == "http" and scope["method"] == "POST":
             path: str = scope["path"]

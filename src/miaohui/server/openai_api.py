@@ -42,7 +42,16 @@ from miaohui.server.openai_schema import (
     chat_messages,
     completion_prompt,
     parse_request,
+    requested_logprobs,
     sampling_params,
+)
+from miaohui.server.openai_tools import (
+    ChatPlan,
+    completion_logprobs,
+    logprob_entries,
+    plan,
+    prompt_messages,
+    tool_calls,
 )
 from miaohui.server.status import message, openai_body, reason
 from miaohui.serving.chat import ServedChatVersion
@@ -100,6 +109,9 @@ class _Call:
     stream: RequestStream
     prompt_tokens: int
     include_usage: bool
+    plan: ChatPlan = field(default_factory=ChatPlan)
+    logprobs: bool = False
+    """The request asked for log-probabilities: chunks carry them (and leave the one-template fast path)."""
     served: int | None = None
     """The version that answers, where the engine process chose it (``--shared-engine``); else ``llm``'s."""
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
@@ -131,14 +143,35 @@ class _Call:
             "total_tokens": self.prompt_tokens + completion_tokens,
         }
 
-    def chunk(self, text: str | None, finish: str | None, *, role: bool = False) -> dict[str, Any]:
+    def token_text(self, token_id: int) -> str:
+        return str(self.llm.tokenizer.tokenizer.decode([token_id], skip_special_tokens=False))
+
+    def logprobs_of(self, events: list[TokenEvent], offset: int = 0) -> dict[str, Any] | None:
+        """The ``logprobs`` of a choice made of ``events`` (None when the request did not ask)."""
+        if not self.logprobs:
+            return None
+        items = [(e.token_id, e.logprobs) for e in events]
+        if self.chat:
+            return {"content": logprob_entries(items, self.token_text), "refusal": None}
+        return completion_logprobs(items, self.token_text, offset)
+
+    def chunk(
+        self,
+        text: str | None,
+        finish: str | None,
+        *,
+        role: bool = False,
+        events: list[TokenEvent] | None = None,
+        offset: int = 0,
+    ) -> dict[str, Any]:
+        lp = self.logprobs_of(events, offset) if events else None
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
             if text:
                 delta["content"] = text
-            choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}
         else:
-            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "text": text or "", "logprobs": lp, "finish_reason": finish}
         out = {**self.head(self.chunk_object), "choices": [choice]}
         if self.include_usage:
             out["usage"] = None
@@ -154,17 +187,46 @@ class _Call:
         head_b, tail_b = self._template
         return head_b + _dumps(text).encode() + tail_b
 
-    def full(self, text: str, finish: str, completion_tokens: int) -> dict[str, Any]:
+    def full(self, events: list[TokenEvent]) -> dict[str, Any]:
+        last = events[-1]
+        text, finish = "".join(e.text for e in events), _check_finish(last)
+        lp = self.logprobs_of(events)
         if self.chat:
-            choice: dict[str, Any] = {
-                "index": 0,
-                "message": {"role": "assistant", "content": text, "refusal": None},
-                "logprobs": None,
-                "finish_reason": finish,
-            }
+            message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+            calls = tool_calls(text, self.plan) if finish == "stop" else None
+            if calls:
+                message.update(content=None, tool_calls=calls)
+                finish = "tool_calls"
+            choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": lp, "finish_reason": finish}
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-        return {**self.head(self.object), "choices": [choice], "usage": self.usage(completion_tokens)}
+            choice = {"index": 0, "text": text, "logprobs": lp, "finish_reason": finish}
+        return {**self.head(self.object), "choices": [choice], "usage": self.usage(last.completion_tokens)}
+
+    def whole_chunks(self, events: list[TokenEvent]) -> list[bytes]:
+        """A request with tools, streamed once it is done: its text or its calls in one delta, then the finish."""
+        body = self.full(events)
+        choice = body["choices"][0]
+        message, finish = choice["message"], choice["finish_reason"]
+        delta: dict[str, Any]
+        if message.get("tool_calls"):
+            delta = {"tool_calls": [{"index": i, **c} for i, c in enumerate(message["tool_calls"])]}
+        else:
+            delta = {"content": message["content"]}
+        head = self.head(self.chunk_object)
+        extra = {"usage": None} if self.include_usage else {}
+        out = [
+            _sse(
+                {
+                    **head,
+                    "choices": [{"index": 0, "delta": delta, "logprobs": choice["logprobs"], "finish_reason": None}],
+                    **extra,
+                }
+            ),
+            _sse({**head, "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish}], **extra}),
+        ]
+        if self.include_usage:
+            out.append(_sse({**head, "choices": [], "usage": body["usage"]}))
+        return out
 
 
 def _check_finish(event: TokenEvent) -> str:
@@ -176,7 +238,16 @@ def _check_finish(event: TokenEvent) -> str:
 async def _stream_chunks(call: _Call, done: Callable[[int, str], None]) -> AsyncIterator[bytes]:
     if call.chat:
         yield _sse(call.chunk(None, None, role=True))
+    offset = 0  # characters streamed so far (completions' text_offset)
     try:
+        if call.plan.tools:  # whether the answer is a call is known at its end
+            events = [ev async for ev in call.stream]
+            _check_finish(events[-1])
+            for chunk in call.whole_chunks(events):
+                yield chunk
+            done(200, "")
+            yield _sse("[DONE]")
+            return
         async for first in call.stream:
             # tokens that queued up behind it while this stream waited for the event loop go out in the same
             # chunk: under load one write per step instead of one per token (vLLM's stream interval, adaptive)
@@ -187,7 +258,11 @@ async def _stream_chunks(call: _Call, done: Callable[[int, str], None]) -> Async
                 text = first.text + "".join(e.text for e in (more[:-1] if failed else more))
             else:
                 text = "" if failed else first.text
-            if text:
+            if call.logprobs:
+                chunk_events = [first, *(more[:-1] if failed else more)]
+                yield _sse(call.chunk(text, None, events=chunk_events, offset=offset))
+                offset += len(text)
+            elif text:
                 yield call.text_event(text)
             if failed:
                 _check_finish(event)
@@ -287,17 +362,19 @@ def openai_router(
                 return _delegated(await handler(req.model_dump(exclude_unset=True)), bool(req.stream), done)
             llm = lookup(req.model)
             done.label, done.version = llm.name, str(llm.version)
-            ids = _encode(llm, req)
-            stream = llm.client.add(ids, sampling_params(req, len(ids), llm.max_model_len))
+            chat_plan = plan(req) if isinstance(req, ChatRequest) else ChatPlan()
+            check_backend(llm, req, chat_plan)
+            ids = _encode(llm, req, chat_plan)
+            params = sampling_params(req, len(ids), llm.max_model_len, chat_plan.json_schema)
+            stream = llm.client.add(ids, params)
             await stream.admitted()  # a remote engine's rejection (429 full queue) before any byte is sent
             done.version = str(stream.version or llm.version)
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            call = _Call(chat, llm, stream, len(ids), include_usage, stream.version)
+            call = _Call(chat, llm, stream, len(ids), include_usage, chat_plan, params.logprobs is not None)
+            call.served = stream.version
             if req.stream:
                 return _streamed(call, done)
-            events = await _collect(request, stream)
-            last = events[-1]
-            body = call.full("".join(e.text for e in events), _check_finish(last), last.completion_tokens)
+            body = call.full(await _collect(request, stream))
             done(200, "")
             return JSONResponse(body)
         except Exception as exc:
@@ -378,12 +455,49 @@ def _reason(exc: BaseException) -> str:
     return reason(exc)
 
 
-def _encode(llm: ServedChatVersion, req: ChatRequest | CompletionRequest) -> list[int]:
+def check_backend(llm: ServedChatVersion, req: ChatRequest | CompletionRequest, chat_plan: ChatPlan) -> None:
+    """400 naming the field when the model's backend cannot honour constrained decoding or log-probabilities."""
+    asked = [
+        ("logprobs", requested_logprobs(req) is not None),
+        ("tool_choice" if chat_plan.forced else "response_format", chat_plan.json_schema is not None),
+    ]
+    for param, wanted in asked:
+        if not wanted:
+            continue
+        if llm.info.backend == "inductor":
+            raise OpenAIError(
+                400,
+                f"'{param}' is not supported by {llm.name!r} on the inductor (GPU slot) backend",
+                param=param,
+                code="unsupported_parameter",
+            ) from None
+        if param == "logprobs" and _remote(llm):
+            raise OpenAIError(
+                400,
+                f"'logprobs' is not supported by {llm.name!r} behind --shared-engine: serve it without "
+                "--shared-engine for log-probabilities",
+                param=param,
+                code="unsupported_parameter",
+            )
+
+
+def _remote(llm: ServedChatVersion) -> bool:
+    from miaohui.serving.remote_llm import RemoteLLMEngine
+
+    return isinstance(llm.client, RemoteLLMEngine)
+
+
+def _encode(llm: ServedChatVersion, req: ChatRequest | CompletionRequest, chat_plan: ChatPlan) -> list[int]:
     if isinstance(req, ChatRequest):
-        messages = chat_messages(req.messages)
         try:
-            return llm.tokenizer.encode_chat(messages)
+            if chat_plan.tools:
+                native = llm.tokenizer.supports_tools
+                msgs = prompt_messages(req.messages, chat_plan.tools, native)
+                return llm.tokenizer.encode_chat(msgs, tools=chat_plan.tools if native else None)
+            return llm.tokenizer.encode_chat(chat_messages(req.messages))
         except MiaohuiError as exc:
+            if isinstance(exc, OpenAIError):
+                raise
             raise OpenAIError(400, message(exc), param="messages") from None
     prompt = completion_prompt(req.prompt)
     if prompt.token_ids is not None:  # checked by the engine (check_prompt), like every prompt

@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from miaohui.errors import InputError, MiaohuiError
+from miaohui.generation.engine.logprobs import MAX_TOP_LOGPROBS
 from miaohui.generation.engine.params import SamplingParams
 
 MAX_TOKENS_LIMIT = 32_768
@@ -74,12 +75,13 @@ class _Common(BaseModel):
     presence_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     logprobs: bool | int | None = None
+    """Chat: true returns each token's log-probability; completions: an int, that many alternatives as well."""
 
 
 class ChatRequest(_Common):
     messages: list[dict[str, Any]]
     max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS_LIMIT)
-    top_logprobs: int | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     metadata: dict[str, str] | None = None
     store: bool | None = None
     service_tier: str | None = None
@@ -163,20 +165,15 @@ def _unsupported(req: ChatRequest | CompletionRequest) -> None:
             raise _reject(name, "penalties are not implemented; send 0 or leave it out")
     if req.logit_bias:
         raise _reject("logit_bias", "leave it out")
-    if req.logprobs:
-        raise _reject("logprobs", "log-probabilities are not returned; send false or leave it out")
     if isinstance(req, ChatRequest):
-        if req.top_logprobs:
-            raise _reject("top_logprobs", "log-probabilities are not returned")
-        if (
-            req.tools
-            or req.functions
-            or req.tool_choice not in (None, "none")
-            or req.function_call not in (None, "none")
-        ):
-            raise _reject("tools", "tool and function calling are not implemented")
-        if req.response_format and req.response_format.get("type") != "text":
-            raise _reject("response_format", "only {'type': 'text'} is supported")
+        if req.logprobs is not None and not isinstance(req.logprobs, bool):
+            raise OpenAIError(
+                400, f"logprobs is {req.logprobs!r}: send true or false (and top_logprobs 0-20)", param="logprobs"
+            )
+        if req.top_logprobs is not None and not req.logprobs:
+            raise OpenAIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        if req.functions or req.function_call not in (None, "none"):
+            raise _reject("functions", "the legacy function calling is not implemented; send tools and tool_choice")
         if (
             req.max_tokens is not None
             and req.max_completion_tokens is not None
@@ -188,6 +185,12 @@ def _unsupported(req: ChatRequest | CompletionRequest) -> None:
                 param="max_completion_tokens",
             )
     else:
+        if isinstance(req.logprobs, bool) or (req.logprobs is not None and not 0 <= req.logprobs <= MAX_TOP_LOGPROBS):
+            raise OpenAIError(
+                400,
+                f"logprobs is {req.logprobs!r}: send the number of alternatives per token, 0-{MAX_TOP_LOGPROBS}",
+                param="logprobs",
+            )
         if req.echo:
             raise _reject("echo", "send false or leave it out")
         if req.suffix:
@@ -255,9 +258,19 @@ def completion_prompt(prompt: str | list[str] | list[int] | list[list[int]]) -> 
     return Prompt(token_ids=[int(t) for t in one])
 
 
-def sampling_params(req: ChatRequest | CompletionRequest, prompt_tokens: int, max_model_len: int) -> SamplingParams:
+def requested_logprobs(req: ChatRequest | CompletionRequest) -> int | None:
+    """``SamplingParams.logprobs`` of a request: None (none asked), else the number of alternatives."""
+    if isinstance(req, ChatRequest):
+        return (req.top_logprobs or 0) if req.logprobs else None
+    return None if req.logprobs is None else int(req.logprobs)
+
+
+def sampling_params(
+    req: ChatRequest | CompletionRequest, prompt_tokens: int, max_model_len: int, json_schema: str | None = None
+) -> SamplingParams:
     """SamplingParams for a prompt of ``prompt_tokens`` on a context of ``max_model_len``; 400 when they
-    cannot fit (OpenAI's ``context_length_exceeded``)."""
+    cannot fit (OpenAI's ``context_length_exceeded``). ``json_schema``: the constraint of the request's
+    ``response_format`` / ``tool_choice`` (:mod:`miaohui.server.openai_tools`)."""
     where = "messages" if isinstance(req, ChatRequest) else "prompt"
     if prompt_tokens >= max_model_len:
         raise OpenAIError(
@@ -286,6 +299,8 @@ def sampling_params(req: ChatRequest | CompletionRequest, prompt_tokens: int, ma
             seed=req.seed,
             stop=req.stop,
             ignore_eos=bool(req.ignore_eos),
+            json_schema=json_schema,
+            logprobs=requested_logprobs(req),
         )
     except InputError as exc:  # e.g. more than 16 stop strings, an empty stop string
         raise OpenAIError(400, str(exc), param="stop" if "stop" in exc.message else None) from None

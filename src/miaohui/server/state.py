@@ -13,6 +13,7 @@ from miaohui.errors import ConfigError, ConflictError, UnavailableError
 from miaohui.generation.build.artifact import is_causal_lm_model
 
 if TYPE_CHECKING:
+    from miaohui.server.auth import Authenticator
     from miaohui.server.dialogue_api import DialogueService
     from miaohui.server.metrics import Metrics
     from miaohui.serving.repository import ModelManager
@@ -50,6 +51,16 @@ class ServeSpec:
     gc_freeze: bool = True
     """Once warm, collect once and freeze the heap (``gc.freeze()``), again after every model change: later
     collections walk only what serving made, so their pauses stay short (``--no-gc-freeze`` for A/B runs)."""
+    session_store: str | None = None
+    """Where the dialogue sessions live (``--session-store``): ``memory`` (None: this process's memory), ``sqlite:PATH``
+    (the processes of one host; ``--workers N`` makes one in its run directory when none is given) or
+    ``redis://host:port/db`` (several servers)."""
+    api_keys: Path | None = None
+    """The API key file (``--api-keys``, :mod:`miaohui.server.auth`); None: no keys asked (an open server)."""
+    tls_cert: Path | None = None
+    """PEM certificate (chain) for HTTPS and gRPC over TLS (``--tls-cert``, with ``--tls-key``); None: plain text."""
+    tls_key: Path | None = None
+    """PEM private key of ``tls_cert`` (``--tls-key``)."""
     gil_switch_us: float | None = None
     """Python's GIL switch interval in every server process (``--gil-switch-us``); None: 50 µs where a generation
     loop runs (its step thread gets the GIL back sooner), else Python's 5 ms."""
@@ -61,6 +72,14 @@ class ServeSpec:
             raise ConfigError(
                 "--shared-engine needs --workers 2 or more", "add --workers N (one process already owns its engines)"
             )
+        from miaohui.dialogue.session_stores import store_kind
+
+        store_kind(self.session_store)  # a bad --session-store fails here, before any process starts
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ConfigError("--tls-cert and --tls-key go together", "give both PEM files, or neither for plain text")
+        for flag, path in (("--tls-cert", self.tls_cert), ("--tls-key", self.tls_key)):
+            if path is not None and not Path(path).is_file():
+                raise ConfigError(f"{flag} {path} is not a file", f"give the PEM file's path with {flag}")
         if self.cores is not None and self.cores < 1:
             raise ConfigError(f"--cores {self.cores} is not a core count", "use --cores 1 or more, or leave it out")
 
@@ -89,6 +108,8 @@ class ServerState:
         """Dialogue pipelines (``/v1/dialogue``, ``pipeline/<name>`` chat models); None: not served."""
         self.shadow: ShadowManager | None = None
         """Shadow comparisons of candidate versions (``/v1/shadow``); None: not served."""
+        self.auth: Authenticator | None = None
+        """API keys (``--api-keys``); None: an open server."""
         self.worker = worker
         """This process's worker index with ``--workers N`` (1..N); 0 in a single-process server."""
         self.workers = workers

@@ -25,6 +25,10 @@ users expect:
   start; each worker's metrics live in files there (named by worker index, so a restarted worker continues its
   counters) and ``/metrics`` on any worker shows the totals of all workers (see :mod:`miaohui.server.metrics`).
   The directory is removed at exit.
+* **Dialogue sessions** are shared by the workers: without ``--session-store`` the parent makes a run directory
+  and points every worker at a SQLite file there (WAL mode; removed at exit), so a conversation's turns may
+  reach any worker. SQLite rather than the engine process: it needs no ``--shared-engine``, outlives a worker
+  that is restarted, and each turn writes one row (compare-and-set on its version) in well under a millisecond.
 * **Model control** (``POST /v2/repository/models/{m}/load|unload``) is refused with 409 when N > 1: each worker
   holds its own copy of the models, so a load answered by one worker would leave the others serving the old
   version. Change the repository and restart (or run ``--workers 1``).
@@ -369,12 +373,18 @@ def run_workers(spec: ServeSpec) -> None:
     SIGINT/SIGTERM; ``SystemExit`` with a non-zero status when the server could not start or a worker kept
     failing."""
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT.format(who="main"))
+    run_dir = ""
+    if spec.session_store is None:  # the workers share their dialogue sessions in a SQLite file of the run
+        run_dir = tempfile.mkdtemp(prefix="miaohui-run-")
+        spec = replace(spec, session_store=f"sqlite:{os.path.join(run_dir, 'sessions.db')}")
     metrics_dir = tempfile.mkdtemp(prefix="miaohui-metrics-")
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir  # prometheus_client reads it in every worker at import
     try:
         status = Supervisor(spec).run()
     finally:
         shutil.rmtree(metrics_dir, ignore_errors=True)
+        if run_dir:
+            shutil.rmtree(run_dir, ignore_errors=True)
         os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
     if status:
         log.error("miaohui server stopped with status %d (see the errors above)", status)

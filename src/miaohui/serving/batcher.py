@@ -41,6 +41,7 @@ from pydantic import Field, field_validator, model_validator
 
 from miaohui.config import Frozen
 from miaohui.errors import ConfigError, DeadlineExceededError, InputError, MiaohuiError, QueueFullError
+from miaohui.priority import PRIORITY
 
 logger = logging.getLogger(__name__)
 
@@ -149,6 +150,8 @@ class _Item(Generic[P, R]):
     seq: int
     future: asyncio.Future[R]
     state: _State = field(default=_State.QUEUED)
+    bulk: bool = False
+    """Queued by a bulk-class key: interactive requests are queued ahead of it."""
 
     def expired(self, now: float) -> bool:
         return self.deadline is not None and now >= self.deadline
@@ -291,7 +294,12 @@ class DynamicBatcher(Generic[P, R]):
         item: _Item[P, R] = _Item(
             payload, length, self._bucket_of(length), deadline, now, next(self._seq), loop.create_future()
         )
-        self._buckets.setdefault(item.bucket, deque()).append(item)
+        item.bulk = PRIORITY.get() == "bulk"
+        bucket = self._buckets.setdefault(item.bucket, deque())
+        if item.bulk or not bucket or not bucket[-1].bulk:
+            bucket.append(item)
+        else:  # interactive: ahead of the bulk requests waiting in its bucket
+            bucket.insert(next(i for i, queued in enumerate(bucket) if queued.bulk), item)
         self.observe("on_enqueue", depth + 1)
         self._notify()
         return item
@@ -369,7 +377,7 @@ class DynamicBatcher(Generic[P, R]):
 
     def _select(self, now: float) -> tuple[list[_Item[P, R]], float | None]:
         """Take the ready batch whose oldest request is oldest; else return when to look again."""
-        best: tuple[int, int, int] | None = None  # (head seq, bucket, size)
+        best: tuple[int, int, int] | None = None  # (head order, bucket, size)
         wake_at: float | None = None
         for bucket, queue in list(self._buckets.items()):
             fit, limited = self._fit(queue, now)
@@ -377,8 +385,9 @@ class DynamicBatcher(Generic[P, R]):
                 continue
             head = queue[0]
             size = self._ready_size(fit, limited, now - head.enqueued)
-            if size and (best is None or head.seq < best[0]):
-                best = (head.seq, bucket, size)
+            order = head.seq + (1 << 62 if head.bulk else 0)  # an interactive head goes first
+            if size and (best is None or order < best[0]):
+                best = (order, bucket, size)
             elif not size:
                 due = head.enqueued + self.config.max_queue_delay_ms / 1000.0
                 wake_at = due if wake_at is None else min(wake_at, due)

@@ -187,25 +187,45 @@ class ChatTokenizer:
             raise ArtifactError(f"cannot load {version_dir / TOKENIZER_NAME}: {exc}", "rebuild the model") from exc
         return cls(tok, info.chat_template, info.special_tokens)
 
-    def render(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True) -> str:
-        """The chat prompt text (template applied); InputError for bad messages or no template."""
+    @property
+    def supports_tools(self) -> bool:
+        """Whether the chat template renders OpenAI ``tools`` itself (HF templates take ``tools=``)."""
+        return bool(self.chat_template) and "tools" in str(self.chat_template)
+
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> str:
+        """The chat prompt text (template applied); InputError for bad messages or no template. ``tools``: OpenAI
+        tool definitions for a template that renders them (messages then pass as given: ``tool_calls``, ``tool``
+        turns)."""
         if self._template is None:
             raise InputError("this model has no chat template", "use /v1/completions with a plain prompt")
         from miaohui.zoo.smollm import check_messages
 
-        msgs = check_messages(messages)
+        msgs: list[dict[str, Any]] = (
+            [dict(m) for m in messages] if tools is not None else list(check_messages(messages))
+        )
+        extra: dict[str, Any] = {"tools": list(tools)} if tools is not None else {}
         try:
             return str(
                 self._template.render(
-                    messages=msgs, add_generation_prompt=add_generation_prompt, **dict(self.special_tokens or {})
+                    messages=msgs,
+                    add_generation_prompt=add_generation_prompt,
+                    **extra,
+                    **dict(self.special_tokens or {}),
                 )
             )
         except Exception as exc:  # jinja TemplateError from raise_exception(), or a broken template
             raise InputError(f"the chat template rejected the messages: {exc}", "check the roles' order") from exc
 
-    def encode_chat(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
+    def encode_chat(
+        self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None
+    ) -> list[int]:
         """Token ids of the rendered chat prompt (the template already holds the special tokens)."""
-        return list(self.tokenizer.encode(self.render(messages), add_special_tokens=False).ids)
+        return list(self.tokenizer.encode(self.render(messages, tools=tools), add_special_tokens=False).ids)
 
     def encode(self, text: str) -> list[int]:
         """Token ids of a raw prompt (the tokenizer's own special tokens added, as HF does)."""

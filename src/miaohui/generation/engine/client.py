@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Protocol
 from miaohui.errors import EngineStoppedError
 
 if TYPE_CHECKING:
+    from miaohui.generation.engine.logprobs import TokenLogprobs
     from miaohui.generation.engine.params import SamplingParams
     from miaohui.generation.engine.scheduler import FinishReason
 
@@ -46,6 +47,8 @@ class TokenEvent:
     finish_reason: FinishReason | None
     prompt_tokens: int
     completion_tokens: int
+    logprobs: TokenLogprobs | None
+    """The token's log-probabilities when the request asked (``SamplingParams.logprobs``)."""
 
     def __init__(
         self,
@@ -56,6 +59,7 @@ class TokenEvent:
         finish_reason: FinishReason | None,
         prompt_tokens: int,
         completion_tokens: int,
+        logprobs: TokenLogprobs | None = None,
     ) -> None:
         # written out: one event per streamed token, and a frozen dataclass's generated __init__ (object.__setattr__
         # per field) takes twice as long. Still frozen: no assignment after __init__.
@@ -67,6 +71,7 @@ class TokenEvent:
         d["finish_reason"] = finish_reason
         d["prompt_tokens"] = prompt_tokens
         d["completion_tokens"] = completion_tokens
+        d["logprobs"] = logprobs
 
 
 class RequestStream:

@@ -33,6 +33,7 @@ from miaohui.generation.engine.scheduler import (
     SequenceUpdate,
 )
 from miaohui.generation.engine.slot_runner import SlotModelRunner
+from miaohui.generation.engine.structured import TokenMasks, check_supported
 from miaohui.gil import GENERATION_SWITCH_US, apply_switch_interval
 
 if TYPE_CHECKING:
@@ -92,8 +93,9 @@ class LLMEngine:
         self.config = config
         factory = detokenizer_factory(tokenizer) if tokenizer is not None else None
         self.scheduler = Scheduler(self.config, engine.eos_token_ids, factory, vocab=engine.dims.vocab)
+        masks = TokenMasks(tokenizer, engine.dims.vocab, engine.eos_token_ids) if tokenizer is not None else None
         self.runner: ModelRunner | SlotModelRunner = (
-            SlotModelRunner(engine) if isinstance(engine, SlotCausalLMEngine) else ModelRunner(engine)
+            SlotModelRunner(engine) if isinstance(engine, SlotCausalLMEngine) else ModelRunner(engine, masks)
         )
         self.lock = threading.Lock()
         self.async_scheduling = False
@@ -122,8 +124,10 @@ class LLMEngine:
     def add_request(self, prompt_ids: Sequence[int], params: SamplingParams | None = None) -> int:
         """Queue a request; returns its id. InputError (a bad prompt fails alone, never its batch) / QueueFullError
         as :meth:`Scheduler.add`."""
+        params = params or SamplingParams()
+        check_supported(params, isinstance(self.runner, ModelRunner), "this GPU slot engine")
         with self.lock:
-            return self.scheduler.add(prompt_ids, params or SamplingParams()).seq_id
+            return self.scheduler.add(prompt_ids, params).seq_id
 
     def abort(self, request_id: int) -> bool:
         with self.lock:
@@ -462,7 +466,14 @@ class AsyncLLMEngine:
         track.tokens = up.num_output_tokens
         prompt = track.stream.prompt_tokens
         event = TokenEvent(
-            up.seq_id, up.token_id, up.text, up.num_output_tokens, up.finish_reason, prompt, up.num_output_tokens
+            up.seq_id,
+            up.token_id,
+            up.text,
+            up.num_output_tokens,
+            up.finish_reason,
+            prompt,
+            up.num_output_tokens,
+            up.logprobs,
         )
         track.stream._push(event)
         if up.finish_reason is not None:

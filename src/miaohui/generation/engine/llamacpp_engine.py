@@ -24,6 +24,11 @@ engines have no prefix cache). Sampling: greedy at temperature 0, else temperatu
 samplers neutral (top-k 0, min-p 0); ``seed`` is taken modulo 2**32. With ``ignore_eos`` llama.cpp bans the
 end tokens (where the other engines generate and pass them).
 
+Structured output and log-probabilities are llama.cpp's own: ``SamplingParams.json_schema`` goes in as its
+``json_schema`` (llama.cpp turns it into a GBNF grammar and samples under it), ``logprobs`` as ``n_probs`` without
+``post_sampling_probs`` (the log-softmax of the raw logits, as miaohui's other engines report). A token llama.cpp
+sends together with the next one (an incomplete character) reports the later token's log-probabilities only.
+
 Not reported here: the per-step figures (``on_step``: batch sizes, step time, queue wait per prefill): llama.cpp's
 steps are inside the server.
 """
@@ -33,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import logging
 import threading
 import time
@@ -46,6 +52,7 @@ from miaohui.engines.target import usable_cores
 from miaohui.errors import ConfigError
 from miaohui.generation.build.llamacpp_artifact import GGUF_NAME, LlamaCppMeta, read_llamacpp_meta
 from miaohui.generation.engine.client import EngineStoppedError, RequestStream, Sink, TokenEvent, stream_events
+from miaohui.generation.engine.logprobs import TokenLogprobs
 from miaohui.generation.engine.observer import GenerationObserver, safe_call
 from miaohui.generation.engine.params import SamplingParams
 from miaohui.generation.engine.scheduler import FinishReason, SchedulerConfig, check_prompt, check_queue, find_stop
@@ -114,6 +121,11 @@ def request_body(prompt: Sequence[int], params: SamplingParams, max_tokens: int,
     }
     if params.ignore_eos:
         body["ignore_eos"] = True
+    if params.json_schema is not None:
+        body["json_schema"] = json.loads(params.json_schema)
+    if params.logprobs is not None:
+        body["n_probs"] = max(1, params.logprobs)
+        body["post_sampling_probs"] = False
     return body
 
 
@@ -128,6 +140,8 @@ class Chunk:
     completion_tokens: int | None = None
     """llama.cpp's own count, on the final chunk."""
     error: str | None = None
+    logprobs: tuple[TokenLogprobs, ...] = ()
+    """Per id of ``ids``, when the request asked for log-probabilities."""
 
 
 def parse_chunk(chunk: Any) -> Chunk:
@@ -137,14 +151,18 @@ def parse_chunk(chunk: Any) -> Chunk:
     if "error" in chunk:
         err = chunk["error"]
         return Chunk(error=str(err.get("message", err) if isinstance(err, dict) else err))
-    text, ids, finish = "", [], None
+    text, ids, finish, lps = "", [], None, []
     for choice in chunk.get("choices") or []:
         text += choice.get("text") or ""
         finish = choice.get("finish_reason") or finish
-        ids += [int(entry["id"]) for entry in (choice.get("logprobs") or {}).get("content") or []]
+        for entry in (choice.get("logprobs") or {}).get("content") or []:
+            ids.append(int(entry["id"]))
+            if "logprob" in entry:
+                top = tuple((int(t["id"]), float(t["logprob"])) for t in entry.get("top_logprobs") or ())
+                lps.append(TokenLogprobs(float(entry["logprob"]), top))
     usage = chunk.get("usage") or {}
     used = usage.get("completion_tokens")
-    return Chunk(text, tuple(ids), finish, int(used) if used is not None else None)
+    return Chunk(text, tuple(ids), finish, int(used) if used is not None else None, logprobs=tuple(lps))
 
 
 @dataclass(eq=False)
@@ -383,7 +401,11 @@ class LlamaCppLLMEngine:
         if end > req.emitted:
             delta, req.emitted = req.text[req.emitted : end], end
         last = chunk.ids[-1] if chunk.ids else None
-        return TokenEvent(req.rid, last, delta, req.made, reason, len(req.prompt), req.made)
+        lp = None
+        if p.logprobs is not None and chunk.logprobs:
+            lp = chunk.logprobs[-1]
+            lp = TokenLogprobs(lp.logprob, lp.top[: p.logprobs])
+        return TokenEvent(req.rid, last, delta, req.made, reason, len(req.prompt), req.made, lp)
 
     def _deliver(self, req: _Request, events: list[TokenEvent]) -> None:
         """On the event loop: a request's new events to its stream, and their metrics."""

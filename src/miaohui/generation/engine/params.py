@@ -29,6 +29,12 @@ class SamplingParams(Frozen):
     """Token ids that end generation (besides the model's end-of-sequence tokens)."""
     ignore_eos: bool = False
     """Keep generating past the model's end-of-sequence token (benchmarks use it for fixed lengths)."""
+    json_schema: str | None = None
+    """A JSON schema (as JSON text) the generated text must follow, by constrained decoding
+    (:mod:`miaohui.generation.engine.structured`); ``{"type": "object"}`` is any JSON object. None: free text."""
+    logprobs: int | None = Field(default=None, ge=0, le=20)
+    """Return each generated token's log-probability (log-softmax of the model's logits) with this many most
+    likely alternatives (0: the token's only). None: none (they cost a softmax over the vocabulary per token)."""
 
     @field_validator("stop", mode="before")
     @classmethod

@@ -6,7 +6,8 @@ the only code that touches them; it runs in the engine loop's worker thread, one
 1. drop the rows of sequences that are no longer decoding (finished or aborted since the last step);
 2. decode one token for every remaining row (a single engine call for the whole batch);
 3. prefill the newly admitted prompts (one left-padded engine call) and append their rows;
-4. sample every row with its own parameters and generator.
+4. sample every row with its own parameters and generator (a constrained row's logits masked first by its
+   grammar, :mod:`~miaohui.generation.engine.structured`; log-probabilities taken from the unmasked logits where asked).
 """
 
 from __future__ import annotations
@@ -17,8 +18,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from miaohui.generation.engine.logprobs import TokenLogprobs, token_logprobs
+from miaohui.generation.engine.params import SamplingParams
 from miaohui.generation.engine.sampling import make_rng, sample_batch
 from miaohui.generation.engine.scheduler import RunnerOutput, SchedulerOutput
+from miaohui.generation.engine.structured import TokenMasks
 from miaohui.generation.executors.base import CausalLMEngine, KVCache
 
 
@@ -55,8 +59,10 @@ class ModelRunner(SeededRows):
     """Whether a step can be launched before the previous one's tokens are on the host (see
     :class:`~miaohui.generation.engine.slot_runner.SlotModelRunner`); this runner needs every token."""
 
-    def __init__(self, engine: CausalLMEngine) -> None:
+    def __init__(self, engine: CausalLMEngine, masks: TokenMasks | None = None) -> None:
         self.engine = engine
+        self.masks = masks
+        """Constrained sequences' grammars (None: the engine has no tokenizer, no request may be constrained)."""
         self._kv: KVCache | None = None
         self._rows: list[int] = []
         self._rngs: dict[int, np.random.Generator] = {}
@@ -69,6 +75,8 @@ class ModelRunner(SeededRows):
     def reset(self) -> None:
         """Forget every sequence (after an engine error the cache cannot be trusted)."""
         self._kv, self._rows, self._rngs = None, [], {}
+        if self.masks is not None:
+            self.masks.reset()
 
     def launch(self, out: SchedulerOutput) -> Collect:
         """Run the step (synchronously: the CPU engines compute in the call)."""
@@ -79,6 +87,8 @@ class ModelRunner(SeededRows):
         decode_ids = {d.seq_id for d in out.decode}
         for sid in out.finished_ids:
             self._rngs.pop(sid, None)
+            if self.masks is not None:
+                self.masks.drop(sid)
         keep = [i for i, sid in enumerate(self._rows) if sid in decode_ids]
         if len(keep) != len(self._rows):
             self._kv = self._kv.select(keep) if self._kv is not None else None
@@ -88,6 +98,7 @@ class ModelRunner(SeededRows):
             self.reset()
             raise RuntimeError(f"decode step {out.step} names sequences {missing} that have no KV rows")
         tokens: dict[int, int] = {}
+        logprobs: dict[int, TokenLogprobs] = {}
         t0 = time.perf_counter()
         if out.decode:
             by_id = {d.seq_id: d for d in out.decode}
@@ -99,19 +110,46 @@ class ModelRunner(SeededRows):
                 self.reset()
                 raise RuntimeError(f"decode step {out.step} lacks a sequence's token; this runner cannot chain steps")
             logits, self._kv = self.engine.decode([t for t in fed if t is not None], self._kv)
-            sampled = sample_batch(logits, [d.params for d in items], [self._rng(d.seq_id) for d in items])
-            tokens.update(zip(self._rows, sampled, strict=True))
+            self._pick(logits, self._rows, [d.params for d in items], tokens, logprobs)
         t1 = time.perf_counter()
         if out.prefill:
             for p in out.prefill:
                 self._rngs[p.seq_id] = make_rng(p.params.seed)
+                if p.params.json_schema is not None:
+                    self._masks().start(p.seq_id, p.params.json_schema)
             logits, kv = self.engine.prefill([p.prompt_ids for p in out.prefill])
             ids = [p.seq_id for p in out.prefill]
-            sampled = sample_batch(logits, [p.params for p in out.prefill], [self._rng(i) for i in ids])
-            tokens.update(zip(ids, sampled, strict=True))
+            self._pick(logits, ids, [p.params for p in out.prefill], tokens, logprobs)
             self._kv = KVCache.concat([self._kv, kv])
             self._rows += ids
         t2 = time.perf_counter()
         length = self._kv.length if self._kv is not None else 0
         self.last_timing = StepTiming(t1 - t0, t2 - t1, len(self._rows), length)
-        return RunnerOutput(out.step, tokens)
+        return RunnerOutput(out.step, tokens, logprobs or None)
+
+    def _masks(self) -> TokenMasks:
+        if self.masks is None:
+            raise RuntimeError("a constrained request reached a runner without a tokenizer")
+        return self.masks
+
+    def _pick(
+        self,
+        logits: np.ndarray,
+        seq_ids: list[int],
+        params: list[SamplingParams],
+        tokens: dict[int, int],
+        logprobs: dict[int, TokenLogprobs],
+    ) -> None:
+        """Sample one token per row into ``tokens`` (constrained rows masked, their matchers advanced) and the
+        log-probabilities of the rows that asked into ``logprobs``."""
+        masks = self.masks
+        masked = masks.mask(logits, seq_ids) if masks else logits
+        sampled = sample_batch(masked, params, [self._rng(s) for s in seq_ids])
+        tokens.update(zip(seq_ids, sampled, strict=True))
+        if masks:
+            for sid, tok in zip(seq_ids, sampled, strict=True):
+                masks.consume(sid, tok)
+        asked = [i for i, p in enumerate(params) if p.logprobs is not None]
+        if asked:
+            rows = token_logprobs(logits[asked], [sampled[i] for i in asked], [params[i].logprobs or 0 for i in asked])
+            logprobs.update((seq_ids[i], lp) for i, lp in zip(asked, rows, strict=True))

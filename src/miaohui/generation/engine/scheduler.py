@@ -37,13 +37,17 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from pydantic import Field, model_validator
 
 from miaohui.config import Frozen
 from miaohui.errors import ConfigError, InputError, QueueFullError
 from miaohui.generation.engine.params import SamplingParams
+from miaohui.priority import PRIORITY
+
+if TYPE_CHECKING:
+    from miaohui.generation.engine.logprobs import TokenLogprobs
 
 FinishReason = Literal["stop", "length", "abort", "error"]
 
@@ -146,6 +150,8 @@ class Sequence:
     emitted: int = 0
     """How many characters of ``text`` were handed out in updates."""
     detokenizer: Detokenizer | None = None
+    bulk: bool = False
+    """Queued under a bulk-class API key (:mod:`miaohui.priority`)."""
     in_flight: int = 0
     """Tokens scheduled whose results :meth:`Scheduler.advance` has not seen yet (async scheduling: at most one
     when :meth:`Scheduler.schedule` runs)."""
@@ -224,6 +230,8 @@ class RunnerOutput:
 
     step: int
     token_ids: dict[int, int]
+    logprobs: dict[int, TokenLogprobs] | None = None
+    """The sampled tokens' log-probabilities, for the sequences that asked (``SamplingParams.logprobs``)."""
 
 
 @dataclass(frozen=True)
@@ -235,13 +243,22 @@ class Advanced:
     reason: FinishReason | None
     """Set when the token finished the sequence (end-of-sequence / stop token, or its length)."""
     num_output_tokens: int
+    logprobs: TokenLogprobs | None
 
-    def __init__(self, seq: Sequence, token: int, reason: FinishReason | None, num_output_tokens: int) -> None:
+    def __init__(
+        self,
+        seq: Sequence,
+        token: int,
+        reason: FinishReason | None,
+        num_output_tokens: int,
+        logprobs: TokenLogprobs | None = None,
+    ) -> None:
         d = self.__dict__
         d["seq"] = seq
         d["token"] = token
         d["reason"] = reason
         d["num_output_tokens"] = num_output_tokens
+        d["logprobs"] = logprobs
 
 
 @dataclass(frozen=True)
@@ -255,6 +272,8 @@ class SequenceUpdate:
     """New text to show: held back while it could still become a stop string; may be empty."""
     num_output_tokens: int
     finish_reason: FinishReason | None = None
+    logprobs: TokenLogprobs | None = None
+    """The token's log-probabilities when the request asked for them."""
 
     def __init__(
         self,
@@ -263,6 +282,7 @@ class SequenceUpdate:
         text: str,
         num_output_tokens: int,
         finish_reason: FinishReason | None = None,
+        logprobs: TokenLogprobs | None = None,
     ) -> None:
         d = self.__dict__
         d["seq_id"] = seq_id
@@ -270,6 +290,7 @@ class SequenceUpdate:
         d["text"] = text
         d["num_output_tokens"] = num_output_tokens
         d["finish_reason"] = finish_reason
+        d["logprobs"] = logprobs
 
 
 def check_prompt(prompt_ids: Seq[int], config: SchedulerConfig, vocab: int | None, *, step_budget: bool = True) -> None:
@@ -370,7 +391,12 @@ class Scheduler:
             raise InputError(f"sequence id {sid} is already in use", "use a new id or let the scheduler pick")
         ids = [int(t) for t in prompt_ids]
         seq = Sequence(sid, ids, params, self._clock(), detokenizer=self._detok(ids) if self._detok else None)
-        self._waiting.append(seq)
+        seq.bulk = PRIORITY.get() == "bulk"  # the API key's class: interactive requests wait ahead of bulk ones
+        ahead = next((i for i, s in enumerate(self._waiting) if s.bulk), None) if not seq.bulk else None
+        if ahead is None:
+            self._waiting.append(seq)
+        else:
+            self._waiting.insert(ahead, seq)
         self._seqs[sid] = seq
         return seq
 
@@ -454,11 +480,12 @@ class Scheduler:
         string found there finishes its sequence one step later than this would (that step's token is dropped)."""
         advanced: list[Advanced] = []
         seqs, running = self._seqs, SequenceStatus.RUNNING
+        logprobs = output.logprobs
         for seq_id, token in output.token_ids.items():
             seq = seqs.get(seq_id)
             if seq is None or seq.status is not running:
                 continue
-            advanced.append(self._advance(seq, int(token)))
+            advanced.append(self._advance(seq, int(token), logprobs.get(seq_id) if logprobs else None))
         return advanced
 
     def emit(self, advanced: Iterable[Advanced]) -> list[SequenceUpdate]:
@@ -472,7 +499,7 @@ class Scheduler:
         return updates
 
     # ---- internals -----------------------------------------------------------------------------------
-    def _advance(self, seq: Sequence, token: int) -> Advanced:
+    def _advance(self, seq: Sequence, token: int, logprobs: TokenLogprobs | None = None) -> Advanced:
         p = seq.params
         seq.in_flight -= 1
         output_ids = seq.output_ids
@@ -486,7 +513,7 @@ class Scheduler:
         if reason is not None:
             self._running.remove(seq)
             self._finish(seq, reason)
-        return Advanced(seq, token, reason, made)
+        return Advanced(seq, token, reason, made, logprobs)
 
     def _emit(self, a: Advanced) -> SequenceUpdate | None:
         seq, reason = a.seq, a.reason
@@ -519,8 +546,8 @@ class Scheduler:
         emitted = seq.emitted
         if end > emitted:
             seq.emitted = end
-            return SequenceUpdate(seq.seq_id, a.token, seq.text[emitted:end], a.num_output_tokens, reason)
-        return SequenceUpdate(seq.seq_id, a.token, "", a.num_output_tokens, reason)
+            return SequenceUpdate(seq.seq_id, a.token, seq.text[emitted:end], a.num_output_tokens, reason, a.logprobs)
+        return SequenceUpdate(seq.seq_id, a.token, "", a.num_output_tokens, reason, a.logprobs)
 
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
         seq.status = SequenceStatus.FINISHED
