@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from pydantic import BaseModel, ValidationError
@@ -14,6 +14,9 @@ from rich.table import Table
 
 from miaohui.dialogue.cli import compare_command, validate_pipeline_command
 from miaohui.errors import ConfigError, MiaohuiError
+
+if TYPE_CHECKING:
+    from miaohui.validate.labels import DecisionReport
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -75,20 +78,42 @@ def train_intent_cmd(
         str, typer.Option(help="e5-small (multilingual), minilm (English) or a Hugging Face encoder directory.")
     ] = "e5-small",
     epochs: Annotated[int, typer.Option(min=1)] = 8,
+    min_steps: Annotated[
+        int, typer.Option(min=0, help="Fewest optimizer steps, whatever the epochs (small sets need more passes).")
+    ] = 300,
     trainable_layers: Annotated[int, typer.Option(min=0, help="Top encoder layers fine-tuned.")] = 4,
+    oos_data: Annotated[
+        Path | None,
+        typer.Option(help="Off-topic texts (.txt a line, or JSONL with 'text'): taught a flat softmax, to reject."),
+    ] = None,
+    target_recall: Annotated[
+        float, typer.Option(min=0.01, max=1.0, help="In-domain dev share the out-of-scope threshold keeps.")
+    ] = 0.97,
+    oos_label: Annotated[str, typer.Option(help="The answer below the threshold.")] = "out_of_scope",
     seed: Annotated[int, typer.Option(help="Seeds the training and the --data hold-out.")] = 0,
 ) -> None:
     """Fine-tune an intent classifier (encoder + head) on the project's 24-label data, or on your own with --data;
-    report dev accuracy per label."""
+    report dev accuracy per label, the fitted temperature (calibration error before and after) and the out-of-scope
+    threshold."""
     from miaohui.models.train import TrainConfig, train_intent
     from miaohui.paths import models_dir
-    from miaohui.zoo.intents import load_train_data
+    from miaohui.zoo.intents import load_texts, load_train_data
 
     try:
-        cfg = TrainConfig(backbone=backbone, epochs=epochs, trainable_layers=trainable_layers, seed=seed)
+        cfg = _validated(
+            TrainConfig,
+            backbone=backbone,
+            epochs=epochs,
+            min_steps=min_steps,
+            trainable_layers=trainable_layers,
+            seed=seed,
+            target_recall=target_recall,
+            oos_label=oos_label,
+        )
         own = load_train_data(data, dev, seed=seed)
+        negatives = load_texts(oos_data) if oos_data is not None else []
         default = f"intent-{data.stem}" if data is not None else f"intent-{Path(backbone).name}"
-        path, report = train_intent(cfg, out or models_dir() / default, data=own)
+        path, report = train_intent(cfg, out or models_dir() / default, data=own, negatives=negatives)
     except MiaohuiError as exc:
         _fail(exc)
         return
@@ -98,6 +123,18 @@ def train_intent_cmd(
     for label, acc in report.per_label.items():
         table.add_row(label, f"{acc:.0%}")
     console.print(table)
+    console.print(f"{report.steps} steps, kept the weights of step {report.best_step} (best on dev)")
+    d = report.decision
+    if d is not None and d.ece_before is not None:
+        console.print(
+            f"calibration: temperature {d.temperature:.3g}, expected calibration error on dev "
+            f"{d.ece_before:.3f} before → {d.ece_after:.3f} after"
+        )
+        oos = f"out of scope below confidence {d.threshold:.3f} (answer {d.oos_label!r}): keeps {d.dev_recall:.1%}"
+        oos += f" of in-domain dev (target {d.target_recall:.0%})"
+        if d.dev_oos_rejected is not None:
+            oos += f", rejects {d.dev_oos_rejected:.1%} of the held-back fifth of --oos-data"
+        console.print(oos)
     console.print(f"saved {path}")
 
 
@@ -299,6 +336,23 @@ def _validate_decoder(engine: str, repository: Path, json_out: Path | None) -> b
     return True
 
 
+def _print_answers(answers: DecisionReport, png: str | None) -> None:
+    table = Table("label", "precision", "recall", "texts", title="the engine's answers (as served) per label")
+    for label, fig in answers.labels.items():
+        table.add_row(label, f"{fig.precision:.1%}", f"{fig.recall:.1%}", str(fig.n))
+    console.print(table)
+    below = f"below confidence {answers.threshold:.3f}" if answers.threshold is not None else "no threshold"
+    console.print(
+        f"out of scope ({answers.out_of_scope_label!r}, {below}): {answers.out_of_scope_rate:.1%} of the texts"
+    )
+    console.print(
+        f"expected calibration error: {answers.ece_before:.3f} before → {answers.ece_after:.3f} after temperature "
+        f"{answers.temperature:.3g}"
+    )
+    if png:
+        console.print(f"confusion matrix: {png}")
+
+
 @app.command()
 def validate(
     engine: Annotated[str | None, typer.Argument(help="Artifact dir or repository model name[:version].")] = None,
@@ -353,6 +407,8 @@ def validate(
     table.add_row("top-1 agreement", f"{report.agreement:.2%}", "")
     table.add_row("logit error max / mean", f"{report.max_logit_error:.4f} / {report.mean_logit_error:.4f}", "")
     console.print(table)
+    if report.answers is not None:
+        _print_answers(report.answers, report.confusion_png)
     if drift is not None:
         console.print(
             f"drift vs golden: agreement {drift['agreement']:.2%}, max logit error {drift['max_logit_error']:.4f}"

@@ -67,7 +67,9 @@ async def test_health_and_metadata(client: httpx.AsyncClient) -> None:
 
 async def test_v1_intent_single_and_batch(client: httpx.AsyncClient) -> None:
     one = (await client.post("/v1/intent", json={"text": "hello there, transfer ¥2,000 please"})).json()
-    assert set(one) == {"intent", "confidence", "slots", "model", "version"}
+    assert set(one) == {"intent", "confidence", "candidate", "out_of_scope", "slots", "model", "version"}
+    assert one["candidate"] == one["intent"]  # no threshold: out of scope only as the model's own label
+    assert one["out_of_scope"] is (one["intent"] == "out_of_scope")
     assert one["model"] == "intent" and one["version"] == 1 and 0 < one["confidence"] <= 1
     assert {"name": "amount", "value": 2000.0}.items() <= one["slots"][0].items()
     many = (await client.post("/v1/intent", json={"texts": ["hi", "bye", "hello again"]})).json()

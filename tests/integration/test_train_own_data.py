@@ -90,7 +90,9 @@ def minilm_library(library: tuple[Path, Path], tmp_path_factory: pytest.TempPath
     """The CLI end to end: MiniLM's sentence-transformers directory as --backbone, no --dev (held out)."""
     out = tmp_path_factory.mktemp("library-model") / "library"
     args = ["train-intent", "--data", str(library[0]), "--backbone", str(minilm_model_dir())]
-    result = CliRunner().invoke(cli_app, [*args, "--epochs", "1", "--trainable-layers", "2", "--out", str(out)])
+    result = CliRunner().invoke(
+        cli_app, [*args, "--epochs", "1", "--min-steps", "0", "--trainable-layers", "2", "--out", str(out)]
+    )
     assert result.exit_code == 0, result.output
     return out, result.output
 
@@ -133,7 +135,7 @@ def test_own_data_with_a_dev_file_and_an_hf_bert_dir(library: tuple[Path, Path],
     backbone = _hf_encoder(tmp_path / "hf-bert", "bert")
     data = load_train_data(library[0], library[1])
     assert data.dev_source == str(library[1]) and len(data.train) == 48 and len(data.dev) == 8
-    cfg = TrainConfig(backbone=str(backbone), epochs=1, trainable_layers=1)
+    cfg = TrainConfig(backbone=str(backbone), epochs=1, min_steps=0, trainable_layers=1)
     path, report = train_intent(cfg, tmp_path / "ck", progress=False, data=data)
     assert report.n == 8 and set(report.per_label) == set(LIBRARY)
     meta = load_checkpoint(path).meta
@@ -148,7 +150,7 @@ def test_hf_backbone_checkpoint_rebuilds_its_architecture(
     from transformers import AutoModel
 
     backbone = _hf_encoder(tmp_path / f"hf-{arch}", arch)
-    cfg = TrainConfig(backbone=str(backbone), epochs=1, trainable_layers=1)
+    cfg = TrainConfig(backbone=str(backbone), epochs=1, min_steps=0, trainable_layers=1)
     path, _ = train_intent(cfg, tmp_path / "ck", progress=False, data=load_train_data(library[0]))
     loaded = load_checkpoint(path)
     assert loaded.meta.bert_config["model_type"] == arch
@@ -169,7 +171,7 @@ def test_hf_backbone_checkpoint_rebuilds_its_architecture(
 
 def test_inductor_refuses_a_non_bert_checkpoint(library: tuple[Path, Path], tmp_path: Path) -> None:
     backbone = _hf_encoder(tmp_path / "hf-roberta", "roberta")
-    cfg = TrainConfig(backbone=str(backbone), epochs=1, trainable_layers=0)
+    cfg = TrainConfig(backbone=str(backbone), epochs=1, min_steps=0, trainable_layers=0)
     path, _ = train_intent(cfg, tmp_path / "ck", progress=False, data=load_train_data(library[0]))
     with pytest.raises(BuildError) as info:
         build_artifact(path, "lib", BuildConfig(backend="inductor"), tmp_path / "repo", log=lambda m: None)
@@ -216,7 +218,8 @@ async def test_built_model_serves_its_own_labels(client: httpx.AsyncClient, mini
     reference = TorchClassifier(minilm_library[0])
     want = await reference.classify(texts)
     assert [g["intent"] for g in got] == [w[0] for w in want]  # ORT fp32 = the checkpoint's own argmax
-    assert {g["intent"] for g in got} <= set(LIBRARY)
+    assert {g["candidate"] for g in got} <= set(LIBRARY)
+    assert [g["intent"] for g in got] == ["out_of_scope" if g["out_of_scope"] else g["candidate"] for g in got]
     for g, w in zip(got, want, strict=True):
         assert g["confidence"] == pytest.approx(w[1], abs=1e-4)
 

@@ -425,3 +425,24 @@ async def test_rejected_time_and_room_are_not_remembered() -> None:
     assert small.memory["attendees"] == 10.0
     done = await pipe.run_turn("那就青松厅", "g")
     assert done.text == "已为您预订青松厅（3楼，可容纳12人），时间2026-03-04 10:00–11:00，预订号B0001。"
+
+
+class RejectingClassifier:
+    """A model below its out-of-scope threshold: ``out_of_scope`` with the candidate it rejected."""
+
+    async def classify(self, texts: list[str]) -> list[tuple[str, float, str]]:
+        return [("out_of_scope", 0.41, "card_loss") for _ in texts]
+
+
+async def test_an_out_of_scope_answer_takes_the_fallback_and_names_the_candidate() -> None:
+    pipe = Pipeline.from_name("gov_hotline", RejectingClassifier(), None, clock=lambda: NOW)
+    r = await pipe.run_turn("what's the weather like", "oos")
+    assert (r.intent, r.classified_intent, r.candidate, r.confidence) == (
+        "out_of_scope",
+        "out_of_scope",
+        "card_loss",
+        0.41,
+    )
+    assert r.strategy == pipe.config.fallback.strategy
+    plain = await make("gov_hotline").run_turn("你好", "plain")
+    assert plain.candidate is None

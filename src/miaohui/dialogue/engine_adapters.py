@@ -112,7 +112,7 @@ class EngineClassifier:
             return None
         return list(served.manifest.labels) if served.manifest.task == "intent" else None
 
-    async def classify(self, texts: list[str]) -> list[tuple[str, float]]:
+    async def classify(self, texts: list[str]) -> list[tuple[str, float, str]]:
         served = self.served()
         if served.manifest.task != "intent" or not served.manifest.labels:
             raise ModelNotFoundError(
@@ -126,7 +126,8 @@ class EngineClassifier:
         else:
             deadline = None if self.timeout_ms is None else time.monotonic() + self.timeout_ms / 1000.0
         results = await served.classify(texts, deadline, with_slots=False)
-        return [(r.intent, r.confidence) for r in results]
+        # below the model's threshold a pipeline is told ``out_of_scope`` (its fallback), whatever the model calls it
+        return [("out_of_scope" if r.out_of_scope else r.intent, r.confidence, r.candidate) for r in results]
 
 
 # ------------------------------------------------------------------------------------------ text

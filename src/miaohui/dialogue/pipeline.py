@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Protocol, TypedDict
@@ -65,11 +65,16 @@ class ChatMessage(TypedDict):
     content: str
 
 
+Classification = tuple[str, float] | tuple[str, float, str]
+"""``(intent label, confidence)``, or with a third item, the best label: when the label is ``out_of_scope`` because the
+model was not confident enough, the candidate it rejected."""
+
+
 class IntentClassifier(Protocol):
     """Classifies texts into the 24 intent labels of shared/INTENTS.md."""
 
-    async def classify(self, texts: list[str]) -> list[tuple[str, float]]:
-        """One ``(intent label, confidence in [0, 1])`` per text, in order."""
+    async def classify(self, texts: list[str]) -> Sequence[Classification]:
+        """One ``(intent label, confidence in [0, 1])`` (or ``(label, confidence, candidate)``) per text, in order."""
         ...
 
 
@@ -112,6 +117,9 @@ class DialogueResponse(BaseModel):
     """What the classifier said."""
     confidence: float
     """The classifier's confidence."""
+    candidate: str | None = None
+    """The best label the classifier rejected when it answered ``out_of_scope`` below its threshold (the turn went
+    to the fallback route); None otherwise."""
     strategy: Strategy
     """Strategy that produced the reply."""
     variant: str | None = None
@@ -245,12 +253,12 @@ class Pipeline:
         now = self.clock()
         slots = extract_slots(text, now)
         t1 = time.perf_counter()
-        label, confidence = await self._classify(norm)
+        label, confidence, candidate = await self._classify(norm)
         t2 = time.perf_counter()
         for slot in slots:
             session.memory[slot.name] = slot.value
         ctx = AnswerContext(label, text, lang, tuple(slots), session.memory, now)
-        intent, route = self._route(session, ctx, confidence)
+        intent, route = self._route(session, ctx, confidence, rejected=candidate not in (None, label))
         ctx = AnswerContext(intent, text, lang, tuple(slots), session.memory, now)
         reply = await self._reply(route, ctx, session)
         t3 = time.perf_counter()
@@ -274,6 +282,7 @@ class Pipeline:
             intent=intent,
             classified_intent=label,
             confidence=confidence,
+            candidate=candidate if candidate != label else None,
             strategy=reply.strategy,
             variant=reply.answer.variant if reply.templated else None,
             slots=slots,
@@ -293,22 +302,27 @@ class Pipeline:
             ),
         )
 
-    async def _classify(self, text: str) -> tuple[str, float]:
+    async def _classify(self, text: str) -> tuple[str, float, str | None]:
         results = await self.classifier.classify([text])
         if len(results) != 1:
             raise ConfigError(
                 f"the intent classifier returned {len(results)} results for 1 text",
                 "make classify(texts) return one (intent, confidence) pair per text",
             )
-        label, confidence = results[0]
+        label, confidence = results[0][0], results[0][1]
+        candidate = results[0][2] if len(results[0]) > 2 else None
         if label not in LABELS:
             raise ConfigError(
                 f"the intent classifier returned the unknown label {label!r}",
                 "use a classifier trained on the 24 labels of shared/INTENTS.md",
             )
-        return label, min(max(float(confidence), 0.0), 1.0)
+        return label, min(max(float(confidence), 0.0), 1.0), candidate
 
-    def _route(self, session: Session, ctx: AnswerContext, confidence: float) -> tuple[str, Route]:
+    def _route(
+        self, session: Session, ctx: AnswerContext, confidence: float, rejected: bool = False
+    ) -> tuple[str, Route]:
+        """``rejected``: the model answered out of scope below its threshold; the turn goes to the label's route (the
+        fallback unless the pipeline routes ``out_of_scope``), not to clarify: the model already said it is unsure."""
         pending = session.pending
         label = ctx.intent
         if pending is not None and label != pending:
@@ -317,7 +331,7 @@ class Pipeline:
             route = self.config.routes.get(pending)
             if (same_line or weak) and route is not None and continues_booking(self.knowledge, ctx):
                 return pending, route
-        if confidence < self.config.clarify_threshold:
+        if confidence < self.config.clarify_threshold and not rejected:
             return label, self.config.clarify
         return label, self.config.routes.get(label, self.config.fallback)
 

@@ -374,7 +374,8 @@ def build_artifact(
             tokenizer_file="tokenizer.json" if tok_text is not None else None,
             max_length=meta.max_length if meta else None,
             extra=built.extra
-            | {"source_model": str(src.path), "source_base": meta.base if meta else "onnx", "source": source_facts},
+            | {"source_model": str(src.path), "source_base": meta.base if meta else "onnx", "source": source_facts}
+            | ({"decision": meta.decision.model_dump()} if meta is not None and meta.decision is not None else {}),
         )
         write_manifest(out_dir, manifest)
         final = model_dir / str(version)

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from tokenizers import Tokenizer
 
 from miaohui.errors import ArtifactError
+from miaohui.models.decision import IntentDecision
 from miaohui.paths import atomic_dir
 
 if TYPE_CHECKING:
@@ -46,6 +47,9 @@ class ModelMeta(BaseModel):
     """Longest token sequence (special tokens included) the model accepts."""
     train: dict[str, Any] = Field(default_factory=dict)
     """Training settings and dev metrics, for the record."""
+    decision: IntentDecision | None = None
+    """An ``intent`` model's temperature and out-of-scope threshold, fitted on dev by ``train-intent`` and applied
+    where the server answers; None (a model from elsewhere): temperature 1, never out of scope."""
     source_format: Literal["miaohui", "hf", "onnx"] = "miaohui"
     """Where the model came from: a ``train-intent`` checkpoint, a Hugging Face directory, or an ONNX file
     (:mod:`miaohui.sources`). ``hf``: ``bert_config`` holds the source's full ``config.json``."""

@@ -25,6 +25,7 @@ from torch import nn
 
 from miaohui.errors import ConfigError
 from miaohui.models.checkpoint import ModelMeta, save_checkpoint
+from miaohui.models.decision import DEFAULT_OOS_LABEL, IntentDecision, fit_decision
 from miaohui.models.intent import IntentClassifier, mean_pool
 from miaohui.nlp.normalize import normalize_text
 from miaohui.nlp.tokenizer import TextTokenizer, pad_batch, truncate_ids
@@ -33,17 +34,23 @@ from miaohui.zoo.intents import LABELS, TrainData, load_train_data
 
 
 class TrainConfig(BaseModel):
-    """Fine-tuning settings. Defaults reach ≥ 92 % dev accuracy with e5-small in a few CPU minutes."""
+    """Fine-tuning settings. Defaults reach ≥ 96.5 % dev accuracy on the project's data with e5-small in a few CPU
+    minutes, and ≥ 90 % test accuracy on six labels of your own from 32 examples a label."""
 
     model_config = ConfigDict(extra="forbid")
 
     backbone: str = "e5-small"
     """Encoder to start from: ``e5-small``, ``minilm`` or a Hugging Face encoder directory."""
-    epochs: int = Field(default=8, ge=1, le=100)
+    epochs: int = Field(default=8, ge=1, le=1000)
+    """Passes over the training data, unless :attr:`min_steps` asks for more."""
+    min_steps: int = Field(default=300, ge=0)
+    """Fewest optimizer steps: a small set (tens of examples a label) gets as many steps as a large one needs to
+    converge, instead of the few that its epochs make (192 examples: 6 steps an epoch)."""
     batch_size: int = Field(default=32, ge=1, le=1024)
     lr_encoder: float = Field(default=8e-5, gt=0)
     """Learning rate of the fine-tuned encoder layers."""
     lr_head: float = Field(default=3e-3, gt=0)
+    """Learning rate of the linear head, which starts from random weights (hence far higher than the encoder's)."""
     warmup: float = Field(default=0.1, ge=0, lt=1)
     """Fraction of steps with linear warm-up."""
     max_length: int = Field(default=128, ge=8, le=512)
@@ -52,6 +59,17 @@ class TrainConfig(BaseModel):
     train_length: int = Field(default=64, ge=8, le=512)
     trainable_layers: int = Field(default=4, ge=0, le=48)
     """Top encoder layers that are fine-tuned (the rest are frozen and cached)."""
+    balanced: bool = True
+    """Every epoch draws each label as often as the largest one (smaller labels repeated at random), so a label
+    with few examples is not drowned by a large one; on a balanced set this changes nothing."""
+    evaluations: int = Field(default=10, ge=1)
+    """Dev evaluations over the run; the weights of the best one (dev accuracy, then dev loss) are kept."""
+    target_recall: float = Field(default=0.97, gt=0, le=1)
+    """The out-of-scope threshold is the highest that keeps this share of the in-domain dev texts."""
+    oos_label: str = DEFAULT_OOS_LABEL
+    """The answer when the model is not confident enough (and the name of an out-of-scope label in the data)."""
+    oos_weight: float = Field(default=1.0, ge=0)
+    """Weight of the negatives' loss (``--oos-data``: their target is the uniform distribution over the labels)."""
     seed: int = 0
     threads: int = Field(default=2, ge=1)
 
@@ -68,6 +86,11 @@ class EvalReport:
     accuracy: float
     per_label: dict[str, float]
     n: int
+    decision: IntentDecision | None = None
+    """The fitted temperature and out-of-scope threshold with their dev figures (``train_intent``)."""
+    best_step: int | None = None
+    """The optimizer step whose weights were kept (best on dev)."""
+    steps: int | None = None
 
 
 def _progress(enabled: bool) -> Progress:
@@ -211,11 +234,72 @@ def evaluate(
     )
 
 
+def balanced_epoch(groups: Sequence[Sequence[int]], sizes: Sequence[int], rng: random.Random) -> list[int]:
+    """One epoch's examples: from each group (a label's rows) ``sizes[g]`` rows, every row once while it has rows
+    enough, then rows drawn again at random (a label smaller than the largest one is repeated)."""
+    out: list[int] = []
+    for rows, size in zip(groups, sizes, strict=True):
+        if not rows:
+            continue
+        picked = list(rows) * (size // len(rows)) + rng.sample(list(rows), size % len(rows))
+        out += picked
+    return out
+
+
+def epoch_plan(targets: Sequence[int], n_labels: int, balanced: bool, n_negative: int) -> list[int]:
+    """Rows per group in one epoch: groups are the labels, then the negatives (target -1). Balanced: every label
+    as many as the largest and the negatives as many as an average label (never more than they are); else each
+    group its own size."""
+    counts = [sum(1 for t in targets if t == k) for k in range(n_labels)]
+    if not balanced:
+        return [*counts, n_negative]
+    top = max(counts)
+    return [top if c else 0 for c in counts] + [min(n_negative, max(1, round(sum(counts) / n_labels)))]
+
+
+@torch.inference_mode()
+def full_logits(model: IntentClassifier, tok: TextTokenizer, texts: Sequence[str], length: int) -> torch.Tensor:
+    """Logits of the full model (no cache) for ``texts``, as the served model computes them."""
+    model.eval()
+    out = []
+    for start in range(0, len(texts), 64):
+        ids = _token_ids(tok, list(texts[start : start + 64]), length)
+        a, m = (torch.from_numpy(x) for x in pad_batch(ids, tok.pad_id))
+        out.append(model(a, m))
+    return torch.cat(out) if out else torch.empty(0, model.head.out_features)
+
+
+@torch.inference_mode()
+def _cached_logits(model: IntentClassifier, cache: FrozenPrefix, frozen: int) -> torch.Tensor:
+    model.eval()
+    rows = list(range(len(cache.states)))
+    return torch.cat([_top_forward(model, *cache.batch(rows[k : k + 64]), frozen) for k in range(0, len(rows), 64)])
+
+
+def _loss(logits: torch.Tensor, targets: torch.Tensor, oos_weight: float) -> torch.Tensor:
+    """Label-smoothed cross-entropy on labelled rows; negatives (target -1) pulled towards the uniform distribution
+    (outlier exposure: a flat softmax, so the top confidence of off-topic text is low)."""
+    pos = targets >= 0
+    total = logits.new_zeros(())
+    if pos.any():
+        total = total + nn.functional.cross_entropy(logits[pos], targets[pos], label_smoothing=0.05, reduction="sum")
+    if (~pos).any():
+        flat = -nn.functional.log_softmax(logits[~pos], dim=-1).mean(-1) - math.log(logits.shape[-1])
+        total = total + oos_weight * flat.sum()
+    return total / len(targets)
+
+
 def train_intent(
-    cfg: TrainConfig, out_dir: Path, progress: bool = True, data: TrainData | None = None
+    cfg: TrainConfig,
+    out_dir: Path,
+    progress: bool = True,
+    data: TrainData | None = None,
+    negatives: Sequence[str] = (),
 ) -> tuple[Path, EvalReport]:
-    """Fine-tune on ``data`` (default: the project's 24-label splits), evaluate on its dev part, save a
-    checkpoint to ``out_dir``. The head's labels are ``data.labels`` in that order."""
+    """Fine-tune on ``data`` (default: the project's 24-label splits) for ``max(epochs, min_steps)``, keep the weights
+    best on its dev part, fit the temperature and the out-of-scope threshold on dev, save a checkpoint to
+    ``out_dir``. ``negatives``: off-topic texts (no label); four fifths train the model towards a flat softmax, one
+    fifth measures the threshold. The head's labels are ``data.labels`` in that order."""
     data = load_train_data(None) if data is None else data
     labels = list(data.labels)
     torch.set_num_threads(cfg.threads)
@@ -232,51 +316,90 @@ def train_intent(
     for p in [p for mod in fixed for p in mod.parameters()] + list(layers[:frozen].parameters()):
         p.requires_grad_(False)
     train, dev = data.train, data.dev
+    neg = list(negatives)
+    random.Random(cfg.seed).shuffle(neg)
+    neg_dev = neg[: len(neg) // 5] if len(neg) >= 5 else []
+    neg_train = neg[len(neg_dev) :]
     index = {label: i for i, label in enumerate(labels)}
-    targets = torch.tensor([index[x.intent] for x in train])
+    targets = torch.tensor([index[x.intent] for x in train] + [-1] * len(neg_train))
+    dev_targets = torch.tensor([index[x.intent] for x in dev])
 
     started = time.perf_counter()
     model.eval()
-    cache = FrozenPrefix(model, _token_ids(tok, [x.text for x in train], train_length), frozen, tok.pad_id)
+    texts = [x.text for x in train] + neg_train
+    cache = FrozenPrefix(model, _token_ids(tok, texts, train_length), frozen, tok.pad_id)
+    dev_cache = FrozenPrefix(model, _token_ids(tok, [x.text for x in dev], train_length), frozen, tok.pad_id)
+    groups = [[i for i, t in enumerate(targets.tolist()) if t == k] for k in [*range(len(labels)), -1]]
+    sizes = epoch_plan(targets.tolist(), len(labels), cfg.balanced, len(neg_train))
+    per_epoch = math.ceil(sum(sizes) / cfg.batch_size)
+    steps = max(cfg.epochs * per_epoch, cfg.min_steps)
+    checks = {min(steps, round(steps * (k + 1) / cfg.evaluations)) for k in range(cfg.evaluations)}
     trainable = [p for n, p in model.named_parameters() if p.requires_grad and not n.startswith("head.")]
     opt = torch.optim.AdamW(
         [{"params": trainable, "lr": cfg.lr_encoder}, {"params": model.head.parameters(), "lr": cfg.lr_head}],
         weight_decay=0.01,
     )
-    steps = cfg.epochs * math.ceil(len(train) / cfg.batch_size)
     warm = max(1, int(cfg.warmup * steps))
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min((s + 1) / warm, max(0.0, (steps - s) / max(1, steps - warm)))
     )
-    loss_fn = nn.CrossEntropyLoss(label_smoothing=0.05)
+    best: tuple[float, float] = (-1.0, math.inf)
+    best_step, best_state = 0, {k: v.clone() for k, v in model.state_dict().items()}
+    step = 0
     with _progress(progress) as bar:
         task = bar.add_task("", total=steps, stage="train-intent")
-        for epoch in range(cfg.epochs):
-            model.train()
-            for rows in length_grouped_batches(cache.lengths, cfg.batch_size, rng):
+        while step < steps:
+            rows_all = balanced_epoch(groups, sizes, rng)
+            epoch = length_grouped_batches([cache.lengths[i] for i in rows_all], cfg.batch_size, rng)
+            for batch in epoch:
+                if step >= steps:
+                    break
+                model.train()
+                rows = [rows_all[i] for i in batch]
                 h, m = cache.batch(rows)
-                loss = loss_fn(_top_forward(model, h, m, frozen), targets[rows])
+                loss = _loss(_top_forward(model, h, m, frozen), targets[rows], cfg.oos_weight)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 nn.utils.clip_grad_norm_(model.parameters(), 1.0)
                 opt.step()
                 sched.step()
-                bar.update(task, advance=1, description=f"epoch {epoch + 1}/{cfg.epochs} loss {loss.item():.3f}")
+                step += 1
+                if step in checks and len(dev):
+                    logits = _cached_logits(model, dev_cache, frozen)
+                    acc = float((logits.argmax(-1) == dev_targets).float().mean())
+                    dev_loss = float(nn.functional.cross_entropy(logits, dev_targets))
+                    if (acc, -dev_loss) > (best[0], -best[1]):
+                        best, best_step = (acc, dev_loss), step
+                        best_state = {k: v.clone() for k, v in model.state_dict().items()}
+                bar.update(task, advance=1, description=f"step {step}/{steps} loss {loss.item():.3f}")
+    if len(dev):
+        model.load_state_dict(best_state)
     seconds = time.perf_counter() - started
     report = evaluate(model, tok, dev, max_length, labels)
+    dev_logits = full_logits(model, tok, [x.text for x in dev], max_length).numpy()
+    neg_logits = full_logits(model, tok, neg_dev, max_length).numpy() if neg_dev else None
+    gold = dev_targets.numpy()
+    oos_class = index.get(cfg.oos_label)
+    decision = fit_decision(dev_logits, gold, cfg.target_recall, cfg.oos_label, oos_class, neg_logits)
+    report.decision, report.best_step, report.steps = decision, best_step if len(dev) else steps, steps
     meta = ModelMeta(
         kind="intent",
         base=cfg.backbone if cfg.backbone in BACKBONES else str(Path(cfg.backbone).resolve()),
         bert_config=encoder_config(encoder),
         labels=labels,
         max_length=max_length,
+        decision=decision,
         train={
             "config": cfg.model_dump(),
             "seconds": round(seconds, 1),
+            "steps": steps,
+            "best_step": report.best_step,
             "dev_accuracy": report.accuracy,
             "dev_per_label": report.per_label,
             "n_train": len(train),
             "n_dev": len(dev),
+            "n_negatives": len(neg_train),
+            "n_dev_negatives": len(neg_dev),
             "data": data.source,
             "dev_data": data.dev_source,
         },

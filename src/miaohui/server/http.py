@@ -200,7 +200,8 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.post("/v1/intent")
     async def intent(request: Request) -> Response:
-        """``{"text": ...}`` or ``{"texts": [...]}`` → intent, confidence, slots, model, version."""
+        """``{"text": ...}`` or ``{"texts": [...]}`` → intent, confidence, candidate, out_of_scope, slots, model,
+        version."""
         return await _captured(lambda send: hot.intent(request.scope, request.receive, send))
 
     @app.get("/metrics")
@@ -324,6 +325,8 @@ class HotPaths:
                 {
                     "intent": r.intent,
                     "confidence": round(r.confidence, 6),
+                    "candidate": r.candidate,
+                    "out_of_scope": r.out_of_scope,
                     "slots": [slot.model_dump() for slot in r.slots],
                     "model": r.model,
                     "version": r.version,

@@ -22,6 +22,7 @@ from miaohui.engines.gpu_base import GpuEngine
 from miaohui.engines.loader import load_engine
 from miaohui.engines.store import read_manifest
 from miaohui.errors import InputError, UnavailableError
+from miaohui.models.decision import IntentDecision, decide
 from miaohui.nlp.normalize import normalize_text
 from miaohui.nlp.slots import Slot, extract_slots
 from miaohui.nlp.tokenizer import TextTokenizer, check_length, pad_batch, truncate_ids
@@ -53,10 +54,15 @@ class RowResult:
 @dataclass
 class IntentResult:
     intent: str
+    """The best label, or the model's out-of-scope label when its confidence is below the model's threshold."""
     confidence: float
+    """The best label's confidence, temperature-scaled as the model was calibrated."""
     slots: list[Slot]
     model: str
     version: int
+    candidate: str = ""
+    """The best label (equal to ``intent`` unless the answer is out of scope)."""
+    out_of_scope: bool = False
 
 
 class ServedVersion:
@@ -69,6 +75,9 @@ class ServedVersion:
         self.engines: list[Engine] = self._open_engines()
         self.manifest: Manifest = self.engines[0].manifest if self.engines else read_manifest(path)
         self.name, self.version = self.manifest.name, self.manifest.version
+        found = self.manifest.extra.get("decision")
+        self.decision = IntentDecision.model_validate(found) if found else None
+        """Temperature and out-of-scope threshold from training (None: plain softmax, never out of scope)."""
         self.output_name = self.manifest.outputs[0].name
         self.tensors = self.manifest.task == "tensor"
         """A raw-tensor model (a user's ONNX file): requests go to an engine as they come, no batcher."""
@@ -320,18 +329,17 @@ class ServedVersion:
                 self.shadow_tap(texts, logits)
             except Exception:  # shadowing must never fail the primary request
                 log.exception("shadow tap of %s v%d failed", self.name, self.version)
-        probs = softmax(logits)
-        best = probs.argmax(-1)
-        labels = self.manifest.labels
         return [
             IntentResult(
-                intent=labels[int(b)],
-                confidence=float(probs[i, b]),
+                intent=d.intent,
+                confidence=d.confidence,
                 slots=slots[i],
                 model=self.name,
                 version=self.version,
+                candidate=d.candidate,
+                out_of_scope=d.out_of_scope,
             )
-            for i, b in enumerate(best)
+            for i, d in enumerate(decide(logits, self.manifest.labels, self.decision))
         ]
 
     async def infer_tensors(

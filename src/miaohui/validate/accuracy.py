@@ -13,6 +13,7 @@ from pydantic import BaseModel, Field
 from miaohui.engines.base import Engine
 from miaohui.nlp.normalize import normalize_text
 from miaohui.nlp.tokenizer import TextTokenizer
+from miaohui.validate.labels import DecisionReport
 from miaohui.zoo.intents import LabelledText
 
 Logits = Callable[[dict[str, np.ndarray]], np.ndarray]
@@ -41,6 +42,10 @@ class ValidationReport(BaseModel):
     gate: GateConfig
     passed: bool
     failures: list[str]
+    answers: DecisionReport | None = None
+    """Precision and recall per label, out-of-scope rate, calibration and confusion matrix of the engine's answers."""
+    confusion_png: str | None = None
+    """Where the confusion matrix was drawn."""
 
 
 def engine_logits(engine: Engine) -> Logits:

@@ -33,6 +33,7 @@ import numpy as np
 
 from miaohui.errors import ArtifactError, ConfigError
 from miaohui.generation.build.artifact import MARKER_NAME, CausalLMInfo, ChatTokenizer, is_causal_lm_dir, read_info
+from miaohui.models.decision import IntentDecision, decide
 from miaohui.validate.consistency import EngineOutputs
 
 if TYPE_CHECKING:
@@ -69,6 +70,19 @@ def softmax_top(logits: np.ndarray, labels: Sequence[str]) -> list[tuple[str, fl
     return [(labels[int(b)], float(probs[i, b])) for i, b in enumerate(best)]
 
 
+PIPELINE_OOS = "out_of_scope"
+"""What a pipeline is told when the model answers out of scope (whatever the model calls it)."""
+
+
+def decided(logits: np.ndarray, labels: Sequence[str], decision: IntentDecision | None) -> list[tuple[str, float, str]]:
+    """(label, confidence, candidate) a pipeline routes on: the model's calibrated answer (temperature and
+    out-of-scope threshold applied), ``out_of_scope`` below its threshold, and the best label."""
+    return [
+        (PIPELINE_OOS if d.out_of_scope else d.intent, d.confidence, d.candidate)
+        for d in decide(logits, labels, decision)
+    ]
+
+
 class ArtifactClassifier:
     """An intent engine artifact loaded in this process (no server, no batcher), with its own tokenizer.
 
@@ -86,6 +100,8 @@ class ArtifactClassifier:
                 "give an intent classifier artifact (built from `miaohui train-intent`)",
             )
         self.output = engine.output_names[0]
+        found = engine.manifest.extra.get("decision")
+        self.decision = IntentDecision.model_validate(found) if found else None
         self.name = f"{engine.manifest.name} v{engine.manifest.version} ({engine.manifest.backend} "
         self.name += f"{engine.manifest.precision})"
 
@@ -109,8 +125,8 @@ class ArtifactClassifier:
 
         return run_logits(fn, self.tokenizer, texts, engine_batch(self.engine, batch_size))
 
-    async def classify(self, texts: list[str]) -> list[tuple[str, float]]:
-        return softmax_top(await asyncio.to_thread(self.logits, texts), self.labels)
+    async def classify(self, texts: list[str]) -> list[tuple[str, float, str]]:
+        return decided(await asyncio.to_thread(self.logits, texts), self.labels, self.decision)
 
 
 class TorchClassifier:
@@ -123,6 +139,7 @@ class TorchClassifier:
         loaded = load_checkpoint(Path(model_dir))
         self.module = loaded.module
         self.labels = list(loaded.meta.labels)
+        self.decision = loaded.meta.decision
         self.tokenizer = TextTokenizer(loaded.tokenizer, loaded.meta.max_length)
         self.name = f"torch fp32 ({model_dir})"
 
@@ -139,8 +156,8 @@ class TorchClassifier:
 
         return run_logits(fn, self.tokenizer, texts, batch_size)
 
-    async def classify(self, texts: list[str]) -> list[tuple[str, float]]:
-        return softmax_top(await asyncio.to_thread(self.logits, texts), self.labels)
+    async def classify(self, texts: list[str]) -> list[tuple[str, float, str]]:
+        return decided(await asyncio.to_thread(self.logits, texts), self.labels, self.decision)
 
 
 class EncoderRunner(Protocol):

@@ -10,6 +10,7 @@ import numpy as np
 from miaohui.engines.loader import load_engine
 from miaohui.engines.store import read_manifest, resolve_artifact, write_manifest
 from miaohui.errors import ArtifactError, ConfigError
+from miaohui.models.decision import IntentDecision
 from miaohui.nlp.tokenizer import TextTokenizer
 from miaohui.validate.accuracy import (
     GateConfig,
@@ -21,9 +22,11 @@ from miaohui.validate.accuracy import (
     run_logits,
     save_golden,
 )
+from miaohui.validate.labels import decision_report, plot_confusion
 from miaohui.zoo.intents import LABELS, LabelledText, load_split, load_user_jsonl
 
 GOLDEN = "golden.npz"
+CONFUSION = "confusion.png"
 
 
 def load_data(data: str, labels: list[str] | None = None) -> list[LabelledText]:
@@ -98,6 +101,12 @@ def run_validation(
         (f"{manifest.name} v{manifest.version} ({manifest.backend} {manifest.precision})", ref_name, data),
         ref_labels=ref_labels,
     )
+    found = manifest.extra.get("decision")
+    report.answers = decision_report(
+        logits, [x.intent for x in examples], manifest.labels, IntentDecision.model_validate(found) if found else None
+    )
+    title = f"{manifest.name} v{manifest.version} on {data} ({len(examples)} texts)"
+    report.confusion_png = str(plot_confusion(report.answers, path / CONFUSION, title))
     drift = drift_against(golden, repository, texts, logits) if golden else None
     save_golden(path / GOLDEN, texts, logits)
     manifest.validation = {"report": report.model_dump(mode="json"), "drift": drift}

@@ -133,6 +133,11 @@ function dialogueDetails(resp) {
   return el("div", { class: "details" },
     detailRow("intent", el("span", { class: "tag", "data-intent": resp.intent }, intent),
       ` confidence ${resp.confidence.toFixed(3)} · ${resp.strategy}${resp.variant ? " / " + resp.variant : ""}`),
+    resp.candidate
+      ? detailRow("out of scope", el("span", { class: "oos", "data-candidate": resp.candidate },
+        `below the model's confidence threshold: best candidate ${resp.candidate} (${resp.confidence.toFixed(3)}) ` +
+        "rejected, the fallback answered"))
+      : null,
     detailRow("slots", ...slots),
     detailRow("compliance", interventions),
     detailRow("timings, ms", el("span", { class: "timings" }, stages)),
