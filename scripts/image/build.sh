@@ -39,6 +39,9 @@ mkdir -p "$STAGE/wheels"
 # the project's own wheel and every runtime dependency as wheels (pip's cache and the configured indexes; no torch)
 rm -f "$STAGE"/wheels/miaohui-*.whl
 "$VENV/bin/python" -m pip wheel -q --disable-pip-version-check -w "$STAGE/wheels" ".[serve]"
+# pip evaluates environment markers with this interpreter, not the image's: Debian bookworm's python3 is 3.11.2, so
+# what only applies below 3.11.3 is added here (redis: async-timeout)
+"$VENV/bin/python" -m pip wheel -q --disable-pip-version-check -w "$STAGE/wheels" "async-timeout>=4.0.3"
 cp -al "$REPOSITORY" "$STAGE/repository" 2>/dev/null || cp -a "$REPOSITORY" "$STAGE/repository"
 started=$(date +%s)
 "$ENGINE" build -q --format docker -f Dockerfile --build-arg BASE_IMAGE="$BASE_IMAGE" -t "$TAG" "$STAGE" >/dev/null
