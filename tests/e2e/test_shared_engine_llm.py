@@ -94,7 +94,7 @@ def test_cancelled_stream_frees_its_sequence_in_the_engine_process(server: Serve
 
 
 def test_errors_keep_their_status_across_the_hop(server: Served, client: openai.OpenAI) -> None:
-    with pytest.raises(openai.BadRequestError, match=r"prompt token ids must be in \[0, 49152\)"):
+    with pytest.raises(openai.BadRequestError, match=r"prompt token ids must be ints in \[0, 49152\)"):
         client.completions.create(model=MODEL, prompt=[10**8], max_tokens=4)
     # ignore_eos (vLLM's extension): each request runs its 300 tokens, so the first still runs when the others come
     body = {"model": MODEL, "prompt": "Tell me a long story", "max_tokens": 300, "temperature": 0, "ignore_eos": True}

@@ -156,7 +156,7 @@ async def test_kserve_text_to_embedding(client: httpx.AsyncClient) -> None:
 )
 async def test_v1_embeddings_errors(client: httpx.AsyncClient, body: dict[str, Any], status: int, error: str) -> None:
     r = await client.post("/v1/embeddings", json=body)
-    assert r.status_code == status and r.json()["error"].startswith(error), r.json()
+    assert r.status_code == status and r.json()["error"]["message"].startswith(error), r.json()
 
 
 async def test_intent_on_an_embedding_model_says_where_to_go(client: httpx.AsyncClient) -> None:

@@ -190,7 +190,9 @@ def _k8s() -> dict[str, dict[str, Any]]:
 
 def test_k8s_manifests_match_the_server() -> None:
     docs = _k8s()
-    assert set(docs) == {"ConfigMap", "Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget"}
+    assert set(docs) == {
+        "ConfigMap", "Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget", "Secret", "Ingress",
+    }  # fmt: skip
     deploy, service = docs["Deployment"], docs["Service"]
     pod = deploy["spec"]["template"]
     assert deploy["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()

@@ -56,7 +56,7 @@ def test_polled_batches_stay_on_the_loop_and_equal_threaded_ones(artifact: Path)
     polled = ServedVersion(artifact, ModelConfig(threads=1, warmup=warmup, gpu_wait="poll"))
     engine = polled.engines[0]
     engine.__class__ = type("PolledOrt", (type(engine), GpuEngine), {})  # the ORT engine with a GPU engine's hooks
-    engine.last_stages = {}
+    engine.last_stages, engine.start_phases = {}, {}
     ticks = {"loop": 0, "waits": 0}
     real = engine._infer_polled_impl
 
