@@ -15,7 +15,7 @@ import jsonschema
 import openai
 import pytest
 import yaml
-from tests.e2e.test_structured import ASKS, BOOKING, TOOLS
+from tests.e2e.test_structured_output import ASKS, BOOKING, TOOLS
 from tests.integration.conftest import SMOLLM_CACHE
 from tests.servers import UvicornThread
 

@@ -118,6 +118,29 @@ class _SharedStore(SessionBackend):
         raise NotImplementedError
 
 
+SQLITE_SETUP_TRIES = 50
+"""How often opening the shared file is tried while another process holds it (switching it to WAL and creating the
+table need the file alone for a moment: two workers' first turns arrive together), 0.1 s apart."""
+
+
+def _open_sqlite(path: Path) -> sqlite3.Connection:
+    """A connection to the shared session file in WAL mode with the table made; retried while another process is
+    setting the file up (SQLite answers "database is locked" there without waiting for its busy timeout)."""
+    for attempt in range(SQLITE_SETUP_TRIES):
+        db = sqlite3.connect(path, timeout=5.0, isolation_level=None, check_same_thread=False)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.executescript(_SCHEMA)
+            return db
+        except sqlite3.OperationalError as exc:
+            db.close()
+            if "locked" not in str(exc) or attempt == SQLITE_SETUP_TRIES - 1:
+                raise
+            time.sleep(0.1)
+    raise AssertionError("unreachable")
+
+
 class SqliteSessionStore(_SharedStore):
     """Sessions in a SQLite file in WAL mode: the processes of one host share them (readers never wait for the
     writer; a write holds the file's lock for one row)."""
@@ -135,11 +158,7 @@ class SqliteSessionStore(_SharedStore):
         try:
             if self._db is None:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-                db = sqlite3.connect(self.path, timeout=5.0, isolation_level=None, check_same_thread=False)
-                db.execute("PRAGMA journal_mode=WAL")
-                db.execute("PRAGMA synchronous=NORMAL")
-                db.executescript(_SCHEMA)
-                self._db = db
+                self._db = _open_sqlite(self.path)
             yield self._db
         except (sqlite3.Error, OSError) as exc:
             if self._db is not None:
