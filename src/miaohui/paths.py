@@ -53,6 +53,15 @@ def atomic_dir(out_dir: Path) -> Iterator[Path]:
         raise
 
 
+def write_text_atomic(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` (a temp sibling, then a rename): a reader sees the old file or the new one, and
+    a file hard-linked elsewhere (a repository copied with links) is replaced here, never rewritten for both."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
 def is_model_name(name: str) -> bool:
     """A plain folder name: letters, digits, ``_ . -``, starting with a letter or digit, no ``..``."""
     return bool(_MODEL_NAME.fullmatch(name)) and ".." not in name

@@ -27,7 +27,7 @@ from typing import Any
 
 import httpx
 import pytest
-from tests.artifacts import install_version
+from tests.artifacts import install_version, link_tree
 from tests.e2e.test_openai import MODEL as LLM
 from tests.e2e.test_openai import llm_repository  # noqa: F401  (the cached SmolLM2 repository, a fixture)
 from tests.servers import UvicornThread
@@ -55,7 +55,7 @@ def repo(
     repo = tmp_path_factory.mktemp("console-repo")
     install_version(intent_engines["int8"], repo, "intent")
     build_artifact(tiny_model, "tiny", BuildConfig(), repo, log=lambda m: None)
-    shutil.copytree(llm_repository / LLM, repo / LLM)
+    link_tree(llm_repository / LLM, repo / LLM)
     return repo
 
 

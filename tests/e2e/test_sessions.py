@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
+from tests.artifacts import scratch_dir
 from tests.e2e.test_workers import Served, ready_workers, serve_workers
 from tests.redis_server import RedisServer, redis_server
 
@@ -33,11 +34,11 @@ CONCURRENCY = 8
 
 
 @pytest.fixture(scope="module")
-def repo(intent_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("sessions-repo")
-    build_artifact(intent_model, "intent", BuildConfig(precision="fp32"), root, log=lambda m: None)
-    write_model_config(root / "intent" / "config.yaml", ModelConfig(threads=1))
-    return root
+def repo(intent_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    with scratch_dir(tmp_path_factory, "sessions-repo") as root:
+        build_artifact(intent_model, "intent", BuildConfig(precision="fp32"), root, log=lambda m: None)
+        write_model_config(root / "intent" / "config.yaml", ModelConfig(threads=1))
+        yield root
 
 
 @pytest.fixture(scope="module")

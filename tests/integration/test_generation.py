@@ -8,11 +8,13 @@ ONNX export (~15 s + check) and the int8 copy are made once per test session und
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from tests.artifacts import scratch_dir
 from tests.integration.conftest import hf_greedy_tokens
 
 from miaohui.errors import InputError
@@ -50,11 +52,11 @@ def prompts(smollm: tuple[Any, Any]) -> list[list[int]]:
 
 
 @pytest.fixture(scope="session")
-def decoder_dirs(smollm: tuple[Any, Any], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("decoders")
-    export_decoder(smollm[0], smollm[1], root / "fp32")
-    quantize_decoder(root / "fp32", root / "int8")
-    return {"fp32": root / "fp32", "int8": root / "int8"}
+def decoder_dirs(smollm: tuple[Any, Any], tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
+    with scratch_dir(tmp_path_factory, "decoders") as root:
+        export_decoder(smollm[0], smollm[1], root / "fp32")
+        quantize_decoder(root / "fp32", root / "int8")
+        yield {"fp32": root / "fp32", "int8": root / "int8"}
 
 
 @pytest.fixture(scope="session")

@@ -4,11 +4,12 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
-from tests.artifacts import install_version
+from tests.artifacts import install_version, scratch_dir
 from typer.testing import CliRunner
 
 from miaohui.cli import app
@@ -23,8 +24,9 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("repo")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    with scratch_dir(tmp_path_factory, "repo") as path:
+        yield path
 
 
 @pytest.fixture(scope="module")

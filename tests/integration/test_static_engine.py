@@ -14,6 +14,7 @@ import numpy as np
 import openai
 import pytest
 import torch
+from tests.artifacts import scratch_dir
 from tests.integration.conftest import SMOLLM_CACHE as MODEL_CACHE
 from tests.integration.conftest import hf_greedy_tokens
 from tests.servers import UvicornThread
@@ -203,12 +204,12 @@ def test_seeded_sampling_is_reproducible(smollm: tuple[Any, Any], prompts: list[
 
 
 @pytest.fixture(scope="module")
-def static_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def static_repo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     from miaohui.generation.build.artifact import build_causal_lm
 
-    repo = tmp_path_factory.mktemp("static-repo")
-    build_causal_lm(repo, "smol", "fp32", backend="inductor", source_cache=MODEL_CACHE)
-    return repo
+    with scratch_dir(tmp_path_factory, "static-repo") as repo:
+        build_causal_lm(repo, "smol", "fp32", backend="inductor", source_cache=MODEL_CACHE)
+        yield repo
 
 
 def test_inductor_artifact_loads_and_matches(

@@ -31,7 +31,7 @@ from miaohui.errors import ArtifactError, ConfigError, ModelNotFoundError
 from miaohui.models import tuning
 from miaohui.models.checkpoint import LoadedModel
 from miaohui.nlp.tokenizer import TextTokenizer
-from miaohui.paths import home
+from miaohui.paths import home, write_text_atomic
 from miaohui.sources.detect import Source, load_source, open_source
 
 if TYPE_CHECKING:
@@ -203,9 +203,7 @@ def read_manifest(path: Path) -> Manifest:
 
 
 def write_manifest(path: Path, manifest: Manifest) -> None:
-    tmp = Path(path) / f".{MANIFEST_NAME}.tmp"
-    tmp.write_text(manifest.model_dump_json(indent=2), encoding="utf-8")
-    os.replace(tmp, Path(path) / MANIFEST_NAME)
+    write_text_atomic(Path(path) / MANIFEST_NAME, manifest.model_dump_json(indent=2))
 
 
 def find_cached(model_dir: Path, key: str) -> Path | None:

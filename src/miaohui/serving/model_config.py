@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from miaohui.config import VersionPolicy
 from miaohui.engines.target import usable_cores
 from miaohui.errors import ConfigError
+from miaohui.paths import write_text_atomic
 from miaohui.serving.batcher import BatcherConfig
 
 
@@ -148,7 +149,7 @@ def load_model_config(path: Path, backend: str | None = None) -> ModelConfig:
 
 
 def write_model_config(path: Path, cfg: ModelConfig) -> None:
-    path.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False, allow_unicode=True), encoding="utf-8")
+    write_text_atomic(path, yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False, allow_unicode=True))
 
 
 def ensure_model_config(model_dir: Path, backend: str) -> None:

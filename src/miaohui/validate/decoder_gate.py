@@ -37,6 +37,7 @@ from miaohui.generation.build.artifact import (
     latest_version,
     read_info,
 )
+from miaohui.paths import write_text_atomic
 from miaohui.validate.comparator import DecoderRunner, open_decoder, source_decoder
 
 
@@ -159,7 +160,7 @@ def run_decoder_gate(
         results = _compare(candidate, source_decoder(folder, candidate.eos), prompts, config.new_tokens)
     report = _report(info, config, results, time.perf_counter() - started)
     info.validation = report.model_dump(mode="json")
-    (folder / MARKER_NAME).write_text(info.model_dump_json(indent=2), encoding="utf-8")
+    write_text_atomic(folder / MARKER_NAME, info.model_dump_json(indent=2))
     return report
 
 
