@@ -143,7 +143,10 @@ async def make_client(
 
     engine: AnyCausalLMEngine
     if info.backend == "inductor":
-        engine = await asyncio.to_thread(_load_static, path, config.engine)
+        options = config.engine
+        if not (path.parent / CONFIG_NAME).is_file():
+            options, sched = _gpu_defaults(path, info, sched)
+        engine = await asyncio.to_thread(_load_static, path, options)
     else:
         engine = await asyncio.to_thread(OrtCausalLMEngine, path, threads=threads)
     return local_client(engine, tokenizer, sched, observer)
@@ -182,6 +185,25 @@ async def load_chat_version(
         await client.shutdown()
         raise
     return served
+
+
+def _gpu_defaults(
+    path: Path, info: CausalLMInfo, sched: SchedulerConfig
+) -> tuple[SlotEngineOptions | None, SchedulerConfig]:
+    """A GPU decoder without a ``generation.yaml``: the options :func:`~miaohui.generation.executors.slot_defaults.
+    choose_defaults` picks from its dims and this GPU's memory (on a CPU: the engine's own defaults)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None, sched
+    from miaohui.generation.build.static_artifact import read_static_meta
+    from miaohui.generation.executors.slot_defaults import choose_defaults
+
+    meta = read_static_meta(path)
+    passed = bool((info.validation or {}).get("int8_batch1", {}).get("passed"))
+    chosen = choose_defaults(meta.dims, torch.cuda.mem_get_info()[1], meta.precision, int8_gate_passed=passed)
+    log.info("%s v%d has no %s: %s", info.name, info.version, CONFIG_NAME, chosen.reason)
+    return chosen.engine, sched.model_copy(update=chosen.scheduler)
 
 
 def _load_static(path: Path, options: SlotEngineOptions | None) -> TorchSlotEngine:

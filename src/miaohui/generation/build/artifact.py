@@ -266,6 +266,8 @@ def _build_key(source: str, precision: str, method: str | None, spec: DecoderExp
     import torch
     import transformers
 
+    from miaohui.generation.build.compile_cache import machine_facts
+
     facts = {
         "source": source,
         "precision": precision,
@@ -273,6 +275,8 @@ def _build_key(source: str, precision: str, method: str | None, spec: DecoderExp
         "spec": spec.model_dump(mode="json"),
         "versions": [torch.__version__, transformers.__version__, onnx.__version__, onnxruntime.__version__],
     }
+    if precision.startswith("inductor:"):  # its compile cache holds code for this GPU and these libraries
+        facts["machine"] = machine_facts()
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
 
 
@@ -417,3 +421,9 @@ def _save_static(out: Path, model: Any, tokenizer: Any, precision: LLMPrecision)
     if precision not in ("bf16", "fp16", "fp32"):
         raise ConfigError(f"precision {precision!r} is not an inductor precision", "use bf16, fp16 or fp32")
     save_static_decoder(out, model, tokenizer, precision, eos, pad, check_prompt=list(prompt))
+    import torch
+
+    if torch.cuda.is_available():  # what serve would compile, compiled now into the version (compile_cache.py)
+        from miaohui.generation.build.static_artifact import build_compile_cache
+
+        build_compile_cache(out)
