@@ -132,8 +132,9 @@ def bench_command(
     out: Annotated[Path | None, typer.Option(help="Write the JSON report here.")] = None,
     plot: Annotated[Path | None, typer.Option(help="Write the PNG (latency vs throughput) here.")] = None,
 ) -> None:
-    """Load a server (HTTP, KServe HTTP/gRPC) or a bare engine; report latency percentiles, throughput and
-    errors; every request sent is counted as answered or as an error."""
+    """Load a server (HTTP, KServe HTTP/gRPC, any OpenAI-compatible chat server) or a bare engine; report latency
+    percentiles, throughput and errors (chat: TTFT, inter-token latency, tokens/s per request and in all); every
+    request sent is counted as answered or as an error."""
     try:
         doc = _run(locals())
     except MiaohuiError as exc:
