@@ -99,12 +99,15 @@ def test_chat_bench_agrees_with_the_server(server: UvicornThread, tmp_path: Path
 
 
 def test_a_wrong_model_is_counted_404s_with_the_servers_message(server: UvicornThread, tmp_path: Path) -> None:
-    done = bench(server.url, tmp_path / "nope.json", "--model", "nope", "--concurrency", "2")
+    done = bench(
+        server.url, tmp_path / "nope.json", "--model", "nope", "--concurrency", "2", "--plot", str(tmp_path / "n.png")
+    )
     assert done.returncode == 1, done.stdout + done.stderr
     assert "Traceback" not in done.stderr
     assert f"c=2: {REQUESTS} × 404: The model 'nope' does not exist. Fix: chat models served here: tiny" in done.stderr
     assert "error: no request was answered (model 'nope' at http://127.0.0.1:" in done.stderr
     assert "fix: check --model against the server's GET /v1/models, and --url" in done.stderr
+    assert (tmp_path / "n.png").is_file()  # the plot of a run without answers too
     doc = json.loads((tmp_path / "nope.json").read_text())
     (point,) = doc["points"]
     assert (point["sent"], point["answered"], point["errors"], point["lost"]) == (REQUESTS, 0, {"404": REQUESTS}, 0)

@@ -116,7 +116,8 @@ def plot_chat(doc: dict[str, Any], path: Path) -> Path:
             color="tab:orange",
             label=f"inter-token {q}",
         )
-    ax_lat.set(xlabel=ax_tp.get_xlabel(), ylabel="ms", yscale="log", title="latency")
+    answered = any(p["answered"] for p in points)  # no answer at all: NaN latencies, no log scale
+    ax_lat.set(xlabel=ax_tp.get_xlabel(), ylabel="ms", yscale="log" if answered else "linear", title="latency")
     for ax in (ax_tp, ax_lat):
         if len(levels) > 1 and min(levels) > 0 and max(levels) / min(levels) >= 8:
             ax.set_xscale("log", base=2)
