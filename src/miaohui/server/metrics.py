@@ -373,6 +373,13 @@ class Metrics:
             registry=r,
             multiprocess_mode="livemax",
         )
+        self.shadow_keywords = Gauge(
+            "miaohui_shadow_keyword_frequency",
+            "Share of a shadowed chat model's answers that contain the keyword, per version (primary / candidate)",
+            ["model", "keyword", "version"],
+            registry=r,
+            multiprocess_mode="livemax",
+        )
         self.gc_pause = Histogram(
             "miaohui_gc_pause_seconds",
             "Python garbage-collector pauses in the server's processes, by generation (miaohui.gcpolicy)",

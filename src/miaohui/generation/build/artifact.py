@@ -39,9 +39,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from miaohui.config import VersionPolicy
+from miaohui.config import ShadowConfig, VersionPolicy, check_shadow_served, primary_of
 from miaohui.engines.store import versions
 from miaohui.errors import ArtifactError, ConfigError, InputError
 from miaohui.generation.build.export import META_NAME, TOKENIZER_NAME, DecoderExportSpec, Int8Method
@@ -116,6 +116,19 @@ class GenerationModelConfig(BaseModel):
     version_policy: VersionPolicy = Field(default_factory=VersionPolicy)
     """Which versions are served (default: the newest). A new version serves once loaded and warmed up
     (``POST /v2/repository/models/<name>/load``); streams running on the version it replaces finish there."""
+    shadow: ShadowConfig | None = None
+    """Shadow a candidate version on live traffic: sampled requests answered by the primary also run on the
+    candidate, off the response path; greedy agreement and keyword frequencies are compared (``GET /v1/shadow``).
+    None = off."""
+
+    def primary_of(self, served: Sequence[int]) -> int | None:
+        """The version that answers requests (:func:`miaohui.config.primary_of`: never the shadow candidate)."""
+        return primary_of(served, self.shadow)
+
+    @model_validator(mode="after")
+    def _shadow_served(self) -> GenerationModelConfig:
+        check_shadow_served(self.version_policy, self.shadow)
+        return self
 
 
 def is_causal_lm_dir(version_dir: Path) -> bool:
@@ -159,7 +172,7 @@ def load_generation_config(model_dir: Path) -> GenerationModelConfig:
         return GenerationModelConfig.model_validate(yaml.safe_load(path.read_text(encoding="utf-8")) or {})
     except (yaml.YAMLError, ValidationError) as exc:
         raise ConfigError(
-            f"{path} is invalid: {exc}", "fix it: keys are scheduler (max_running_seqs, ...) and threads"
+            f"{path} is invalid: {exc}", "fix it: keys are scheduler (max_running_seqs, ...), threads, engine, version_policy and shadow"
         ) from exc
 
 
