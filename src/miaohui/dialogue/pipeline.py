@@ -41,12 +41,14 @@ from miaohui.dialogue.booking import (
     book_action,
     cancel_action,
     continues_booking,
+    rule_slots,
 )
 from miaohui.dialogue.compliance import Intervention, apply_compliance
 from miaohui.dialogue.config import PipelineConfig, Route, Strategy, load_pipeline_config
 from miaohui.dialogue.knowledge import KnowledgeBase, Lang, load_knowledge
 from miaohui.dialogue.language import detect_language
 from miaohui.dialogue.session import Session, SessionBackend, SessionStore, Turn
+from miaohui.dialogue.tool_call import ToolCallTrace, slots_from_model
 from miaohui.errors import ConfigError, InputError
 from miaohui.nlp.keywords import count_categories
 from miaohui.nlp.normalize import normalize_text
@@ -138,6 +140,9 @@ class DialogueResponse(BaseModel):
     """What compliance changed."""
     booking: Booking | None = None
     """Booking made, changed or cancelled by this turn."""
+    tool_call: ToolCallTrace | None = None
+    """Routes with a ``tool_call``: whether the action's slots came from the chat model's function call or the
+    rules, and why the rules answered."""
     keywords: dict[str, int] | None = None
     """Keyword hits per category of the reply (pipelines with keyword_categories)."""
     timings: StageTimings
@@ -149,6 +154,7 @@ class _Reply(BaseModel):
     strategy: Strategy
     answer: KbAnswer
     templated: bool = True
+    tool_call: ToolCallTrace | None = None
 
 
 def _ms(t0: float, t1: float) -> float:
@@ -292,6 +298,7 @@ class Pipeline:
             replaced=checked.replaced,
             interventions=checked.interventions,
             booking=reply.answer.booking if isinstance(reply.answer, ActionResult) else None,
+            tool_call=reply.tool_call,
             keywords=count_categories(checked.text, categories) if categories else None,
             timings=StageTimings(
                 normalize_ms=_ms(t0, t1),
@@ -336,9 +343,18 @@ class Pipeline:
         return label, self.config.routes.get(label, self.config.fallback)
 
     async def _reply(self, route: Route, ctx: AnswerContext, session: Session) -> _Reply:
+        if route.strategy == "action" and route.lookup == "book":
+            slots, trace = rule_slots(self.knowledge, ctx), None
+            if route.tool_call is not None:
+                turns = session.turns
+                slots, trace = await slots_from_model(
+                    self.generator, route.tool_call, self.knowledge, ctx, turns, slots
+                )
+            answer: KbAnswer = book_action(self.bookings, self.knowledge, ctx, session.id, slots)
+            text = _render(route, answer, ctx.lang)
+            return _Reply(text=text, strategy=route.strategy, answer=answer, tool_call=trace)
         if route.strategy == "action":
-            act = book_action if route.lookup == "book" else cancel_action
-            answer: KbAnswer = act(self.bookings, self.knowledge, ctx, session.id)
+            answer = cancel_action(self.bookings, self.knowledge, ctx, session.id)
             return _Reply(text=_render(route, answer, ctx.lang), strategy=route.strategy, answer=answer)
         answer = LOOKUPS[route.lookup](self.knowledge, ctx)
         if route.strategy != "llm" or self.generator is None:
