@@ -155,6 +155,8 @@ class _Reply(BaseModel):
     answer: KbAnswer
     templated: bool = True
     tool_call: ToolCallTrace | None = None
+    prompt_user: str | None = None
+    prompt_reply: str | None = None
 
 
 def _ms(t0: float, t1: float) -> float:
@@ -276,7 +278,10 @@ class Pipeline:
                 "compliance rule %s %s (pipeline %s, session %s, intent %s): %s",
                 record.rule, record.action, self.config.name, session.id, intent, record.detail,
             )  # fmt: skip
-        self._update_session(session, lang, intent, reply.answer, text, checked.text)
+        prompt_reply = None if checked.replaced else reply.prompt_reply  # a replaced reply is not repeated
+        self._update_session(
+            session, lang, intent, reply.answer, Turn(text, checked.text, intent, reply.prompt_user, prompt_reply)
+        )
         categories = self.config.keyword_categories
         return DialogueResponse(
             pipeline=self.config.name,
@@ -366,10 +371,9 @@ class Pipeline:
         # facts with the user's words, so a prefix cache reuses every earlier turn of the session.
         prompt = (route.system_prompt or llm.system_prompt).get(ctx.lang)
         messages: list[ChatMessage] = [{"role": "system", "content": prompt}]
-        history = list(session.turns)[-llm.history_turns :] if llm.history_turns else []
-        for turn in history:
-            messages.append({"role": "user", "content": turn.user})
-            messages.append({"role": "assistant", "content": turn.reply})
+        for turn in history_window(list(session.turns), llm.history_turns):
+            messages.append({"role": "user", "content": turn.prompt_user or turn.user})
+            messages.append({"role": "assistant", "content": turn.prompt_reply or turn.reply})
         user = ctx.text
         facts = [f for f in answer.all_facts() if f]
         if facts:
@@ -381,11 +385,9 @@ class Pipeline:
             user = f"{ctx.text}\n\n{head}\n" + "\n".join(facts)
         messages.append({"role": "user", "content": user})
         text = await self.generator.generate(messages, max_tokens=llm.max_tokens, temperature=llm.temperature)
-        return _Reply(text=text, strategy="llm", answer=answer, templated=False)
+        return _Reply(text=text, strategy="llm", answer=answer, templated=False, prompt_user=user, prompt_reply=text)
 
-    def _update_session(
-        self, session: Session, lang: Lang, intent: str, answer: KbAnswer, user: str, reply: str
-    ) -> None:
+    def _update_session(self, session: Session, lang: Lang, intent: str, answer: KbAnswer, turn: Turn) -> None:
         session.lang = lang
         session.pending = None
         if isinstance(answer, ActionResult):
@@ -393,7 +395,17 @@ class Pipeline:
             for key in answer.forget:  # forget wins: a rejected time or room is not kept
                 session.memory.pop(key, None)
             session.pending = intent if answer.pending else None
-        session.add_turn(Turn(user=user, reply=reply, intent=intent))
+        session.add_turn(turn)
+
+
+def history_window(turns: list[Turn], size: int) -> list[Turn]:
+    """The earlier turns an llm prompt repeats: at most ``size``, dropped in steps of half a window, so that the
+    prompt stays a growing prefix of the last one (a prefix cache hits) between the steps."""
+    if size <= 0:
+        return []
+    step = max(1, size // 2)
+    start = 0 if len(turns) <= size else -(-(len(turns) - size) // step) * step
+    return turns[start:]
 
 
 def _render(route: Route, answer: KbAnswer, lang: Lang) -> str:
