@@ -34,6 +34,7 @@ from tests.artifacts import install_version
 from tests.servers import UvicornThread
 
 from miaohui.dialogue.compliance import DISCLAIMER, count_disclaimers
+from miaohui.dialogue.tool_call import NO_MODEL
 from miaohui.nlp.numbers import extract_numbers, numbers_grounded
 from miaohui.server.app import build_app
 
@@ -236,6 +237,8 @@ def test_dialogue_over_http(http: httpx.Client, server: UvicornThread, name: str
         booked, changed, cancelled = (r["booking"] for r in replies[1:])
         assert booked["room_id"] == changed["room_id"] == cancelled["room_id"] and booked["start"] == tomorrow(9)
         assert changed["start"] == tomorrow(15) and booked["id"] in replies[3]["text"]
+        no_model = {"function": "book_meeting", "source": "rules", "arguments": None, "fallback": NO_MODEL}
+        assert [r["tool_call"] for r in replies] == [no_model, no_model, None, None]  # cancel takes no call
     if pipeline == "negotiation_coach":
         keywords = replies[1]["keywords"]
         assert set(keywords) == {"拒绝", "接受", "折中", "探询"} and keywords["折中"] >= 1 and keywords["拒绝"] >= 1
@@ -376,3 +379,48 @@ def test_generated_replies_pass_compliance(
     assert resp["timings"]["reply_ms"] > resp["timings"]["intent_ms"]  # the generator ran in the reply stage
     if pipeline == "negotiation_coach":
         assert set(resp["keywords"]) == {"拒绝", "接受", "折中", "探询"}
+
+
+BOOKING_TURNS = [
+    "帮我订明天上午九点的会议室",
+    "8个人，两个小时",
+    "那就订青松厅",
+    "Book the Galaxy Room tomorrow at 3 pm for 10 people, one hour.",
+    "后天下午两点到四点，翠竹厅",
+]
+
+
+def test_the_meeting_assistant_books_from_the_model_tool_call(llm_server: UvicornThread) -> None:
+    """With a chat model the booking slots come from SmolLM2's call of ``book_meeting``, decoded under the
+    function's JSON schema: every call parses and validates against the schema. The 135M model's values may be
+    wrong (a date that is no calendar day, a time the office is closed): only the shape is checked, and a call whose
+    values fail the calendar check falls back to the rule slots and says so."""
+    import jsonschema
+
+    from miaohui.dialogue.config import load_pipeline_config
+    from miaohui.dialogue.knowledge import load_knowledge
+    from miaohui.dialogue.tool_call import booking_tool
+
+    route = load_pipeline_config("meeting_assistant").routes["book_meeting_room"]
+    assert route.tool_call is not None
+    kb = load_knowledge()
+    session = None
+    with httpx.Client(base_url=llm_server.url, timeout=300) as http:
+        for k, text in enumerate(BOOKING_TURNS):
+            if k == 3:
+                session = None  # a new conversation in English
+            body: dict[str, Any] = {"text": text, "session_id": session} if session else {"text": text}
+            r = http.post("/v1/dialogue/meeting_assistant", json=body)
+            assert r.status_code == 200, r.text
+            resp = r.json()
+            session = resp["session_id"]
+            if resp["intent"] != "book_meeting_room":
+                continue  # the intent model routed the turn elsewhere: no call
+            call = resp["tool_call"]
+            assert call["function"] == "book_meeting" and call["arguments"] is not None, call
+            schema = booking_tool(kb, route.tool_call, resp["lang"])["function"]["parameters"]
+            jsonschema.validate(call["arguments"], schema)
+            if call["source"] == "rules":
+                assert call["fallback"].startswith("the model's call failed validation: date "), call
+            else:
+                assert call["source"] == "model" and call["fallback"] is None

@@ -213,14 +213,26 @@ async def test_seed_negotiation_reports_keyword_categories() -> None:
 
 
 async def test_llm_prompt_is_a_growing_prefix() -> None:
+    """Turn k+1's prompt starts with turn k's prompt (its facts included) and the model's own reply (the disclaimer
+    compliance appends is not repeated), so a prefix cache reuses all of it."""
     gen = FakeGenerator("黄金ETF联接A波动较大，请谨慎。", "黄金ETF联接A适合长期持有。")
     pipe = make("bank_advisor", gen)
-    await pipe.run_turn("最近黄金涨得不错，现在入场合适吗？", "g")
+    r = await pipe.run_turn("最近黄金涨得不错，现在入场合适吗？", "g")
     await pipe.run_turn("黄金还能买吗？", "g")
     first, second = gen.calls[0][0], gen.calls[1][0]
-    assert second[0] == first[0]  # the system prompt does not change with the turn's facts
-    assert second[1]["content"] == "最近黄金涨得不错，现在入场合适吗？"  # history holds the user's words only
+    assert "参考资料" in first[1]["content"] and ZH in r.text
+    assert second[: len(first)] == first
+    assert second[len(first)] == {"role": "assistant", "content": "黄金ETF联接A波动较大，请谨慎。"}
     assert [m["role"] for m in second] == ["system", "user", "assistant", "user"]
+
+
+def test_history_window_moves_in_half_window_steps() -> None:
+    from miaohui.dialogue.pipeline import history_window
+
+    turns = [Turn(user=str(i), reply="r", intent="greeting") for i in range(12)]
+    starts = [int(history_window(turns[:n], 6)[0].user) if n else None for n in range(13)]
+    assert starts == [None, 0, 0, 0, 0, 0, 0, 3, 3, 3, 6, 6, 6]
+    assert history_window(turns, 0) == []
 
 
 async def test_negotiation_without_generator_echoes_the_figures() -> None:

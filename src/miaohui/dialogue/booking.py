@@ -17,6 +17,7 @@ from __future__ import annotations
 import itertools
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -30,10 +31,12 @@ __all__ = [
     "ACTION_VARIANTS",
     "ActionResult",
     "Booking",
+    "BookingSlots",
     "BookingTable",
     "book_action",
     "cancel_action",
     "continues_booking",
+    "rule_slots",
 ]
 
 
@@ -258,21 +261,53 @@ def _check_time(kb: KnowledgeBase, ctx: AnswerContext, start: datetime, end: dat
     return None
 
 
-def book_action(table: BookingTable, kb: KnowledgeBase, ctx: AnswerContext, owner: str) -> ActionResult:
-    """Book a room from what this turn and the memory say; ask for what is missing."""
-    remember: dict[str, MemoryValue] = {}
+@dataclass(frozen=True)
+class BookingSlots:
+    """What a booking turn gives the action: the rules' reading of the turn and the memory
+    (:func:`rule_slots`), or a chat model's call of the booking function over them
+    (:mod:`miaohui.dialogue.tool_call`)."""
+
+    room: MeetingRoom | None = None
+    attendees: float | None = None
+    minutes: int | None = None
+    """Length the turn asks for (None: not said this turn)."""
+    start: datetime | None = None
+    end: datetime | None = None
+    date_only: datetime | None = None
+    """A day without a clock time (``订明天的会议室``), when there is no start."""
+
+
+def rule_slots(kb: KnowledgeBase, ctx: AnswerContext) -> BookingSlots:
+    """The booking slots the rules read from this turn (regular expressions, the slot extractor) and the memory."""
     room = kb.find_room(ctx.text)
     if room is None and isinstance(ctx.memory.get("room"), str):
         room = kb.room(str(ctx.memory["room"]))
+    people = _attendees(ctx.text) or ctx.memory.get("attendees")
+    start, end, date_only = _start_end(ctx)
+    return BookingSlots(
+        room=room,
+        attendees=float(people) if people is not None else None,
+        minutes=_duration_min(ctx.text),
+        start=start,
+        end=end,
+        date_only=date_only,
+    )
+
+
+def book_action(
+    table: BookingTable, kb: KnowledgeBase, ctx: AnswerContext, owner: str, slots: BookingSlots | None = None
+) -> ActionResult:
+    """Book a room from ``slots`` (default: :func:`rule_slots`); ask for what is missing."""
+    slots = slots if slots is not None else rule_slots(kb, ctx)
+    remember: dict[str, MemoryValue] = {}
+    room, people, minutes = slots.room, slots.attendees, slots.minutes
     if room is not None:
         remember["room"] = room.id
-    people = _attendees(ctx.text) or ctx.memory.get("attendees")
     if people is not None:
         remember["attendees"] = float(people)
-    minutes = _duration_min(ctx.text)
     if minutes:
         remember["booking_minutes"] = float(minutes)
-    start, end, date_only = _start_end(ctx)
+    start, end, date_only = slots.start, slots.end, slots.date_only
     if start is None or end is None:
         if date_only is not None:
             remember["booking_date"] = date_only.date().isoformat()

@@ -34,6 +34,7 @@ from miaohui.dialogue.booking import ACTION_VARIANTS
 from miaohui.dialogue.compliance import ComplianceConfig
 from miaohui.dialogue.knowledge import Bilingual, Lang
 from miaohui.dialogue.session import SessionConfig
+from miaohui.dialogue.tool_call import ToolCallConfig
 from miaohui.errors import ConfigError
 from miaohui.nlp.numbers import extract_numbers
 from miaohui.zoo.intents import LABELS
@@ -59,6 +60,10 @@ class Route(_Frozen):
     """One template per variant of the lookup or action, ``{field}`` placeholders."""
     system_prompt: Bilingual | None = None
     """llm only: replaces the pipeline's system prompt for this intent."""
+    tool_call: ToolCallConfig | None = None
+    """action ``book`` only: take the booking slots from the chat model's call of this function when the pipeline
+    has a chat model (constrained to the function's JSON schema), the rule slots otherwise
+    (:mod:`miaohui.dialogue.tool_call`); None: always the rule slots."""
 
     def variants(self) -> Mapping[str, frozenset[str]]:
         """The variants this route's lookup or action can produce, with their fields."""
@@ -136,6 +141,11 @@ class PipelineConfig(_Frozen):
             raise ConfigError(
                 f"{at}: unknown {'action' if route.strategy == 'action' else 'lookup'} {route.lookup!r}",
                 f"use one of {sorted(table)}",
+            )
+        if route.tool_call is not None and (route.strategy, route.lookup) != ("action", "book"):
+            raise ConfigError(
+                f"{at}: tool_call is set on a route with strategy {route.strategy!r} and lookup {route.lookup!r}",
+                "set tool_call only on the action route with lookup book (the booking function)",
             )
         if route.strategy in ("handoff", "clarify") and route.lookup != "none":
             raise ConfigError(f"{at}: strategy {route.strategy} takes no lookup", "remove lookup")

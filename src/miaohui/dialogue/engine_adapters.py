@@ -24,6 +24,7 @@ that answered.
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from collections.abc import Awaitable, Iterator, Mapping
 from contextvars import ContextVar
@@ -137,7 +138,7 @@ class ChatFunction(Protocol):
     """An OpenAI-style chat call: keyword arguments of ``chat.completions.create``, a chat completion back."""
 
     def __call__(
-        self, *, model: str, messages: list[ChatMessage], max_tokens: int, temperature: float
+        self, *, model: str, messages: list[ChatMessage], max_tokens: int, temperature: float, **extra: Any
     ) -> Awaitable[Any]: ...
 
 
@@ -156,7 +157,8 @@ def completion_text(completion: Any) -> str:
 
 
 class ChatFunctionGenerator:
-    """A :class:`TextGenerator` over an OpenAI-style chat callable (:class:`ChatFunction`)."""
+    """A :class:`TextGenerator` and :class:`~miaohui.dialogue.tool_call.ToolCaller` over an OpenAI-style chat
+    callable (:class:`ChatFunction`); the call is asked for with ``tool_choice`` naming the function."""
 
     def __init__(self, create: ChatFunction, model: str) -> None:
         self.create = create
@@ -167,3 +169,32 @@ class ChatFunctionGenerator:
             model=self.model, messages=messages, max_tokens=max_tokens, temperature=temperature
         )
         return completion_text(completion)
+
+    async def call_tool(self, messages: list[ChatMessage], tool: dict[str, Any], max_tokens: int) -> Any:
+        name = tool["function"]["name"]
+        completion = await self.create(
+            model=self.model,
+            messages=messages,
+            max_tokens=max_tokens,
+            temperature=0.0,
+            tools=[tool],
+            tool_choice={"type": "function", "function": {"name": name}},
+        )
+        return completion_tool_call(completion)
+
+
+def completion_tool_call(completion: Any) -> dict[str, Any]:
+    """``{"name": ..., "arguments": {...}}`` of a chat completion's first tool call (dict or ``openai`` object);
+    ValueError when it has none or its arguments are not JSON."""
+    try:
+        choice = completion["choices"][0] if isinstance(completion, Mapping) else completion.choices[0]
+        message = choice["message"] if isinstance(choice, Mapping) else choice.message
+        calls = message["tool_calls"] if isinstance(message, Mapping) else message.tool_calls
+        fn = calls[0]["function"] if isinstance(calls[0], Mapping) else calls[0].function
+        name, arguments = (fn["name"], fn["arguments"]) if isinstance(fn, Mapping) else (fn.name, fn.arguments)
+    except (KeyError, IndexError, AttributeError, TypeError) as exc:
+        raise ValueError(f"the chat function returned no tool call ({type(exc).__name__}: {exc})") from None
+    try:
+        return {"name": name, "arguments": json.loads(arguments)}
+    except (TypeError, ValueError):
+        raise ValueError(f"the tool call's arguments are not JSON: {str(arguments)[:120]!r}") from None

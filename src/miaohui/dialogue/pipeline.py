@@ -41,12 +41,14 @@ from miaohui.dialogue.booking import (
     book_action,
     cancel_action,
     continues_booking,
+    rule_slots,
 )
 from miaohui.dialogue.compliance import Intervention, apply_compliance
 from miaohui.dialogue.config import PipelineConfig, Route, Strategy, load_pipeline_config
 from miaohui.dialogue.knowledge import KnowledgeBase, Lang, load_knowledge
 from miaohui.dialogue.language import detect_language
 from miaohui.dialogue.session import Session, SessionBackend, SessionStore, Turn
+from miaohui.dialogue.tool_call import ToolCallTrace, slots_from_model
 from miaohui.errors import ConfigError, InputError
 from miaohui.nlp.keywords import count_categories
 from miaohui.nlp.normalize import normalize_text
@@ -138,6 +140,9 @@ class DialogueResponse(BaseModel):
     """What compliance changed."""
     booking: Booking | None = None
     """Booking made, changed or cancelled by this turn."""
+    tool_call: ToolCallTrace | None = None
+    """Routes with a ``tool_call``: whether the action's slots came from the chat model's function call or the
+    rules, and why the rules answered."""
     keywords: dict[str, int] | None = None
     """Keyword hits per category of the reply (pipelines with keyword_categories)."""
     timings: StageTimings
@@ -149,6 +154,9 @@ class _Reply(BaseModel):
     strategy: Strategy
     answer: KbAnswer
     templated: bool = True
+    tool_call: ToolCallTrace | None = None
+    prompt_user: str | None = None
+    prompt_reply: str | None = None
 
 
 def _ms(t0: float, t1: float) -> float:
@@ -270,7 +278,10 @@ class Pipeline:
                 "compliance rule %s %s (pipeline %s, session %s, intent %s): %s",
                 record.rule, record.action, self.config.name, session.id, intent, record.detail,
             )  # fmt: skip
-        self._update_session(session, lang, intent, reply.answer, text, checked.text)
+        prompt_reply = None if checked.replaced else reply.prompt_reply  # a replaced reply is not repeated
+        self._update_session(
+            session, lang, intent, reply.answer, Turn(text, checked.text, intent, reply.prompt_user, prompt_reply)
+        )
         categories = self.config.keyword_categories
         return DialogueResponse(
             pipeline=self.config.name,
@@ -292,6 +303,7 @@ class Pipeline:
             replaced=checked.replaced,
             interventions=checked.interventions,
             booking=reply.answer.booking if isinstance(reply.answer, ActionResult) else None,
+            tool_call=reply.tool_call,
             keywords=count_categories(checked.text, categories) if categories else None,
             timings=StageTimings(
                 normalize_ms=_ms(t0, t1),
@@ -336,9 +348,18 @@ class Pipeline:
         return label, self.config.routes.get(label, self.config.fallback)
 
     async def _reply(self, route: Route, ctx: AnswerContext, session: Session) -> _Reply:
+        if route.strategy == "action" and route.lookup == "book":
+            slots, trace = rule_slots(self.knowledge, ctx), None
+            if route.tool_call is not None:
+                turns = session.turns
+                slots, trace = await slots_from_model(
+                    self.generator, route.tool_call, self.knowledge, ctx, turns, slots
+                )
+            answer: KbAnswer = book_action(self.bookings, self.knowledge, ctx, session.id, slots)
+            text = _render(route, answer, ctx.lang)
+            return _Reply(text=text, strategy=route.strategy, answer=answer, tool_call=trace)
         if route.strategy == "action":
-            act = book_action if route.lookup == "book" else cancel_action
-            answer: KbAnswer = act(self.bookings, self.knowledge, ctx, session.id)
+            answer = cancel_action(self.bookings, self.knowledge, ctx, session.id)
             return _Reply(text=_render(route, answer, ctx.lang), strategy=route.strategy, answer=answer)
         answer = LOOKUPS[route.lookup](self.knowledge, ctx)
         if route.strategy != "llm" or self.generator is None:
@@ -350,10 +371,9 @@ class Pipeline:
         # facts with the user's words, so a prefix cache reuses every earlier turn of the session.
         prompt = (route.system_prompt or llm.system_prompt).get(ctx.lang)
         messages: list[ChatMessage] = [{"role": "system", "content": prompt}]
-        history = list(session.turns)[-llm.history_turns :] if llm.history_turns else []
-        for turn in history:
-            messages.append({"role": "user", "content": turn.user})
-            messages.append({"role": "assistant", "content": turn.reply})
+        for turn in history_window(list(session.turns), llm.history_turns):
+            messages.append({"role": "user", "content": turn.prompt_user or turn.user})
+            messages.append({"role": "assistant", "content": turn.prompt_reply or turn.reply})
         user = ctx.text
         facts = [f for f in answer.all_facts() if f]
         if facts:
@@ -365,11 +385,9 @@ class Pipeline:
             user = f"{ctx.text}\n\n{head}\n" + "\n".join(facts)
         messages.append({"role": "user", "content": user})
         text = await self.generator.generate(messages, max_tokens=llm.max_tokens, temperature=llm.temperature)
-        return _Reply(text=text, strategy="llm", answer=answer, templated=False)
+        return _Reply(text=text, strategy="llm", answer=answer, templated=False, prompt_user=user, prompt_reply=text)
 
-    def _update_session(
-        self, session: Session, lang: Lang, intent: str, answer: KbAnswer, user: str, reply: str
-    ) -> None:
+    def _update_session(self, session: Session, lang: Lang, intent: str, answer: KbAnswer, turn: Turn) -> None:
         session.lang = lang
         session.pending = None
         if isinstance(answer, ActionResult):
@@ -377,7 +395,17 @@ class Pipeline:
             for key in answer.forget:  # forget wins: a rejected time or room is not kept
                 session.memory.pop(key, None)
             session.pending = intent if answer.pending else None
-        session.add_turn(Turn(user=user, reply=reply, intent=intent))
+        session.add_turn(turn)
+
+
+def history_window(turns: list[Turn], size: int) -> list[Turn]:
+    """The earlier turns an llm prompt repeats: at most ``size``, dropped in steps of half a window, so that the
+    prompt stays a growing prefix of the last one (a prefix cache hits) between the steps."""
+    if size <= 0:
+        return []
+    step = max(1, size // 2)
+    start = 0 if len(turns) <= size else -(-(len(turns) - size) // step) * step
+    return turns[start:]
 
 
 def _render(route: Route, answer: KbAnswer, lang: Lang) -> str:

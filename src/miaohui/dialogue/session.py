@@ -82,6 +82,11 @@ class Turn:
     user: str
     reply: str
     intent: str
+    prompt_user: str | None = None
+    """The user message as the chat model saw it (the words with the turn's reference facts); None: ``user``."""
+    prompt_reply: str | None = None
+    """The chat model's own reply when compliance kept it (a disclaimer may follow it in ``reply``); None:
+    ``reply``. The next turn's prompt repeats these two, so it starts with this turn's prompt and answer."""
 
 
 @dataclass
@@ -138,7 +143,7 @@ def session_to_json(session: Session) -> str:
             "memory": session.memory,
             "pending": session.pending,
             "turns_total": session.turns_total,
-            "turns": [[t.user, t.reply, t.intent] for t in session.turns],
+            "turns": [[t.user, t.reply, t.intent, t.prompt_user, t.prompt_reply] for t in session.turns],
         },
         ensure_ascii=False,
         separators=(",", ":"),
@@ -153,7 +158,7 @@ def session_from_json(session_id: str, data: str, version: int, max_turns: int, 
     session.memory = dict(raw.get("memory") or {})
     session.pending = raw.get("pending")
     session.turns_total = int(raw.get("turns_total") or 0)
-    session.turns.extend(Turn(user=u, reply=r, intent=i) for u, r, i in raw.get("turns") or [])
+    session.turns.extend(Turn(*t) for t in raw.get("turns") or [])
     return session
 
 

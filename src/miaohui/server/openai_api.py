@@ -48,6 +48,7 @@ from miaohui.server.openai_schema import (
 )
 from miaohui.server.openai_tools import (
     ChatPlan,
+    call_schema,
     completion_logprobs,
     logprob_entries,
     plan,
@@ -554,7 +555,8 @@ def create_openai_app(manager: ModelManager, metrics: Metrics) -> FastAPI:
 
 
 class LLMTextGenerator:
-    """A served chat model as the dialogue pipelines' ``TextGenerator`` (greedy by default)."""
+    """A served chat model as the dialogue pipelines' ``TextGenerator`` (greedy by default) and ``ToolCaller``
+    (a forced call decoded under the function's JSON schema, as ``tool_choice`` naming it does)."""
 
     def __init__(self, manager: ModelManager, model: str) -> None:
         self.manager, self.model = manager, model
@@ -565,3 +567,17 @@ class LLMTextGenerator:
         room = llm.max_model_len - len(ids)
         params = SamplingParams.create(max_tokens=max(1, min(max_tokens, room)), temperature=temperature)
         return "".join([event.text async for event in llm.client.generate(ids, params)])
+
+    async def call_tool(self, messages: list[ChatMessage], tool: dict[str, Any], max_tokens: int) -> Any:
+        llm = self.manager.chat(self.model)
+        tools = [tool]
+        native = llm.tokenizer.supports_tools
+        msgs = prompt_messages([dict(m) for m in messages], tools, native)
+        ids = llm.tokenizer.encode_chat(msgs, tools=tools if native else None)
+        room = max(1, min(max_tokens, llm.max_model_len - len(ids)))
+        params = SamplingParams.create(max_tokens=room, temperature=0.0, json_schema=call_schema(tools))
+        text = "".join([event.text async for event in llm.client.generate(ids, params)])
+        try:
+            return json.loads(text)
+        except ValueError:
+            raise ValueError(f"the call is not complete JSON after {room} tokens: {text[:120]!r}") from None

@@ -110,7 +110,7 @@ def _check_tools(tools: Sequence[Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _call_schema(tools: Sequence[dict[str, Any]]) -> str:
+def call_schema(tools: Sequence[dict[str, Any]]) -> str:
     """The schema of one call of any of ``tools``: ``{"name": <its name>, "arguments": <its parameters>}``."""
     options = [
         {
@@ -142,7 +142,7 @@ def plan(req: ChatRequest) -> ChatPlan:
     if choice in (None, "auto"):
         return ChatPlan(tools=tools)
     if choice == "required":
-        return ChatPlan(json_schema=_call_schema(tools), tools=tools, forced=True)
+        return ChatPlan(json_schema=call_schema(tools), tools=tools, forced=True)
     name = choice.get("function", {}).get("name") if isinstance(choice, Mapping) else None
     if not (isinstance(choice, Mapping) and choice.get("type") == "function" and isinstance(name, str)):
         raise OpenAIError(
@@ -154,7 +154,7 @@ def plan(req: ChatRequest) -> ChatPlan:
     named = [t for t in tools if t["function"]["name"] == name]
     if not named:
         raise OpenAIError(400, f"tool_choice names {name!r}, which is not among the tools", param="tool_choice")
-    return ChatPlan(json_schema=_call_schema(named), tools=tools, forced=True)
+    return ChatPlan(json_schema=call_schema(named), tools=tools, forced=True)
 
 
 # ---- the prompt ---------------------------------------------------------------------------------------
