@@ -89,6 +89,7 @@ def main() -> None:
     print(f"build-llm: rc {built.returncode} in {doc['build_s']} s", flush=True)
     cache = list(repo.glob("own/*/compile-cache.bin"))
     doc["compile_cache_bytes"] = cache[0].stat().st_size if cache else None
+    (args.out / "gpu_own_decoder.json").write_text(json.dumps(doc, indent=1))  # what a cut-off run keeps
 
     env = dict(os.environ)
     env |= {"TORCHINDUCTOR_CACHE_DIR": str(args.work / "c-serve"), "TRITON_CACHE_DIR": str(args.work / "t-serve")}
