@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -52,6 +53,58 @@ class VersionPolicy(BaseModel):
         if self.policy == "specific":
             return sorted(v for v in available if v in self.versions)
         return sorted(available)[-self.latest :]
+
+
+class ShadowConfig(BaseModel):
+    """Shadow mode: requests answered by the primary version are also run, off the response path, on a
+    candidate version; the two outputs are compared (``GET /v1/shadow/<model>``, ``miaohui_shadow_drift``).
+    An encoder's ``config.yaml`` and a chat model's ``generation.yaml`` take the same section.
+
+    The candidate must be served too (``version_policy``: ``all``, or ``specific`` listing both versions);
+    the primary is then the newest served version other than the candidate."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    version: int = Field(ge=1)
+    """The candidate version (a folder of this model in the repository)."""
+    sample_rate: float = Field(default=1.0, ge=0.0, le=1.0)
+    """Share of primary requests also run on the candidate (0 = shadowing paused)."""
+    window: int = Field(default=1000, ge=1, le=1_000_000)
+    """Request pairs the figures are computed over (the most recent ones)."""
+    max_pending: int = Field(default=64, ge=1)
+    """Shadow runs in flight at most; a sampled request beyond it is skipped (and counted as dropped)."""
+    max_drift: float = Field(default=0.05, ge=0.0, le=1.0)
+    """Intent disagreement (encoders), or a keyword's frequency difference between the two versions' answers
+    (chat models), above this marks the report as failing (figure ``passed`` = 0). 5 %: a shift a reviewer of
+    a few hundred answers would notice."""
+    keywords: tuple[str, ...] = ("拒绝", "接受", "折中")
+    """Chat models: each keyword's frequency (share of answers that contain it) is compared between the primary's
+    and the candidate's answers. The default is the negotiation coach's stances (reject / accept / compromise):
+    a fine-tune that starts refusing more often shows there first."""
+
+
+def check_shadow_served(policy: VersionPolicy, shadow: ShadowConfig | None) -> None:
+    """ConfigError unless ``policy`` serves the candidate of ``shadow`` next to a primary."""
+    if shadow is not None and policy.policy == "specific" and shadow.version not in policy.versions:
+        raise ConfigError(
+            f"shadow.version {shadow.version} is not among version_policy.versions {policy.versions}",
+            f"add {shadow.version} to version_policy.versions so that the candidate is loaded",
+        )
+    if shadow is not None and policy.policy == "latest" and policy.latest < 2:
+        raise ConfigError(
+            f"shadow.version {shadow.version} needs two served versions, but version_policy is latest: {policy.latest}",
+            "use version_policy {policy: specific, versions: [PRIMARY, CANDIDATE]} or {policy: all}",
+        )
+
+
+def primary_of(served: Iterable[int], shadow: ShadowConfig | None) -> int | None:
+    """The version that answers requests naming none: the newest served one that is not the shadow candidate
+    (the newest of all when only the candidate is served; None when none is)."""
+    versions = sorted(served)
+    if not versions:
+        return None
+    live = [v for v in versions if shadow is None or v != shadow.version]
+    return (live or versions)[-1]
 
 
 class InputRange(Frozen):

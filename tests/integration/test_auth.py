@@ -3,7 +3,8 @@ self-signed certificate for localhost made by openssl), with the key file writte
 and the real clients over TLS: ``openai`` (Authorization: Bearer) and ``tritonclient.grpc`` (``ssl=True``,
 ``headers=`` metadata), plus httpx for the exact messages; a plain-text client is refused. Checked: 401 without or with a wrong key, 403 for a model
 or pipeline the key may not use, 429 with ``Retry-After`` over the key's rate, health and ``/metrics`` open, every
-rejection counted in ``miaohui_request_failures_total`` by reason, and no key in the log or the metrics.
+rejection counted in ``miaohui_request_failures_total`` by reason and in ``miaohui_rejected_requests_total`` by
+tenant and status, and no key in the log or the metrics.
 """
 
 from __future__ import annotations
@@ -169,6 +170,12 @@ def test_openai_client(server: Served, keys: tuple[Path, dict[str, str]], http: 
     with pytest.raises(openai.AuthenticationError) as exc:
         client_with("unused").models.list()
     assert exc.value.status_code == 401
+    assert exc.value.body == {  # OpenAI's error shape on the OpenAI routes
+        "message": "the API key is not valid. Fix: check the key, or ask the operator for one",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": "unauthorized",
+    }
     client = client_with(keys[1]["hotline"])
     assert "intent" in [m.id for m in client.models.list()]
     with pytest.raises(openai.PermissionDeniedError) as denied:
@@ -207,3 +214,12 @@ def test_rejections_counted_and_no_key_leaks(
         for reason in ("unauthorized", "forbidden", "rate_limited")
     }  # what the tests above sent: 2 + 1 + 1 without a valid key, 1 + 1 + 1 forbidden, 1 over the rate
     assert failures == {"unauthorized": 4.0, "forbidden": 3.0, "rate_limited": 1.0}
+    by_tenant = {
+        (dict(labels)["tenant"], dict(labels)["code"], dict(labels)["reason"]): value
+        for labels, value in snap.select("miaohui_rejected_requests_total").items()
+    }
+    assert by_tenant == {
+        ("(none)", "401", "unauthorized"): 4.0,
+        ("hotline", "403", "forbidden"): 3.0,
+        ("bulk", "429", "rate_limited"): 1.0,
+    }

@@ -109,3 +109,28 @@ def test_writer_refuses_what_it_cannot_write(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"^m: the GGUF writer takes byte-level BPE tokenizers \(GPT-2 style\); this one "
                        r"is Unigram"):  # fmt: skip
         check_writable(tmp_path, "LlamaForCausalLM", "m")
+
+
+def test_the_comparator_runs_an_ort_decoder_against_llama_cpp_on_the_same_llama(tokenizer: Any, tmp_path: Path) -> None:
+    """A tiny random Llama (plain RoPE, which the GGUF writer takes; untied head) built twice: fp32 for ONNX Runtime
+    and F16 GGUF for llama.cpp. Through validate/comparator.py each side encodes the prompts itself (the ONNX version with its
+    tokenizer.json, llama.cpp with the GGUF's vocabulary) and answers on its own backend; the ids and the greedy
+    replies are the same."""
+    from miaohui.dialogue.compare import negotiation_prompts
+    from miaohui.validate.comparator import LlamaCppDecoder, OrtDecoder, decoder_outputs, open_decoder
+    from miaohui.validate.consistency import compare_outputs
+
+    folder = save_tiny_decoder("llama", tmp_path / "llama", tokenizer)
+    config = json.loads((folder / "config.json").read_text())
+    config.pop("rope_scaling", None)
+    config["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0}
+    (folder / "config.json").write_text(json.dumps(config))
+    ort_dir = build_causal_lm(tmp_path / "repo", "llama-ort", "fp32", source=folder, log=lambda m: None)
+    gguf_dir = build_causal_lm(tmp_path / "repo", "llama-gguf", "f16", backend="llamacpp", source=folder)
+    prompts = negotiation_prompts()[:2]
+    with open_decoder(ort_dir) as ort, open_decoder(gguf_dir) as cpp:
+        assert isinstance(ort, OrtDecoder) and isinstance(cpp, LlamaCppDecoder)
+        assert [cpp.prompt_ids(p) for p in prompts] == [ort.prompt_ids(p) for p in prompts]
+        ours, theirs = decoder_outputs([ort, cpp], prompts, 8)
+    report = compare_outputs(ours, theirs, categories={})
+    assert (report.n, report.text_exact_match, report.failures) == (2, 1.0, [])

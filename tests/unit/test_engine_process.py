@@ -216,7 +216,7 @@ class _ChatManager(_Manager):
         super().__init__(answer)
         self.served = _Chat()
 
-    def chat(self, model: str) -> _Chat:
+    def chat(self, model: str, version: int | None = None) -> _Chat:
         return self.served
 
     def chat_states(self) -> list[Any]:

@@ -14,6 +14,7 @@ import pytest
 from miaohui.errors import ConfigError, InputError, ModelNotFoundError
 from miaohui.server.metrics import Metrics
 from miaohui.serving.model_config import ModelConfig, ShadowConfig, VersionPolicy
+from miaohui.serving.repository import ModelState
 from miaohui.serving.shadow import ShadowManager, primary_version
 
 LABELS = ["greeting", "goodbye", "human_agent"]
@@ -52,23 +53,22 @@ class FakeServed:
             self.shadow_tap(texts, logits)
 
 
-@dataclass
-class FakeState:
-    name: str
-    versions: dict[int, Any]
+def FakeState(name: str, versions: dict[int, Any], chat: bool = False) -> ModelState[Any]:
+    """The manager's own state record over fake versions."""
+    return ModelState(name, chat, versions)
 
 
 class FakeManager:
-    def __init__(self, *states: FakeState) -> None:
+    def __init__(self, *states: ModelState[Any]) -> None:
         self._states = list(states)
 
-    def states(self) -> list[FakeState]:
+    def all_states(self) -> list[ModelState[Any]]:
         return self._states
 
-    def get(self, name: str, version: int | None = None) -> Any:
+    def version(self, name: str, version: int | None = None) -> Any:
         for s in self._states:
             if s.name == name:
-                return s.versions[max(s.versions)]
+                return s.primary
         raise ModelNotFoundError(f"model {name!r} is not loaded", "loaded models: intent")
 
 

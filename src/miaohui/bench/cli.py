@@ -48,13 +48,23 @@ def parse_token_range(value: str) -> tuple[int, int]:
 
 def bench_command(
     target: Annotated[
-        str, typer.Option(help="http (/v1/intent) | v2-http (KServe JSON) | grpc (KServe) | engine (no server)")
+        str,
+        typer.Option(
+            help="http (/v1/intent) | v2-http (KServe JSON) | grpc (KServe) | engine (no server) | "
+            "chat (streamed OpenAI completions, any OpenAI-compatible server)"
+        ),
     ] = "http",
     url: Annotated[
         str, typer.Option(help="Server HTTP base URL (also where /metrics is scraped).")
     ] = "http://127.0.0.1:8000",
     grpc_url: Annotated[str, typer.Option(help="Server gRPC host:port.")] = "127.0.0.1:8001",
-    model: Annotated[str, typer.Option(help="Model name (v2-http, grpc; and the /metrics label).")] = "intent",
+    model: Annotated[
+        str,
+        typer.Option(
+            help="Model name, honoured by every target: the requests' model, the engine target's artifact in "
+            "--repository (without --engine), the /metrics label. Target chat: the name the server serves."
+        ),
+    ] = "intent",
     engine: Annotated[
         Path | None, typer.Option(help="Engine artifact dir: the 'engine' target, and the tokenizer for --tokens.")
     ] = None,
@@ -71,20 +81,48 @@ def bench_command(
         int | None, typer.Option(min=1, help="Measured requests per level (ends the level first).")
     ] = None,
     warmup: Annotated[str, typer.Option(help="Load before measuring, excluded from results.")] = "2s",
-    timeout: Annotated[str, typer.Option(help="Client timeout per request (counts as a 'timeout' error).")] = "30s",
+    timeout: Annotated[
+        str | None,
+        typer.Option(help="Client timeout per request (counts as a 'timeout' error); default 30s, chat 300s."),
+    ] = None,
     processes: Annotated[
-        int, typer.Option(min=1, help="Load-generator processes (when one client core is not enough).")
-    ] = 1,
+        int | None,
+        typer.Option(
+            min=1,
+            help="Load-generator processes (when one client core is not enough); default 1, chat 2 "
+            "(one process streams up to ~8k tokens/s).",
+        ),
+    ] = None,
     max_connections: Annotated[int, typer.Option(min=1, help="Open loop: connection pool size per process.")] = 512,
     texts: Annotated[
-        Path | None, typer.Option(help="Texts to send (.txt lines or .jsonl 'text'); default the dev split.")
+        Path | None,
+        typer.Option(
+            help="Texts to send (.txt lines or .jsonl 'text'); default the dev split, for chat the built-in "
+            "dialogue prompts (each text is a user message, or the prompt of --endpoint completions)."
+        ),
+    ] = None,
+    endpoint: Annotated[
+        str, typer.Option(help="Target chat: chat (/v1/chat/completions) or completions (/v1/completions).")
+    ] = "chat",
+    max_tokens: Annotated[int, typer.Option(min=1, help="Target chat: max_tokens of every request.")] = 64,
+    ignore_eos: Annotated[
+        bool,
+        typer.Option(
+            help="Target chat: send ignore_eos (miaohui, vLLM, llama.cpp) so every answer is max_tokens long; "
+            "--no-ignore-eos for servers that reject the field."
+        ),
+    ] = True,
+    extra_body: Annotated[
+        str | None, typer.Option(help="Target chat: a JSON object merged into every request body.")
     ] = None,
     tokens: Annotated[
         str | None, typer.Option(help="Only texts of MIN-MAX tokens, e.g. 8-64 (composed from short ones if needed).")
     ] = None,
     repository: Annotated[
         Path | None,
-        typer.Option("--repository", "-r", help="Where --tokens finds the model's tokenizer (no --engine)."),
+        typer.Option(
+            "--repository", "-r", help="Where --model is found (engine target, --tokens) when --engine is not given."
+        ),
     ] = None,
     engine_threads: Annotated[int | None, typer.Option(min=1, help="Engine target: intra-op threads.")] = None,
     scrape: Annotated[
@@ -94,8 +132,9 @@ def bench_command(
     out: Annotated[Path | None, typer.Option(help="Write the JSON report here.")] = None,
     plot: Annotated[Path | None, typer.Option(help="Write the PNG (latency vs throughput) here.")] = None,
 ) -> None:
-    """Load a server (HTTP, KServe HTTP/gRPC) or a bare engine; report latency percentiles, throughput and
-    errors; every request sent is counted as answered or as an error."""
+    """Load a server (HTTP, KServe HTTP/gRPC, any OpenAI-compatible chat server) or a bare engine; report latency
+    percentiles, throughput and errors (chat: TTFT, inter-token latency, tokens/s per request and in all); every
+    request sent is counted as answered or as an error."""
     try:
         doc = _run(locals())
     except MiaohuiError as exc:
@@ -110,12 +149,33 @@ def bench_command(
         out.write_text(to_json(doc) + "\n", encoding="utf-8")
         console.print(f"wrote {out}")
     if plot is not None:
+        from miaohui.bench.chat_report import plot_chat
         from miaohui.bench.plot import plot_points
 
-        console.print(f"wrote {plot_points(doc, plot)}")
+        console.print(f"wrote {(plot_chat if target == 'chat' else plot_points)(doc, plot)}")
     if any(p["lost"] for p in doc["points"]):
         err_console.print("[bold red]requests lost:[/] sent != answered + errors")
         raise typer.Exit(1)
+    if target == "chat" and _chat_errors(doc):
+        raise typer.Exit(1)
+
+
+def _chat_errors(doc: dict[str, Any]) -> bool:
+    """Print the servers' messages for each error label; True when no request at all was answered."""
+    from miaohui.bench.report import level_label
+
+    for point in doc["points"]:
+        for label, text in point["chat"]["error_messages"].items():
+            err_console.print(
+                f"[yellow]{level_label(point)}: {point['errors'][label]} × {label}:[/] {text}", highlight=False
+            )
+    if sum(p["answered"] for p in doc["points"]):
+        return False
+    err_console.print(
+        f"[bold red]error:[/] no request was answered (model {doc['config']['model']!r} at {doc['config']['url']})"
+    )
+    err_console.print("[yellow]fix:[/] check --model against the server's GET /v1/models, and --url")
+    return True
 
 
 def _run(opts: dict[str, Any]) -> dict[str, Any]:
@@ -126,6 +186,11 @@ def _run(opts: dict[str, Any]) -> dict[str, Any]:
 
     if opts["target"] not in TARGETS:
         raise ConfigError(f"unknown --target {opts['target']!r}", f"use one of {', '.join(TARGETS)}")
+    chat = opts["target"] == "chat"
+    if chat and opts["tokens"]:
+        raise ConfigError("--tokens is for the encoder targets", "leave --tokens out with --target chat")
+    processes = opts["processes"] or (2 if chat else 1)
+    timeout = opts["timeout"] or ("300s" if chat else "30s")
     open_loop = opts["rate"] is not None
     levels = (
         parse_levels(opts["rate"], "--rate", False)
@@ -135,7 +200,15 @@ def _run(opts: dict[str, Any]) -> dict[str, Any]:
     duration = parse_seconds(opts["duration"], "--duration") if opts["duration"] else None
     if duration is None and opts["requests"] is None:
         duration = 10.0
-    texts = load_texts(opts["texts"])
+    if chat and opts["texts"] is None:
+        from miaohui.bench.chat import DIALOGUE_PROMPTS
+
+        texts = list(DIALOGUE_PROMPTS)
+    else:
+        texts = load_texts(opts["texts"])
+    engine = opts["engine"]
+    if opts["target"] == "engine" and engine is None:
+        engine = _tokenizer_artifact(opts)  # --model in --repository
     if opts["tokens"]:
         lo, hi = parse_token_range(opts["tokens"])
         texts = fit_token_range(texts, tokenizer_counter(_tokenizer_artifact(opts)), lo, hi, opts["seed"])
@@ -144,11 +217,19 @@ def _run(opts: dict[str, Any]) -> dict[str, Any]:
         url=opts["url"],
         grpc_url=opts["grpc_url"],
         model=opts["model"],
-        engine=str(opts["engine"]) if opts["engine"] else None,
+        engine=str(engine) if engine else None,
         engine_threads=opts["engine_threads"],
-        timeout_s=parse_seconds(opts["timeout"], "--timeout"),
+        timeout_s=parse_seconds(timeout, "--timeout"),
         max_connections=opts["max_connections"] if open_loop else 1,
+        endpoint=opts["endpoint"],
+        max_tokens=opts["max_tokens"],
+        ignore_eos=opts["ignore_eos"],
+        extra_body=opts["extra_body"],
     )
+    if chat:
+        from miaohui.bench.chat import ChatTarget
+
+        ChatTarget(spec)  # checks --url, --endpoint and --extra-body before any process starts
     plans = [
         LoadPlan(
             mode="open" if open_loop else "closed",
@@ -157,7 +238,7 @@ def _run(opts: dict[str, Any]) -> dict[str, Any]:
             duration_s=duration,
             requests=opts["requests"],
             seed=opts["seed"],
-            processes=opts["processes"],
+            processes=processes,
         )
         for lv in levels
     ]
@@ -173,21 +254,23 @@ def _run(opts: dict[str, Any]) -> dict[str, Any]:
         "requests": opts["requests"],
         "warmup_s": plans[0].warmup_s,
         "timeout_s": spec.timeout_s,
-        "processes": opts["processes"],
-        "texts": str(opts["texts"] or "dev split"),
+        "processes": processes,
+        "texts": str(opts["texts"] or ("built-in dialogue prompts" if chat else "dev split")),
         "n_texts": len(texts),
         "tokens": opts["tokens"],
         "seed": opts["seed"],
     }
+    if chat:
+        config |= {k: opts[k] for k in ("endpoint", "max_tokens", "ignore_eos", "extra_body")}
     console.print(
         f"[dim]bench {spec.kind} · {plans[0].mode} loop · levels {', '.join(f'{v:g}' for v in levels)} · "
         f"{len(texts)} texts · {duration or '-'} s / {opts['requests'] or '-'} requests per level[/]"
     )
-    table = _table()
-    metrics_url = spec.url if opts["scrape"] and spec.kind != "engine" else None
+    table = _table(chat)
+    metrics_url = spec.url if opts["scrape"] and spec.kind not in ("engine", "chat") else None
 
     def show(point: dict[str, Any]) -> None:
-        table.add_row(*_row(point))
+        table.add_row(*(_chat_row(point) if chat else _row(point)))
         client = point["client"]
         if client["saturated"] or client["contended"]:
             err_console.print(f"[yellow]warning ({level_label(point)}):[/] {client['note']}")
@@ -207,12 +290,27 @@ def _tokenizer_artifact(opts: dict[str, Any]) -> Path:
     return resolve_artifact(opts["model"], opts["repository"] or repository_dir())
 
 
-def _table() -> Table:
+def _table(chat: bool = False) -> Table:
+    if chat:
+        from miaohui.bench.chat_report import CHAT_COLUMNS
+
+        title = "miaohui bench chat (ms; ITL: inter-token latency per request; tok/s/req: each request's tokens/s)"
+        table = Table(*CHAT_COLUMNS, title=title)
+        for col in table.columns[1:]:
+            col.justify = "right"
+        return table
     cols = ("level", "sent", "ok", "errors", "req/s", "p50", "p90", "p99", "max", "queue", "compute", "batch")
     table = Table(*cols, title="miaohui bench (latency ms; queue/compute/batch: server means)")
     for col in table.columns[1:]:
         col.justify = "right"
     return table
+
+
+def _chat_row(p: dict[str, Any]) -> list[str]:
+    from miaohui.bench.chat_report import chat_row
+    from miaohui.bench.report import level_label
+
+    return chat_row(p, level_label(p))
 
 
 def _row(p: dict[str, Any]) -> list[str]:

@@ -24,12 +24,19 @@ from typing import Any, Literal
 
 import numpy as np
 
-from miaohui.bench.targets import Target, TargetSpec, make_target
+from miaohui.bench import targets
+from miaohui.bench.chat import ChatTarget
+from miaohui.bench.targets import Target, TargetSpec
 from miaohui.errors import ConfigError, MiaohuiError
 
 Mode = Literal["closed", "open"]
 LAG_TICK_S = 0.005
 START_SLACK_S = 0.2
+
+
+def make_target(spec: TargetSpec) -> Target:
+    """The target ``spec`` names: :class:`~miaohui.bench.chat.ChatTarget` or one of :mod:`miaohui.bench.targets`."""
+    return ChatTarget(spec) if spec.kind == "chat" else targets.make_target(spec)
 
 
 class BenchError(MiaohuiError):
@@ -102,17 +109,23 @@ class RawRun:
     wall_s: float = 0.0
     processes: int = 1
     target_stats: dict[str, Any] = field(default_factory=dict)
+    details: list[Any] = field(default_factory=list)
+    """Per-request records of targets that keep one (the chat target's :class:`~miaohui.bench.chat.StreamRecord`),
+    for the measured requests only, in completion order (not aligned with ``status``)."""
 
-    def record(self, sent_at: float, done: float, status: str) -> None:
+    def record(self, sent_at: float, done: float, status: str, detail: Any = None) -> None:
         self.sent_at.append(sent_at)
         self.latency_s.append(done - sent_at)
         self.status.append(status)
         self.last_done = max(self.last_done, done)
+        if detail is not None:
+            self.details.append(detail)
 
     def merge(self, other: RawRun) -> None:
         self.sent_at += other.sent_at
         self.latency_s += other.latency_s
         self.status += other.status
+        self.details += other.details
         self.send_lag_s += other.send_lag_s
         self.loop_lag_s += other.loop_lag_s
         self.sent += other.sent
@@ -185,9 +198,9 @@ async def _closed(
                 raw.sent += 1
                 raw.first_send = min(raw.first_send, t)
             raw.sent_total += 1
-            status = await target.send(next(texts))
+            status, detail = await target.send_detailed(next(texts))
             if measured:
-                raw.record(t, clock(), status)
+                raw.record(t, clock(), status, detail)
 
     await asyncio.gather(*(worker() for _ in range(int(plan.level))))
 
@@ -198,9 +211,9 @@ async def _open(target: Target, texts: Iterator[str], plan: LoadPlan, clock: Cal
     pending: set[asyncio.Task[None]] = set()
 
     async def one(text: str, at: float, measured: bool) -> None:
-        status = await target.send(text)
+        status, detail = await target.send_detailed(text)
         if measured:
-            raw.record(at, clock(), status)
+            raw.record(at, clock(), status, detail)
 
     burst = 0
     for at in schedule.tolist():

@@ -198,10 +198,29 @@ def _gpus() -> list[str]:
         return []
 
 
+def git_commit() -> str | None:
+    """HEAD of the git checkout miaohui runs from (``+dirty`` when tracked files differ), None outside one."""
+    import subprocess
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10)
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "-uno"], cwd=here, capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
 def make_document(command: str, config: dict[str, Any], points: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "schema": SCHEMA,
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "commit": git_commit(),
         "command": command,
         "config": config,
         "environment": environment(),

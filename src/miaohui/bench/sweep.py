@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from miaohui.bench.chat_report import summarize_chat
 from miaohui.bench.load import LoadPlan, run_processes
 from miaohui.bench.report import summarize
 from miaohui.bench.scrape import Snapshot, breakdown, fetch_metrics
@@ -98,6 +99,8 @@ def measure(spec: TargetSpec, texts: list[str], plan: LoadPlan, metrics_url: str
         snaps["after"] = fetch_metrics(metrics_url) if metrics_url and snaps.get("before") else None
 
     raw = run_processes(spec, texts, plan, on_measure=before if metrics_url else None, on_done=after)
+    if spec.kind == "chat":
+        return summarize_chat(raw, plan)
     server = None
     b, a = snaps.get("before"), snaps.get("after")
     if b is not None and a is not None:

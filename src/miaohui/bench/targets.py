@@ -18,6 +18,7 @@ Targets:
 * ``v2-http`` — ``POST /v2/models/{model}/infer`` with a KServe v2 JSON body (``TEXT``, BYTES).
 * ``grpc``    — KServe v2 ``ModelInfer`` with ``tritonclient``'s protobufs on a ``grpc.aio`` channel.
 * ``engine``  — no server: tokenize + ``Engine.infer`` on a batch of one, in worker threads.
+* ``chat``    — streamed OpenAI completions: :mod:`miaohui.bench.chat` (made by :func:`miaohui.bench.load.make_target`).
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ from urllib.parse import urlsplit
 
 from miaohui.errors import ConfigError
 
-TargetKind = Literal["http", "v2-http", "grpc", "engine"]
-TARGETS: tuple[str, ...] = ("http", "v2-http", "grpc", "engine")
+TargetKind = Literal["http", "v2-http", "grpc", "engine", "chat"]
+TARGETS: tuple[str, ...] = ("http", "v2-http", "grpc", "engine", "chat")
 
 _GRPC_TO_HTTP = {
     "RESOURCE_EXHAUSTED": "429",
@@ -66,6 +67,14 @@ class TargetSpec:
     timeout_s: float = 30.0
     max_connections: int = 64
     """Connection (http) or worker-thread (engine) pool size; the load runner sets it to the concurrency."""
+    endpoint: str = "chat"
+    """Target ``chat``: ``chat`` (``/v1/chat/completions``) or ``completions`` (``/v1/completions``)."""
+    max_tokens: int = 64
+    """Target ``chat``: ``max_tokens`` of every request."""
+    ignore_eos: bool = True
+    """Target ``chat``: send ``ignore_eos: true`` (miaohui, vLLM, llama.cpp), so every answer is ``max_tokens`` long."""
+    extra_body: str | None = None
+    """Target ``chat``: a JSON object merged into every request body (server-specific fields)."""
 
 
 class Target(abc.ABC):
@@ -77,6 +86,10 @@ class Target(abc.ABC):
     @abc.abstractmethod
     async def send(self, text: str) -> str:
         """Send one request and wait for its answer: ``"ok"`` or an error label. Never raises."""
+
+    async def send_detailed(self, text: str) -> tuple[str, Any]:
+        """:meth:`send`, plus this request's record for the report (``None`` for targets that keep none)."""
+        return await self.send(text), None
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections, threads, engines."""

@@ -51,6 +51,8 @@ __all__ = [
 log = logging.getLogger("miaohui.auth")
 
 KEY_PREFIX = "mh-"
+NO_TENANT = "(none)"
+"""The tenant label of a request refused before a key named its tenant (no key, a malformed or unknown one)."""
 
 
 def hash_key(key: str) -> str:
@@ -206,7 +208,7 @@ class HttpGate:
     answers 401/403/429 itself, counts the rejection (``miaohui_request_failures_total{reason}``) and logs the
     tenant (never the key)."""
 
-    def __init__(self, auth: Authenticator, on_reject: Callable[[str, int, str], None] | None = None) -> None:
+    def __init__(self, auth: Authenticator, on_reject: Callable[[str, str, int, str], None] | None = None) -> None:
         self.auth = auth
         self.on_reject = on_reject
 
@@ -217,6 +219,7 @@ class HttpGate:
             return receive
         header = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"authorization"), None)
         model = model_of_path(path)
+        tenant: Tenant | None = None
         try:
             tenant = self.auth.tenant(header)
             tenant.take()
@@ -228,22 +231,24 @@ class HttpGate:
             if model is not None:
                 tenant.check_model(model)
         except MiaohuiError as exc:
-            await self._reject(exc, model, send)
+            await self._reject(exc, tenant.name if tenant else NO_TENANT, model, path, send)
             return None
         return receive
 
-    async def _reject(self, exc: MiaohuiError, model: str | None, send: Any) -> None:
-        from miaohui.server.status import http_status, message, reason
+    async def _reject(self, exc: MiaohuiError, tenant: str, model: str | None, path: str, send: Any) -> None:
+        from miaohui.server.http_io import is_openai_path
+        from miaohui.server.status import http_status, message, openai_body, reason
 
         code = http_status(exc)
         headers = [(b"content-type", b"application/json")]
         if isinstance(exc, RateLimitedError):
             headers.append((b"retry-after", str(exc.retry_after_s).encode()))
-        log.info("rejected (%d %s): %s", code, reason(exc), exc.message)
+        log.info("rejected (%d %s, tenant %s): %s", code, reason(exc), tenant, exc.message)
         if self.on_reject is not None:
-            self.on_reject(model or "", code, reason(exc))
+            self.on_reject(tenant, model or "", code, reason(exc))
+        body = openai_body(exc)[1] if is_openai_path(path) else {"error": message(exc)}
         await send({"type": "http.response.start", "status": code, "headers": headers})
-        await send({"type": "http.response.body", "body": json.dumps({"error": message(exc)}).encode()})
+        await send({"type": "http.response.body", "body": json.dumps(body).encode()})
 
 
 async def _buffer(receive: Any) -> tuple[bytes, Any]:
@@ -287,7 +292,7 @@ class GrpcGate(grpc.aio.ServerInterceptor):
     ``model_name`` (or ``name``); rejected calls end with UNAUTHENTICATED, PERMISSION_DENIED or RESOURCE_EXHAUSTED
     and are counted like HTTP's."""
 
-    def __init__(self, auth: Authenticator, on_reject: Callable[[str, int, str], None] | None = None) -> None:
+    def __init__(self, auth: Authenticator, on_reject: Callable[[str, str, int, str], None] | None = None) -> None:
         self.auth = auth
         self.on_reject = on_reject
 
@@ -305,6 +310,7 @@ class GrpcGate(grpc.aio.ServerInterceptor):
             model = getattr(request, "model_name", "") or getattr(request, "name", "")
             if method.endswith(("RepositoryModelLoad", "RepositoryModelUnload")):
                 model = "*"
+            tenant: Tenant | None = None
             try:
                 tenant = gate.auth.tenant(header if isinstance(header, str) else None)
                 tenant.take()
@@ -314,9 +320,10 @@ class GrpcGate(grpc.aio.ServerInterceptor):
             except MiaohuiError as exc:
                 from miaohui.server.status import grpc_status, http_status, message, reason
 
-                log.info("rejected (%s %s): %s", grpc_status(exc).name, reason(exc), exc.message)
+                name = tenant.name if tenant else NO_TENANT
+                log.info("rejected (%s %s, tenant %s): %s", grpc_status(exc).name, reason(exc), name, exc.message)
                 if gate.on_reject is not None:
-                    gate.on_reject(model, http_status(exc), reason(exc))
+                    gate.on_reject(name, model, http_status(exc), reason(exc))
                 await context.abort(grpc_status(exc), message(exc))
             return await inner(request, context)
 

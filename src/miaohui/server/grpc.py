@@ -71,7 +71,7 @@ async def start_grpc(
     PEM files: the port then speaks TLS only.
     """
     gate = (
-        GrpcGate(state.auth, lambda model, code, why: state.metrics.done(model or "", "", "grpc", code, 0.0, why))
+        GrpcGate(state.auth, lambda tenant, model, code, why: state.metrics.refused(tenant, model, "grpc", code, why))
         if state.auth is not None
         else None
     )

@@ -62,7 +62,7 @@ def create_app(state: ServerState) -> FastAPI:
     hot = app.hot = HotPaths(state)
     manager, metrics = state.manager, state.metrics
     if state.auth is not None:
-        app.gate = HttpGate(state.auth, lambda model, code, why: metrics.done(model, "", "http", code, 0.0, why))
+        app.gate = HttpGate(state.auth, lambda who, model, code, why: metrics.refused(who, model, "http", code, why))
     with contextlib.suppress(ValueError):  # already registered when an app is built twice on one Metrics
         metrics.register(
             ModelStateCollector(

@@ -224,6 +224,13 @@ class Metrics:
             ["model", "version", "reason"],
             registry=r,
         )
+        self.refusals = Counter(
+            "miaohui_rejected_requests",
+            "Requests the API key gate refused (401, 403, 429), by tenant (never the key; '(none)' without a valid "
+            "key), status code and reason",
+            ["tenant", "code", "reason"],
+            registry=r,
+        )
         self.request_seconds = Histogram(
             "miaohui_request_duration_seconds",
             "Request latency in the server",
@@ -366,6 +373,13 @@ class Metrics:
             registry=r,
             multiprocess_mode="livemax",
         )
+        self.shadow_keywords = Gauge(
+            "miaohui_shadow_keyword_frequency",
+            "Share of a shadowed chat model's answers that contain the keyword, per version (primary / candidate)",
+            ["model", "keyword", "version"],
+            registry=r,
+            multiprocess_mode="livemax",
+        )
         self.gc_pause = Histogram(
             "miaohui_gc_pause_seconds",
             "Python garbage-collector pauses in the server's processes, by generation (miaohui.gcpolicy)",
@@ -402,6 +416,11 @@ class Metrics:
         self.child(self.request_seconds, model, protocol).observe(seconds)
         if code >= 400:
             self.child(self.failures, model, version, reason or str(code)).inc()
+
+    def refused(self, tenant: str, model: str, protocol: str, code: int, reason: str) -> None:
+        """A request the API key gate refused: counted by tenant and status, and as a failed request."""
+        self.child(self.refusals, tenant, str(code), reason).inc()
+        self.done(model, "", protocol, code, 0.0, reason)
 
     def register(self, collector: Collector) -> None:
         """A scrape-time collector (e.g. model readiness): rendered on ``/metrics``."""

@@ -18,6 +18,7 @@ request polls for a disconnect while it waits and aborts too.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import time
@@ -114,6 +115,8 @@ class _Call:
     """The request asked for log-probabilities: chunks carry them (and leave the one-template fast path)."""
     served: int | None = None
     """The version that answers, where the engine process chose it (``--shared-engine``); else ``llm``'s."""
+    shadow: Callable[[list[int], str], None] | None = None
+    """Shadow mode: given the answer's token ids and text once it went out (:attr:`ServedChatVersion.shadow_tap`)."""
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
     _template: tuple[bytes, bytes] | None = field(default=None, repr=False)
@@ -187,6 +190,15 @@ class _Call:
         head_b, tail_b = self._template
         return head_b + _dumps(text).encode() + tail_b
 
+    def shadowed(self, events: list[TokenEvent]) -> None:
+        """Hand a complete answer to the shadow tap (which returns at once); never fails the request."""
+        if self.shadow is None or not events or events[-1].finish_reason not in ("stop", "length"):
+            return
+        try:
+            self.shadow([e.token_id for e in events if e.token_id is not None], "".join(e.text for e in events))
+        except Exception:
+            log.exception("shadow tap of %s v%d failed", self.llm.name, self.llm.version)
+
     def full(self, events: list[TokenEvent]) -> dict[str, Any]:
         last = events[-1]
         text, finish = "".join(e.text for e in events), _check_finish(last)
@@ -239,6 +251,7 @@ async def _stream_chunks(call: _Call, done: Callable[[int, str], None]) -> Async
     if call.chat:
         yield _sse(call.chunk(None, None, role=True))
     offset = 0  # characters streamed so far (completions' text_offset)
+    answer: list[TokenEvent] | None = [] if call.shadow is not None else None  # kept for the shadow tap only
     try:
         if call.plan.tools:  # whether the answer is a call is known at its end
             events = [ev async for ev in call.stream]
@@ -247,12 +260,15 @@ async def _stream_chunks(call: _Call, done: Callable[[int, str], None]) -> Async
                 yield chunk
             done(200, "")
             yield _sse("[DONE]")
+            call.shadowed(events)
             return
         async for first in call.stream:
             # tokens that queued up behind it while this stream waited for the event loop go out in the same
             # chunk: under load one write per step instead of one per token (vLLM's stream interval, adaptive)
             more = call.stream.ready()
             event = more[-1] if more else first
+            if answer is not None:
+                answer += [first, *more]
             failed = event.finish_reason in ("abort", "error")  # ends the stream with an error, after the text
             if more:
                 text = first.text + "".join(e.text for e in (more[:-1] if failed else more))
@@ -278,6 +294,8 @@ async def _stream_chunks(call: _Call, done: Callable[[int, str], None]) -> Async
         done(status, reason(exc))
         yield _sse(body)
     yield _sse("[DONE]")
+    if answer is not None:
+        call.shadowed(answer)  # after the last byte: the candidate's run never delays this answer
 
 
 async def _collect(request: Request, stream: RequestStream) -> list[TokenEvent]:
@@ -372,10 +390,15 @@ def openai_router(
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             call = _Call(chat, llm, stream, len(ids), include_usage, chat_plan, params.logprobs is not None)
             call.served = stream.version
+            tap = llm.shadow_tap
+            if tap is not None and stream.version in (None, llm.version):  # not if the engine process swapped
+                call.shadow = functools.partial(tap, ids, params)
             if req.stream:
                 return _streamed(call, done)
-            body = call.full(await _collect(request, stream))
+            events = await _collect(request, stream)
+            body = call.full(events)
             done(200, "")
+            call.shadowed(events)
             return JSONResponse(body)
         except Exception as exc:
             if not isinstance(exc, MiaohuiError):

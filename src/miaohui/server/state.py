@@ -125,6 +125,14 @@ def check_model_control(state: ServerState, model: str | None = None) -> None:
         and state.manager.engine_process is not None
         and is_causal_lm_model(state.manager.repository / model)
     )
+    if state.workers > 1 and not shared_chat and model is not None and state.manager.engine_process is not None:
+        raise ConflictError(
+            f"loading or unloading encoder model {model!r} is not available with --workers {state.workers} "
+            "--shared-engine: the engine process would load it, but every worker keeps its own copy of the versions "
+            "it sends rows to and would keep asking for the old ones",
+            "change the repository and restart the server (chat models load and unload over the API under "
+            "--shared-engine), or serve with --workers 1",
+        )
     if state.workers > 1 and not shared_chat:
         raise ConflictError(
             f"model control (load/unload) is not available with --workers {state.workers}: each worker process "

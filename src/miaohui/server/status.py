@@ -52,6 +52,7 @@ TABLE: dict[type[MiaohuiError], Status] = {
 }
 INTERNAL = TABLE[errors.InternalError]
 _OPENAI_TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 413: "invalid_request_error"}
+_OPENAI_TYPES |= {401: "invalid_request_error", 403: "invalid_request_error"}  # what OpenAI answers for a bad key
 _OPENAI_TYPES |= {429: "rate_limit_error", 499: "invalid_request_error"}
 
 

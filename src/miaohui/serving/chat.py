@@ -36,6 +36,7 @@ from miaohui.generation.engine.scheduler import SchedulerConfig
 from miaohui.serving.remote_llm import RemoteLLMEngine
 
 if TYPE_CHECKING:
+    from miaohui.generation.engine.params import SamplingParams
     from miaohui.generation.executors.base import AnyCausalLMEngine
     from miaohui.generation.executors.slot_engine import TorchSlotEngine
     from miaohui.generation.executors.slot_options import SlotEngineOptions
@@ -45,6 +46,11 @@ log = logging.getLogger("miaohui.generation")
 
 ChatObserverFactory = Callable[[str, int], GenerationObserver | None]
 """``(model, version)`` → the metrics hooks of that version's generation loop (None: no metrics)."""
+
+ChatShadowTap = Callable[[list[int], "SamplingParams", list[int], str], None]
+"""Called with (prompt ids, sampling parameters, answer token ids, answer text) of every request the OpenAI API
+answered on a version in full (shadow mode, :mod:`miaohui.serving.shadow`); it must return at once (schedule its
+work) and never fail the request."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +80,8 @@ class ServedChatVersion:
         """What it was loaded with (a reload with an equal config keeps the version serving)."""
         self.ready = False
         self.load_seconds = 0.0
+        self.shadow_tap: ChatShadowTap | None = None
+        """Set by :class:`miaohui.serving.shadow.ShadowManager` on a primary version that is shadowed."""
 
     @property
     def vocab(self) -> int:
@@ -129,10 +137,13 @@ async def make_client(
     defaults: ChatDefaults,
     observer: GenerationObserver | None,
     engine_process: EngineClient | None,
+    *,
+    pinned: bool = False,
 ) -> LLMClient:
-    """The version's front end, chosen once (see the module docstring); not started."""
+    """The version's front end, chosen once (see the module docstring); not started. ``pinned``: an engine-process
+    version takes requests as itself, not as the model's serving version (a shadow candidate)."""
     if engine_process is not None:
-        return await RemoteLLMEngine.connect(engine_process, info.name, info.version)
+        return await RemoteLLMEngine.connect(engine_process, info.name, info.version, pinned=pinned)
     sched = chat_scheduler(path.parent, config, defaults)
     threads = config.threads or defaults.threads
     if info.backend == "llamacpp":
@@ -143,7 +154,10 @@ async def make_client(
 
     engine: AnyCausalLMEngine
     if info.backend == "inductor":
-        engine = await asyncio.to_thread(_load_static, path, config.engine)
+        options = config.engine
+        if not (path.parent / CONFIG_NAME).is_file():
+            options, sched = _gpu_defaults(path, info, sched)
+        engine = await asyncio.to_thread(_load_static, path, options)
     else:
         engine = await asyncio.to_thread(OrtCausalLMEngine, path, threads=threads)
     return local_client(engine, tokenizer, sched, observer)
@@ -167,13 +181,15 @@ async def load_chat_version(
     observer: GenerationObserver | None,
     engine_process: EngineClient | None,
 ) -> ServedChatVersion:
-    """Load version folder ``path`` and start it (warm-up included): ready to serve, or an error and nothing left."""
+    """Load version folder ``path`` and start it (warm-up included): ready to serve, or an error and nothing left.
+    The model's shadow candidate (``config.shadow``) is pinned (:func:`make_client`)."""
     started = time.perf_counter()
     info = read_info(path)
     # named where it is served: a version folder copied in keeps the name and number it was built as in causal_lm.json
     info = info.model_copy(update={"name": path.parent.name, "version": int(path.name)})
     tokenizer = ChatTokenizer.from_dir(path, info)
-    client = await make_client(path, info, tokenizer, config, defaults, observer, engine_process)
+    pinned = config.shadow is not None and config.shadow.version == info.version
+    client = await make_client(path, info, tokenizer, config, defaults, observer, engine_process, pinned=pinned)
     served = ServedChatVersion(info, path, tokenizer, client, config)
     served.load_seconds = time.perf_counter() - started
     try:
@@ -182,6 +198,25 @@ async def load_chat_version(
         await client.shutdown()
         raise
     return served
+
+
+def _gpu_defaults(
+    path: Path, info: CausalLMInfo, sched: SchedulerConfig
+) -> tuple[SlotEngineOptions | None, SchedulerConfig]:
+    """A GPU decoder without a ``generation.yaml``: the options :func:`~miaohui.generation.executors.slot_defaults.
+    choose_defaults` picks from its dims and this GPU's memory (on a CPU: the engine's own defaults)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None, sched
+    from miaohui.generation.build.static_artifact import read_static_meta
+    from miaohui.generation.executors.slot_defaults import choose_defaults
+
+    meta = read_static_meta(path)
+    passed = bool((info.validation or {}).get("int8_batch1", {}).get("passed"))
+    chosen = choose_defaults(meta.dims, torch.cuda.mem_get_info()[1], meta.precision, int8_gate_passed=passed)
+    log.info("%s v%d has no %s: %s", info.name, info.version, CONFIG_NAME, chosen.reason)
+    return chosen.engine, sched.model_copy(update=chosen.scheduler)
 
 
 def _load_static(path: Path, options: SlotEngineOptions | None) -> TorchSlotEngine:

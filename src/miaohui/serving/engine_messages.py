@@ -110,14 +110,16 @@ class Unload(NamedTuple):
 
 
 class Generate(NamedTuple):
-    """Admit generation request ``sid`` on ``model``'s serving version (reply: :class:`Ok` with that version once
-    admitted; its tokens follow in :class:`TokenBatch` frames)."""
+    """Admit generation request ``sid`` on ``model``'s serving version, or on ``version`` when one is named (a
+    shadow candidate's run); reply: :class:`Ok` with that version once admitted; its tokens follow in
+    :class:`TokenBatch` frames."""
 
     rid: int
     sid: int
     model: str
     prompt_ids: list[int]
     params: SamplingParams
+    version: int | None = None
 
 
 class Abort(NamedTuple):

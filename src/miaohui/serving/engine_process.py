@@ -197,7 +197,7 @@ class EngineServer:
         """Admit a worker's generation request on the model's serving version (its tokens follow in
         :class:`TokenBatch` frames); the reply names the version."""
         try:
-            served = self.manager.chat(request.model)
+            served = self.manager.chat(request.model, request.version)
             stream = served.client.add(request.prompt_ids, request.params, sink=streams.sink(request.sid))
         except MiaohuiError as exc:
             return Err(request.rid, error_fields(exc))
@@ -413,18 +413,24 @@ class EngineClient:
         await self._call(lambda rid: Unload(rid, model))
 
     async def generate(
-        self, sid: int, model: str, prompt_ids: list[int], params: SamplingParams, sink: ItemSink
+        self,
+        sid: int,
+        model: str,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        sink: ItemSink,
+        version: int | None = None,
     ) -> int:
-        """Start generation request ``sid`` on ``model``'s serving version in the engine process; returns that
-        version once admitted (raises its InputError / QueueFullError otherwise). ``sink`` gets the request's
-        items until one finishes it."""
+        """Start generation request ``sid`` on ``model``'s serving version (or on ``version``) in the engine
+        process; returns that version once admitted (raises its InputError / QueueFullError otherwise). ``sink``
+        gets the request's items until one finishes it."""
         self._token_sinks[sid] = sink
         try:
-            version = await self._call(lambda rid: Generate(rid, sid, model, prompt_ids, params))
+            served = await self._call(lambda rid: Generate(rid, sid, model, prompt_ids, params, version))
         except BaseException:
             self._token_sinks.pop(sid, None)
             raise
-        return cast(int, version)
+        return cast(int, served)
 
     def new_generation_id(self) -> int:
         """An id for a generation request, unique on this connection whichever model it is for."""

@@ -9,7 +9,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from miaohui.config import VersionPolicy
+from miaohui.config import ShadowConfig, VersionPolicy, check_shadow_served, primary_of
 from miaohui.engines.target import usable_cores
 from miaohui.errors import ConfigError
 from miaohui.paths import write_text_atomic
@@ -21,27 +21,6 @@ class WarmupShape(BaseModel):
 
     batch: int = Field(ge=1)
     sequence: int = Field(ge=1)
-
-
-class ShadowConfig(BaseModel):
-    """Shadow mode: requests answered by the primary version are also run, off the response path, on a
-    candidate version; the two outputs are compared (``GET /v1/shadow/<model>``, ``miaohui_shadow_drift``).
-
-    The candidate must be served too (``version_policy``: ``all``, or ``specific`` listing both versions);
-    the primary is then the newest served version other than the candidate."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    version: int = Field(ge=1)
-    """The candidate version (a folder of this model in the repository)."""
-    sample_rate: float = Field(default=1.0, ge=0.0, le=1.0)
-    """Share of primary requests also run on the candidate (0 = shadowing paused)."""
-    window: int = Field(default=1000, ge=1, le=1_000_000)
-    """Request pairs the figures are computed over (the most recent ones)."""
-    max_pending: int = Field(default=64, ge=1)
-    """Shadow runs in flight at most; a sampled request beyond it is skipped (and counted as dropped)."""
-    max_drift: float = Field(default=0.05, ge=0.0, le=1.0)
-    """Intent disagreement above this marks the report as failing (figure ``passed`` = 0)."""
 
 
 class ModelConfig(BaseModel):
@@ -95,27 +74,12 @@ class ModelConfig(BaseModel):
         return self.threads or max(1, usable_cores() // self.batching.instances)
 
     def primary_of(self, served: Iterable[int]) -> int | None:
-        """The version that answers requests naming none: the newest served one that is not the shadow
-        candidate (the newest of all when only the candidate is served; None when none is)."""
-        versions = sorted(served)
-        if not versions:
-            return None
-        live = [v for v in versions if self.shadow is None or v != self.shadow.version]
-        return (live or versions)[-1]
+        """The version that answers requests naming none (:func:`miaohui.config.primary_of`)."""
+        return primary_of(served, self.shadow)
 
     @model_validator(mode="after")
     def _shadow_served(self) -> ModelConfig:
-        vp, sh = self.version_policy, self.shadow
-        if sh is not None and vp.policy == "specific" and sh.version not in vp.versions:
-            raise ConfigError(
-                f"shadow.version {sh.version} is not among version_policy.versions {vp.versions}",
-                f"add {sh.version} to version_policy.versions so that the candidate is loaded",
-            )
-        if sh is not None and vp.policy == "latest" and vp.latest < 2:
-            raise ConfigError(
-                f"shadow.version {sh.version} needs two served versions, but version_policy is latest: {vp.latest}",
-                "use version_policy {policy: specific, versions: [PRIMARY, CANDIDATE]} or {policy: all}",
-            )
+        check_shadow_served(self.version_policy, self.shadow)
         return self
 
 

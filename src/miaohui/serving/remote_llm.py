@@ -24,15 +24,21 @@ from miaohui.serving.engine_process import EngineClient, remote_error
 class RemoteLLMEngine:
     """One chat version of the engine process, used from an HTTP worker."""
 
-    def __init__(self, client: EngineClient, model: str, version: int, vocab: int, max_model_len: int) -> None:
+    def __init__(
+        self, client: EngineClient, model: str, version: int, vocab: int, max_model_len: int, *, pinned: bool = False
+    ) -> None:
         self.client, self.model, self.version = client, model, version
+        self.pinned = pinned
+        """Requests go to this version (a shadow candidate); else to the model's serving version, which the engine
+        process chooses (so a swap another worker made is followed at once)."""
         self._vocab, self._max_model_len = vocab, max_model_len
         self._streams: dict[int, RequestStream] = {}
         self._running = False
 
     @classmethod
-    async def connect(cls, client: EngineClient, model: str, version: int) -> RemoteLLMEngine:
-        """The engine process's ``model`` version ``version``; UnavailableError (503) unless it serves it."""
+    async def connect(cls, client: EngineClient, model: str, version: int, *, pinned: bool = False) -> RemoteLLMEngine:
+        """The engine process's ``model`` version ``version``; UnavailableError (503) unless it serves it.
+        ``pinned``: see :attr:`pinned`."""
         served = (await client.llm_status()).get(model, {})
         facts = served.get(version)
         if facts is None:
@@ -40,7 +46,7 @@ class RemoteLLMEngine:
                 f"the engine process does not serve {model} version {version} (it serves {sorted(served) or 'none'})",
                 "see the engine process's load error in the server log",
             )
-        return cls(client, model, version, facts.vocab, facts.max_model_len)
+        return cls(client, model, version, facts.vocab, facts.max_model_len, pinned=pinned)
 
     @property
     def vocab(self) -> int:
@@ -96,8 +102,9 @@ class RemoteLLMEngine:
         """None once the engine process admitted the request, else its error (also pushed to the stream, so a
         caller that iterates without awaiting ``admitted()`` gets it there)."""
         try:
+            pinned = self.version if self.pinned else None
             version = await self.client.generate(
-                sid, self.model, prompt_ids, params or SamplingParams(), self._sink(sid)
+                sid, self.model, prompt_ids, params or SamplingParams(), self._sink(sid), pinned
             )
         except asyncio.CancelledError:  # the caller went away while waiting: the engine may have admitted it
             self._streams.pop(sid, None)

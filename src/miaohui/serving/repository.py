@@ -57,6 +57,17 @@ class ModelState(Generic[V]):
     def latest(self) -> V | None:
         return self.versions[max(self.versions)] if self.versions else None
 
+    @property
+    def primary(self) -> V | None:
+        """The version that answers requests naming none: the newest that is not the shadow candidate
+        (``shadow`` in the newest version's config)."""
+        newest = self.latest
+        if newest is None:
+            return None
+        config = newest.config
+        version = config.primary_of(list(self.versions)) if config is not None else None
+        return self.versions[version or newest.version]
+
 
 AnyState = ModelState[ServedVersion] | ModelState[ServedChatVersion]
 
@@ -321,11 +332,8 @@ class ModelManager:
         if state is None or not state.versions:
             known = ", ".join(s.name for s in self.all_states() if s.versions) or "none"
             raise ModelNotFoundError(f"model {name!r} is not loaded", f"loaded models: {known}")
-        if version is None or version == "":  # the primary: never a shadow candidate (ModelConfig.shadow)
-            newest = state.versions[max(state.versions)]
-            if isinstance(newest, ServedChatVersion):
-                return newest
-            return state.versions[newest.config.primary_of(state.versions) or newest.version]
+        if version is None or version == "":  # the primary: never a shadow candidate (config's shadow)
+            return cast("ServedVersion | ServedChatVersion", state.primary)
         try:
             v = int(version)
         except ValueError:
@@ -339,17 +347,21 @@ class ModelManager:
             )
         return state.versions[v]
 
-    def chat(self, name: str) -> ServedChatVersion:
-        """The chat model's serving version (its newest loaded one): ModelNotFoundError (404) naming the chat models
-        served, UnavailableError (503) while it unloads."""
+    def chat(self, name: str, version: int | None = None) -> ServedChatVersion:
+        """The chat model's serving version (its newest loaded one other than a shadow candidate), or ``version``:
+        ModelNotFoundError (404) naming the chat models served, UnavailableError (503) while it unloads."""
         state = self._models.get(name)
         if state is not None and state.chat and state.state == "UNLOADING":
             raise UnavailableError(
                 f"model {name!r} is unloading", f"load it again (POST /v2/repository/models/{name}/load)"
             )
-        latest = state.latest if state is not None else None
-        if isinstance(latest, ServedChatVersion):
-            return latest
+        if version is not None and state is not None and state.chat:
+            served = self.version(name, version)
+            if isinstance(served, ServedChatVersion):
+                return served
+        primary = state.primary if state is not None else None
+        if isinstance(primary, ServedChatVersion):
+            return primary
         if name in self._failed:
             raise ModelNotFoundError(
                 f"model {name!r} is not loaded ({self._failed[name]})",

@@ -16,6 +16,17 @@ have the same labels) and the figures are exported as ``miaohui_shadow_drift{mod
 primary and drops state of models no longer shadowed (a reload makes new ``ServedVersion`` objects). It runs
 at start and every ``sync_interval_s`` while started, and before each report.
 
+Chat models (``shadow:`` in ``generation.yaml``) work the same way: every request the OpenAI API answered in full
+on the primary calls the primary :class:`~miaohui.serving.chat.ServedChatVersion`'s ``shadow_tap`` with the prompt
+ids, the sampling parameters and the answer (token ids and text), after the answer went out; the candidate runs the
+same prompt with the same parameters through its own front end (an engine-process version of ``--shared-engine``
+is pinned, so the engine process runs the candidate and not the serving version). The comparator gets greedy
+agreement (token-for-token equal answers, greedy requests only) and the frequency of each ``shadow.keywords`` entry
+in each version's answers; a keyword whose frequencies differ by more than ``max_drift`` fails the report. The
+figures are in ``miaohui_shadow_drift`` and, per keyword, ``miaohui_shadow_keyword_frequency{model, keyword,
+version}`` (``primary`` / ``candidate``). Under ``--workers N`` each HTTP worker shadows the requests it answered;
+``GET /v1/shadow`` reports the answering worker's, ``/metrics`` the largest figure over the workers.
+
 The primary is :func:`primary_version`: the newest served version other than the candidate.
 """
 
@@ -26,7 +37,7 @@ import contextlib
 import functools
 import logging
 import random
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol
 
@@ -34,6 +45,8 @@ import numpy as np
 from pydantic import BaseModel
 
 from miaohui.errors import ModelNotFoundError
+from miaohui.generation.engine.params import SamplingParams
+from miaohui.serving.chat import ServedChatVersion
 from miaohui.serving.model_config import ShadowConfig
 from miaohui.serving.served import ServedVersion
 from miaohui.validate.consistency import DriftReport, DriftThresholds, EngineOutput, ShadowComparator
@@ -56,6 +69,11 @@ class ShadowMetrics(Protocol):
         """``miaohui_shadow_drift{model, figure}``."""
         ...
 
+    @property
+    def shadow_keywords(self) -> Gauge:
+        """``miaohui_shadow_keyword_frequency{model, keyword, version}``."""
+        ...
+
 
 SHADOW_FIGURES = (
     "pairs",
@@ -66,6 +84,9 @@ SHADOW_FIGURES = (
     "intent_agreement",
     "logit_max_abs_error",
     "logit_mean_abs_error",
+    "greedy_pairs",
+    "greedy_agreement",
+    "keyword_frequency_drift",
     "passed",
 )
 """The ``figure`` label values of ``miaohui_shadow_drift``."""
@@ -83,6 +104,7 @@ class ShadowStatus(BaseModel):
     """``GET /v1/shadow/{model}``: where shadowing of one model stands, and the drift figures."""
 
     model: str
+    kind: Literal["encoder", "chat"]
     state: Literal["active", "candidate_not_loaded"]
     reason: str = ""
     primary_version: int | None
@@ -99,7 +121,8 @@ class ShadowStatus(BaseModel):
     pending: int
     """Shadow runs in flight now."""
     passed: bool
-    """No threshold of the report is crossed (intent disagreement above ``max_drift``)."""
+    """No threshold of the report is crossed (intent disagreement, or a keyword's frequency difference, above
+    ``max_drift``)."""
     report: DriftReport
     """Figures over the last ``window`` pairs."""
 
@@ -110,14 +133,18 @@ class _Shadow:
 
     model: str
     config: ShadowConfig
-    primary: ServedVersion | None
-    candidate: ServedVersion | None
+    primary: ServedVersion | ServedChatVersion | None
+    candidate: ServedVersion | ServedChatVersion | None
     comparator: ShadowComparator
     rng: random.Random
     sampled: int = 0
     dropped: int = 0
     errors: int = 0
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
+
+    @property
+    def chat(self) -> bool:
+        return isinstance(self.primary or self.candidate, ServedChatVersion)
 
     @property
     def key(self) -> tuple[ShadowConfig, int | None, int | None]:
@@ -184,22 +211,24 @@ class ShadowManager:
     def sync(self) -> None:
         """Install the tap on each shadowed model's primary; forget models that are no longer shadowed."""
         seen: set[str] = set()
-        for state in self.manager.states():
-            if not state.versions:
-                continue
-            config = state.versions[max(state.versions)].config.shadow
-            if config is None:
+        for state in self.manager.all_states():
+            newest, primary = state.latest, state.primary
+            config = newest.config.shadow if newest is not None and newest.config is not None else None
+            if config is None or primary is None:
                 continue
             seen.add(state.name)
-            p = primary_version(state.versions)
-            primary = state.versions.get(p) if p is not None and p != config.version else None
-            candidate = state.versions.get(config.version)
-            self._update(state.name, config, primary, candidate)
+            if primary.version == config.version:
+                primary = None
+            self._update(state.name, config, primary, state.versions.get(config.version))
         for name in set(self._shadows) - seen:
             self._forget(name)
 
     def _update(
-        self, name: str, config: ShadowConfig, primary: ServedVersion | None, candidate: ServedVersion | None
+        self,
+        name: str,
+        config: ShadowConfig,
+        primary: ServedVersion | ServedChatVersion | None,
+        candidate: ServedVersion | ServedChatVersion | None,
     ) -> None:
         sh = self._shadows.get(name)
         key = (config, primary.version if primary else None, candidate.version if candidate else None)
@@ -208,7 +237,8 @@ class ShadowManager:
                 self._untap(sh)
                 for task in sh.tasks:
                     task.cancel()
-            sh = _Shadow(name, config, primary, candidate, self._comparator(config), random.Random(self.seed))
+            chat = isinstance(primary or candidate, ServedChatVersion)
+            sh = _Shadow(name, config, primary, candidate, self._comparator(config, chat), random.Random(self.seed))
             self._shadows[name] = sh
             log.info(
                 "shadowing %s: primary v%s, candidate v%d (%s), sample rate %.3g",
@@ -219,12 +249,17 @@ class ShadowManager:
                 self._untap(sh)
             sh.primary, sh.candidate = primary, candidate
         if sh.primary is not None and sh.candidate is not None:
-            sh.primary.shadow_tap = functools.partial(self._tap, sh)
+            if isinstance(sh.primary, ServedChatVersion):
+                sh.primary.shadow_tap = functools.partial(self._tap_chat, sh)
+            else:
+                sh.primary.shadow_tap = functools.partial(self._tap, sh)
         self._export(sh)
 
     @staticmethod
-    def _comparator(config: ShadowConfig) -> ShadowComparator:
-        return ShadowComparator(DriftThresholds(max_drift=config.max_drift), categories={}, window=config.window)
+    def _comparator(config: ShadowConfig, chat: bool) -> ShadowComparator:
+        thresholds = DriftThresholds(max_drift=config.max_drift)
+        keywords = config.keywords if chat else ()
+        return ShadowComparator(thresholds, categories={}, window=config.window, keywords=keywords)
 
     @staticmethod
     def _untap(sh: _Shadow) -> None:
@@ -242,6 +277,10 @@ class ShadowManager:
             for figure in SHADOW_FIGURES:
                 with contextlib.suppress(KeyError):
                     self.metrics.shadow.remove(name, figure)
+            for keyword in sh.comparator.keywords:
+                for role in ("primary", "candidate"):
+                    with contextlib.suppress(KeyError):
+                        self.metrics.shadow_keywords.remove(name, keyword, role)
 
     async def _drop(self, name: str) -> None:
         sh = self._shadows.get(name)
@@ -251,18 +290,63 @@ class ShadowManager:
 
     # ------------------------------------------------------------------ the live path
 
-    def _tap(self, sh: _Shadow, texts: list[str], logits: np.ndarray) -> None:
-        """Called by the primary's classify: decide, then schedule the candidate's run. Returns at once."""
+    def _sample(self, sh: _Shadow) -> bool:
+        """Whether this primary call is shadowed: sampled at ``sample_rate`` and a run slot free."""
         if sh.candidate is None or sh.rng.random() >= sh.config.sample_rate:
-            return
+            return False
         sh.sampled += 1
         if len(sh.tasks) >= sh.config.max_pending:
             sh.dropped += 1
             self._export(sh)
-            return
-        task = asyncio.get_running_loop().create_task(self._run(sh, sh.candidate, list(texts), np.array(logits)))
+            return False
+        return True
+
+    def _schedule(self, sh: _Shadow, run: Coroutine[None, None, None]) -> None:
+        task = asyncio.get_running_loop().create_task(run)
         sh.tasks.add(task)
         task.add_done_callback(sh.tasks.discard)
+
+    def _tap(self, sh: _Shadow, texts: list[str], logits: np.ndarray) -> None:
+        """Called by the primary's classify: decide, then schedule the candidate's run. Returns at once."""
+        candidate = sh.candidate
+        if candidate is not None and not isinstance(candidate, ServedChatVersion) and self._sample(sh):
+            self._schedule(sh, self._run(sh, candidate, list(texts), np.array(logits)))
+
+    def _tap_chat(self, sh: _Shadow, prompt: list[int], params: SamplingParams, tokens: list[int], text: str) -> None:
+        """Called by the OpenAI API once the primary's answer went out: decide, then schedule the candidate's run
+        of the same prompt and parameters. Returns at once."""
+        if isinstance(sh.candidate, ServedChatVersion) and self._sample(sh):
+            primary = EngineOutput(text=text, tokens=list(tokens) if params.temperature == 0 else None)
+            self._schedule(sh, self._run_chat(sh, sh.candidate, list(prompt), params, primary))
+
+    async def _run_chat(
+        self,
+        sh: _Shadow,
+        candidate: ServedChatVersion,
+        prompt: list[int],
+        params: SamplingParams,
+        primary: EngineOutput,
+    ) -> None:
+        stream = candidate.client.add(prompt, params)
+        try:
+            await stream.admitted()
+            events = [event async for event in stream]
+            finish = events[-1].finish_reason if events else None
+            if finish not in ("stop", "length"):
+                raise RuntimeError(f"the candidate's answer ended with {finish!r}")
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            sh.errors += 1
+            log.warning("shadow run of %s v%d failed: %s", sh.model, candidate.version, exc)
+            self._export(sh)
+            return
+        finally:
+            stream.abort()
+        tokens = [e.token_id for e in events if e.token_id is not None]
+        text = "".join(e.text for e in events)
+        sh.comparator.observe(primary, EngineOutput(text=text, tokens=tokens if primary.tokens is not None else None))
+        self._export(sh)
 
     async def _run(self, sh: _Shadow, candidate: ServedVersion, texts: list[str], primary: np.ndarray) -> None:
         try:
@@ -274,7 +358,7 @@ class ShadowManager:
             log.warning("shadow run of %s v%d failed: %s", sh.model, candidate.version, exc)
             self._export(sh)
             return
-        if sh.primary is None:
+        if sh.primary is None or isinstance(sh.primary, ServedChatVersion):
             return
         p_labels, c_labels = sh.primary.manifest.labels, candidate.manifest.labels
         same = list(p_labels) == list(c_labels)
@@ -300,6 +384,7 @@ class ShadowManager:
         report = sh.comparator.report()
         return ShadowStatus(
             model=sh.model,
+            kind="chat" if sh.chat else "encoder",
             state="candidate_not_loaded" if missing else "active",
             reason=reason,
             primary_version=sh.primary.version if sh.primary else None,
@@ -319,10 +404,11 @@ class ShadowManager:
         self.sync()
         sh = self._shadows.get(model)
         if sh is None:
-            self.manager.get(model)  # not loaded: its own 404 message
+            self.manager.version(model)  # not loaded: its own 404 message
             raise ModelNotFoundError(
                 f"model {model!r} is not shadowed",
-                "add shadow: {version: CANDIDATE, sample_rate: 0.1} to its config.yaml, serve both versions "
+                "add shadow: {version: CANDIDATE, sample_rate: 0.1} to its config.yaml (a chat model: its "
+                "generation.yaml), serve both versions "
                 f"(version_policy), then POST /v2/repository/models/{model}/load",
             )
         return self.status(sh)
@@ -344,8 +430,14 @@ class ShadowManager:
             "intent_agreement": r.intent_agreement,
             "logit_max_abs_error": r.logit_max_abs_error,
             "logit_mean_abs_error": r.logit_mean_abs_error,
+            "greedy_pairs": r.greedy_pairs if sh.chat else None,
+            "greedy_agreement": r.greedy_agreement,
+            "keyword_frequency_drift": r.keyword_frequency_drift,
             "passed": float(r.passed) if r.n else None,
         }
         for figure, value in values.items():
             if value is not None:
                 self.metrics.shadow.labels(sh.model, figure).set(value)
+        for role, freqs in (("primary", r.keyword_frequency_old), ("candidate", r.keyword_frequency_new)):
+            for keyword, share in (freqs or {}).items():
+                self.metrics.shadow_keywords.labels(sh.model, keyword, role).set(share)

@@ -9,6 +9,10 @@ Figures, each computed over the pairs that carry it:
 * ``keyword_drift`` — total-variation distance ``½ Σ |p - q|`` between the distributions of the replies'
   dominant keyword category (:func:`miaohui.nlp.keywords.dominant_category`, with ``none`` for replies
   without a keyword), e.g. 拒绝/接受/折中/探询 for the negotiation coach.
+* ``greedy_agreement`` — share of greedy answers (pairs that carry ``tokens``) whose token ids are identical.
+* ``keyword_frequency_old`` / ``_new`` — per keyword of a plain list (the chat shadow's ``keywords``), the share
+  of each engine's answers that contain it; ``keyword_frequency_drift`` — the largest difference. A keyword whose
+  frequencies differ by more than ``max_drift`` fails the check.
 
 :func:`compare_outputs` compares two complete runs (``miaohui compare OLD NEW``); :class:`ShadowComparator`
 accumulates the same figures online from (primary, shadow) pairs over a sliding window, for the server's
@@ -61,6 +65,8 @@ class EngineOutput(BaseModel):
     intent: str | None = None
     logits: list[float] | None = None
     text: str | None = None
+    tokens: list[int] | None = None
+    """A greedy answer's token ids (None for a sampled answer: its tokens are not expected to agree)."""
 
 
 class EngineOutputs(BaseModel):
@@ -104,6 +110,16 @@ class DriftReport(BaseModel):
     """Inputs whose intents differ only by the out-of-scope decision, with both confidences within the engines'
     measured confidence difference of the threshold (a coin toss between the engines, not drift): reported here
     and left out of ``intent_agreement``."""
+    greedy_pairs: int = 0
+    """Pairs of greedy answers compared token by token."""
+    greedy_agreement: float | None = None
+    """Share of greedy answer pairs whose token ids are identical."""
+    keyword_frequency_old: dict[str, float] | None = None
+    """Per keyword, the share of the old (primary) engine's answers that contain it."""
+    keyword_frequency_new: dict[str, float] | None = None
+    """The same for the new (shadow) engine."""
+    keyword_frequency_drift: float | None = None
+    """The largest difference of one keyword's frequencies."""
     thresholds: DriftThresholds = DriftThresholds()
     failures: list[str] = Field(default_factory=list)
     """One sentence per crossed threshold; empty when the check passes."""
@@ -188,11 +204,22 @@ class _Pair(BaseModel):
     text_sim: float | None = None
     cat_old: str | None = None
     cat_new: str | None = None
+    tokens_exact: bool | None = None
+    kw_old: tuple[bool, ...] | None = None
+    kw_new: tuple[bool, ...] | None = None
     tie: bool = False
 
 
-def _pair(old: EngineOutput, new: EngineOutput, categories: Mapping[str, Sequence[str]], tie: bool = False) -> _Pair:
+def _pair(
+    old: EngineOutput,
+    new: EngineOutput,
+    categories: Mapping[str, Sequence[str]],
+    keywords: Sequence[str] = (),
+    tie: bool = False,
+) -> _Pair:
     out = _Pair()
+    if old.tokens is not None and new.tokens is not None:
+        out.tokens_exact = old.tokens == new.tokens
     if old.intent is not None and new.intent is not None:
         out.intent_agree = old.intent == new.intent
         if tie and not out.intent_agree:
@@ -212,6 +239,9 @@ def _pair(old: EngineOutput, new: EngineOutput, categories: Mapping[str, Sequenc
         if categories:
             out.cat_old = dominant_category(old.text, categories)
             out.cat_new = dominant_category(new.text, categories)
+        if keywords:
+            out.kw_old = tuple(k in old.text for k in keywords)
+            out.kw_new = tuple(k in new.text for k in keywords)
     return out
 
 
@@ -219,7 +249,9 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def _aggregate(pairs: Sequence[_Pair], thresholds: DriftThresholds, categories: Sequence[str]) -> DriftReport:
+def _aggregate(
+    pairs: Sequence[_Pair], thresholds: DriftThresholds, categories: Sequence[str], keywords: Sequence[str] = ()
+) -> DriftReport:
     agree = [p.intent_agree for p in pairs if p.intent_agree is not None]
     logit_max = [p.logit_max for p in pairs if p.logit_max is not None]
     logit_count = sum(p.logit_count for p in pairs)
@@ -240,6 +272,14 @@ def _aggregate(pairs: Sequence[_Pair], thresholds: DriftThresholds, categories: 
         report.keyword_distribution_old = {k: old_c[k] / len(cats) for k in keys}
         report.keyword_distribution_new = {k: new_c[k] / len(cats) for k in keys}
         report.keyword_drift = total_variation(report.keyword_distribution_old, report.keyword_distribution_new)
+    greedy = [p.tokens_exact for p in pairs if p.tokens_exact is not None]
+    report.greedy_pairs, report.greedy_agreement = len(greedy), _mean([float(g) for g in greedy])
+    kws = [(p.kw_old, p.kw_new) for p in pairs if p.kw_old is not None and p.kw_new is not None]
+    if keywords and kws:
+        report.keyword_frequency_old = {k: sum(o[i] for o, _ in kws) / len(kws) for i, k in enumerate(keywords)}
+        report.keyword_frequency_new = {k: sum(n[i] for _, n in kws) / len(kws) for i, k in enumerate(keywords)}
+        old_f, new_f = report.keyword_frequency_old, report.keyword_frequency_new
+        report.keyword_frequency_drift = max(abs(old_f[k] - new_f[k]) for k in keywords)
     report.failures = _failures(report, thresholds, len(agree))
     return report
 
@@ -259,6 +299,14 @@ def _failures(r: DriftReport, t: DriftThresholds, n_intents: int) -> list[str]:
             f"keyword-distribution drift {r.keyword_drift:.3f} exceeds the threshold {t.max_drift:.3f} "
             f"(largest change: {worst} {old[worst]:.2f} -> {new.get(worst, 0.0):.2f})"
         )
+    old_f, new_f = r.keyword_frequency_old or {}, r.keyword_frequency_new or {}
+    for k, old_k in old_f.items():
+        diff = abs(new_f[k] - old_k)
+        if diff > t.max_drift + 1e-12:
+            out.append(
+                f"keyword {k!r} is in {new_f[k]:.1%} of the new engine's answers and {old_k:.1%} of the old one's "
+                f"(difference {diff:.1%} exceeds {t.max_drift:.1%})"
+            )
     if (
         t.max_logit_error is not None
         and r.logit_max_abs_error is not None
@@ -296,7 +344,7 @@ def compare_outputs(
     if len(old) == 0:
         raise InputError("nothing to compare: no intents, logits or texts", "give both engines' outputs")
     tie = ties or {}
-    pairs = [_pair(old.item(i), new.item(i), cats, i in tie) for i in range(len(old))]
+    pairs = [_pair(old.item(i), new.item(i), cats, tie=i in tie) for i in range(len(old))]
     report = _aggregate(pairs, thresholds or DriftThresholds(), list(cats))
     report.threshold_ties = [tie[i] for i, p in enumerate(pairs) if p.tie]
     return report
@@ -310,20 +358,23 @@ class ShadowComparator:
         thresholds: DriftThresholds | None = None,
         categories: Mapping[str, Sequence[str]] | None = None,
         window: int = 1000,
+        keywords: Sequence[str] = (),
     ) -> None:
+        """``keywords``: a plain list whose frequencies in the two engines' answers are compared (chat models)."""
         if window < 1:
             raise InputError(f"shadow window {window} < 1", "keep at least one pair, e.g. window=1000")
         self.thresholds = thresholds or DriftThresholds()
         self.categories = dict(NEGOTIATION_CATEGORIES if categories is None else categories)
+        self.keywords = tuple(keywords)
         self._pairs: deque[_Pair] = deque(maxlen=window)
         self.total = 0
         """Pairs observed since creation (the window holds the last ``window`` of them)."""
 
     def observe(self, primary: EngineOutput, shadow: EngineOutput) -> None:
         """Record one (primary, shadow) output pair for the same request."""
-        self._pairs.append(_pair(primary, shadow, self.categories))
+        self._pairs.append(_pair(primary, shadow, self.categories, self.keywords))
         self.total += 1
 
     def report(self) -> DriftReport:
         """Current figures over the window (``n`` = 0 and no figures before the first pair)."""
-        return _aggregate(list(self._pairs), self.thresholds, list(self.categories))
+        return _aggregate(list(self._pairs), self.thresholds, list(self.categories), self.keywords)

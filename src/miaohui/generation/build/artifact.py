@@ -39,9 +39,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from miaohui.config import VersionPolicy
+from miaohui.config import ShadowConfig, VersionPolicy, check_shadow_served, primary_of
 from miaohui.engines.store import versions
 from miaohui.errors import ArtifactError, ConfigError, InputError
 from miaohui.generation.build.export import META_NAME, TOKENIZER_NAME, DecoderExportSpec, Int8Method
@@ -116,6 +116,19 @@ class GenerationModelConfig(BaseModel):
     version_policy: VersionPolicy = Field(default_factory=VersionPolicy)
     """Which versions are served (default: the newest). A new version serves once loaded and warmed up
     (``POST /v2/repository/models/<name>/load``); streams running on the version it replaces finish there."""
+    shadow: ShadowConfig | None = None
+    """Shadow a candidate version on live traffic: sampled requests answered by the primary also run on the
+    candidate, off the response path; greedy agreement and keyword frequencies are compared (``GET /v1/shadow``).
+    None = off."""
+
+    def primary_of(self, served: Sequence[int]) -> int | None:
+        """The version that answers requests (:func:`miaohui.config.primary_of`: never the shadow candidate)."""
+        return primary_of(served, self.shadow)
+
+    @model_validator(mode="after")
+    def _shadow_served(self) -> GenerationModelConfig:
+        check_shadow_served(self.version_policy, self.shadow)
+        return self
 
 
 def is_causal_lm_dir(version_dir: Path) -> bool:
@@ -159,7 +172,7 @@ def load_generation_config(model_dir: Path) -> GenerationModelConfig:
         return GenerationModelConfig.model_validate(yaml.safe_load(path.read_text(encoding="utf-8")) or {})
     except (yaml.YAMLError, ValidationError) as exc:
         raise ConfigError(
-            f"{path} is invalid: {exc}", "fix it: keys are scheduler (max_running_seqs, ...) and threads"
+            f"{path} is invalid: {exc}", "fix it: keys are scheduler (max_running_seqs, ...), threads, engine, version_policy and shadow"
         ) from exc
 
 
@@ -266,6 +279,8 @@ def _build_key(source: str, precision: str, method: str | None, spec: DecoderExp
     import torch
     import transformers
 
+    from miaohui.generation.build.compile_cache import machine_facts
+
     facts = {
         "source": source,
         "precision": precision,
@@ -273,6 +288,8 @@ def _build_key(source: str, precision: str, method: str | None, spec: DecoderExp
         "spec": spec.model_dump(mode="json"),
         "versions": [torch.__version__, transformers.__version__, onnx.__version__, onnxruntime.__version__],
     }
+    if precision.startswith("inductor:"):  # its compile cache holds code for this GPU and these libraries
+        facts["machine"] = machine_facts()
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
 
 
@@ -417,3 +434,9 @@ def _save_static(out: Path, model: Any, tokenizer: Any, precision: LLMPrecision)
     if precision not in ("bf16", "fp16", "fp32"):
         raise ConfigError(f"precision {precision!r} is not an inductor precision", "use bf16, fp16 or fp32")
     save_static_decoder(out, model, tokenizer, precision, eos, pad, check_prompt=list(prompt))
+    import torch
+
+    if torch.cuda.is_available():  # what serve would compile, compiled now into the version (compile_cache.py)
+        from miaohui.generation.build.static_artifact import build_compile_cache
+
+        build_compile_cache(out)

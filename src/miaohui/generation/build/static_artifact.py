@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel
 
 from miaohui.errors import ArtifactError, ExportError
+from miaohui.generation.build.compile_cache import CompileCacheInfo, load_compile_cache, save_compile_cache
 
 if TYPE_CHECKING:
     import torch
@@ -44,6 +45,8 @@ class StaticDecoderMeta(BaseModel):
     check_max_abs_error: float
     """fp32 static-KV module vs HF logits (prefill + one decode step) at save time."""
     save_seconds: float
+    compile_cache: CompileCacheInfo | None = None
+    """``compile-cache.bin`` (built on a GPU: what every bucket compiled), loaded before the engine compiles."""
 
 
 def _check(hf_model: PreTrainedModel, prompt: list[int], tolerance: float) -> float:
@@ -134,8 +137,11 @@ def load_slot_engine(folder: Path, options: SlotEngineOptions | None = None) -> 
     from miaohui.generation.executors.slot_engine import TorchSlotEngine, resolve_device
     from miaohui.generation.executors.slot_options import SlotEngineOptions
 
+    import logging
+
     meta = read_static_meta(folder)
     opts = options or SlotEngineOptions(dtype=meta.precision)
+    logging.getLogger(__name__).info("compile cache of %s: %s", folder, load_compile_cache(folder, meta.compile_cache))
     fix = f"rebuild {folder.parent.name} with `miaohui build-llm --backend inductor`"
     try:
         config = json.loads((folder / HF_CONFIG_NAME).read_text(encoding="utf-8"))
@@ -146,3 +152,17 @@ def load_slot_engine(folder: Path, options: SlotEngineOptions | None = None) -> 
     if max_len != opts.max_len:
         opts = opts.model_copy(update={"max_len": max_len, "length_buckets": ()})
     return TorchSlotEngine.create(config, state, meta.eos_token_ids, meta.pad_token_id, opts)
+
+
+def build_compile_cache(folder: Path, options: SlotEngineOptions | None = None) -> CompileCacheInfo | None:
+    """Compile (warm up) the version's engine on this machine's GPU and save what it compiled into the version
+    (:mod:`miaohui.generation.build.compile_cache`); its facts are written into ``static_decoder.json``."""
+    engine = load_slot_engine(folder, options)
+    try:
+        info = save_compile_cache(folder, engine.warmup)
+    finally:
+        engine.close()
+    if info is not None:
+        meta = read_static_meta(folder).model_copy(update={"compile_cache": info})
+        (folder / META_NAME).write_text(meta.model_dump_json(indent=2))
+    return info

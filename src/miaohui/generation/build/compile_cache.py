@@ -1,0 +1,106 @@
+"""The compile cache of an ``inductor`` causal-LM version: what Inductor compiled for every bucket at build, as torch's
+portable cache artifacts (``torch.compiler.save_cache_artifacts``: Inductor's FX-graph entries with their Triton
+kernels, AOTAutograd entries, autotuning results), loaded before the engine compiles at serve.
+
+``compile-cache.bin`` sits in the version folder; :class:`CompileCacheInfo` (its sha256, size and the machine facts it
+was made under) goes into ``static_decoder.json``. A file that is missing, corrupt or made under other GPU / library
+versions is not used: the engine then compiles at load, and the log says why and how long that took. Loading never
+fails the start.
+
+Measured on a CPU (tiny random Qwen2 decoder, eager engine with ``compile=True``): the round trip gives an FX-graph
+cache hit for each of the 7 compiled graphs (``lab/notes/2026-12-04-own-decoder-gpu.md``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from pydantic import BaseModel
+
+log = logging.getLogger(__name__)
+
+CACHE_FILE = "compile-cache.bin"
+
+
+class CompileCacheInfo(BaseModel):
+    """What ``static_decoder.json`` records about ``compile-cache.bin``."""
+
+    file: str = CACHE_FILE
+    sha256: str
+    bytes: int
+    facts: dict[str, str]
+    """:func:`machine_facts` at build: a load under other facts does not use the file."""
+    compile_seconds: float
+    """The build's warm-up that compiled every bucket."""
+
+
+def machine_facts() -> dict[str, str]:
+    """The GPU and the library versions compiled code depends on (also part of the build key)."""
+    import torch
+
+    facts = {"torch": torch.__version__, "cuda": str(torch.version.cuda), "device": "cpu"}
+    try:
+        from importlib.metadata import version
+
+        facts["triton"] = version("triton")
+    except Exception:  # a CPU torch without Triton
+        facts["triton"] = "none"
+    if torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability()
+        facts["device"] = f"{torch.cuda.get_device_name()} sm{major}{minor}"
+    return facts
+
+
+def save_compile_cache(folder: Path, compile_all: Callable[[], float]) -> CompileCacheInfo | None:
+    """Run ``compile_all`` (an engine's warm-up over every bucket; returns seconds) and write what it compiled into
+    ``folder / compile-cache.bin``; None when torch recorded nothing."""
+    import torch
+
+    torch.compiler.reset()  # only this engine's artifacts are recorded from here
+    seconds = compile_all()
+    saved = torch.compiler.save_cache_artifacts()
+    if saved is None:
+        return None
+    data = saved[0]
+    (folder / CACHE_FILE).write_bytes(data)
+    return CompileCacheInfo(
+        sha256=hashlib.sha256(data).hexdigest(),
+        bytes=len(data),
+        facts=machine_facts(),
+        compile_seconds=round(seconds, 2),
+    )
+
+
+def load_compile_cache(folder: Path, info: CompileCacheInfo | None) -> str:
+    """Load the version's compile cache into this process's Inductor caches; returns what happened, for the log
+    (``"loaded ..."`` or why not). Never raises: a bad file only means the engine compiles at load."""
+    if info is None:
+        return "none built (the engine compiles at load)"
+    path = folder / info.file
+    started = time.perf_counter()
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        return f"not used: cannot read {path} ({exc}); the engine compiles at load"
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != info.sha256:
+        return f"not used: {path} has sha256 {digest[:12]}…, the build wrote {info.sha256[:12]}…; compiling at load"
+    here = machine_facts()
+    differ = {k: (v, here.get(k)) for k, v in info.facts.items() if here.get(k) != v}
+    if differ:
+        said = ", ".join(f"{k} {a!r} at build, {b!r} here" for k, (a, b) in sorted(differ.items()))
+        return f"not used: made under other versions ({said}); compiling at load (rebuild on this machine)"
+    import torch
+
+    try:
+        loaded = torch.compiler.load_cache_artifacts(data)
+    except Exception as exc:  # torch raises its own errors for a malformed file
+        return f"not used: torch could not read {path} ({type(exc).__name__}: {exc}); compiling at load"
+    if loaded is None:  # torch logs its own warning for a malformed file and returns None
+        return f"not used: torch could not read {path} (its warning above says why); compiling at load"
+    entries = sum(len(v) for v in loaded.artifacts.values())
+    return f"loaded {entries} entries from {info.file} in {time.perf_counter() - started:.2f}s"
