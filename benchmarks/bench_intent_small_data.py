@@ -46,6 +46,12 @@ DATA = ROOT / "data" / "own_intents"
 RESULTS = ROOT / "results"
 DOMAINS = ("shop", "travel")
 TEST, DEV = 5, 3
+NEGATIVES = {
+    "none": (),
+    "tune": ("chitchat_tune.jsonl",),
+    "tune+more": ("chitchat_tune.jsonl", "chitchat_more.jsonl"),
+}
+"""``--negatives``: the chit-chat files given as ``--oos-data`` (never ``chitchat_test.jsonl``)."""
 
 
 def split(
@@ -66,7 +72,52 @@ def split(
     return pool, dev, test
 
 
-def measure(model_dir: Path, test: list[LabelledText], chat: list[str]) -> dict[str, Any]:
+SCORES = ("max_softmax", "energy", "margin")
+"""Out-of-scope scores compared on the same logits (higher = more in-domain): the calibrated top probability (what
+``train-intent`` ships), the energy score ``T·logsumexp(z/T)`` (Liu et al., 2020) and the margin between the two
+best calibrated probabilities."""
+
+
+def score(logits: np.ndarray, kind: str, temperature: float) -> np.ndarray:
+    z = np.asarray(logits, dtype=np.float64) / temperature
+    if kind == "energy":
+        top = z.max(-1)
+        return temperature * (top + np.log(np.exp(z - top[:, None]).sum(-1)))
+    p = np.sort(softmax(logits, temperature), axis=-1)
+    return p[:, -1] - p[:, -2] if kind == "margin" else p[:, -1]
+
+
+def compare_scores(
+    dev: tuple[np.ndarray, np.ndarray],
+    test: tuple[np.ndarray, np.ndarray],
+    chat: np.ndarray,
+    temperature: float,
+    recalls: tuple[float, ...] = (0.95, 0.97, 0.99),
+) -> list[dict[str, Any]]:
+    """Each score with its threshold fitted on dev as ``train-intent`` fits the shipped one (the highest that keeps
+    ``recall`` of the in-domain dev texts): in-domain test accuracy with the decision and chit-chat rejected."""
+    from miaohui.models.decision import choose_threshold
+
+    out = []
+    for kind in SCORES:
+        for recall in recalls:
+            cut = choose_threshold(score(dev[0], kind, temperature), recall)
+            kept = score(test[0], kind, temperature) >= cut
+            hit = (test[0].argmax(-1) == test[1]) & kept
+            out.append(
+                {
+                    "score": kind,
+                    "target_recall": recall,
+                    "test_accuracy_with_oos": round(float(hit.mean()), 4),
+                    "chitchat_rejected": round(float((score(chat, kind, temperature) < cut).mean()), 4),
+                }
+            )
+    return out
+
+
+def measure(
+    model_dir: Path, test: list[LabelledText], chat: list[str], dev: list[LabelledText] | None = None
+) -> dict[str, Any]:
     loaded = load_checkpoint(model_dir)
     tok = TextTokenizer(loaded.tokenizer, loaded.meta.max_length)
     labels, decision = loaded.meta.labels, loaded.meta.decision
@@ -77,7 +128,7 @@ def measure(model_dir: Path, test: list[LabelledText], chat: list[str]) -> dict[
     chat_logits = full_logits(loaded.module, tok, chat, loaded.meta.max_length).numpy()
     rejected = [d.out_of_scope for d in decide(chat_logits, labels, decision)]
     plain = softmax(chat_logits).max(-1)
-    return {
+    out = {
         "test_accuracy": round(float(np.mean([a == b for a, b in zip(best, gold, strict=True)])), 4),
         "test_accuracy_with_oos": round(float(np.mean([a == b for a, b in zip(answered, gold, strict=True)])), 4),
         "test_answered_oos": round(
@@ -93,6 +144,13 @@ def measure(model_dir: Path, test: list[LabelledText], chat: list[str]) -> dict[
         "train_seconds": loaded.meta.train.get("seconds"),
         "dev_accuracy": loaded.meta.train.get("dev_accuracy"),
     }
+    if dev and decision is not None and "out_of_scope" not in labels:
+        dev_logits = full_logits(loaded.module, tok, [x.text for x in dev], loaded.meta.max_length).numpy()
+        dev_gold = np.array([labels.index(x.intent) for x in dev])
+        test_gold = np.array([labels.index(x) for x in gold])
+        scores = compare_scores((dev_logits, dev_gold), (logits, test_gold), chat_logits, decision.temperature)
+        out["scores"] = scores
+    return out
 
 
 def run(
@@ -106,7 +164,7 @@ def run(
     started = time.perf_counter()
     path, _ = train_intent(cfg, tmp / f"{domain}-{per_label}", progress=False, data=data, negatives=negatives)
     out = {"domain": domain, "per_label": per_label, "n_train": len(train), "n_dev": len(dev)}
-    out |= measure(path, test, chat) | {"wall_seconds": round(time.perf_counter() - started, 1)}
+    out |= measure(path, test, chat, dev) | {"wall_seconds": round(time.perf_counter() - started, 1)}
     print(json.dumps(out), flush=True)
     return out
 
@@ -187,12 +245,18 @@ def main() -> None:
     ap.add_argument("--domains", nargs="+", default=list(DOMAINS))
     ap.add_argument("--baseline", action="store_true")
     ap.add_argument("--project", action="store_true")
+    ap.add_argument(
+        "--negatives",
+        choices=sorted(NEGATIVES),
+        default="tune+more",
+        help="The --oos-data of every run: none, the 60 chit-chat tune texts, or those and 127 more.",
+    )
     ap.add_argument("--out", type=Path, default=RESULTS / "intent_small_data")
     ap.add_argument(
         "--project-checkpoint", type=Path, help="Only fit and measure the threshold of this 24-label checkpoint."
     )
     args = ap.parse_args()
-    negatives = load_texts(DATA / "chitchat_tune.jsonl")
+    negatives = [t for name in NEGATIVES[args.negatives] for t in load_texts(DATA / name)]
     chat = load_texts(DATA / "chitchat_test.jsonl")
     results: list[dict[str, Any]] = []
     doc: dict[str, Any] = {
@@ -202,6 +266,7 @@ def main() -> None:
         "hardware": {"cpu": platform.processor() or platform.machine(), "threads": TrainConfig().threads},
         "versions": {"python": platform.python_version(), "torch": torch.__version__},
         "note": "shared 2-core machine: train seconds are noisy; accuracies are deterministic per seed",
+        "negatives": args.negatives,
         "results": results,
         "project": None,
     }

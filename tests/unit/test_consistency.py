@@ -267,3 +267,23 @@ async def test_gate_compares_generated_numbers() -> None:
         ),
     ]
     assert report.failures[0].candidate_reply.endswith(f"{DISCLAIMER['zh']}。")  # replaced, still disclaimed
+
+
+def test_a_flip_at_the_out_of_scope_threshold_within_the_engines_difference_is_a_reported_tie() -> None:
+    from miaohui.dialogue.compare import _Turn, threshold_ties
+
+    texts = ["对方要求降价15%", "对方威胁换供应商", "查社保"]
+    old = [_Turn("out_of_scope", "r", 0.655, "complaint"), _Turn("out_of_scope", "r", 0.60, "complaint")]
+    new = [_Turn("complaint", "r", 0.668, "complaint"), _Turn("complaint", "r", 0.70, "complaint")]
+    old.append(_Turn("social_insurance", "r", 0.66, "social_insurance"))
+    new.append(_Turn("out_of_scope", "r", 0.66, "housing_fund"))  # another best label: drift, never a tie
+    ties = threshold_ties(texts, old, new, threshold=0.66, margin=0.02)
+    assert ties == {
+        0: "'对方要求降价15%': out_of_scope at 0.655 vs complaint at 0.668 (threshold 0.660, engines differ by up to 0.020)"
+    }
+    assert threshold_ties(texts, old, new, threshold=None, margin=0.02) == {}
+    a = EngineOutputs(intents=[t.intent for t in old], texts=["r"] * 3)
+    b = EngineOutputs(intents=[t.intent for t in new], texts=["r"] * 3)
+    report = compare_outputs(a, b, DriftThresholds(max_drift=0.05), categories={}, ties=ties)
+    assert report.threshold_ties == [ties[0]] and report.intent_agreement == 0.0  # 2 real changes of 2 counted
+    assert report.failures == ["intent agreement 0.0% is below 95.0% (2 of 2 inputs changed intent)"]

@@ -27,7 +27,9 @@ import asyncio
 import contextlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
+import numpy as np
 from pydantic import BaseModel, Field
 
 from miaohui.dialogue.config import PIPELINE_NAMES, load_pipeline_config
@@ -35,7 +37,15 @@ from miaohui.dialogue.gate import GATE_NOW, GateDialogue, load_gate_dialogues
 from miaohui.dialogue.pipeline import ChatMessage, IntentClassifier, Pipeline
 from miaohui.engines.store import resolve_artifact
 from miaohui.errors import ConfigError, ValidationGateError
-from miaohui.validate.comparator import ArtifactClassifier, EncoderRunner, decoder_outputs, intent_outputs, open_decoder
+from miaohui.models.decision import IntentDecision, softmax
+from miaohui.validate.comparator import (
+    PIPELINE_OOS,
+    ArtifactClassifier,
+    EncoderRunner,
+    decoder_outputs,
+    intent_outputs,
+    open_decoder,
+)
 from miaohui.validate.consistency import DriftReport, DriftThresholds, EngineOutputs, compare_outputs
 from miaohui.validate.decoder_gate import resolve_causal_lm
 
@@ -91,26 +101,67 @@ def load_texts(data: str) -> list[str]:
 # ---------------------------------------------------------------------------------------------- intents
 
 
+def _decision(runner: object) -> IntentDecision | None:
+    found = getattr(runner, "decision", None)
+    return found if isinstance(found, IntentDecision) else None
+
+
 def compare_intents(
     old: EncoderRunner, new: EncoderRunner, texts: list[str], thresholds: DriftThresholds
 ) -> DriftReport:
-    """Intent agreement (by label name) and, when both have the same labels, logit error."""
+    """Intent agreement (by label name) and, when both have the same labels, logit error and the largest
+    difference of the calibrated top confidences (each engine's own temperature)."""
     a, b = intent_outputs([old, new], texts)
-    return compare_outputs(a, b, thresholds, categories={})
+    report = compare_outputs(a, b, thresholds, categories={})
+    if a.logits is not None and b.logits is not None and a.logits:
+        da, db = _decision(old), _decision(new)
+        pa = softmax(np.array(a.logits), da.temperature if da else 1.0).max(-1)
+        pb = softmax(np.array(b.logits), db.temperature if db else 1.0).max(-1)
+        report.confidence_max_abs_error = round(float(np.abs(pa - pb).max()), 6)
+    return report
 
 
-async def _pipeline_replies(
-    name: str, dialogues: Sequence[GateDialogue], classifier: IntentClassifier
-) -> tuple[list[str], list[str]]:
+class _Turn(NamedTuple):
+    intent: str
+    text: str
+    confidence: float
+    best: str
+    """The classifier's best label (the candidate when it answered out of scope)."""
+
+
+async def _pipeline_replies(name: str, dialogues: Sequence[GateDialogue], classifier: IntentClassifier) -> list[_Turn]:
     pipe = Pipeline.from_name(name, classifier, clock=lambda: GATE_NOW)
-    intents: list[str] = []
-    texts: list[str] = []
+    out: list[_Turn] = []
     for d in dialogues:
         for turn in d.turns:
             r = await pipe.run_turn(turn.text, f"compare-{d.id}")
-            intents.append(r.intent)
-            texts.append(r.text)
-    return intents, texts
+            out.append(_Turn(r.intent, r.text, r.confidence, r.candidate or r.classified_intent))
+    return out
+
+
+def threshold_ties(
+    texts: Sequence[str],
+    old: Sequence[_Turn],
+    new: Sequence[_Turn],
+    threshold: float | None,
+    margin: float | None,
+) -> dict[int, str]:
+    """Turns whose answers differ only by the out-of-scope decision (the same best label, rejected by one engine
+    and kept by the other) with both confidences within ``margin`` (the engines' largest confidence difference
+    measured on the intents section) of ``threshold``: which side of the threshold such a turn lands on is within
+    the engines' measured numeric difference, so it is a tie, reported and not counted as drift."""
+    if threshold is None or margin is None:
+        return {}
+    ties = {}
+    for i, (a, b) in enumerate(zip(old, new, strict=True)):
+        one_rejected = (a.intent == PIPELINE_OOS) != (b.intent == PIPELINE_OOS)
+        near = all(abs(t.confidence - threshold) <= margin for t in (a, b))
+        if a.intent != b.intent and a.best == b.best and one_rejected and near:
+            ties[i] = (
+                f"{texts[i]!r}: {a.intent} at {a.confidence:.3f} vs {b.intent} at {b.confidence:.3f} "
+                f"(threshold {threshold:.3f}, engines differ by up to {margin:.3f})"
+            )
+    return ties
 
 
 async def compare_pipelines(
@@ -119,19 +170,30 @@ async def compare_pipelines(
     pipelines: Sequence[str],
     thresholds: DriftThresholds,
     dialogues: Sequence[GateDialogue] | None = None,
+    confidence_margin: float | None = None,
 ) -> list[Section]:
-    """Each pipeline's gate dialogues with ``old`` and with ``new`` as the classifier."""
+    """Each pipeline's gate dialogues with ``old`` and with ``new`` as the classifier. ``confidence_margin``: the
+    engines' largest calibrated confidence difference (the intents section); a turn that only crosses the
+    out-of-scope threshold within it is a tie (:func:`threshold_ties`)."""
+    da, db = _decision(old), _decision(new)
+    same = da is not None and db is not None and da.threshold == db.threshold
+    threshold = da.threshold if same and da is not None else None
     pool = list(dialogues) if dialogues is not None else load_gate_dialogues()
     sections: list[Section] = []
     for name in pipelines:
         mine = [d for d in pool if d.pipeline == name]
         if not mine:
             continue
-        oi, ot = await _pipeline_replies(name, mine, old)
-        ni, nt = await _pipeline_replies(name, mine, new)
+        a = await _pipeline_replies(name, mine, old)
+        b = await _pipeline_replies(name, mine, new)
         cats = load_pipeline_config(name).keyword_categories
+        inputs = [t.text for d in mine for t in d.turns]
         report = compare_outputs(
-            EngineOutputs(intents=oi, texts=ot), EngineOutputs(intents=ni, texts=nt), thresholds, cats
+            EngineOutputs(intents=[t.intent for t in a], texts=[t.text for t in a]),
+            EngineOutputs(intents=[t.intent for t in b], texts=[t.text for t in b]),
+            thresholds,
+            cats,
+            ties=threshold_ties(inputs, a, b, threshold, confidence_margin),
         )
         turns = sum(len(d.turns) for d in mine)
         sections.append(
@@ -167,7 +229,8 @@ def compare_engines(
         intents = compare_intents(old, new, texts, t)
         report.sections.append(Section(name="intents", inputs=f"{len(texts)} texts of {data}", report=intents))
         if pipelines:
-            report.sections += asyncio.run(compare_pipelines(old, new, list(pipelines), t))
+            margin = intents.confidence_max_abs_error
+            report.sections += asyncio.run(compare_pipelines(old, new, list(pipelines), t, confidence_margin=margin))
     return report
 
 

@@ -104,6 +104,12 @@ class DriftReport(BaseModel):
     """The same for the new (shadow) engine."""
     keyword_drift: float | None = None
     """Total-variation distance between the two keyword distributions."""
+    confidence_max_abs_error: float | None = None
+    """Largest difference of the two engines' calibrated top confidence over the inputs (intent engines)."""
+    threshold_ties: list[str] = Field(default_factory=list)
+    """Inputs whose intents differ only by the out-of-scope decision, with both confidences within the engines'
+    measured confidence difference of the threshold (a coin toss between the engines, not drift): reported here
+    and left out of ``intent_agreement``."""
     greedy_pairs: int = 0
     """Pairs of greedy answers compared token by token."""
     greedy_agreement: float | None = None
@@ -201,16 +207,23 @@ class _Pair(BaseModel):
     tokens_exact: bool | None = None
     kw_old: tuple[bool, ...] | None = None
     kw_new: tuple[bool, ...] | None = None
+    tie: bool = False
 
 
 def _pair(
-    old: EngineOutput, new: EngineOutput, categories: Mapping[str, Sequence[str]], keywords: Sequence[str] = ()
+    old: EngineOutput,
+    new: EngineOutput,
+    categories: Mapping[str, Sequence[str]],
+    keywords: Sequence[str] = (),
+    tie: bool = False,
 ) -> _Pair:
     out = _Pair()
     if old.tokens is not None and new.tokens is not None:
         out.tokens_exact = old.tokens == new.tokens
     if old.intent is not None and new.intent is not None:
         out.intent_agree = old.intent == new.intent
+        if tie and not out.intent_agree:
+            out.intent_agree, out.tie = None, True
     if old.logits is not None and new.logits is not None:
         if len(old.logits) != len(new.logits):
             raise InputError(
@@ -314,8 +327,11 @@ def compare_outputs(
     new: EngineOutputs,
     thresholds: DriftThresholds | None = None,
     categories: Mapping[str, Sequence[str]] | None = None,
+    ties: Mapping[int, str] | None = None,
 ) -> DriftReport:
-    """Compare two engines' outputs on the same inputs; ``categories`` default to the negotiation ones."""
+    """Compare two engines' outputs on the same inputs; ``categories`` default to the negotiation ones. ``ties``:
+    inputs (index → description) whose intent difference is a tie at the out-of-scope threshold
+    (:attr:`DriftReport.threshold_ties`)."""
     cats = NEGOTIATION_CATEGORIES if categories is None else categories
     for name in ("intents", "logits", "texts"):
         a, b = getattr(old, name), getattr(new, name)
@@ -327,8 +343,11 @@ def compare_outputs(
             )
     if len(old) == 0:
         raise InputError("nothing to compare: no intents, logits or texts", "give both engines' outputs")
-    pairs = [_pair(old.item(i), new.item(i), cats) for i in range(len(old))]
-    return _aggregate(pairs, thresholds or DriftThresholds(), list(cats))
+    tie = ties or {}
+    pairs = [_pair(old.item(i), new.item(i), cats, tie=i in tie) for i in range(len(old))]
+    report = _aggregate(pairs, thresholds or DriftThresholds(), list(cats))
+    report.threshold_ties = [tie[i] for i, p in enumerate(pairs) if p.tie]
+    return report
 
 
 class ShadowComparator:
