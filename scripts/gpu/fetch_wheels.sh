@@ -13,7 +13,8 @@ dl() { python3 -m pip download -q --no-deps "${PLAT[@]}" -d "$1" "${@:2}"; }
 rm -rf .whl .whlg && mkdir -p .whl .whlg
 dl .whl "pydantic>=2.7,<3" pydantic-core annotated-types typing-inspection \
   "fastapi>=0.115,<1" starlette "uvicorn>=0.30,<1" httptools "orjson>=3.9,<4" "gguf>=0.10,<1" \
-  typing-extensions opentelemetry-api "pytest-asyncio>=0.23,<2"
+  typing-extensions opentelemetry-api "pytest-asyncio>=0.23,<2" \
+  "jsonschema>=4.20,<5" jsonschema-specifications referencing rpds-py attrs
 dl .whlg "grpcio>=1.85.1,<2" "protobuf>=7.35.1,<8"
 # pydantic pins its core exactly: take the version pydantic asks for
 core=$(unzip -p .whl/pydantic-2*.whl '*/METADATA' | sed -n 's/^Requires-Dist: pydantic-core==\([0-9.]*\).*/\1/p')
