@@ -11,7 +11,14 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from miaohui.errors import ConfigError, DeadlineExceededError, InputError, MiaohuiError, QueueFullError
+from miaohui.errors import (
+    ConfigError,
+    DeadlineExceededError,
+    InputError,
+    MiaohuiError,
+    QueueFullError,
+    UnavailableError,
+)
 from miaohui.priority import PRIORITY
 from miaohui.serving.batcher import BatcherConfig, BatcherObserver, DynamicBatcher
 
@@ -492,7 +499,7 @@ async def test_stop_with_drain_computes_everything_queued_without_waiting() -> N
         assert time.monotonic() - start < 0.5
         assert all(t.done() for t in tasks)
         assert [t.result() for t in tasks] == [0, 10, 20]
-        with pytest.raises(QueueFullError) as info:
+        with pytest.raises(UnavailableError) as info:  # 503: this replica is going away, not overloaded
             await batcher.submit(4, 1)
         assert str(info.value) == SHUTDOWN
         assert recorder.rejects == ["shutdown"]
@@ -506,7 +513,7 @@ async def test_stop_without_drain_rejects_queued_and_finishes_in_flight() -> Non
         stopping = asyncio.create_task(batcher.stop(drain=False))
         results = await asyncio.gather(*tasks, return_exceptions=True)
         assert [str(r) for r in results] == [SHUTDOWN] * 3
-        assert all(isinstance(r, QueueFullError) for r in results)
+        assert all(isinstance(r, UnavailableError) for r in results)
         assert not stopping.done() and batcher.in_flight == 1
         engine.gate.set()  # type: ignore[union-attr]
         await stopping

@@ -40,7 +40,14 @@ from typing import Annotated, Generic, Literal, TypeVar
 from pydantic import Field, field_validator, model_validator
 
 from miaohui.config import Frozen
-from miaohui.errors import ConfigError, DeadlineExceededError, InputError, MiaohuiError, QueueFullError
+from miaohui.errors import (
+    ConfigError,
+    DeadlineExceededError,
+    InputError,
+    MiaohuiError,
+    QueueFullError,
+    UnavailableError,
+)
 from miaohui.priority import PRIORITY
 
 logger = logging.getLogger(__name__)
@@ -207,7 +214,7 @@ class DynamicBatcher(Generic[P, R]):
 
     async def stop(self, drain: bool = True) -> None:
         """Stop taking requests. ``drain``: compute everything queued (without waiting for the delay);
-        otherwise queued requests fail with :class:`QueueFullError`. Batches already computing finish
+        otherwise queued requests fail with :class:`UnavailableError` (HTTP 503). Batches already computing finish
         either way. When this returns, no request's future is pending."""
         self._closed = True
         if not drain:
@@ -223,7 +230,8 @@ class DynamicBatcher(Generic[P, R]):
 
         ``length`` is its sequence length in tokens (bucketing, token budget). ``deadline`` is in
         ``time.monotonic()`` seconds; None uses ``default_timeout_ms`` if set. Raises
-        :class:`QueueFullError` at once when the queue is full or the batcher stopped,
+        :class:`QueueFullError` (429) at once when the queue is full, :class:`UnavailableError` (503) once the
+        batcher stopped,
         :class:`DeadlineExceededError` when the deadline passes first, :class:`InputError` for a bad length,
         or the exception ``run_batch`` gave for this request.
         """
@@ -512,8 +520,8 @@ class DynamicBatcher(Generic[P, R]):
         except Exception:
             logger.exception("batcher %r: observer %s failed; ignored", self.name, hook)
 
-    def _shutdown_error(self) -> QueueFullError:
-        return QueueFullError(
+    def _shutdown_error(self) -> UnavailableError:
+        return UnavailableError(
             f"batcher for {self.name!r} is stopping; the request was not computed",
             "retry the request later or on another replica",
         )
