@@ -46,3 +46,14 @@ def test_generation_benchmark_smoke_with_staggered_streams(tmp_path: Path) -> No
     assert 0 <= server["client_late_s"] < 0.5
     window = server["window_tokens_per_s"]
     assert window > 0 and window * server["wall_s"] < 2 * server["output_tokens"]
+
+
+def test_prefix_cache_gpu_benchmark_runs_on_the_cpu(tmp_path: Path) -> None:
+    """The H200 prefix-cache TTFT script with a tiny random decoder on the CPU: it runs and writes its JSON."""
+    cmd = [sys.executable, "benchmarks/bench_prefix_cache_gpu.py", "--model", "tiny", "--history", "40"]
+    cmd += ["--turn", "8", "--iters", "2", "--warmup", "0", "--max-len", "128", "--out", str(tmp_path)]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=300)
+    doc = json.loads((tmp_path / "prefix_cache_gpu_tiny.json").read_text())
+    # per iteration the 48-token turn reuses the history's 2 full blocks (32 tokens); each history itself misses
+    assert doc["prefix_cache"] == {"queried_tokens": 2 * (40 + 8 + 48), "hit_tokens": 2 * 32}
+    assert sorted(doc["ttft"]) == ["short", "turn_cached", "turn_uncached"]

@@ -14,7 +14,8 @@ the tokens themselves, not a digest of them: a lookup can never return another p
   from their ends and never strands a child whose parent is gone.
 
 The engines keep their own copy of a reused prefix (the ONNX Runtime runner copies the blocks into the sequence's
-cache row; see :mod:`miaohui.generation.cache.prefix_kv`), so no block is ever pinned by a running sequence.
+cache row, :mod:`miaohui.generation.cache.prefix_kv`; the GPU slot engine copies them from a device block pool into
+the sequence's slot, :mod:`miaohui.generation.cache.slot_prefix`), so no block is ever pinned by a running sequence.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ class Block(Generic[P]):
 class PrefixCache(Generic[P]):
     """Token blocks → payloads (see the module docstring). Not thread-safe: one runner owns it."""
 
-    def __init__(self, block_size: int, budget_bytes: int) -> None:
+    def __init__(self, block_size: int, budget_bytes: int, on_evict: Callable[[P], None] | None = None) -> None:
         if block_size < 1:
             raise ConfigError(f"prefix cache block_size={block_size}", "use a block size of at least 1 token")
         self.block_size = block_size
@@ -59,6 +60,9 @@ class PrefixCache(Generic[P]):
         """Every block, least recently used first."""
         self._ids = itertools.count()
         self.evicted_blocks = 0
+        self._on_evict = on_evict
+        """Called with the payload of every block that leaves the cache (evicted or cleared): a pool hands its
+        storage back."""
 
     def __len__(self) -> int:
         return len(self._lru)
@@ -115,6 +119,9 @@ class PrefixCache(Generic[P]):
         return added
 
     def clear(self) -> None:
+        if self._on_evict is not None:
+            for block in self._lru.values():
+                self._on_evict(block.payload)
         self._by_key.clear()
         self._lru.clear()
         self.used_bytes = 0
@@ -142,3 +149,5 @@ class PrefixCache(Generic[P]):
             self._lru[block.parent].children.discard(block.block_id)
         self.used_bytes -= block.nbytes
         self.evicted_blocks += 1
+        if self._on_evict is not None:
+            self._on_evict(block.payload)

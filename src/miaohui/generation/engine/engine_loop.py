@@ -40,7 +40,8 @@ from miaohui.gil import GENERATION_SWITCH_US, apply_switch_interval
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
-    from miaohui.generation.executors.base import AnyCausalLMEngine, CausalLMEngine
+    from miaohui.generation.cache.slot_prefix import SlotPrefixKV
+    from miaohui.generation.executors.base import AnyCausalLMEngine, CausalLMEngine, SlotCausalLMEngine
 
 logger = logging.getLogger(__name__)
 
@@ -96,7 +97,7 @@ class LLMEngine:
         self.scheduler = Scheduler(self.config, engine.eos_token_ids, factory, vocab=engine.dims.vocab)
         masks = TokenMasks(tokenizer, engine.dims.vocab, engine.eos_token_ids) if tokenizer is not None else None
         self.runner: ModelRunner | SlotModelRunner = (
-            SlotModelRunner(engine)
+            SlotModelRunner(engine, _slot_prefix(engine, config))
             if isinstance(engine, SlotCausalLMEngine)
             else ModelRunner(engine, masks, _prefix(engine, config))
         )
@@ -265,6 +266,13 @@ def _prefix(engine: CausalLMEngine, config: SchedulerConfig) -> PrefixKV | None:
     if config.prefix_cache_mb <= 0:
         return None
     return PrefixKV(engine.dims, config.prefix_block_size, int(config.prefix_cache_mb * 2**20))
+
+
+def _slot_prefix(engine: SlotCausalLMEngine, config: SchedulerConfig) -> SlotPrefixKV | None:
+    """The slot runner's prefix cache: a block pool of ``prefix_cache_mb`` beside the engine's slots (None at 0)."""
+    if config.prefix_cache_mb <= 0:
+        return None
+    return engine.prefix_cache(config.prefix_block_size, int(config.prefix_cache_mb * 2**20))
 
 
 class AsyncLLMEngine:

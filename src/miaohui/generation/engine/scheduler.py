@@ -111,7 +111,8 @@ class SchedulerConfig(Frozen):
     ``prefix_block_size`` tokens shared by every request, so a prompt that starts like an earlier one (a conversation's
     next turn, a common system prompt) computes only what follows. Least recently used blocks are evicted beyond it.
     256 MiB holds ~5,800 tokens of SmolLM2-135M's fp32 KV (46 KB a token): a few dozen conversations' recent turns,
-    a small share of a server's memory. The ONNX Runtime engine uses it (llama.cpp keeps its own per-slot cache)."""
+    a small share of a server's memory. The ONNX Runtime engine uses it, and the GPU slot engine (``inductor``) as a
+    block pool of this size allocated on its device beside the slots (llama.cpp keeps its own per-slot cache)."""
     prefix_block_size: int = Field(default=16, ge=1, le=1024)
     """Tokens per prefix-cache block: prompts share cached KV in whole blocks (a prompt reuses at most the blocks
     that match it in full, and all but its last token). 16 as vLLM: small enough that a new turn recomputes little

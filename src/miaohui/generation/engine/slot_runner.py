@@ -4,6 +4,10 @@ Same contract as :class:`~miaohui.generation.engine.runner.ModelRunner` (``execu
 ``last_timing``), but the cache lives in the engine: the runner maps sequences to slots. A new sequence
 gets the *lowest* free slot, so the decode batch (padded to cover the highest slot in use) stays small;
 a sequence that left frees its slot before the step runs.
+
+With a prefix cache (:mod:`miaohui.generation.cache.slot_prefix`) a new prompt's longest cached prefix is copied into
+its slot and only the rest is prefilled, from that position; the blocks of a prompt are cached right after its
+prefill, and those of its prompt + answer when its sequence leaves (before its slot is reused).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import heapq
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -21,6 +26,9 @@ from miaohui.generation.engine.runner import Collect, SeededRows, StepTiming
 from miaohui.generation.engine.sampling import make_rng, sample
 from miaohui.generation.engine.scheduler import RunnerOutput, SchedulerOutput
 from miaohui.generation.executors.base import SlotCausalLMEngine, StepLogits
+
+if TYPE_CHECKING:
+    from miaohui.generation.cache.slot_prefix import SlotPrefixKV  # torch: imported where an engine makes one
 
 
 def sample_step(logits: StepLogits, params: Sequence[SamplingParams], rngs: Sequence[np.random.Generator]) -> list[int]:
@@ -42,12 +50,18 @@ class SlotModelRunner(SeededRows):
     (:class:`~miaohui.generation.engine.engine_loop.AsyncLLMEngine`'s async scheduling). On a GPU :meth:`launch` returns
     while the step computes."""
 
-    def __init__(self, engine: SlotCausalLMEngine) -> None:
+    def __init__(self, engine: SlotCausalLMEngine, prefix_cache: SlotPrefixKV | None = None) -> None:
         self.engine = engine
         self.chains = engine.feeds_tokens
+        self.prefix_cache = prefix_cache
         self._slot: dict[int, int] = {}
         self._free = list(range(engine.num_slots))
         self._rngs: dict[int, np.random.Generator] = {}
+        self._tokens: dict[int, list[int]] = {}
+        """Each sequence's prompt and sampled tokens, when there is a prefix cache (its slot holds the KV of the
+        first ``engine.lengths[slot]`` of them)."""
+        self._hits = (0, 0)
+        """(prompt tokens looked up, tokens reused) of the step being launched."""
         self.last_timing = StepTiming(0.0, 0.0, 0, 0)
 
     def enable_chaining(self) -> None:
@@ -59,13 +73,19 @@ class SlotModelRunner(SeededRows):
         return list(self._slot)
 
     def reset(self) -> None:
+        """Forget every sequence (after an engine error the cache cannot be trusted: the prefix cache is emptied)."""
         for slot in self._slot.values():
             self.engine.release(slot)
-        self._slot, self._rngs = {}, {}
+        self._slot, self._rngs, self._tokens = {}, {}, {}
         self._free = list(range(self.engine.num_slots))
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()
 
     def _release(self, seq_id: int) -> None:
         slot = self._slot.pop(seq_id)
+        tokens = self._tokens.pop(seq_id, None)
+        if self.prefix_cache is not None and tokens is not None:
+            self.prefix_cache.store(tokens[: int(self.engine.lengths[slot])], slot)
         self.engine.release(slot)
         heapq.heappush(self._free, slot)
         self._rngs.pop(seq_id, None)
@@ -102,19 +122,62 @@ class SlotModelRunner(SeededRows):
                 self._slot[p.seq_id] = slot
                 self._rngs[p.seq_id] = make_rng(p.params.seed)
         prompts = [p.prompt_ids for p in out.prefill]
-        both = self.engine.decode_and_prefill(slots, tokens, new_slots, prompts) if slots and prompts else None
+        starts = self._reuse(prompts)
+        mixable = slots and prompts and not any(starts)  # a mixed step starts its prompts at position 0
+        both = self.engine.decode_and_prefill(slots, tokens, new_slots, prompts) if mixable else None
         if out.decode:
             logits = both[0] if both else self.engine.decode(slots, tokens)
             decode = _Rows([d.seq_id for d in out.decode], [d.params for d in out.decode], logits)
         if out.prefill:
-            logits = both[1] if both else self.engine.prefill(new_slots, prompts)
+            if both:
+                logits = both[1]
+            else:  # prefixes are loaded after the decode, which pads its batch with free slots (writing position 0)
+                self._load(prompts, new_slots, starts)
+                logits = self.engine.prefill(new_slots, prompts, starts)
             prefill = _Rows([p.seq_id for p in out.prefill], [p.params for p in out.prefill], logits)
-        return lambda: self._collect(out.step, t0, decode, prefill, both is not None)
+            self._store(out, new_slots)
+        hits = self._hits
+        return lambda: self._collect(out.step, t0, decode, prefill, both is not None, hits)
 
-    def _collect(self, step: int, t0: float, decode: _Rows | None, prefill: _Rows | None, mixed: bool) -> RunnerOutput:
+    def _reuse(self, prompts: list[tuple[int, ...]]) -> list[int]:
+        """How many leading tokens of each prompt come from the prefix cache (0 each without one). A prompt that
+        reuses a prefix computes the step's widest rest (it takes back the end of its prefix where that is longer
+        than its own rest), so no row's padding runs past its prompt's end, i.e. past the slot's length."""
+        cache = self.prefix_cache
+        self._hits = (0, 0)
+        if cache is None or not prompts:
+            return [0] * len(prompts)
+        cached = [cache.cached(p) for p in prompts]
+        width = max(len(p) - n for p, n in zip(prompts, cached, strict=True))
+        starts = [max(0, len(p) - width) for p in prompts]
+        self._hits = (sum(len(p) for p in prompts), sum(starts))
+        return starts
+
+    def _load(self, prompts: list[tuple[int, ...]], slots: list[int], starts: list[int]) -> None:
+        if self.prefix_cache is not None:
+            for prompt, slot, n in zip(prompts, slots, starts, strict=True):
+                self.prefix_cache.load(prompt, n, slot)
+
+    def _store(self, out: SchedulerOutput, slots: list[int]) -> None:
+        """Cache the blocks of the prompts just prefilled (queued behind the prefill on the device)."""
+        if self.prefix_cache is not None:
+            for p, slot in zip(out.prefill, slots, strict=True):
+                self._tokens[p.seq_id] = list(p.prompt_ids)
+                self.prefix_cache.store(p.prompt_ids, slot)
+
+    def _collect(
+        self,
+        step: int,
+        t0: float,
+        decode: _Rows | None,
+        prefill: _Rows | None,
+        mixed: bool,
+        hits: tuple[int, int] = (0, 0),
+    ) -> RunnerOutput:
         """Sample the launched rows (decode first). ``decode_s``: launch until the decode tokens are on the host;
         on a GPU the prefill was queued behind the decode on the same stream, so in a step with both this includes
-        the prefill's GPU time and ``prefill_s`` is what is left (sampling its rows)."""
+        the prefill's GPU time and ``prefill_s`` is what is left (sampling its rows). ``hits``: the prefill's (prompt
+        tokens looked up, tokens reused from the prefix cache)."""
         tokens: dict[int, int] = {}
         if decode is not None:
             tokens.update(self._sample(decode))
@@ -123,7 +186,11 @@ class SlotModelRunner(SeededRows):
             tokens.update(self._sample(prefill))
         t2 = time.perf_counter()
         longest = int(self.engine.lengths.max()) if self._slot else 0
-        self.last_timing = StepTiming(t1 - t0, t2 - t1, len(self._slot), longest, mixed)
+        self.last_timing = StepTiming(t1 - t0, t2 - t1, len(self._slot), longest, mixed, *hits)
+        for sid, tok in tokens.items():
+            held = self._tokens.get(sid)
+            if held is not None:
+                held.append(tok)
         return RunnerOutput(step, tokens)
 
     def _sample(self, rows: _Rows) -> zip[tuple[int, int]]:

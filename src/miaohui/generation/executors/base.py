@@ -17,11 +17,15 @@ import abc
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from miaohui.errors import InputError, ShapeError
 from miaohui.generation.models.dims import DecoderDims
+
+if TYPE_CHECKING:
+    from miaohui.generation.cache.slot_prefix import SlotPrefixKV
 
 
 def check_token_ids(ids: np.ndarray, vocab: int) -> None:
@@ -270,12 +274,28 @@ class SlotCausalLMEngine(abc.ABC):
         """Longest sequence (prompt + output) a slot holds."""
         return self.max_len
 
-    def prefill(self, slots: Sequence[int], prompts: Sequence[Sequence[int]]) -> StepLogits:
-        """Run ``prompts`` into ``slots`` (one each); logits of each prompt's last token."""
+    def prefill(
+        self, slots: Sequence[int], prompts: Sequence[Sequence[int]], starts: Sequence[int] | None = None
+    ) -> StepLogits:
+        """Run ``prompts`` into ``slots`` (one each); logits of each prompt's last token. ``starts``: slot ``slots[i]``
+        already holds the keys and values of the first ``starts[i]`` tokens of ``prompts[i]`` (a prefix loaded from
+        the prefix cache, :meth:`prefix_cache`), so only the rest is computed."""
         self._check_prompts(slots, prompts)
-        out = self._prefill(list(slots), [list(p) for p in prompts])
+        if starts is not None and any(starts):
+            if len(starts) != len(prompts) or any(not 0 <= s < len(p) for s, p in zip(starts, prompts, strict=True)):
+                raise InputError(
+                    f"prefill starts {list(starts)[:8]} for prompts of {[len(p) for p in prompts][:8]} tokens",
+                    "report this (runner bug): one start per prompt, short of the prompt's length",
+                )
+            out = self._prefill_from(list(slots), [list(p) for p in prompts], list(starts))
+        else:
+            out = self._prefill(list(slots), [list(p) for p in prompts])
         self.lengths[list(slots)] = [len(p) for p in prompts]
         return out
+
+    def prefix_cache(self, block_size: int, budget_bytes: int) -> SlotPrefixKV | None:
+        """A prefix cache over this engine's slots (``prefix_cache_mb``), or None where the engine has none."""
+        return None
 
     def decode(self, slots: Sequence[int], tokens: Sequence[int | None]) -> StepLogits:
         """One new token per slot; logits for the following token. Grows each slot's length by one. A ``None``
@@ -370,6 +390,10 @@ class SlotCausalLMEngine(abc.ABC):
     ) -> tuple[StepLogits, StepLogits] | None:
         """Engines with mixed steps override this; None: this engine (or these prompts) takes two steps."""
         return None
+
+    def _prefill_from(self, slots: list[int], prompts: list[list[int]], starts: list[int]) -> StepLogits:
+        """Engines with a :meth:`prefix_cache` override this (see :meth:`prefill`)."""
+        raise NotImplementedError(f"{self.name} has no prefix cache; prefill whole prompts")
 
     def close(self) -> None:  # noqa: B027 — optional hook
         """Release device memory. Idempotent."""

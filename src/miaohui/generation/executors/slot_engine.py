@@ -28,16 +28,19 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from miaohui.errors import ConfigError
+from miaohui.errors import ConfigError, InputError
 from miaohui.generation.executors.base import SlotCausalLMEngine, StepLogits
 from miaohui.generation.executors.slot_options import SlotEngineOptions, bucket_for
 from miaohui.generation.models import mixed_step
 from miaohui.generation.models.static_kv import StaticKVDecoder
+
+if TYPE_CHECKING:
+    from miaohui.generation.cache.slot_prefix import SlotPrefixKV
 
 logger = logging.getLogger(__name__)
 
@@ -475,6 +478,41 @@ class TorchSlotEngine(SlotCausalLMEngine):
                 torch.tensor(slots, dtype=torch.int64).to(dev),
             )
         return TorchLogits(logits, range(len(prompts)), self._prefill_tokens.start(best, self.chaining), valid)
+
+    def _prefill_from(self, slots: list[int], prompts: list[list[int]], starts: list[int]) -> StepLogits:
+        """The rests of prompts whose first ``starts`` tokens their slots already hold (eagerly: the static prefill
+        graphs and mixed steps start every prompt at position 0), right-padded to the longest rest."""
+        rests = [p[s:] for p, s in zip(prompts, starts, strict=True)]
+        width = max(len(r) for r in rests)
+        kv_len = max(s + width for s in starts)
+        if kv_len > self.max_len:
+            raise InputError(
+                f"a prefill from positions {starts[:8]} over {width} tokens passes the slots' {self.max_len}",
+                "report this (runner bug): a row that reuses a prefix must end at its prompt's end",
+            )
+        ids = np.full((len(rests), width), self.pad_token_id, dtype=np.int64)
+        for r, rest in enumerate(rests):
+            ids[r, : len(rest)] = rest
+        dev = self.device
+        _, valid = self._next_turn("prefill")
+        with torch.inference_mode():  # pageable host arrays: each copy has taken its data when it returns
+            rows = torch.tensor(slots, dtype=torch.int64).to(dev)
+            logits = self.model.prefill_from(
+                torch.from_numpy(ids).to(dev, non_blocking=True),
+                torch.tensor([len(r) for r in rests], dtype=torch.int64).to(dev),
+                rows,
+                torch.tensor(starts, dtype=torch.int64).to(dev),
+                kv_len,
+            )
+            best = logits.argmax(dim=-1)
+            self._picked.index_copy_(0, rows, best)
+        return TorchLogits(logits, range(len(prompts)), self._prefill_tokens.start(best, self.chaining), valid)
+
+    def prefix_cache(self, block_size: int, budget_bytes: int) -> SlotPrefixKV:
+        """A block pool of ``budget_bytes`` on this engine's device beside its slots (allocated now)."""
+        from miaohui.generation.cache.slot_prefix import SlotPrefixKV
+
+        return SlotPrefixKV(self.model.k_cache, self.model.v_cache, block_size, budget_bytes)
 
     def _decode(self, slots: list[int], tokens: list[int | None], positions: np.ndarray) -> StepLogits:
         b = bucket_for(max(slots) + 1, self.batch_buckets)

@@ -8,6 +8,8 @@ its tokens sit at positions ``0 .. length-1`` of that row, and nothing is ever c
 * :meth:`StaticKVDecoder.prefill` runs ``n`` prompts right-padded to a common length ``S`` and writes their
   keys/values into the slots given; causal attention inside each prompt (padding comes *after* a
   prompt's tokens, so no real token sees it). Returns the logits of each prompt's last real token.
+  :meth:`StaticKVDecoder.prefill_from` does the same for the rest of prompts whose prefix a slot already holds (copied
+  there from the prefix cache's pool), from that position on.
 * :meth:`StaticKVDecoder.decode` runs one token for each of the rows ``0 .. b-1`` (row = slot) at each
   row's own position, writes its key/value into the cache and attends over the first ``kv_len`` cache
   positions, masked to ``<= position``. Rows that hold no sequence compute harmless garbage (the engine
@@ -347,6 +349,38 @@ class StaticKVDecoder(nn.Module):
             self.k_cache[i][slots, :, :s] = k
             self.v_cache[i][slots, :, :s] = v
             attn = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.groups > 1)
+            x = self._attn_proj_mlp(x, attn, layer.o, layer.post_norm, layer.gate_up, layer.down, d.rms_eps)
+        last = x[torch.arange(n, device=tokens.device), lengths - 1]  # [n, hidden]
+        return self._final(last, self.norm, self.head, d.rms_eps)
+
+    def prefill_from(
+        self, tokens: torch.Tensor, lengths: torch.Tensor, slots: torch.Tensor, starts: torch.Tensor, kv_len: int
+    ) -> torch.Tensor:
+        """:meth:`prefill` of prompts whose first ``starts[i]`` tokens' keys and values cache row ``slots[i]`` already
+        holds (a reused prefix, :mod:`miaohui.generation.cache.slot_prefix`): ``tokens`` [n, S] are the rest,
+        right-padded, at positions ``starts[i] ..``, with real ``lengths`` [n]; each attends over its row's first
+        ``kv_len`` (≥ every ``starts[i] + S``, ≤ ``max_len``) positions up to its own. Logits of each rest's last real
+        token."""
+        d = self.dims
+        n, s = tokens.shape
+        positions = starts[:, None] + torch.arange(s, device=tokens.device)[None, :]  # [n, S]
+        rows = slots[:, None].expand(n, s)
+        x = F.embedding(tokens, self.embed)  # [n, S, hidden]
+        cos = self.cos_table[positions][:, :, None, :]  # [n, S, 1, D]
+        sin = self.sin_table[positions][:, :, None, :]
+        allowed = torch.arange(kv_len, device=tokens.device)[None, None, :] <= positions[:, :, None]  # [n, S, T]
+        mask = allowed[:, None]  # [n, 1, S, T]
+        for i, layer in enumerate(self.layers):
+            assert isinstance(layer, _Layer)
+            q, k, v = self._attn_in(
+                x, layer.in_norm, layer.qkv, layer.qkv_bias, cos, sin, d.rms_eps, d.num_heads, d.num_kv_heads
+            )
+            self.k_cache[i][rows, :, positions] = k  # [n, S, KVH, D] at (row, every head, position)
+            self.v_cache[i][rows, :, positions] = v
+            keys, values = self.k_cache[i][slots, :, :kv_len], self.v_cache[i][slots, :, :kv_len]
+            attn = F.scaled_dot_product_attention(
+                q.transpose(1, 2), keys, values, attn_mask=mask, enable_gqa=self.groups > 1
+            )
             x = self._attn_proj_mlp(x, attn, layer.o, layer.post_norm, layer.gate_up, layer.down, d.rms_eps)
         last = x[torch.arange(n, device=tokens.device), lengths - 1]  # [n, hidden]
         return self._final(last, self.norm, self.head, d.rms_eps)

@@ -1,0 +1,149 @@
+"""Prefix caching on the GPU slot engine (``inductor``): time to first token of a new turn at the end of a long
+conversation, against a short prompt alone, in one process.
+
+    python benchmarks/bench_prefix_cache_gpu.py --model qwen1.5b --history 2000 --turn 50 [--out DIR]
+
+The goal (issue 44): on the H200, a 1.5B model's TTFT for a 2,000-token conversation with a 50-token new turn
+<= 1.2x that of a 50-token prompt. Per iteration (fresh random tokens each time, so nothing but the history is
+shared): ``short`` — a ``--turn``-token prompt alone (no hit); ``turn_cached`` — a ``--history``-token conversation is
+run once (its blocks are cached, not timed), then history + a ``--turn``-token new turn is timed (its prefix comes
+from the cache); ``turn_uncached`` — the same prompt on an engine without a prefix cache (the baseline the cache
+removes). TTFT here is the wall time of a one-token ``generate`` through ``LLMEngine`` (scheduler, runner, engine,
+the token on the host): no HTTP. ``qwen1.5b`` is a Qwen2.5-1.5B-*shaped* decoder with RANDOM weights (speed depends on
+shape only); ``tiny`` a tiny one, for the CPU (tests). Median and p99 over ``--iters`` after ``--warmup``; ratios of
+medians. Writes ``prefix_cache_gpu_<model>.json`` under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from miaohui.generation.engine.engine_loop import LLMEngine
+from miaohui.generation.engine.params import SamplingParams
+from miaohui.generation.engine.scheduler import SchedulerConfig
+from miaohui.generation.executors.slot_engine import TorchSlotEngine
+from miaohui.generation.executors.slot_options import SlotEngineOptions
+from miaohui.generation.models.dims import DecoderDims
+from miaohui.generation.models.static_kv import StaticKVDecoder
+
+SHAPES = {
+    "qwen1.5b": DecoderDims(28, 1536, 12, 2, 128, 8960, 151936, 1000000.0, 1e-6, 32768),
+    "tiny": DecoderDims(2, 64, 4, 2, 16, 128, 512, 10000.0, 1e-6, 4096),
+}
+ONE = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+
+
+def _engine(args: argparse.Namespace, device: str) -> TorchSlotEngine:
+    dims = SHAPES[args.model]
+    dtype = "bf16" if device == "cuda" else "fp32"
+    opts = SlotEngineOptions(num_slots=args.slots, max_len=args.max_len, dtype=dtype, device=device)
+    dec = StaticKVDecoder(
+        dims, num_slots=opts.num_slots, max_len=opts.max_len, dtype={"bf16": torch.bfloat16}.get(dtype, torch.float32),
+        device=device,
+    )  # fmt: skip
+    dec.init_random(0)
+    engine = TorchSlotEngine(dec, [], 0, opts)
+    engine.warmup(log=lambda m: print(m, file=sys.stderr))
+    return engine
+
+
+def _ttft(llm: LLMEngine, prompt: list[int]) -> float:
+    start = time.perf_counter()
+    llm.generate([prompt], ONE)
+    return time.perf_counter() - start
+
+
+def _summary(xs: list[float]) -> dict[str, float]:
+    return {"median_ms": 1e3 * statistics.median(xs), "p99_ms": 1e3 * float(np.percentile(xs, 99)), "n": len(xs)}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    vocab = SHAPES[args.model].vocab
+    rng = np.random.default_rng(0)
+    engine = _engine(args, device)
+    sched = {"max_model_len": args.max_len}
+    cached = LLMEngine(engine, None, SchedulerConfig(prefix_cache_mb=args.cache_mb, **sched))
+    plain = LLMEngine(engine, None, SchedulerConfig(prefix_cache_mb=0.0, **sched))
+
+    def words(n: int) -> list[int]:
+        return [int(t) for t in rng.integers(10, vocab, n)]
+
+    times: dict[str, list[float]] = {"short": [], "turn_cached": [], "turn_uncached": []}
+    for i in range(args.warmup + args.iters):
+        history, turn = words(args.history), words(args.turn)
+        cached.generate([history], ONE)  # the conversation so far: its blocks are cached
+        got = {
+            "short": _ttft(cached, words(args.turn)),
+            "turn_cached": _ttft(cached, history + turn),
+            "turn_uncached": _ttft(plain, history + turn),
+        }
+        if i >= args.warmup:
+            for k, v in got.items():
+                times[k].append(v)
+    pool = cached.runner.prefix_cache
+    stats = pool.stats if pool is not None else None
+    out = {k: _summary(v) for k, v in times.items()}
+    short = out["short"]["median_ms"]
+    return {
+        "benchmark": "prefix_cache_gpu",
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "commit": _git("rev-parse", "HEAD"),
+        "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+        "command": shlex.join([sys.executable, *sys.argv]),
+        "hardware": torch.cuda.get_device_name() if device == "cuda" else platform.processor() or platform.machine(),
+        "versions": {"torch": torch.__version__, "python": platform.python_version()},
+        "model": f"{args.model}-shaped decoder, RANDOM weights",
+        "device": device,
+        "history_tokens": args.history,
+        "turn_tokens": args.turn,
+        "ttft": out,
+        "ratio_turn_cached_over_short": out["turn_cached"]["median_ms"] / short,
+        "ratio_turn_uncached_over_short": out["turn_uncached"]["median_ms"] / short,
+        "goal": "ratio_turn_cached_over_short <= 1.2 on the H200 (qwen1.5b, history 2000, turn 50)",
+        "prefix_cache": {"queried_tokens": stats.queried_tokens, "hit_tokens": stats.hit_tokens} if stats else None,
+    }
+
+
+def _git(*cmd: str) -> str:
+    try:
+        return subprocess.run(["git", *cmd], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", choices=sorted(SHAPES), default="qwen1.5b")
+    ap.add_argument("--history", type=int, default=2000, help="tokens of the conversation so far")
+    ap.add_argument("--turn", type=int, default=50, help="tokens of the new turn (and of the short prompt)")
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--slots", type=int, default=8)
+    ap.add_argument("--max-len", type=int, default=4096)
+    ap.add_argument("--cache-mb", type=float, default=256.0, help="prefix_cache_mb of the cached engine")
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    args = ap.parse_args()
+    doc = run(args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"prefix_cache_gpu_{args.model}.json"
+    path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    print(json.dumps({k: doc[k] for k in ("ttft", "ratio_turn_cached_over_short", "ratio_turn_uncached_over_short")}))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,126 @@
+"""The prefix cache of the GPU slot engine: cached token blocks in a device block pool ↔ the static KV cache's slots.
+
+The slot engine's KV cache (:class:`~miaohui.generation.models.static_kv.StaticKVDecoder`) is one
+``[slots, kv_heads, max_len, head_dim]`` tensor per layer for keys and one for values; a sequence owns a slot and its
+tokens sit at positions ``0 .. length-1``. The cached blocks live apart from the slots, in a pool allocated once on the
+same device: per layer one ``[pool_blocks, kv_heads, block_size, head_dim]`` tensor for keys and one for values, as
+many blocks as ``prefix_cache_mb`` holds. Which token blocks the pool holds, and which pool block each one is, is the
+hash chain of :class:`~miaohui.generation.cache.prefix_cache.PrefixCache` (the same LRU as the CPU runner's); a
+block's payload is its pool index, handed back to the free list when the block is evicted.
+
+* :meth:`SlotPrefixKV.cached` — how many leading tokens of a prompt the pool holds (all but its last at most);
+* :meth:`SlotPrefixKV.load` — copies those blocks into a slot's positions ``0 ..`` (a device-to-device gather per
+  layer); the engine then prefills only the rest, from that position, attending over the loaded part
+  (:meth:`~miaohui.generation.models.static_kv.StaticKVDecoder.prefill_from`);
+* :meth:`SlotPrefixKV.store` — copies the full blocks of a slot's tokens that are not cached yet into free pool blocks
+  (evicting the least recently used): a prompt right after its prefill (requests that follow share a system prompt),
+  its prompt and answer when the sequence leaves (a conversation's next turn repeats both).
+
+Why a pool and copies rather than matching new prompts against the slots that finished sequences left behind (keeping
+their KV resident): a slot is reused by the next prompt whatever it held, decode steps pad their batch with free slots
+(which write a padding token at position 0), and one cached system prompt is needed by many running sequences at
+once, each in its own slot. A copy is one gather and one write per layer, on the device, in the engine's stream; its
+bytes (the prefix's KV) are read once, where recomputing the prefix reads every weight.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from miaohui.generation.cache.prefix_cache import PrefixCache
+from miaohui.generation.cache.prefix_kv import PrefixStats
+
+
+@dataclass(eq=False)
+class PoolBlock:
+    """A cached block's place in the pool (``-1`` until :meth:`SlotPrefixKV.store` gives it one)."""
+
+    index: int = -1
+
+
+class SlotPrefixKV:
+    """A :class:`PrefixCache` whose blocks live in a device pool beside the static caches ``keys`` / ``values`` (one
+    ``[slots, kv_heads, max_len, head_dim]`` tensor per layer each). Not thread-safe: the runner's thread owns it."""
+
+    def __init__(
+        self, keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor], block_size: int, budget_bytes: int
+    ) -> None:
+        self.keys, self.values = list(keys), list(values)
+        first = self.keys[0]
+        _, kv_heads, _, head_dim = first.shape
+        self.block_bytes = 2 * len(self.keys) * kv_heads * block_size * head_dim * first.element_size()
+        self.capacity = max(0, budget_bytes // self.block_bytes)
+        """Pool blocks: as many as the budget holds."""
+        self.cache: PrefixCache[PoolBlock] = PrefixCache(block_size, self.capacity * self.block_bytes, self._free)
+        self.stats = PrefixStats()
+        shape = (self.capacity, kv_heads, block_size, head_dim)
+        # torch.empty: on a CPU the pages are only touched when a block is stored
+        self.pool_k = [torch.empty(shape, dtype=first.dtype, device=first.device) for _ in self.keys]
+        self.pool_v = [torch.empty(shape, dtype=first.dtype, device=first.device) for _ in self.keys]
+        self._free_blocks = list(range(self.capacity - 1, -1, -1))
+
+    @property
+    def block_size(self) -> int:
+        return self.cache.block_size
+
+    @property
+    def pool_bytes(self) -> int:
+        return self.capacity * self.block_bytes
+
+    def _free(self, block: PoolBlock) -> None:
+        if block.index >= 0:
+            self._free_blocks.append(block.index)
+            block.index = -1
+
+    def cached(self, prompt: Sequence[int]) -> int:
+        """How many leading tokens of ``prompt`` the pool holds, short of its last (at least the last token is
+        computed: its logits start the answer). Counts the prompt as looked up."""
+        self.stats.queried_tokens += len(prompt)
+        return max(0, min(len(self.cache.match(prompt)) * self.block_size, len(prompt) - 1))
+
+    def load(self, prompt: Sequence[int], n: int, slot: int) -> None:
+        """Copy the cached KV of the first ``n`` tokens of ``prompt`` (at most :meth:`cached`'s count) into ``slot``'s
+        positions ``0 .. n-1``, in whole blocks (positions up to the end of the last block are written too; the
+        prefill of the rest overwrites them). Counts the ``n`` tokens as hits."""
+        if n <= 0:
+            return
+        blocks = self.cache.match(prompt)
+        used = -(-n // self.block_size)
+        if used > len(blocks):
+            raise ValueError(f"prefix of {n} tokens asked, {len(blocks)} blocks cached")  # a runner bug
+        self.stats.hit_tokens += n
+        idx = torch.tensor([b.payload.index for b in blocks[:used]], device=self.pool_k[0].device)
+        width = used * self.block_size
+        for cache, pool in ((self.keys, self.pool_k), (self.values, self.pool_v)):
+            for layer, part in zip(cache, pool, strict=True):
+                kv_heads, head_dim = part.shape[1], part.shape[3]
+                layer[slot, :, :width] = part[idx].transpose(0, 1).reshape(kv_heads, width, head_dim)
+
+    def store(self, tokens: Sequence[int], slot: int) -> int:
+        """Cache the full blocks of ``tokens``, whose KV ``slot`` holds at positions ``0 .. len(tokens)-1``; returns
+        the blocks added (evicting least recently used ones; a chain never evicts itself, so under a tiny budget a
+        long sequence caches its first blocks only)."""
+        b = self.block_size
+        first = self.cache.missing(tokens)
+        if first * b + b > len(tokens) or self.capacity == 0:
+            self.cache.match(tokens)  # all cached: a use all the same
+            return 0
+        added = self.cache.insert(tokens, lambda i: (PoolBlock(), self.block_bytes))
+        new = self.cache.match(tokens)[first : first + added]
+        for block in new:
+            block.payload.index = self._free_blocks.pop()
+        if not new:
+            return 0
+        idx = torch.tensor([block.payload.index for block in new], device=self.pool_k[0].device)
+        cols = slice(first * b, (first + len(new)) * b)
+        for cache, pool in ((self.keys, self.pool_k), (self.values, self.pool_v)):
+            for layer, part in zip(cache, pool, strict=True):
+                kv_heads, head_dim = part.shape[1], part.shape[3]
+                part[idx] = layer[slot, :, cols].reshape(kv_heads, len(new), b, head_dim).transpose(0, 1)
+        return added
+
+    def clear(self) -> None:
+        self.cache.clear()

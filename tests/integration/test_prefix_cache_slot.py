@@ -1,0 +1,212 @@
+"""Prefix caching on the GPU slot engine (``inductor``), run eagerly on the CPU: a prompt's cached prefix is copied
+from the device block pool into its slot and only the rest is prefilled, from that position. Greedy tokens with the
+cache equal those without it on a tiny random decoder (grouped-query attention) and on the real SmolLM2: multi-turn
+conversations, a shared system prompt (also across concurrent requests and with async scheduling), eviction under a
+tiny budget, prompts shorter than a block; the reused token counts are exact (blocks of 16) and reach the metrics."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from miaohui.generation.cache.slot_prefix import SlotPrefixKV
+from miaohui.generation.engine.engine_loop import AsyncLLMEngine, LLMEngine
+from miaohui.generation.engine.params import SamplingParams
+from miaohui.generation.engine.scheduler import SchedulerConfig
+from miaohui.generation.engine.slot_runner import SlotModelRunner
+from miaohui.generation.executors.slot_engine import TorchSlotEngine
+from miaohui.generation.executors.slot_options import SlotEngineOptions
+from miaohui.generation.models.dims import DecoderDims
+from miaohui.generation.models.static_kv import StaticKVDecoder
+
+GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+DIMS = DecoderDims(
+    num_layers=2, hidden=64, num_heads=4, num_kv_heads=2, head_dim=16, intermediate=128, vocab=512,
+    rope_theta=10000.0, rms_eps=1e-6, max_positions=512,
+)  # fmt: skip
+MAX_LEN = 256
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread() -> Any:
+    """One torch thread: the tiny model's ops are microseconds, and a second thread on a loaded 2-core machine made
+    each one wait ~10 ms for it."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _tiny(slots: int = 4, mixed: tuple[int, ...] = (128, 256)) -> TorchSlotEngine:
+    """A tiny random decoder (the same weights every call: seed 0) on the slot engine, mixed steps on; decode attention
+    in its matmul form (the triton op's CPU fallback costs ~50 ms a call behind its custom-op wrapper)."""
+    dec = StaticKVDecoder(DIMS, num_slots=slots, max_len=MAX_LEN)
+    dec.init_random(0, std=0.1)
+    opts = SlotEngineOptions(
+        num_slots=slots, max_len=MAX_LEN, dtype="fp32", mixed_prefill_tokens=mixed, decode_attention="matmul"
+    )
+    return TorchSlotEngine(dec, [1], 0, opts)
+
+
+def _llm(engine: TorchSlotEngine, mb: float = 16.0, **sched: Any) -> LLMEngine:
+    return LLMEngine(engine, None, SchedulerConfig(prefix_cache_mb=mb, max_model_len=MAX_LEN, **sched))
+
+
+def _cache(llm: LLMEngine) -> SlotPrefixKV:
+    runner = llm.runner
+    assert isinstance(runner, SlotModelRunner) and runner.prefix_cache is not None
+    return runner.prefix_cache
+
+
+def _stats(llm: LLMEngine) -> tuple[int, int]:
+    stats = _cache(llm).stats
+    return stats.queried_tokens, stats.hit_tokens
+
+
+def _words(seed: int, n: int) -> list[int]:
+    return [(seed * 7919 + i * 104729) % 500 + 10 for i in range(n)]
+
+
+def _conversation(llm: LLMEngine, system: list[int], users: list[list[int]], end: list[int]) -> list[list[int]]:
+    """Turn after turn: the prompt is the history (system, then each user turn and its reply, closed by ``end``)."""
+    history, replies = list(system), []
+    for user in users:
+        history += user
+        reply = llm.generate([history], GREEDY)[0][0]
+        replies.append(reply)
+        history += reply + end
+    return replies
+
+
+def test_prefill_from_a_loaded_prefix_equals_a_whole_prefill() -> None:
+    engine = _tiny()
+    model, prompt = engine.model, torch.tensor([_words(2, 37)])
+    whole = model.prefill(prompt, torch.tensor([37]), torch.tensor([0]))
+    model.prefill(prompt[:, :20], torch.tensor([20]), torch.tensor([1]))  # slot 1 holds the first 20 tokens
+    rest = model.prefill_from(prompt[:, 20:], torch.tensor([17]), torch.tensor([1]), torch.tensor([20]), 37)
+    torch.testing.assert_close(rest, whole, rtol=1e-5, atol=1e-5)
+    for keys in model.k_cache:
+        torch.testing.assert_close(keys[1, :, :37], keys[0, :, :37], rtol=1e-5, atol=1e-5)
+
+
+def test_multi_turn_conversation_and_a_shared_system_prompt_match_no_cache() -> None:
+    system, users, end = _words(1, 21), [_words(10 + k, 5 + k) for k in range(4)], [2, 13]
+    cached, plain = _llm(_tiny()), _llm(_tiny(), 0.0)
+    assert _conversation(cached, system, users, end) == _conversation(plain, system, users, end)
+    # turn 1 (26 tokens) misses; each later turn reuses the full blocks of the previous prompt + the 11 reply tokens
+    # fed back (the 12th was sampled, never computed): 37 → 32, 57 → 48, 78 → 64
+    assert _stats(cached) == (26 + 46 + 67 + 89, 0 + 32 + 48 + 64)
+    # another session with the same system prompt (21 tokens: one full block, then a partial one)
+    other = [_words(50, 9)]
+    assert _conversation(cached, system, other, end) == _conversation(plain, system, other, end)
+    assert _stats(cached)[1] == 144 + 16
+
+
+def test_concurrent_requests_share_a_system_prompt() -> None:
+    """Four requests with one system prompt arrive together; prefilled one per step (``max_prefill_seqs=1``), each
+    later one reuses the system prompt's blocks, cached right after the first one's prefill, while the earlier ones
+    decode (those steps decode and prefill separately: a mixed step starts its prompts at position 0)."""
+    system = _words(3, 40)
+    prompts = [system + _words(20 + k, 6 + k) for k in range(4)]
+    cached, plain = _llm(_tiny(), max_prefill_seqs=1), _llm(_tiny(), 0.0, max_prefill_seqs=1)
+    assert cached.generate(prompts, GREEDY) == plain.generate(prompts, GREEDY)
+    assert _stats(cached) == (46 + 47 + 48 + 49, 3 * 32)
+
+
+def test_prompts_prefilled_together_with_different_prefixes() -> None:
+    base = _words(4, 40)
+    cached, plain = _llm(_tiny()), _llm(_tiny(), 0.0)
+    cached.generate([base], GREEDY)  # caches 40 + 11 tokens: blocks of 16 → 48
+    prompts = [base[:35] + _words(5, 3), base + _words(6, 30), _words(7, 7), base[:20]]
+    assert cached.generate(prompts, GREEDY) == plain.generate(prompts, GREEDY)
+    # cached: 32 of the 1st, 32 of the 2nd (its 3rd block departs from the cached reply), 16 of the 4th; the widest
+    # rest is the 2nd's 38 tokens, and a row that reuses a prefix computes that width (no padding past its prompt's
+    # end): the 2nd reuses its 32, the 1st (38 tokens) and the 4th (20) compute everything
+    queried, hit = _stats(cached)
+    assert (queried - 40, hit) == (38 + 70 + 7 + 20, 32)
+
+
+def test_prompts_shorter_than_a_block_and_a_wholly_cached_prompt() -> None:
+    cached, plain = _llm(_tiny()), _llm(_tiny(), 0.0)
+    short = _words(8, 9)
+    for _ in range(2):  # nothing to cache under one block: both miss
+        assert cached.generate([short], GREEDY) == plain.generate([short], GREEDY)
+    assert _stats(cached) == (18, 0)
+    assert len(_cache(cached).cache) == 1  # the first prompt + its 11 fed reply tokens: 20 → one block
+    prompt = _words(9, 32)
+    cached.generate([prompt], GREEDY)
+    # a prompt the cache holds whole reuses all but its last token (its logits start the answer)
+    assert cached.generate([prompt], GREEDY) == plain.generate([prompt], GREEDY)
+    assert _stats(cached) == (18 + 64, 31)
+
+
+def test_eviction_under_a_tiny_budget_keeps_outputs_equal() -> None:
+    engine = _tiny()
+    block = 2 * DIMS.num_layers * DIMS.num_kv_heads * 16 * DIMS.head_dim * 4
+    cached, plain = _llm(engine, 3 * block / 2**20), _llm(_tiny(), 0.0)  # three blocks
+    pool = _cache(cached)
+    assert (pool.block_bytes, pool.capacity) == (block, 3)
+    system, users, end = _words(11, 30), [_words(30 + k, 6) for k in range(3)], [2]
+    assert _conversation(cached, system, users, end) == _conversation(plain, system, users, end)
+    cache = pool.cache
+    # one chain never evicts itself: the conversation's history fills the budget and stops there
+    assert (len(cache), cache.evicted_blocks, len(cache.match(system + users[0]))) == (3, 0, 2)
+    other = _words(99, 40)
+    assert cached.generate([other], GREEDY) == plain.generate([other], GREEDY)
+    # another prompt's two blocks evict the two least recent (the conversation's last) and take their pool blocks
+    assert (len(cache), cache.used_bytes, cache.evicted_blocks) == (3, 3 * block, 2)
+    assert (len(cache.match(system)), len(cache.match(other)), pool._free_blocks) == (1, 2, [])
+    assert _conversation(cached, system, users[:1], end) == _conversation(plain, system, users[:1], end)
+
+
+async def test_async_scheduling_and_metrics_count_the_hits() -> None:
+    from miaohui.server.metrics import Metrics
+    from miaohui.server.observer_metrics import MetricsObserver
+
+    metrics = Metrics()
+    system = _words(12, 40)
+    prompts = [system + _words(40 + k, 5) for k in range(3)]
+    plain = _llm(_tiny(), 0.0).generate(prompts, GREEDY)
+    llm = _llm(_tiny(), max_prefill_seqs=1)
+    async with AsyncLLMEngine(llm, MetricsObserver(metrics, "t", 1), async_scheduling=True) as engine:
+        streams = [engine.add(p, GREEDY) for p in prompts]
+        got = [[e.token_id for e in [ev async for ev in s] if e.token_id is not None] for s in streams]
+    assert got == [g[0] for g in plain]
+    sample = metrics.registry.get_sample_value
+    assert sample("miaohui_prefix_cache_queried_tokens_total", {"model": "t"}) == 3 * 45
+    assert sample("miaohui_prefix_cache_hit_tokens_total", {"model": "t"}) == 2 * 32
+
+
+def test_smollm2_conversation_matches_no_cache(smollm: tuple[Any, Any]) -> None:
+    slots = 2
+    from miaohui.zoo.smollm import encode_chat
+
+    model, tok = smollm
+    messages: list[dict[str, str]] = [{"role": "system", "content": "You are a concise bank advisor."}]
+    turns = ["What is a fixed deposit?", "And its interest rate?", "Is it safe?"]
+    params = SamplingParams(max_tokens=16, temperature=0.0)
+    engines = []
+    for mb in (64.0, 0.0):
+        dec = StaticKVDecoder.from_hf(model, num_slots=slots, max_len=MAX_LEN)
+        opts = SlotEngineOptions(num_slots=slots, max_len=MAX_LEN, dtype="fp32")
+        engines.append(_llm(TorchSlotEngine(dec, [tok.eos_token_id], 0, opts), mb))
+    replies: list[list[list[int]]] = [[], []]
+    for turn in turns:
+        messages.append({"role": "user", "content": turn})
+        prompt = encode_chat(messages, tokenizer=tok)
+        outs = [llm.generate([prompt], params)[0][0] for llm in engines]
+        for got, out in zip(replies, outs, strict=True):
+            got.append(out)
+        messages.append({"role": "assistant", "content": tok.decode(outs[1], skip_special_tokens=True)})
+    assert replies[0] == replies[1]
+    # each turn reuses the blocks of the previous prompt + the 15 reply tokens fed back: 27 + 15 → 32, 59 + 15 → 64
+    assert [len(p) for p in _prompts(messages, tok)] == [27, 59, 90]
+    assert _stats(engines[0]) == (27 + 59 + 90, 32 + 64)
+
+
+def _prompts(messages: list[dict[str, str]], tok: Any) -> list[list[int]]:
+    from miaohui.zoo.smollm import encode_chat
+
+    return [encode_chat(messages[: 2 + 2 * k], tokenizer=tok) for k in range(len(messages) // 2)]
