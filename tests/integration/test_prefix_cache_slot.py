@@ -123,9 +123,22 @@ def test_prompts_prefilled_together_with_different_prefixes() -> None:
     assert cached.generate(prompts, GREEDY) == plain.generate(prompts, GREEDY)
     # cached: 32 of the 1st, 32 of the 2nd (its 3rd block departs from the cached reply), 16 of the 4th; the widest
     # rest is the 2nd's 38 tokens, and a row that reuses a prefix computes that width (no padding past its prompt's
-    # end): the 2nd reuses its 32, the 1st (38 tokens) and the 4th (20) compute everything
+    # end): only the 2nd could reuse its 32 — under half of the step's 135 prompt tokens, so the step takes the
+    # captured paths (mixed steps, static prefill graphs) and reuses nothing
     queried, hit = _stats(cached)
-    assert (queried - 40, hit) == (38 + 70 + 7 + 20, 32)
+    assert (queried - 40, hit) == (38 + 70 + 7 + 20, 0)
+
+
+def test_a_step_reusing_most_of_its_tokens_takes_back_the_widest_rest() -> None:
+    base = _words(4, 40)
+    cached, plain = _llm(_tiny()), _llm(_tiny(), 0.0)
+    reply = list(cached.generate([base], GREEDY)[0][0])  # caches the 40 + 11 fed tokens: 3 blocks of 16 → 48
+    prompts = [base + reply[:8] + _words(5, 3), base[:20]]
+    assert cached.generate(prompts, GREEDY) == plain.generate(prompts, GREEDY)
+    # cached: 48 of the 1st (rest 3), 16 of the 2nd (rest 4); the widest rest is 4, so the 1st takes back one token
+    # of its prefix: 47 + 16 of the step's 71 prompt tokens reused
+    queried, hit = _stats(cached)
+    assert (queried - 40, hit) == (51 + 20, 47 + 16)
 
 
 def test_prompts_shorter_than_a_block_and_a_wholly_cached_prompt() -> None:

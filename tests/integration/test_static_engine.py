@@ -334,7 +334,9 @@ async def test_mixed_steps_keep_hf_greedy_tokens(
     the slots of the finished sequences reused (3 slots, 6 requests); with async scheduling the decode rows take the
     device's own picks, and a prompt's first token is its mixed step's pick."""
     engine = _engine(smollm, slots=3, mixed=(64, 128))
-    sched = SchedulerConfig(max_running_seqs=3, max_batched_tokens=512, max_model_len=256, max_prefill_seqs=1)
+    sched = SchedulerConfig(
+        max_running_seqs=3, max_batched_tokens=512, max_model_len=256, max_prefill_seqs=1, prefix_cache_mb=0
+    )  # the second round repeats the prompts: with a prefix cache they would prefill from it, not mixed
     llm = LLMEngine(engine, smollm[1].backend_tokenizer, sched)
     if async_scheduling:
         async with AsyncLLMEngine(llm, async_scheduling=True) as loop:
@@ -364,7 +366,9 @@ def test_sampled_rows_of_mixed_steps_match_separate_steps(smollm: tuple[Any, Any
     """Seeded sampling (temperature, top-p) where prompts join running sequences: the rows' logits come from the mixed
     step's buffers (decode rows, then each prompt's last token) and give the tokens separate steps give."""
     params = SamplingParams(max_tokens=8, temperature=0.8, top_p=0.9, seed=7)
-    sched = SchedulerConfig(max_running_seqs=3, max_batched_tokens=512, max_model_len=256, max_prefill_seqs=1)
+    sched = SchedulerConfig(
+        max_running_seqs=3, max_batched_tokens=512, max_model_len=256, max_prefill_seqs=1, prefix_cache_mb=0
+    )  # mixed steps against separate ones, without prefills from a prefix cache in between
     mixed, plain = _engine(smollm, slots=3, mixed=(64, 128)), _engine(smollm, slots=3, mixed=())
     got = [g[0] for g in LLMEngine(mixed, None, sched).generate(prompts, params)]
     want = [g[0] for g in LLMEngine(plain, None, sched).generate(prompts, params)]

@@ -150,7 +150,12 @@ class SlotModelRunner(SeededRows):
         cached = [cache.cached(p) for p in prompts]
         width = max(len(p) - n for p, n in zip(prompts, cached, strict=True))
         starts = [max(0, len(p) - width) for p in prompts]
-        self._hits = (sum(len(p) for p in prompts), sum(starts))
+        total = sum(len(p) for p in prompts)
+        if 2 * sum(starts) < total:
+            # reusing less than half the step's prompt tokens (a common chat-template start, say) is not worth
+            # leaving the captured paths (mixed steps, static prefill graphs), which start prompts at position 0
+            starts = [0] * len(prompts)
+        self._hits = (total, sum(starts))
         return starts
 
     def _load(self, prompts: list[tuple[int, ...]], slots: list[int], starts: list[int]) -> None:
