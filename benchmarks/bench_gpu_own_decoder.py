@@ -55,6 +55,12 @@ def save_model(folder: Path, tokenizer_dir: Path) -> None:
             shutil.copy(tokenizer_dir / name, folder / name)
 
 
+def build(src: Path, repo: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    command = cli("build-llm", str(src), "--name", "own", "--backend", "inductor", "--precision", "bf16")
+    command += ["-r", str(repo)]
+    return subprocess.run(command, env=env, capture_output=True, text=True)
+
+
 def cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "miaohui.cli", *args]
 
@@ -65,6 +71,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("/tmp/out"))
     ap.add_argument("--work", type=Path, default=Path("/tmp/own-decoder"))
     ap.add_argument("--duration", default="15s")
+    ap.add_argument("--variants", default="default,tuned", help="serves to measure: default, precompile, tuned")
+    ap.add_argument("--ready-timeout", type=float, default=200.0)
+    ap.add_argument("--precompile-build", action="store_true", help="build with TORCH_CACHING_PRECOMPILE=1")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(args.work, ignore_errors=True)
@@ -76,13 +85,16 @@ def main() -> None:
 
     env = dict(os.environ)
     env |= {"TORCHINDUCTOR_CACHE_DIR": str(args.work / "c-build"), "TRITON_CACHE_DIR": str(args.work / "t-build")}
+    if args.precompile_build:
+        env["TORCH_CACHING_PRECOMPILE"] = "1"
     t0 = time.perf_counter()
-    built = subprocess.run(
-        cli("build-llm", str(src), "--name", "own", "--backend", "inductor", "--precision", "bf16", "-r", str(repo)),
-        env=env,
-        capture_output=True,
-        text=True,
-    )
+    built = build(src, repo, env)
+    if built.returncode != 0 and args.precompile_build:  # the experimental flag broke the build: build without it
+        doc["precompile_build_tail"] = (built.stdout + built.stderr)[-2500:]
+        print("build-llm with TORCH_CACHING_PRECOMPILE=1 failed; building without it", flush=True)
+        env.pop("TORCH_CACHING_PRECOMPILE")
+        shutil.rmtree(repo, ignore_errors=True)
+        built = build(src, repo, env)
     doc["build_s"] = round(time.perf_counter() - t0, 1)
     doc["build_rc"] = built.returncode
     doc["build_tail"] = (built.stdout + built.stderr)[-2500:]
@@ -91,16 +103,57 @@ def main() -> None:
     doc["compile_cache_bytes"] = cache[0].stat().st_size if cache else None
     (args.out / "gpu_own_decoder.json").write_text(json.dumps(doc, indent=1))  # what a cut-off run keeps
 
+    doc["serves"] = {}
+    for variant in args.variants.split(","):
+        doc["serves"][variant] = serve_and_measure(variant, repo, args)
+        (args.out / "gpu_own_decoder.json").write_text(json.dumps(doc, indent=1, ensure_ascii=False))
+    serves = doc["serves"]
+    if "default" in serves and "tuned" in serves:
+        doc["default_vs_tuned"] = ratios(serves["default"], serves["tuned"])
+    (args.out / "gpu_own_decoder.json").write_text(json.dumps(doc, indent=1, ensure_ascii=False))
+    print(json.dumps({k: doc.get(k) for k in ("save_s", "build_s", "build_rc", "compile_cache_bytes")}))
+    print(json.dumps({v: {k: r.get(k) for k in ("ready_s", "start_phases")} for v, r in serves.items()}))
+    print(json.dumps(doc.get("default_vs_tuned")))
+
+
+TUNED_YAML = """# the best configuration docs/gpu.md's H200 benchmark uses
+engine:
+  num_slots: 64
+  static_prefill: true
+  int8_batch1: true
+scheduler:
+  max_running_seqs: 64
+  max_batched_tokens: 4096
+  async_scheduling: true
+"""
+
+
+def serve_and_measure(variant: str, repo: Path, args: argparse.Namespace) -> dict:
+    """``default``: no generation.yaml, one process; ``precompile``: the same with Dynamo's precompile cache
+    (TORCH_CACHING_PRECOMPILE=1, only meaningful when the build ran with it); ``tuned``: docs/gpu.md's best
+    configuration (generation.yaml above, ``--workers 2 --shared-engine``). Each on new empty compile caches."""
+    work = args.work / f"serve-{variant}"
     env = dict(os.environ)
-    env |= {"TORCHINDUCTOR_CACHE_DIR": str(args.work / "c-serve"), "TRITON_CACHE_DIR": str(args.work / "t-serve")}
-    log = (args.out / "serve.log").open("w")
+    env |= {"TORCHINDUCTOR_CACHE_DIR": str(work / "c"), "TRITON_CACHE_DIR": str(work / "t")}
+    env.pop("TORCH_CACHING_PRECOMPILE", None)
+    if variant == "precompile":
+        env["TORCH_CACHING_PRECOMPILE"] = "1"
+    yaml_path = repo / "own" / "generation.yaml"
+    yaml_path.unlink(missing_ok=True)
+    extra: list[str] = []
+    if variant == "tuned":
+        yaml_path.write_text(TUNED_YAML)
+        extra = ["--workers", "2", "--shared-engine"]
+    out: dict = {"variant": variant}
+    log_path = args.out / f"serve_{variant}.log"
+    log = log_path.open("w")
     t0 = time.perf_counter()
     server = subprocess.Popen(
-        cli("serve", "-r", str(repo), "--port", "8077", "--grpc-port", "0"), env=env, stdout=log, stderr=log
+        cli("serve", "-r", str(repo), "--port", "8077", "--grpc-port", "0", *extra), env=env, stdout=log, stderr=log
     )
     ready = None
     try:
-        while time.perf_counter() - t0 < 200 and server.poll() is None:
+        while time.perf_counter() - t0 < args.ready_timeout and server.poll() is None:
             try:
                 if httpx.get("http://127.0.0.1:8077/v2/health/ready", timeout=2).status_code == 200:
                     ready = round(time.perf_counter() - t0, 1)
@@ -108,40 +161,12 @@ def main() -> None:
             except httpx.HTTPError:
                 pass
             time.sleep(0.25)
-        doc["ready_s"] = ready
-        print(f"serve: ready after {ready} s", flush=True)
+        out["ready_s"] = ready
+        print(f"serve {variant}: ready after {ready} s", flush=True)
         if ready is not None:
-            bench = subprocess.run(
-                cli(
-                    "bench",
-                    "--target",
-                    "chat",
-                    "--url",
-                    "http://127.0.0.1:8077",
-                    "--model",
-                    "own",
-                    "--concurrency",
-                    "1,64",
-                    "--max-tokens",
-                    "128",
-                    "--warmup",
-                    "3s",
-                    "--duration",
-                    args.duration,
-                    "--processes",
-                    "4",
-                    "--out",
-                    str(args.out / "gpu_own_decoder_chat.json"),
-                    "--plot",
-                    str(args.out / "gpu_own_decoder_chat.png"),
-                ),
-                capture_output=True,
-                text=True,
-                timeout=150,
-            )
-            doc["bench_rc"] = bench.returncode
-            doc["bench_tail"] = (bench.stdout + bench.stderr)[-3000:]
-            print(doc["bench_tail"], flush=True)
+            out["start_phases"] = start_phases(httpx.get("http://127.0.0.1:8077/metrics", timeout=10).text)
+            if variant != "precompile":
+                out |= chat_bench(variant, args)
     finally:
         server.terminate()
         try:
@@ -149,12 +174,61 @@ def main() -> None:
         except subprocess.TimeoutExpired:
             server.kill()
         log.close()
-    lines = (args.out / "serve.log").read_text(errors="replace").splitlines()
-    doc["serve_log"] = [ln for ln in lines if any(k in ln for k in ("cache", "default", "ready", "graph", "rror"))][
-        -40:
-    ]
-    (args.out / "gpu_own_decoder.json").write_text(json.dumps(doc, indent=1, ensure_ascii=False))
-    print(json.dumps({k: doc.get(k) for k in ("save_s", "build_s", "build_rc", "compile_cache_bytes", "ready_s")}))
+        yaml_path.unlink(missing_ok=True)
+    lines = log_path.read_text(errors="replace").splitlines()
+    keys = ("cache", "default", "ready", "graph", "rror", "compile")
+    out["serve_log"] = [ln[-400:] for ln in lines if any(k in ln for k in keys)][-40:]
+    return out
+
+
+def start_phases(metrics: str) -> dict[str, float]:
+    """``miaohui_model_start_seconds{model="own",phase=...}`` from a /metrics text."""
+    found = {}
+    for line in metrics.splitlines():
+        if line.startswith("miaohui_model_start_seconds{") and 'model="own"' in line:
+            phase = line.split('phase="', 1)[1].split('"', 1)[0]
+            found[phase] = round(float(line.rsplit(" ", 1)[1]), 2)
+    return found
+
+
+def chat_bench(variant: str, args: argparse.Namespace) -> dict:
+    name = f"gpu_own_decoder_chat_{variant}"
+    bench = subprocess.run(
+        cli(
+            "bench", "--target", "chat", "--url", "http://127.0.0.1:8077", "--model", "own",
+            "--concurrency", "1,64", "--max-tokens", "128", "--warmup", "3s", "--duration", args.duration,
+            "--processes", "4", "--out", str(args.out / f"{name}.json"), "--plot", str(args.out / f"{name}.png"),
+        ),
+        capture_output=True, text=True, timeout=150,
+    )  # fmt: skip
+    print(bench.stdout[-1500:], bench.stderr[-800:], flush=True)
+    got: dict = {"bench_rc": bench.returncode}
+    path = args.out / f"{name}.json"
+    if path.is_file():
+        got["chat"] = json.loads(path.read_text())
+    return got
+
+
+def _level(result: dict, streams: int) -> dict | None:
+    for point in (result.get("chat") or {}).get("points", []):
+        if point.get("concurrency") == streams:
+            return point["chat"]
+    return None
+
+
+def ratios(default: dict, tuned: dict) -> dict:
+    """Default / tuned: aggregate output tokens/s at 64 streams (goal >= 0.9) and the single stream's inter-token time
+    p50 (goal <= 1.1)."""
+    d64, t64, d1, t1 = _level(default, 64), _level(tuned, 64), _level(default, 1), _level(tuned, 1)
+    out: dict = {}
+    if d64 and t64:
+        out["tokens_per_s_64"] = [d64["output_tokens_per_s"], t64["output_tokens_per_s"]]
+    if d1 and t1:
+        out["itl_p50_ms_1"] = [d1["inter_token_ms"]["p50"], t1["inter_token_ms"]["p50"]]
+    for key, (a, b) in list(out.items()):
+        if a and b:
+            out[f"{key}_ratio"] = round(a / b, 3)
+    return out
 
 
 if __name__ == "__main__":

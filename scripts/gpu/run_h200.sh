@@ -81,7 +81,7 @@ case $target in
       | grep -vE "Warning|warn\(" | tail -40
     ;;
   own-decoder)
-    timeout 560 python3 benchmarks/bench_gpu_own_decoder.py --tokenizer "${TOKENIZER:-var/gpu-tok}" --out "$OUT" 2>&1 \
+    timeout 560 python3 benchmarks/bench_gpu_own_decoder.py --tokenizer "${TOKENIZER:-var/gpu-tok}" --out "$OUT" "$@" 2>&1 \
       | grep -vE "Warning|warn\(" | tail -60
     ;;
   tune)

@@ -38,3 +38,13 @@ def test_buckets_must_reach_the_slots_and_the_length() -> None:
     assert bucket_for(5, (1, 4, 8)) == 8
     with pytest.raises(ConfigError, match="9 is over the largest bucket 8"):
         bucket_for(9, (1, 4, 8))
+
+
+def test_mixed_steps_attend_one_length_bucket_unless_told() -> None:
+    """Mixed steps capture one graph per (batch, tokens) at ``max_len`` by default: 21 graphs, not 105, at 64 slots."""
+    options = SlotEngineOptions(num_slots=64, max_len=2048)
+    assert options.mixed_lengths() == (2048,)
+    assert len(options.buckets()[0]) * len(options.mixed_lengths()) * len(options.mixed_prefill_tokens) == 21
+    assert SlotEngineOptions(max_len=512, mixed_length_buckets=(512, 128)).mixed_lengths() == (128, 512)
+    with pytest.raises(ConfigError, match=r"mixed_length_buckets \(128,\) do not reach max_len=512"):
+        SlotEngineOptions(max_len=512, mixed_length_buckets=(128,)).mixed_lengths()

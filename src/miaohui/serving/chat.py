@@ -106,6 +106,18 @@ class ServedChatVersion:
             info, seconds = self.info, self.load_seconds
             log.info("causal LM %s v%d (%s) ready in %.1fs", self.name, self.version, info.precision, seconds)
 
+    def start_timings(self) -> dict[str, float]:
+        """Where this version's start went, in seconds (``miaohui_model_start_seconds``): ``load`` and ``warmup``
+        (together the cold start) and, for a GPU slot engine in this process, its own split: ``engine_load``
+        (weights and compile cache), ``engine_compile`` (torch.compile) and ``engine_capture`` (CUDA graphs)."""
+        phases: dict[str, float] = {}
+        llm = getattr(self.client, "llm", None)
+        engine_phases = getattr(getattr(llm, "engine", None), "start_phases", None)
+        if isinstance(engine_phases, dict):
+            phases = {f"engine_{k}": float(v) for k, v in engine_phases.items()}
+        load = phases.get("engine_load", self.load_seconds)
+        return {"load": load, "warmup": max(0.0, self.load_seconds - load)} | phases
+
     async def retire(self, timeout_s: float) -> None:
         """Let the running streams finish (up to ``timeout_s``; the rest end with EngineStoppedError, 503), then
         shut down. The caller has stopped routing requests here."""

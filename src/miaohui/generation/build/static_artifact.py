@@ -139,6 +139,7 @@ def load_slot_engine(folder: Path, options: SlotEngineOptions | None = None) -> 
 
     import logging
 
+    started = time.perf_counter()
     meta = read_static_meta(folder)
     opts = options or SlotEngineOptions(dtype=meta.precision)
     logging.getLogger(__name__).info("compile cache of %s: %s", folder, load_compile_cache(folder, meta.compile_cache))
@@ -150,13 +151,19 @@ def load_slot_engine(folder: Path, options: SlotEngineOptions | None = None) -> 
         raise ArtifactError(f"cannot load the decoder weights in {folder}: {exc}", fix) from exc
     max_len = min(opts.max_len, int(meta.dims["max_positions"]))
     if max_len != opts.max_len:
-        opts = opts.model_copy(update={"max_len": max_len, "length_buckets": ()})
-    return TorchSlotEngine.create(config, state, meta.eos_token_ids, meta.pad_token_id, opts)
+        opts = opts.model_copy(update={"max_len": max_len, "length_buckets": (), "mixed_length_buckets": ()})
+    engine = TorchSlotEngine.create(config, state, meta.eos_token_ids, meta.pad_token_id, opts)
+    engine.start_phases["load"] = time.perf_counter() - started
+    return engine
 
 
 def build_compile_cache(folder: Path, options: SlotEngineOptions | None = None) -> CompileCacheInfo | None:
     """Compile (warm up) the version's engine on this machine's GPU and save what it compiled into the version
-    (:mod:`miaohui.generation.build.compile_cache`); its facts are written into ``static_decoder.json``."""
+    (:mod:`miaohui.generation.build.compile_cache`); its facts are written into ``static_decoder.json``. Without
+    ``options``: what ``serve`` chooses for the version on this GPU when it has no ``generation.yaml``
+    (:func:`~miaohui.generation.executors.slot_defaults.choose_defaults`), so the build compiles what serve runs."""
+    if options is None:
+        options = _serve_defaults(folder)
     engine = load_slot_engine(folder, options)
     try:
         info = save_compile_cache(folder, engine.warmup)
@@ -166,3 +173,14 @@ def build_compile_cache(folder: Path, options: SlotEngineOptions | None = None) 
         meta = read_static_meta(folder).model_copy(update={"compile_cache": info})
         (folder / META_NAME).write_text(meta.model_dump_json(indent=2))
     return info
+
+
+def _serve_defaults(folder: Path) -> SlotEngineOptions | None:
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    from miaohui.generation.executors.slot_defaults import choose_defaults
+
+    meta = read_static_meta(folder)
+    return choose_defaults(meta.dims, torch.cuda.mem_get_info()[1], meta.precision).engine

@@ -35,6 +35,7 @@ import torch
 
 from miaohui.errors import ConfigError, InputError
 from miaohui.generation.executors.base import SlotCausalLMEngine, StepLogits
+from miaohui.generation.executors.compile_clock import CompileClock, cache_counters
 from miaohui.generation.executors.slot_options import SlotEngineOptions, bucket_for
 from miaohui.generation.models import mixed_step
 from miaohui.generation.models.static_kv import StaticKVDecoder
@@ -262,6 +263,7 @@ class TorchSlotEngine(SlotCausalLMEngine):
         self._prefill_graphs: dict[tuple[int, int], _Graph] = {}
         self.mixed_tokens = tuple(sorted(set(options.mixed_prefill_tokens)))
         self.mixed_prompts = options.mixed_prefill_prompts
+        self.mixed_lengths = options.mixed_lengths()
         self.mixed_steps = 0
         """Steps that ran as mixed steps (decode and prompts in one pass)."""
         if self.mixed_tokens:  # more prompts in a step would take the separate (slower) prefill
@@ -273,6 +275,9 @@ class TorchSlotEngine(SlotCausalLMEngine):
             self._mx_dev = torch.zeros((6, width), dtype=torch.int64, device=self.device)
         self._mixed_graphs: dict[tuple[int, int, int], _Graph] = {}
         self.warmup_seconds: float | None = None
+        self.start_phases: dict[str, float] = {}
+        """Where the start went, in seconds: ``load`` (weights and compile cache, set by the loader), ``compile``
+        (torch.compile during :meth:`warmup`) and ``capture`` (the rest of the warm-up: CUDA graphs, first runs)."""
 
     @classmethod
     def create(
@@ -300,7 +305,7 @@ class TorchSlotEngine(SlotCausalLMEngine):
     def warmup(self, log: Callable[[str], None] = logger.info) -> float:
         """Compile and capture every decode bucket, and compile prefill; seconds taken."""
         started = time.perf_counter()
-        with torch.inference_mode():
+        with torch.inference_mode(), CompileClock() as clock:
             for n in (1, 2):  # Dynamo specialises one prompt apart from several: compile both now
                 self._prefill_fn(
                     torch.full((n, 16), self.pad_token_id, dtype=torch.int64, device=self.device),
@@ -319,10 +324,14 @@ class TorchSlotEngine(SlotCausalLMEngine):
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.warmup_seconds = time.perf_counter() - started
+        self.start_phases["compile"] = clock.seconds
+        self.start_phases["capture"] = self.warmup_seconds - clock.seconds
+        counted = f"; {cache_counters()}" if self.compiled else ""
         log(
             f"decode engine ready in {self.warmup_seconds:.1f}s: {len(self._graphs)} decode, "
             f"{len(self._prefill_graphs)} prefill and {len(self._mixed_graphs)} mixed CUDA graphs, "
-            f"compile={'on' if self.compiled else 'off'}"
+            f"compile={'on' if self.compiled else 'off'} ({clock.compiles} compiles, {clock.seconds:.1f}s{counted}), "
+            f"graphs and first runs {self.start_phases['capture']:.1f}s"
         )
         return self.warmup_seconds
 
@@ -411,7 +420,7 @@ class TorchSlotEngine(SlotCausalLMEngine):
         io[3].fill_(1)
         io[5].fill_(self.model.scratch_row)
         for b in sorted(self.batch_buckets, reverse=True):
-            for t in sorted(self.length_buckets, reverse=True):
+            for t in sorted(self.mixed_lengths, reverse=True):
                 for p in sorted(self.mixed_tokens, reverse=True):
                     step = functools.partial(self._mixed_step, b, p, t)
                     self._mixed_graphs[(b, p, t)] = self._capture_one(step, pool)
@@ -539,7 +548,7 @@ class TorchSlotEngine(SlotCausalLMEngine):
             return None
         b = bucket_for(max(slots) + 1, self.batch_buckets)
         p = bucket_for(total, self.mixed_tokens)
-        t = bucket_for(max(int(positions.max()) + 1, max(len(q) for q in prompts)), self.length_buckets)
+        t = bucket_for(max(int(positions.max()) + 1, max(len(q) for q in prompts)), self.mixed_lengths)
         graph = self._mixed_graphs.get((b, p, t))
         if graph is None and self.graphs_on:
             return None
