@@ -157,6 +157,8 @@ class InductorEngine(GpuEngine):
             self.upgraded.set()
         self._upgrader: threading.Thread | None = None
         self.upgrade_seconds = 0.0
+        self.background_capture_seconds: float | None = None
+        """``fast-graphs``: seconds the capture of the remaining buckets took after ready (None until done)."""
         if self._eager is None and not self.packaged:  # the program's first calls, as at build: all cache hits
             traced = time.perf_counter()
             try:
@@ -218,9 +220,15 @@ class InductorEngine(GpuEngine):
     def warmed_up(self) -> None:
         """Warm-up is done: restart stage sampling; with ``fast_start``, compile in the background now."""
         self._batches = 0
-        if not self.upgraded.is_set() and self._upgrader is None:
+        if self._upgrader is not None or not self.use_graphs:
+            return
+        if not self.upgraded.is_set():
             self._upgrader = threading.Thread(target=self._upgrade_logged, name="inductor-upgrade", daemon=True)
-            self._upgrader.start()
+        elif self.fast_graphs:
+            self._upgrader = threading.Thread(target=self._capture_rest, name="inductor-capture", daemon=True)
+        else:
+            return
+        self._upgrader.start()
 
     def compile_seconds(self) -> float | None:
         return self.upgrade_seconds if self.upgraded.is_set() else None
@@ -286,6 +294,24 @@ class InductorEngine(GpuEngine):
             return
         gcpolicy.refreeze(f"{self.manifest.name} compiled")
 
+    def _capture_rest(self) -> None:
+        """A ``fast-graphs`` version after ready: capture every bucket warm-up left out, on a stream of its own (one
+        capture at a time with the serving thread's first-use captures, :meth:`capture`), smallest first, while the
+        serving stream keeps replaying. Nothing compiles here: the fast model runs as is."""
+        started = time.perf_counter()
+        stream = torch.cuda.Stream(self.device)
+        try:
+            for key in self.all_buckets():
+                self._capture_compiled(key, stream)
+        except Exception:  # a bucket not captured here is captured at its first use
+            log.exception("%s: capturing the remaining CUDA graphs failed", self.manifest.name)
+            return
+        self.background_capture_seconds = time.perf_counter() - started
+        log.info(
+            "%s: every bucket's CUDA graph captured %.1fs after ready (%d graphs)",
+            self.manifest.name, self.background_capture_seconds, len(self._graphs),
+        )  # fmt: skip
+
     def bucket(self, b: int, s: int) -> tuple[int, int]:
         return (
             self.batches[bisect.bisect_left(self.batches, max(b, self.min_b))],
@@ -299,8 +325,11 @@ class InductorEngine(GpuEngine):
     def warmup_buckets(self) -> list[tuple[int, int]]:
         """Every bucket, so none is captured while serving — except before a ``fast_start`` upgrade: then only the
         model's warm-up shapes are captured (eagerly) before ready, and :meth:`upgrade` captures every bucket from
-        the compiled program in the background (a bucket met before that is captured eagerly on first use)."""
-        if not self.use_graphs or not self.upgraded.is_set():
+        the compiled program in the background (a bucket met before that is captured eagerly on first use); and
+        for a ``fast-graphs`` version, where only the warm-up shapes are captured before ready and
+        :meth:`_capture_rest` captures the rest after it (nothing compiles there, so a start is the weights' load
+        and a few graphs: on the H200 the 77 graphs of a BERT-base classifier took 5.2 s of a 13 s start)."""
+        if not self.use_graphs or not self.upgraded.is_set() or self.fast_graphs:
             return []
         return self.all_buckets()
 
