@@ -73,6 +73,7 @@ def main() -> None:
     ap.add_argument("--duration", default="15s")
     ap.add_argument("--variants", default="default,tuned", help="serves to measure: default, precompile, tuned")
     ap.add_argument("--ready-timeout", type=float, default=200.0)
+    ap.add_argument("--no-bench", action="store_true", help="time to ready only")
     ap.add_argument("--precompile-build", action="store_true", help="build with TORCH_CACHING_PRECOMPILE=1")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -98,6 +99,7 @@ def main() -> None:
     doc["build_s"] = round(time.perf_counter() - t0, 1)
     doc["build_rc"] = built.returncode
     doc["build_tail"] = (built.stdout + built.stderr)[-2500:]
+    (args.out / "build.log").write_text(built.stdout + built.stderr)
     print(f"build-llm: rc {built.returncode} in {doc['build_s']} s", flush=True)
     cache = list(repo.glob("own/*/compile-cache.bin"))
     doc["compile_cache_bytes"] = cache[0].stat().st_size if cache else None
@@ -165,7 +167,7 @@ def serve_and_measure(variant: str, repo: Path, args: argparse.Namespace) -> dic
         print(f"serve {variant}: ready after {ready} s", flush=True)
         if ready is not None:
             out["start_phases"] = start_phases(httpx.get("http://127.0.0.1:8077/metrics", timeout=10).text)
-            if variant != "precompile":
+            if variant != "precompile" and not args.no_bench:
                 out |= chat_bench(variant, args)
     finally:
         server.terminate()
