@@ -121,9 +121,9 @@ def test_tokens_per_minute(server: Served, keys: tuple[Path, dict[str, str]]) ->
         metered.completions.create(model=CHAT, prompt="Hello", max_tokens=2)
 
     streamer = client(server, made["streamer"])  # a streamed answer is charged when it ends
-    chunks = streamer.chat.completions.create(
-        model=CHAT, messages=HELLO, max_tokens=8, temperature=0, stream=True, stream_options={"include_usage": True},  # type: ignore[arg-type]
-    )  # fmt: skip
+    chunks = streamer.chat.completions.create(  # type: ignore[call-overload]
+        model=CHAT, messages=HELLO, max_tokens=8, temperature=0, stream=True, stream_options={"include_usage": True}
+    )
     usage = [c.usage for c in chunks if c.usage is not None]
     assert usage and usage[0].total_tokens > TPM
     with pytest.raises(openai.RateLimitError):
