@@ -4,7 +4,8 @@ tokenizer and chat template, fp32 ONNX), the real ``openai`` client and httpx:
 
 * tokens per minute: a key with 20 tokens a minute gets its first chat answer, then 429 with ``Retry-After`` (the
   seconds until its bucket holds a token again) and OpenAI's error shape, on chat and completions, streamed or
-  not; another tenant is unaffected; the refusals are counted as ``token_rate_limited`` by tenant;
+  not, and on a dialogue pipeline that generates (``--dialogue-llm``); another tenant is unaffected; the refusals
+  are counted as ``token_rate_limited`` by tenant;
 * a refusal after the gate (a passed deadline, 504) is counted in ``miaohui_rejected_requests_total`` under the
   request's tenant;
 * ``--workers 2 --shared-engine``: the key's priority class reaches the engine process. One chat slot
@@ -84,7 +85,8 @@ def server(
     tiny_model: Path, chat_version: Path, keys: tuple[Path, dict[str, str]], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Served]:
     root = repository(tmp_path_factory.mktemp("access-one"), tiny_model, chat_version)
-    yield from serve_workers(root, "--api-keys", str(keys[0]), models=f"intent,{CHAT}")
+    options = ("--api-keys", str(keys[0]), "--dialogue-llm", CHAT)  # the pipelines generate with it
+    yield from serve_workers(root, *options, models=f"intent,{CHAT}")
 
 
 def client(server: Served, key: str) -> openai.OpenAI:
@@ -119,6 +121,13 @@ def test_tokens_per_minute(server: Served, keys: tuple[Path, dict[str, str]]) ->
     }
     with pytest.raises(openai.RateLimitError):
         metered.completions.create(model=CHAT, prompt="Hello", max_tokens=2)
+    coach = f"{server.url}/v1/dialogue/negotiation_coach"  # a pipeline that generates: the same budget
+    turn = {"text": "对方要求我们降价两成"}
+    r = httpx.post(coach, json=turn, headers={"Authorization": f"Bearer {made['metered']}"}, timeout=120)
+    assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1
+    assert r.json()["error"].startswith(f"tenant 'metered' spent its {TPM} tokens per minute. Fix: retry after ")
+    r = httpx.post(coach, json=turn, headers={"Authorization": f"Bearer {made['voice']}"}, timeout=120)
+    assert r.status_code == 200, r.text
 
     streamer = client(server, made["streamer"])  # a streamed answer is charged when it ends
     chunks = streamer.chat.completions.create(  # type: ignore[call-overload]
@@ -135,7 +144,7 @@ def test_tokens_per_minute(server: Served, keys: tuple[Path, dict[str, str]]) ->
         assert answer.usage is not None and answer.usage.total_tokens == used
 
     counted = rejected(server)
-    assert counted[("metered", "429", "token_rate_limited")] == 2
+    assert counted[("metered", "429", "token_rate_limited")] == 3
     assert counted[("streamer", "429", "token_rate_limited")] == 1
     assert not any(tenant == "voice" for tenant, _, _ in counted)
 
