@@ -551,6 +551,9 @@ def keys_add(
     tenant: Annotated[str, typer.Option(help="Tenant name (in logs and metrics; the key never is).")],
     models: Annotated[str, typer.Option(help="Comma-separated models / pipeline/<name> it may use; * = all.")] = "*",
     requests_per_s: Annotated[float, typer.Option(min=0, help="Rate limit; 0 = none.")] = 0.0,
+    tokens_per_minute: Annotated[
+        int | None, typer.Option(min=1, help="Prompt + completion tokens a minute on chat/completions; none if unset.")
+    ] = None,
     priority: Annotated[str, typer.Option(help="interactive or bulk.")] = "interactive",
 ) -> None:
     """Add a key: prints the key once (only its SHA-256 is stored)."""
@@ -565,6 +568,7 @@ def keys_add(
                 "sha256": hash_key(key),
                 "models": [m.strip() for m in models.split(",") if m.strip()],
                 "requests_per_s": requests_per_s,
+                "tokens_per_minute": tokens_per_minute,
                 "priority": priority,
             }
         )
@@ -579,7 +583,7 @@ def keys_add(
 
 @keys_app.command("list")
 def keys_list(file: KeyFileOpt) -> None:
-    """The keys of a key file: tenant, models, rate, priority (never the keys, which are not stored)."""
+    """The keys of a key file: tenant, models, rates, priority (never the keys, which are not stored)."""
     from miaohui.server.auth import KeyFile
 
     try:
@@ -587,7 +591,10 @@ def keys_list(file: KeyFileOpt) -> None:
     except MiaohuiError as exc:
         _fail(exc)
     for k in keys.keys:
-        console.print(f"{k.tenant}\t{','.join(k.models)}\t{k.requests_per_s:g}/s\t{k.priority}\t{k.sha256[:12]}…")
+        tpm = f"{k.tokens_per_minute} tokens/min" if k.tokens_per_minute else "no token limit"
+        console.print(
+            f"{k.tenant}\t{','.join(k.models)}\t{k.requests_per_s:g}/s\t{tpm}\t{k.priority}\t{k.sha256[:12]}…"
+        )
 
 
 from miaohui.generation.build.cli import build_llm  # noqa: E402

@@ -84,6 +84,11 @@ class RateLimitedError(QueueFullError):
         self.retry_after_s = retry_after_s
 
 
+class TokenRateLimitedError(RateLimitedError):
+    """The API key spent its tokens-per-minute budget (HTTP 429 with ``Retry-After``: the seconds until it holds a
+    token again)."""
+
+
 class PayloadTooLargeError(InputError):
     """The request body is larger than the server's limit (HTTP 413)."""
 

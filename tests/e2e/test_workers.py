@@ -43,9 +43,9 @@ GRPC_PER_CHANNEL = 2
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    from tests.servers import free_port as pick
+
+    return pick()
 
 
 @dataclass

@@ -257,3 +257,52 @@ def test_generation_events_cross_as_typed_messages(tmp_path: Path) -> None:
         assert isinstance(err, QueueFullError) and (err.message, err.fix) == ("no KV blocks left", "retry later")
 
     asyncio.run(main())
+
+
+def test_the_priority_class_crosses_to_the_engine_process(tmp_path: Path) -> None:
+    """:class:`Infer` and :class:`Generate` carry the worker's priority class (what its key gate set); the engine
+    process queues by it: the rows' class is the one its batcher reads, and a real :class:`Scheduler` behind the
+    engine side puts an interactive request ahead of bulk ones that were sent before it."""
+    from miaohui.generation.engine.params import SamplingParams
+    from miaohui.generation.engine.scheduler import Scheduler, SchedulerConfig
+    from miaohui.priority import PRIORITY
+    from miaohui.serving.engine_messages import Generate, Infer
+
+    assert Infer(1, "m", 3, [[1]], None).priority == "interactive"  # a message without a class (an older worker)
+    assert Generate(1, 1, "m", [1], SamplingParams()).priority == "interactive"
+    seen: list[str] = []
+
+    async def record(rows: list[list[int]], deadline: float | None) -> np.ndarray:
+        seen.append(PRIORITY.get())  # what the engine side's batcher would read at enqueue
+        return await _sums(rows, deadline)
+
+    scheduler = Scheduler(SchedulerConfig(max_running_seqs=8, max_batched_tokens=64, max_prefill_seqs=1), [0])
+
+    class _QueueingLLM(_LLM):
+        def add(self, prompt_ids: list[int], params: Any, sink: Callable[[Any], None]) -> _Stream:
+            scheduler.add(prompt_ids, params or SamplingParams())  # reads PRIORITY as the in-process path does
+            return _Stream()
+
+    async def main() -> None:
+        path = str(tmp_path / "engine.sock")
+        manager = _ChatManager(record)
+        manager.served.client = _QueueingLLM()
+        server = EngineServer(manager)  # type: ignore[arg-type]
+        await server.start(path)
+        client = EngineClient(path)
+        try:
+            token = PRIORITY.set("bulk")
+            await client.infer("m", 3, [[1]], None)
+            bulk = [await client.generate(sid, "llm", [1, 2], None, lambda item: None) for sid in (1, 2)]
+            PRIORITY.reset(token)
+            await client.infer("m", 3, [[1]], None)
+            await client.generate(3, "llm", [3, 4], None, lambda item: None)
+        finally:
+            await client.close()
+            await server.stop()
+        assert bulk == [4, 4]
+        assert seen == ["bulk", "interactive"]
+        order = [scheduler.schedule().prefill[0].prompt_ids for _ in range(3)]  # one prompt per step
+        assert order == [(3, 4), (1, 2), (1, 2)]  # the interactive one first, though sent last
+
+    asyncio.run(main())

@@ -281,6 +281,33 @@ async def test_text_generator_for_dialogue_pipelines(
     assert await generator.generate([{"role": "user", "content": "hi"}], max_tokens=5) == "abcde"
 
 
+async def test_dialogue_generation_is_charged_to_the_tenant(
+    served: tuple[httpx.AsyncClient, ModelManager, Metrics],
+) -> None:
+    """A pipeline's reply spends the tokens per minute of the request's key: prompt + completion tokens."""
+    from miaohui.priority import CALLER
+
+    class Tenant:
+        name = "hotline"
+
+        def __init__(self) -> None:
+            self.charged: list[int] = []
+
+        def charge(self, tokens: int) -> None:
+            self.charged.append(tokens)
+
+    _, service, _ = served
+    tenant = Tenant()
+    token = CALLER.set(tenant)
+    try:
+        messages = [{"role": "user", "content": "hi"}]
+        assert await LLMTextGenerator(service, "counter").generate(messages, max_tokens=5) == "abcde"  # type: ignore[arg-type]
+    finally:
+        CALLER.reset(token)
+    prompt = len(service.chat("counter").tokenizer.encode_chat(messages))
+    assert tenant.charged == [prompt + 5]
+
+
 async def test_repository_models_are_found_and_broken_ones_reported(tmp_path: Path) -> None:
     (tmp_path / "intent" / "1").mkdir(parents=True)  # an encoder model: not a causal LM
     broken = tmp_path / "llm" / "2"

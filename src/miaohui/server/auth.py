@@ -8,12 +8,14 @@ file) given to ``miaohui serve --api-keys PATH``; without it the server is open 
         sha256: 3f1c...              # hex SHA-256 of the key
         models: ["intent", "pipeline/gov_hotline"]   # what it may call; "*" = everything
         requests_per_s: 50           # a token bucket of one second's requests; 0 = no limit
+        tokens_per_minute: 20000     # generated + prompt tokens a minute (chat, completions); absent = no limit
         priority: interactive        # interactive | bulk
 
 A request presents its key as ``Authorization: Bearer <key>`` (what the ``openai`` client sends; gRPC: the same
 metadata, what ``tritonclient`` sends with ``headers=``). The presented key is hashed and compared with every
 entry's hash with :func:`hmac.compare_digest` (constant time, and every entry is compared). Missing or unknown
-key → 401; a model or pipeline the key may not use → 403; over its rate → 429 with ``Retry-After``.
+key → 401; a model or pipeline the key may not use → 403; over its rate or its tokens per minute → 429 with
+``Retry-After``. The buckets are per server process (``--workers N``: each worker keeps its own).
 """
 
 from __future__ import annotations
@@ -33,8 +35,15 @@ import grpc
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from miaohui.errors import ConfigError, ForbiddenError, MiaohuiError, RateLimitedError, UnauthorizedError
-from miaohui.priority import PRIORITY, Priority
+from miaohui.errors import (
+    ConfigError,
+    ForbiddenError,
+    MiaohuiError,
+    RateLimitedError,
+    TokenRateLimitedError,
+    UnauthorizedError,
+)
+from miaohui.priority import CALLER, PRIORITY, Priority
 
 __all__ = [
     "ApiKey",
@@ -43,6 +52,7 @@ __all__ = [
     "HttpGate",
     "KeyFile",
     "Tenant",
+    "TokenBudget",
     "hash_key",
     "model_of_path",
     "new_key",
@@ -78,6 +88,12 @@ class ApiKey(BaseModel):
     """Models (``pipeline/<name>`` for a pipeline) the key may use; ``*``: all of them."""
     requests_per_s: float = Field(default=0.0, ge=0.0)
     """Requests per second (a bucket of one second's worth); 0: no limit."""
+    tokens_per_minute: int | None = Field(default=None, ge=1)
+    """Tokens a minute on the generating routes (``/v1/chat/completions``, ``/v1/completions``, the dialogue
+    pipelines when they generate): prompt + completion tokens, as OpenAI and LiteLLM count TPM. A bucket of one
+    minute's tokens, refilled continuously; a request is admitted while it holds a token and charged its actual
+    usage when it ends (so one long request may overdraw it, and the next waits until it refilled). None: no limit
+    (the default: a tenant's generation is bounded only by the server's queues unless the operator sets one)."""
     priority: Priority = "interactive"
     """Priority class: interactive (a voice line, a chat) or bulk (batch jobs, training platforms)."""
 
@@ -102,15 +118,43 @@ class KeyFile(BaseModel):
         except (yaml.YAMLError, ValidationError) as exc:
             raise ConfigError(
                 f"the API key file {path} is not valid: {str(exc).splitlines()[0]}",
-                "write it with `miaohui keys add` (keys: [{tenant, sha256, models, requests_per_s, priority}])",
+                "write it with `miaohui keys add` (keys: [{tenant, sha256, models, requests_per_s, tokens_per_minute, "
+                "priority}])",
             ) from None
 
     def save(self, path: Path) -> None:
         Path(path).write_text(yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False), encoding="utf-8")
 
 
+class TokenBudget:
+    """A tokens-per-minute bucket: holds up to one minute's tokens, refilled at ``per_minute / 60`` a second. A
+    request is admitted while it holds at least one token (its size is not known before it runs); :meth:`charge`
+    takes what it used when it ends, which may leave the bucket below zero: it then refuses until refilled."""
+
+    def __init__(self, per_minute: int, clock: Callable[[], float]) -> None:
+        self.per_minute = per_minute
+        self._rate = per_minute / 60.0
+        self._clock = clock
+        self._level = float(per_minute)
+        self._at = clock()
+
+    def level(self) -> float:
+        """The tokens in the bucket now (negative: overdrawn)."""
+        now = self._clock()
+        self._level = min(float(self.per_minute), self._level + (now - self._at) * self._rate)
+        self._at = now
+        return self._level
+
+    def wait_s(self) -> float:
+        """Seconds until the bucket holds a token again (0: it does)."""
+        return max(0.0, (1.0 - self.level()) / self._rate)
+
+    def charge(self, tokens: int) -> None:
+        self._level = self.level() - max(0, tokens)
+
+
 class Tenant:
-    """The caller a key names, with its request bucket."""
+    """The caller a key names, with its request bucket and its tokens-per-minute budget."""
 
     def __init__(self, key: ApiKey, clock: Callable[[], float]) -> None:
         self.key = key
@@ -119,6 +163,8 @@ class Tenant:
         self._clock = clock
         self._tokens = max(1.0, key.requests_per_s)
         self._at = clock()
+        self.budget = TokenBudget(key.tokens_per_minute, clock) if key.tokens_per_minute else None
+        """Tokens per minute; None: no limit."""
 
     def allows(self, model: str) -> bool:
         return "*" in self.key.models or model in self.key.models
@@ -147,6 +193,25 @@ class Tenant:
                 retry_after_s=max(1, math.ceil(wait)),
             )
         self._tokens -= 1.0
+
+    def check_tokens(self) -> None:
+        """TokenRateLimitedError (429) while the tokens-per-minute budget is spent; ``Retry-After``: the seconds
+        until it holds a token again."""
+        if self.budget is None:
+            return
+        wait = self.budget.wait_s()
+        if wait > 0:
+            after = max(1, math.ceil(wait))
+            raise TokenRateLimitedError(
+                f"tenant {self.name!r} spent its {self.budget.per_minute} tokens per minute",
+                f"retry after {after} s, or ask the operator for a higher tokens_per_minute",
+                retry_after_s=after,
+            )
+
+    def charge(self, tokens: int) -> None:
+        """Count a request's prompt + completion tokens against the budget (nothing without a limit)."""
+        if self.budget is not None:
+            self.budget.charge(tokens)
 
 
 class Authenticator:
@@ -203,14 +268,25 @@ def model_of_path(path: str) -> str | None:
     return None
 
 
-class HttpGate:
-    """Admits an HTTP request (ASGI) when its key is valid, under its rate and allowed the model it names; else it
-    answers 401/403/429 itself, counts the rejection (``miaohui_request_failures_total{reason}``) and logs the
-    tenant (never the key)."""
+GENERATING_PATHS = ("/v1/chat/completions", "/v1/completions")
+"""Routes whose requests generate tokens: a key's ``tokens_per_minute`` is checked there."""
 
-    def __init__(self, auth: Authenticator, on_reject: Callable[[str, str, int, str], None] | None = None) -> None:
+
+class HttpGate:
+    """Admits an HTTP request (ASGI) when its key is valid, under its rate and its tokens per minute and allowed the
+    model it names; else it answers 401/403/429 itself, counts the rejection (``miaohui_request_failures_total
+    {reason}``) and logs the tenant (never the key). ``generating``: path prefixes whose requests spend tokens
+    (:data:`GENERATING_PATHS`, plus ``/v1/dialogue/`` where the pipelines generate)."""
+
+    def __init__(
+        self,
+        auth: Authenticator,
+        on_reject: Callable[[str, str, int, str], None] | None = None,
+        generating: tuple[str, ...] = GENERATING_PATHS,
+    ) -> None:
         self.auth = auth
         self.on_reject = on_reject
+        self.generating = generating
 
     async def admit(self, scope: Any, receive: Any, send: Any) -> Any:
         """The ``receive`` to serve the request with, or None when it was answered here."""
@@ -225,11 +301,14 @@ class HttpGate:
             tenant.take()
             scope.setdefault("state", {})["tenant"] = tenant
             PRIORITY.set(tenant.priority)  # the batcher queues interactive requests ahead of bulk ones
+            CALLER.set(tenant)  # later refusals are counted under its name; generation charges its tokens
             if model is None and scope["method"] == "POST" and path in BODY_MODEL_PATHS:
                 body, receive = await _buffer(receive)
                 model = _body_model(body)
             if model is not None:
                 tenant.check_model(model)
+            if path.startswith(self.generating):
+                tenant.check_tokens()
         except MiaohuiError as exc:
             await self._reject(exc, tenant.name if tenant else NO_TENANT, model, path, send)
             return None
@@ -317,6 +396,7 @@ class GrpcGate(grpc.aio.ServerInterceptor):
                 if model:
                     tenant.check_model(model)
                 PRIORITY.set(tenant.priority)
+                CALLER.set(tenant)
             except MiaohuiError as exc:
                 from miaohui.server.status import grpc_status, http_status, message, reason
 

@@ -137,6 +137,8 @@ class DialogueService:
             sessions = open_session_store(session_store, name, config.session)
             self.pipelines[name] = Pipeline(config, classifier, generator, knowledge=kb, clock=clock, sessions=sessions)
         self._conversations: OrderedDict[str, str] = OrderedDict()
+        self.generates = generator is not None
+        """The pipelines generate (a dialogue LLM): their turns spend a key's tokens per minute."""
         self.worker = 0
         """This process's worker index with ``--workers N`` (1..N; responses name it); 0 in a single process."""
 

@@ -33,7 +33,7 @@ from starlette.types import Receive, Scope, Send
 from miaohui import __version__
 from miaohui.errors import InputError, MiaohuiError, ModelNotFoundError
 from miaohui.server import kserve
-from miaohui.server.auth import HttpGate
+from miaohui.server.auth import GENERATING_PATHS, HttpGate
 from miaohui.server.embeddings_api import embeddings_router
 from miaohui.server.http_io import (
     JSON_ERRORS,
@@ -61,8 +61,12 @@ def create_app(state: ServerState) -> FastAPI:
     app.state.miaohui = state
     hot = app.hot = HotPaths(state)
     manager, metrics = state.manager, state.metrics
+    dialogue = state.dialogue
     if state.auth is not None:
-        app.gate = HttpGate(state.auth, lambda who, model, code, why: metrics.refused(who, model, "http", code, why))
+        generating = GENERATING_PATHS + (("/v1/dialogue/",) if dialogue is not None and dialogue.generates else ())
+        app.gate = HttpGate(
+            state.auth, lambda who, model, code, why: metrics.refused(who, model, "http", code, why), generating
+        )
     with contextlib.suppress(ValueError):  # already registered when an app is built twice on one Metrics
         metrics.register(
             ModelStateCollector(
@@ -73,7 +77,6 @@ def create_app(state: ServerState) -> FastAPI:
                 ]
             )
         )
-    dialogue = state.dialogue
 
     def encoders() -> list[str]:
         pipelines = dialogue.model_names() if dialogue is not None else []

@@ -30,9 +30,13 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from miaohui.gcpolicy import PAUSE_BUCKETS, flush_pauses, record_pauses
+from miaohui.priority import CALLER
 from miaohui.serving.batcher import BatcherObserver, RejectReason
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+REFUSED_AFTER_GATE = frozenset({429, 503, 504})
+"""Statuses that refuse a request the key gate admitted (a full queue, stopping or unavailable, a passed deadline):
+counted in ``miaohui_rejected_requests_total`` under the request's tenant, as the gate's own refusals are."""
 
 
 def observe_many(histogram: Any, values: list[float]) -> None:
@@ -226,8 +230,8 @@ class Metrics:
         )
         self.refusals = Counter(
             "miaohui_rejected_requests",
-            "Requests the API key gate refused (401, 403, 429), by tenant (never the key; '(none)' without a valid "
-            "key), status code and reason",
+            "Requests refused by the API key gate (401, 403, 429) or after it (429, 503, 504), by tenant (never "
+            "the key; '(none)' without a valid key), status code and reason",
             ["tenant", "code", "reason"],
             registry=r,
         )
@@ -412,6 +416,15 @@ class Metrics:
         return found
 
     def done(self, model: str, version: str, protocol: str, code: int, seconds: float, reason: str = "") -> None:
+        """A request answered. A refusal after the key gate (:data:`REFUSED_AFTER_GATE`: a full queue, stopping,
+        unavailable, a passed deadline) is also counted by the tenant of the request's key (:data:`CALLER`)."""
+        self._count(model, version, protocol, code, seconds, reason)
+        if code in REFUSED_AFTER_GATE:
+            caller = CALLER.get()
+            if caller is not None:
+                self.child(self.refusals, caller.name, str(code), reason or str(code)).inc()
+
+    def _count(self, model: str, version: str, protocol: str, code: int, seconds: float, reason: str) -> None:
         self.child(self.requests, model, version, protocol, str(code)).inc()
         self.child(self.request_seconds, model, protocol).observe(seconds)
         if code >= 400:
@@ -420,7 +433,7 @@ class Metrics:
     def refused(self, tenant: str, model: str, protocol: str, code: int, reason: str) -> None:
         """A request the API key gate refused: counted by tenant and status, and as a failed request."""
         self.child(self.refusals, tenant, str(code), reason).inc()
-        self.done(model, "", protocol, code, 0.0, reason)
+        self._count(model, "", protocol, code, 0.0, reason)
 
     def register(self, collector: Collector) -> None:
         """A scrape-time collector (e.g. model readiness): rendered on ``/metrics``."""

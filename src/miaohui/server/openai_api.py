@@ -25,7 +25,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -33,8 +33,9 @@ from starlette.types import Receive, Scope, Send
 
 from miaohui.errors import MiaohuiError, ModelNotFoundError
 from miaohui.generation.engine.client import EngineStoppedError, RequestStream, TokenEvent
-from miaohui.generation.engine.params import SamplingParams
+from miaohui.priority import CALLER, Caller
 from miaohui.server import http_io
+from miaohui.server.llm_generator import LLMTextGenerator
 from miaohui.server.metrics import UNKNOWN_MODEL, Metrics
 from miaohui.server.openai_schema import (
     ChatRequest,
@@ -48,7 +49,6 @@ from miaohui.server.openai_schema import (
 )
 from miaohui.server.openai_tools import (
     ChatPlan,
-    call_schema,
     completion_logprobs,
     logprob_entries,
     plan,
@@ -58,9 +58,6 @@ from miaohui.server.openai_tools import (
 from miaohui.server.status import message, openai_body, reason
 from miaohui.serving.chat import ServedChatVersion
 from miaohui.serving.repository import ModelManager
-
-if TYPE_CHECKING:
-    from miaohui.dialogue.pipeline import ChatMessage
 
 __all__ = ["ChatDelegate", "LLMTextGenerator", "create_openai_app", "openai_router"]
 
@@ -118,6 +115,10 @@ class _Call:
     """The version that answers, where the engine process chose it (``--shared-engine``); else ``llm``'s."""
     shadow: Callable[[list[int], str], None] | None = None
     """Shadow mode: given the answer's token ids and text once it went out (:attr:`ServedChatVersion.shadow_tap`)."""
+    caller: Caller | None = field(default_factory=CALLER.get)
+    """The API key's tenant, charged the tokens used when the call ends (:meth:`settle`); None: no key."""
+    generated: int = 0
+    """Completion tokens seen so far."""
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
     _template: tuple[bytes, bytes] | None = field(default=None, repr=False)
@@ -139,6 +140,12 @@ class _Call:
             "model": llm.name,
             "system_fingerprint": f"miaohui-{llm.name}-v{self.served or llm.version}-{llm.info.precision}",
         }
+
+    def settle(self) -> None:
+        """Charge the tenant's tokens per minute with what the call used (prompt + completion), once."""
+        caller, self.caller = self.caller, None
+        if caller is not None:
+            caller.charge(self.prompt_tokens + self.generated)
 
     def usage(self, completion_tokens: int) -> dict[str, int]:
         return {
@@ -256,6 +263,7 @@ async def _stream_chunks(call: _Call, done: Callable[[int, str], None]) -> Async
     try:
         if call.plan.tools:  # whether the answer is a call is known at its end
             events = [ev async for ev in call.stream]
+            call.generated = events[-1].completion_tokens
             _check_finish(events[-1])
             for chunk in call.whole_chunks(events):
                 yield chunk
@@ -268,6 +276,7 @@ async def _stream_chunks(call: _Call, done: Callable[[int, str], None]) -> Async
             # chunk: under load one write per step instead of one per token (vLLM's stream interval, adaptive)
             more = call.stream.ready()
             event = more[-1] if more else first
+            call.generated = event.completion_tokens
             if answer is not None:
                 answer += [first, *more]
             failed = event.finish_reason in ("abort", "error")  # ends the stream with an error, after the text
@@ -396,7 +405,11 @@ def openai_router(
                 call.shadow = functools.partial(tap, ids, params)
             if req.stream:
                 return _streamed(call, done)
-            events = await _collect(request, stream)
+            try:
+                events = await _collect(request, stream)
+                call.generated = events[-1].completion_tokens
+            finally:
+                call.settle()
             body = call.full(events)
             done(200, "")
             call.shadowed(events)
@@ -442,6 +455,7 @@ def _streamed(call: _Call, done: _Recorder) -> Response:
 
     async def close() -> None:
         call.stream.abort()
+        call.settle()
         done(*(outcome[-1] if outcome else (499, "client_closed")))
 
     return _EventStream(_stream_chunks(call, lambda code, why: outcome.append((code, why))), close)
@@ -552,32 +566,3 @@ def create_openai_app(manager: ModelManager, metrics: Metrics) -> FastAPI:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     return app
-
-
-class LLMTextGenerator:
-    """A served chat model as the dialogue pipelines' ``TextGenerator`` (greedy by default) and ``ToolCaller``
-    (a forced call decoded under the function's JSON schema, as ``tool_choice`` naming it does)."""
-
-    def __init__(self, manager: ModelManager, model: str) -> None:
-        self.manager, self.model = manager, model
-
-    async def generate(self, messages: list[ChatMessage], max_tokens: int, temperature: float = 0.0) -> str:
-        llm = self.manager.chat(self.model)
-        ids = llm.tokenizer.encode_chat([{"role": m["role"], "content": m["content"]} for m in messages])
-        room = llm.max_model_len - len(ids)
-        params = SamplingParams.create(max_tokens=max(1, min(max_tokens, room)), temperature=temperature)
-        return "".join([event.text async for event in llm.client.generate(ids, params)])
-
-    async def call_tool(self, messages: list[ChatMessage], tool: dict[str, Any], max_tokens: int) -> Any:
-        llm = self.manager.chat(self.model)
-        tools = [tool]
-        native = llm.tokenizer.supports_tools
-        msgs = prompt_messages([dict(m) for m in messages], tools, native)
-        ids = llm.tokenizer.encode_chat(msgs, tools=tools if native else None)
-        room = max(1, min(max_tokens, llm.max_model_len - len(ids)))
-        params = SamplingParams.create(max_tokens=room, temperature=0.0, json_schema=call_schema(tools))
-        text = "".join([event.text async for event in llm.client.generate(ids, params)])
-        try:
-            return json.loads(text)
-        except ValueError:
-            raise ValueError(f"the call is not complete JSON after {room} tokens: {text[:120]!r}") from None

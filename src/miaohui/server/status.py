@@ -36,6 +36,7 @@ TABLE: dict[type[MiaohuiError], Status] = {
     errors.UnauthorizedError: Status(401, _C.UNAUTHENTICATED, "unauthorized"),
     errors.ForbiddenError: Status(403, _C.PERMISSION_DENIED, "forbidden"),
     errors.RateLimitedError: Status(429, _C.RESOURCE_EXHAUSTED, "rate_limited"),
+    errors.TokenRateLimitedError: Status(429, _C.RESOURCE_EXHAUSTED, "token_rate_limited"),
     errors.QueueFullError: Status(429, _C.RESOURCE_EXHAUSTED, "queue_full"),
     errors.ClientDisconnectedError: Status(499, _C.CANCELLED, "client_closed"),
     errors.UnavailableError: Status(503, _C.UNAVAILABLE, "unavailable"),

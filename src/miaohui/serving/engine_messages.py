@@ -20,6 +20,7 @@ import numpy as np
 
 from miaohui.generation.engine.params import SamplingParams
 from miaohui.generation.engine.scheduler import FinishReason
+from miaohui.priority import Priority
 
 __all__ = [
     "Abort",
@@ -63,6 +64,9 @@ class Infer(NamedTuple):
     version: int
     rows: list[list[int]]
     timeout_ms: float | None
+    priority: Priority = "interactive"
+    """The class of the request's API key (:mod:`miaohui.priority`): the engine process's batcher queues the rows
+    of interactive requests ahead of bulk ones, as a single-process server does."""
 
 
 class Cancel(NamedTuple):
@@ -120,6 +124,9 @@ class Generate(NamedTuple):
     prompt_ids: list[int]
     params: SamplingParams
     version: int | None = None
+    priority: Priority = "interactive"
+    """The class of the request's API key: the engine process's scheduler queues a waiting interactive request ahead
+    of bulk ones, as a single-process server does."""
 
 
 class Abort(NamedTuple):

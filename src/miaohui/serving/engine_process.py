@@ -21,7 +21,9 @@ supervisor; the socket lives in a private temporary directory) of the typed mess
 :mod:`miaohui.serving.engine_messages`: requests :class:`Infer`, :class:`Cancel`, :class:`Status`, ...;
 replies :class:`Ok` or :class:`Err` with the request's id. Errors keep their class across the hop (a full queue
 is still a 429, a passed deadline a 504); a lost engine process fails the requests in flight with 503 and the
-next request reconnects.
+next request reconnects. :class:`Infer` and :class:`Generate` carry the request's priority class (the worker's
+:data:`~miaohui.priority.PRIORITY`, set by its API key gate); the engine process sets it again around the batcher's
+and the scheduler's queueing, so interactive requests wait ahead of bulk ones here too.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ import numpy as np
 
 from miaohui import errors
 from miaohui.errors import MiaohuiError, UnavailableError
+from miaohui.priority import PRIORITY
 from miaohui.serving.engine_messages import (
     REPLY_TYPES,
     REQUEST_TYPES,
@@ -196,11 +199,14 @@ class EngineServer:
     def _generate(self, streams: _GenerationStreams, request: Generate) -> Ok | Err:
         """Admit a worker's generation request on the model's serving version (its tokens follow in
         :class:`TokenBatch` frames); the reply names the version."""
+        token = PRIORITY.set(request.priority)  # the scheduler queues the request by the worker's class
         try:
             served = self.manager.chat(request.model, request.version)
             stream = served.client.add(request.prompt_ids, request.params, sink=streams.sink(request.sid))
         except MiaohuiError as exc:
             return Err(request.rid, error_fields(exc))
+        finally:
+            PRIORITY.reset(token)
         streams.add(request.sid, stream)
         return Ok(request.rid, served.version)
 
@@ -229,6 +235,7 @@ class EngineServer:
         from miaohui.serving.served import deadline_from_ms
 
         rid, model, version = request.rid, request.model, request.version
+        PRIORITY.set(request.priority)  # this task's own context: the batcher queues its rows by the worker's class
         reply: Ok | Err
         try:
             out = await self.manager.get(model, version).run_rows(request.rows, deadline_from_ms(request.timeout_ms))
@@ -390,9 +397,10 @@ class EngineClient:
 
     async def infer(self, model: str, version: int, rows: list[list[int]], deadline: float | None) -> np.ndarray:
         """The model version's output rows for ``rows`` (batched with every worker's rows in the engine process).
-        ``deadline`` (``time.monotonic()``) travels as the time left."""
+        ``deadline`` (``time.monotonic()``) travels as the time left, the request's priority class with it."""
         timeout_ms = None if deadline is None else max(0.001, (deadline - time.monotonic()) * 1000.0)
-        out = await self._call(lambda rid: Infer(rid, model, version, rows, timeout_ms))
+        priority = PRIORITY.get()
+        out = await self._call(lambda rid: Infer(rid, model, version, rows, timeout_ms, priority))
         assert isinstance(out, np.ndarray)
         return out
 
@@ -423,10 +431,11 @@ class EngineClient:
     ) -> int:
         """Start generation request ``sid`` on ``model``'s serving version (or on ``version``) in the engine
         process; returns that version once admitted (raises its InputError / QueueFullError otherwise). ``sink``
-        gets the request's items until one finishes it."""
+        gets the request's items until one finishes it. The request's priority class goes with it."""
         self._token_sinks[sid] = sink
+        priority = PRIORITY.get()
         try:
-            served = await self._call(lambda rid: Generate(rid, sid, model, prompt_ids, params, version))
+            served = await self._call(lambda rid: Generate(rid, sid, model, prompt_ids, params, version, priority))
         except BaseException:
             self._token_sinks.pop(sid, None)
             raise

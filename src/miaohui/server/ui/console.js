@@ -1,6 +1,8 @@
 // The miaohui console: chat, models, live metrics. Reads only the server's own API:
 //   GET  /v1/console/models, /v1/console/summary, /v2/health/ready
 //   POST /v1/dialogue/{pipeline}, /v1/chat/completions (stream), /v2/repository/models/{m}/load|unload
+// A server started with --api-keys answers these with 401 unless a key comes with them: the key pasted in the header
+// is kept in this tab's sessionStorage (never in the URL, cookies or the log) and sent as Authorization: Bearer.
 "use strict";
 
 const $ = (sel, root = document) => root.querySelector(sel);
@@ -21,8 +23,70 @@ function el(tag, attrs = {}, ...children) {
   return node;
 }
 
+// ------------------------------------------------------------------------------------------- API key
+
+const KEY_ITEM = "miaohui.apiKey";
+
+function apiKey() {
+  return sessionStorage.getItem(KEY_ITEM) || "";
+}
+
+// fetch with the tab's key (when one is set) as Authorization: Bearer; a 401 asks for a key
+async function authFetch(path, options = {}) {
+  const headers = new Headers(options.headers || {});
+  const key = apiKey();
+  if (key) headers.set("authorization", `Bearer ${key}`);
+  const resp = await fetch(path, { ...options, headers });
+  if (resp.status === 401) {
+    const body = await resp.clone().json().catch(() => null);
+    const err = body && body.error;
+    askForKey((err && (err.message || err)) || "401 Unauthorized");
+  }
+  return resp;
+}
+
+function askForKey(message) {
+  const note = $("#key-needed");
+  note.textContent = `${message} — this server asks for an API key: paste yours in the box at the top and press Use key.`;
+  note.hidden = false;
+  $("#api-key").classList.add("needed");
+}
+
+function showKeyState() {
+  const set = apiKey() !== "";
+  $("#key-state").textContent = set ? "key set (this tab)" : "no key";
+  $("#key-state").className = "pill" + (set ? " ok" : "");
+  $("#key-forget").disabled = !set;
+}
+
+function useKey() {
+  const input = $("#api-key");
+  const key = input.value.trim();
+  input.value = "";
+  if (!key) return;
+  sessionStorage.setItem(KEY_ITEM, key);
+  input.classList.remove("needed");
+  $("#key-needed").hidden = true;
+  showKeyState();
+  loadChatTargets().catch((err) => addMessage("error", String(err.message || err)));
+  show(current);
+}
+
+$("#key-use").addEventListener("click", useKey);
+$("#api-key").addEventListener("keydown", (e) => {
+  if (e.key === "Enter") {
+    e.preventDefault();
+    useKey();
+  }
+});
+$("#key-forget").addEventListener("click", () => {
+  sessionStorage.removeItem(KEY_ITEM);
+  showKeyState();
+  loadChatTargets().catch((err) => addMessage("error", String(err.message || err)));
+});
+
 async function api(path, options) {
-  const resp = await fetch(path, options);
+  const resp = await authFetch(path, options);
   let body = null;
   try {
     body = await resp.json();
@@ -58,7 +122,7 @@ window.addEventListener("hashchange", () => show(location.hash.slice(1)));
 async function refreshReady() {
   const pill = $("#server-ready");
   try {
-    const resp = await fetch("/v2/health/ready");
+    const resp = await authFetch("/v2/health/ready");
     pill.textContent = resp.ok ? "ready" : "not ready";
     pill.className = "pill " + (resp.ok ? "ok" : "bad");
   } catch (_) {
@@ -165,7 +229,7 @@ async function sendChat(name, text) {
   let reply = "";
   let chunks = 0;
   let finish = null;
-  const resp = await fetch("/v1/chat/completions", {
+  const resp = await authFetch("/v1/chat/completions", {
     method: "POST",
     headers: { "content-type": "application/json" },
     body: JSON.stringify({ model: name, messages: history, stream: true, max_tokens: 128 }),
@@ -344,6 +408,7 @@ window.addEventListener("resize", () => { if (current === "metrics") refreshMetr
 
 setInterval(() => { if (current === "metrics") refreshMetrics(); }, 2000);
 setInterval(refreshReady, 5000);
+showKeyState();
 refreshReady();
 loadChatTargets().catch((err) => addMessage("error", String(err.message || err)));
 show(location.hash.slice(1));
