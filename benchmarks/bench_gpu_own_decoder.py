@@ -71,7 +71,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("/tmp/out"))
     ap.add_argument("--work", type=Path, default=Path("/tmp/own-decoder"))
     ap.add_argument("--duration", default="15s")
-    ap.add_argument("--variants", default="default,tuned", help="serves to measure: default, precompile, tuned")
+    ap.add_argument("--variants", default="default,tuned", help="serves to measure: default, shared, precompile, tuned")
     ap.add_argument("--ready-timeout", type=float, default=200.0)
     ap.add_argument("--no-bench", action="store_true", help="time to ready only")
     ap.add_argument("--precompile-build", action="store_true", help="build with TORCH_CACHING_PRECOMPILE=1")
@@ -145,6 +145,7 @@ def serve_and_measure(variant: str, repo: Path, args: argparse.Namespace) -> dic
     extra: list[str] = []
     if variant == "tuned":
         yaml_path.write_text(TUNED_YAML)
+    if variant in ("tuned", "shared"):  # shared: the defaults, served by the engine process of 2 workers
         extra = ["--workers", "2", "--shared-engine"]
     out: dict = {"variant": variant}
     log_path = args.out / f"serve_{variant}.log"

@@ -6,6 +6,8 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+import pytest
+
 from miaohui.generation.build.compile_cache import CACHE_FILE, CompileCacheInfo, load_compile_cache, machine_facts
 
 
@@ -51,3 +53,33 @@ def test_a_corrupt_file_with_a_matching_digest_falls_back(tmp_path: Path) -> Non
     assert got == (
         f"not used: torch could not read {tmp_path / CACHE_FILE} (its warning above says why); compiling at load"
     )
+
+
+def test_the_builds_triton_kernels_are_restored_with_their_groups_moved(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``triton-cache.tar`` (what the build's warm-up compiled) goes into this process's Triton cache, its group
+    files pointing at the new place; a tar whose digest is not the build's is not used."""
+    import json
+
+    from miaohui.engines.fast_graphs import pack
+    from miaohui.generation.build.compile_cache import TRITON_FILE, restore_triton
+
+    built = tmp_path / "built" / "abc"
+    built.mkdir(parents=True)
+    (built / "kernel.cubin").write_bytes(b"\x7fELF")
+    (built / "__grp__kernel.json").write_text(
+        json.dumps({"child_paths": {"kernel.cubin": str(built / "kernel.cubin")}})
+    )
+    version = tmp_path / "version"
+    version.mkdir()
+    assert pack(tmp_path / "built", version / TRITON_FILE) == 2
+    digest = hashlib.sha256((version / TRITON_FILE).read_bytes()).hexdigest()
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "fresh"))
+    info = _info(b"x").model_copy(update={"triton_file": TRITON_FILE, "triton_sha256": digest, "triton_files": 2})
+    assert restore_triton(version, info).startswith("2 Triton files restored in ")
+    group = json.loads((tmp_path / "fresh" / "abc" / "__grp__kernel.json").read_text())
+    assert group["child_paths"]["kernel.cubin"] == str(tmp_path / "fresh" / "abc" / "kernel.cubin")
+    wrong = info.model_copy(update={"triton_sha256": "0" * 64})
+    assert restore_triton(version, wrong).startswith("Triton kernels not used: ")
+    assert restore_triton(version, _info(b"x")) == "no Triton kernels saved"

@@ -24,6 +24,7 @@ from pydantic import BaseModel
 log = logging.getLogger(__name__)
 
 CACHE_FILE = "compile-cache.bin"
+TRITON_FILE = "triton-cache.tar"
 
 
 class CompileCacheInfo(BaseModel):
@@ -36,6 +37,13 @@ class CompileCacheInfo(BaseModel):
     """:func:`machine_facts` at build: a load under other facts does not use the file."""
     compile_seconds: float
     """The build's warm-up that compiled every bucket."""
+    triton_file: str | None = None
+    """``triton-cache.tar``: every Triton kernel the build's warm-up compiled in this process — miaohui's own
+    kernels (decode and prompt attention, the int8 one-row kernels), whose launch parameters differ per bucket, so
+    each bucket compiles its own variants at its first call. Restored into the process's Triton cache before the
+    warm-up; without it a fresh machine compiles them again while it captures the graphs."""
+    triton_sha256: str | None = None
+    triton_files: int = 0
 
 
 def machine_facts() -> dict[str, str]:
@@ -60,19 +68,48 @@ def save_compile_cache(folder: Path, compile_all: Callable[[], float]) -> Compil
     ``folder / compile-cache.bin``; None when torch recorded nothing."""
     import torch
 
+    from miaohui.engines.fast_graphs import pack, private_triton_cache
+
     torch.compiler.reset()  # only this engine's artifacts are recorded from here
-    seconds = compile_all()
+    triton: dict[str, object] = {}
+    with private_triton_cache() as private:
+        seconds = compile_all()
+        files = pack(private, folder / TRITON_FILE)
+        if files:
+            triton = {"triton_file": TRITON_FILE, "triton_files": files, "triton_sha256": _sha256(folder / TRITON_FILE)}
+        else:
+            (folder / TRITON_FILE).unlink(missing_ok=True)
     saved = torch.compiler.save_cache_artifacts()
     if saved is None:
         return None
     data = saved[0]
     (folder / CACHE_FILE).write_bytes(data)
-    return CompileCacheInfo(
-        sha256=hashlib.sha256(data).hexdigest(),
-        bytes=len(data),
-        facts=machine_facts(),
-        compile_seconds=round(seconds, 2),
-    )
+    return CompileCacheInfo.model_validate(
+        {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data), "facts": machine_facts(),
+         "compile_seconds": round(seconds, 2), **triton}
+    )  # fmt: skip
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def restore_triton(folder: Path, info: CompileCacheInfo) -> str:
+    """Unpack the build's Triton kernels (``triton-cache.tar``) into this process's Triton cache; what happened."""
+    if not info.triton_file:
+        return "no Triton kernels saved"
+    path = folder / info.triton_file
+    try:
+        digest = _sha256(path)
+    except OSError as exc:
+        return f"Triton kernels not used: cannot read {path} ({exc})"
+    if digest != info.triton_sha256:
+        wrote = str(info.triton_sha256)[:12]
+        return f"Triton kernels not used: {path} has sha256 {digest[:12]}…, the build wrote {wrote}…"
+    from miaohui.engines.fast_graphs import restore_triton_cache
+
+    done = restore_triton_cache(path)
+    return f"{done['triton_files_added']} Triton files restored in {done['seconds']:.2f}s"
 
 
 def load_compile_cache(folder: Path, info: CompileCacheInfo | None) -> str:
@@ -103,4 +140,5 @@ def load_compile_cache(folder: Path, info: CompileCacheInfo | None) -> str:
     if loaded is None:  # torch logs its own warning for a malformed file and returns None
         return f"not used: torch could not read {path} (its warning above says why); compiling at load"
     entries = sum(len(v) for v in loaded.artifacts.values())
-    return f"loaded {entries} entries from {info.file} in {time.perf_counter() - started:.2f}s"
+    restored = restore_triton(folder, info)
+    return f"loaded {entries} entries from {info.file}, {restored}, in {time.perf_counter() - started:.2f}s"
