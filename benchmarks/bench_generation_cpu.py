@@ -159,7 +159,8 @@ async def _bench_ours_async(llm: LLMEngine, prompts: list[list[int]], new_tokens
 
 
 def bench_ours(engine: OrtCausalLMEngine, prompts: list[list[int]], streams: int, new_tokens: int, runs: int) -> dict:
-    config = SchedulerConfig(max_running_seqs=max(8, streams), max_batched_tokens=2048)
+    # no prefix cache: every round repeats the same prompts, and a cached prefix would skip the prefill TTFT measures
+    config = SchedulerConfig(max_running_seqs=max(8, streams), max_batched_tokens=2048, prefix_cache_mb=0)
     llm = LLMEngine(engine, None, config)
     return asyncio.run(_bench_ours_async(llm, prompts[:streams], new_tokens, runs))
 

@@ -464,6 +464,7 @@ def main(argv: list[str] | None = None) -> None:
             "streams": args.streams,
             "reference_streams": args.reference_streams,
             "prompts": QUESTIONS,
+            "system_message": f"one per request, numbered so no prompt cache reuses another's: {load.system_line(0)!r}",
             "decoding": "greedy (temperature 0); ignore_eos for miaohui and llama.cpp",
             "llamacpp_prompt_cache": args.llamacpp_prompt_cache,
             "miaohui_precisions": args.miaohui_precision,

@@ -4,7 +4,10 @@ chat streams through the ``openai`` client.
 Intent: ``concurrency`` workers each send one text per request, the next as soon as the answer arrives, cycling
 through the same texts, for ``seconds`` after a warm-up; req/s = answered requests / wall time. Generation:
 ``streams`` chat completions at once (the prompts cycled), greedy, ``max_tokens`` each; a token is a streamed
-chunk with content; TTFT = request start → first token, TPOT = the gaps between a stream's tokens.
+chunk with content; TTFT = request start → first token, TPOT = the gaps between a stream's tokens. Every request
+opens with a system line of its own (:func:`system_line`, numbered per request), so no server's prompt cache can
+skip the prefill of a prompt it saw in the warm-up or an earlier round: the prompts repeat otherwise, and miaohui's
+backends reuse cached prefixes by default where the llama.cpp peer runs with ``cache_prompt: false``.
 """
 
 from __future__ import annotations
@@ -147,13 +150,21 @@ class ChatTarget:
     extra_body: dict[str, Any] | None = None
 
 
-async def _stream(client: Any, target: ChatTarget, question: str, max_tokens: int) -> tuple[float, list[float], str]:
+def system_line(request: int) -> str:
+    """The system message of the ``request``-th request of a load: its number comes first, so two requests' prompts
+    part after a few tokens and a prompt cache has nothing of one to give the other."""
+    return f"{request}: you are a helpful assistant."
+
+
+async def _stream(
+    client: Any, target: ChatTarget, question: str, max_tokens: int, request: int
+) -> tuple[float, list[float], str]:
     start = time.perf_counter()
     times: list[float] = []
     text = []
     stream = await client.chat.completions.create(
         model=target.model,
-        messages=[{"role": "user", "content": question}],
+        messages=[{"role": "system", "content": system_line(request)}, {"role": "user", "content": question}],
         max_tokens=max_tokens,
         temperature=0.0,
         stream=True,
@@ -173,7 +184,9 @@ async def _generation_async(
 
     client = AsyncOpenAI(base_url=target.base_url, api_key="none", timeout=600, max_retries=0)
     batch = [questions[i % len(questions)] for i in range(streams)]
-    await asyncio.gather(*(_stream(client, target, q, max_tokens) for q in batch[: min(streams, 2)]))  # warm-up
+    numbers = itertools.count()  # every request's own system line (module docstring)
+    warm = batch[: min(streams, 2)]
+    await asyncio.gather(*(_stream(client, target, q, max_tokens, next(numbers)) for q in warm))  # warm-up
     ttft: list[float] = []
     gaps: list[float] = []
     tokens = 0
@@ -181,7 +194,7 @@ async def _generation_async(
     texts: list[str] = []
     for _ in range(runs):
         t0 = time.perf_counter()
-        results = await asyncio.gather(*(_stream(client, target, q, max_tokens) for q in batch))
+        results = await asyncio.gather(*(_stream(client, target, q, max_tokens, next(numbers)) for q in batch))
         wall += time.perf_counter() - t0
         for start, times, text in results:
             if times:
