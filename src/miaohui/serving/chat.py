@@ -166,10 +166,8 @@ async def make_client(
 
     engine: AnyCausalLMEngine
     if info.backend == "inductor":
-        options = config.engine
-        if not (path.parent / CONFIG_NAME).is_file():
-            options, sched = _gpu_defaults(path, info, sched)
-        engine = await asyncio.to_thread(_load_static, path, options)
+        given = config.engine if (path.parent / CONFIG_NAME).is_file() else None
+        engine, sched = await asyncio.to_thread(_load_static, path, info, given, sched)
     else:
         engine = await asyncio.to_thread(OrtCausalLMEngine, path, threads=threads)
     return local_client(engine, tokenizer, sched, observer)
@@ -231,14 +229,22 @@ def _gpu_defaults(
     return chosen.engine, sched.model_copy(update=chosen.scheduler)
 
 
-def _load_static(path: Path, options: SlotEngineOptions | None) -> TorchSlotEngine:
-    """Load an ``inductor`` causal-LM version and compile / capture its CUDA graphs (the warm-up)."""
+def _load_static(
+    path: Path, info: CausalLMInfo, options: SlotEngineOptions | None, sched: SchedulerConfig
+) -> tuple[TorchSlotEngine, SchedulerConfig]:
+    """Load an ``inductor`` causal-LM version and compile / capture its CUDA graphs (the warm-up), with ``options``
+    (its generation.yaml's) or, where it has none, the GPU defaults. One thread does it all, CUDA's initialisation
+    included, as the build does: on the H200 a serve that initialised CUDA on the event loop's thread and compiled on
+    this one missed every entry of its compile cache, where the engine process, doing both on one thread, hit them
+    (the one difference found between the two; lab/notes/2026-12-05-own-gpu-start.md)."""
     from miaohui.generation.build.static_artifact import load_slot_engine
 
+    if options is None:
+        options, sched = _gpu_defaults(path, info, sched)
     engine = load_slot_engine(path, options)
     try:
         engine.warmup(log=log.info)
     except BaseException:
         engine.close()
         raise
-    return engine
+    return engine, sched
