@@ -31,13 +31,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 
 from miaohui.models.checkpoint import load_checkpoint
 from miaohui.models.decision import decide, softmax
+from miaohui.models.intent import IntentClassifier
 from miaohui.models.train import TrainConfig, full_logits, train_intent
 from miaohui.nlp.tokenizer import TextTokenizer
 from miaohui.zoo.intents import LabelledText, TrainData, load_texts, load_user_jsonl
@@ -53,6 +54,11 @@ NEGATIVES = {
     "tune+more": ("chitchat_tune.jsonl", "chitchat_more.jsonl"),
 }
 """``--negatives``: the chit-chat files given as ``--oos-data`` (never ``chitchat_test.jsonl``)."""
+
+
+def _module(loaded: Any) -> IntentClassifier:
+    """A loaded intent checkpoint's module (``load_checkpoint`` types it as a plain module)."""
+    return cast(IntentClassifier, loaded.module)
 
 
 def split(
@@ -122,11 +128,11 @@ def measure(
     loaded = load_checkpoint(model_dir)
     tok = TextTokenizer(loaded.tokenizer, loaded.meta.max_length)
     labels, decision = loaded.meta.labels, loaded.meta.decision
-    logits = full_logits(loaded.module, tok, [x.text for x in test], loaded.meta.max_length).numpy()
+    logits = full_logits(_module(loaded), tok, [x.text for x in test], loaded.meta.max_length).numpy()
     gold = [x.intent for x in test]
     best = [labels[i] for i in logits.argmax(-1)]
     answered = [d.intent for d in decide(logits, labels, decision)]
-    chat_logits = full_logits(loaded.module, tok, chat, loaded.meta.max_length).numpy()
+    chat_logits = full_logits(_module(loaded), tok, chat, loaded.meta.max_length).numpy()
     rejected = [d.out_of_scope for d in decide(chat_logits, labels, decision)]
     plain = softmax(chat_logits).max(-1)
     out = {
@@ -146,7 +152,7 @@ def measure(
         "dev_accuracy": loaded.meta.train.get("dev_accuracy"),
     }
     if dev and decision is not None and "out_of_scope" not in labels:
-        dev_logits = full_logits(loaded.module, tok, [x.text for x in dev], loaded.meta.max_length).numpy()
+        dev_logits = full_logits(_module(loaded), tok, [x.text for x in dev], loaded.meta.max_length).numpy()
         dev_gold = np.array([labels.index(x.intent) for x in dev])
         test_gold = np.array([labels.index(x) for x in gold])
         scores = compare_scores((dev_logits, dev_gold), (logits, test_gold), chat_logits, decision.temperature)
@@ -182,8 +188,8 @@ def project(chat: list[str], tmp: Path) -> dict[str, Any]:
 
 def project_threshold(checkpoint: Path, chat: list[str]) -> dict[str, Any]:
     """An already trained 24-label checkpoint: fit the temperature and threshold on the project's dev split as
-    ``train-intent`` does at its end, and measure the chit-chat texts with the model's own ``out_of_scope`` class
-    alone and with the threshold."""
+    ``train-intent`` does at its end, for each out-of-scope score, and measure the chit-chat texts with the model's own
+    ``out_of_scope`` class alone and with the threshold (the texts it keeps and their answers)."""
     from miaohui.models.decision import fit_decision
     from miaohui.validate.run import load_data
 
@@ -191,23 +197,39 @@ def project_threshold(checkpoint: Path, chat: list[str]) -> dict[str, Any]:
     tok = TextTokenizer(loaded.tokenizer, loaded.meta.max_length)
     labels = loaded.meta.labels
     dev = load_data("dev")
-    logits = full_logits(loaded.module, tok, [x.text for x in dev], loaded.meta.max_length).numpy()
+    logits = full_logits(_module(loaded), tok, [x.text for x in dev], loaded.meta.max_length).numpy()
     gold = np.array([labels.index(x.intent) for x in dev])
-    decision = fit_decision(logits, gold, TrainConfig().target_recall, oos_class=labels.index("out_of_scope"))
-    chat_logits = full_logits(loaded.module, tok, chat, loaded.meta.max_length).numpy()
-    answered = [d.intent for d in decide(logits, labels, decision)]
+    chat_logits = full_logits(_module(loaded), tok, chat, loaded.meta.max_length).numpy()
     own_class = [labels[i] == "out_of_scope" for i in chat_logits.argmax(-1)]
-    out = {
+    out: dict[str, Any] = {
         "checkpoint": str(checkpoint),
+        "stored_decision": loaded.meta.decision.model_dump() if loaded.meta.decision else None,
         "dev_accuracy": round(float((logits.argmax(-1) == gold).mean()), 4),
-        "dev_accuracy_with_oos": round(float(np.mean([a == x.intent for a, x in zip(answered, dev, strict=True)])), 4),
         "chitchat_out_of_scope_class_only": round(float(np.mean(own_class)), 4),
-        "chitchat_rejected": round(float(np.mean([d.out_of_scope for d in decide(chat_logits, labels, decision)])), 4),
-        "chitchat_answers": sorted({d.intent for d in decide(chat_logits, labels, decision)}),
-        "decision": decision.model_dump(),
         "n_dev": len(dev),
         "n_chitchat": len(chat),
+        "by_score": {},
     }
+    cfg = TrainConfig()
+    for kind in ("max_softmax", "energy"):
+        decision = fit_decision(
+            logits,
+            gold,
+            cfg.target_recall,
+            oos_class=labels.index("out_of_scope"),
+            score=kind,
+        )
+        answered = [d.intent for d in decide(logits, labels, decision)]
+        chat_answers = decide(chat_logits, labels, decision)
+        out["by_score"][kind] = {
+            "default": kind == cfg.oos_score,
+            "dev_accuracy_with_oos": round(
+                float(np.mean([a == x.intent for a, x in zip(answered, dev, strict=True)])), 4
+            ),
+            "chitchat_rejected": round(float(np.mean([d.out_of_scope for d in chat_answers])), 4),
+            "chitchat_kept": {t: d.intent for t, d in zip(chat, chat_answers, strict=True) if not d.out_of_scope},
+            "decision": decision.model_dump(),
+        }
     print(json.dumps(out), flush=True)
     return out
 
