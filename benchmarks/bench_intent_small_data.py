@@ -292,6 +292,11 @@ def main() -> None:
     )
     ap.add_argument("--out", type=Path, default=RESULTS / "intent_small_data_cpu")
     ap.add_argument(
+        "--append",
+        action="store_true",
+        help="Keep the results already in --out's JSON and add this command's (each result names its command).",
+    )
+    ap.add_argument(
         "--project-checkpoint", type=Path, help="Only fit and measure the threshold of this 24-label checkpoint."
     )
     args = ap.parse_args()
@@ -309,6 +314,14 @@ def main() -> None:
         "results": results,
         "project": None,
     }
+    doc["commands"] = [{"command": doc["command"], "commit": doc["commit"], "date": doc["date"]}]
+    earlier = args.out.with_suffix(".json")
+    if args.append and earlier.is_file():
+        old = json.loads(earlier.read_text(encoding="utf-8"))
+        before = old.get("commands") or [{k: old[k] for k in ("command", "commit", "date")}]
+        for r in old["results"]:
+            results.append({"command": before[0]["command"], "commit": before[0]["commit"]} | r)
+        doc["commands"] = before + doc["commands"]
     if args.project_checkpoint is not None:
         found = project_threshold(args.project_checkpoint, chat)
         file = args.out.with_name(args.out.name + "_project.json")
@@ -325,7 +338,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for n in args.sizes:
             for domain in args.domains:
-                results.append(run(domain, n, TrainConfig(), negatives, chat, Path(tmp)) | {"recipe": "default"})
+                tags = {"recipe": "default", "command": doc["command"], "commit": doc["commit"]}
+                results.append(run(domain, n, TrainConfig(), negatives, chat, Path(tmp)) | tags)
                 save()
                 if n == 32 and args.compare_negatives:
                     for other in sorted(set(NEGATIVES) - {args.negatives}):
