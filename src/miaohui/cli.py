@@ -93,6 +93,10 @@ def train_intent_cmd(
     oos_score: Annotated[
         str, typer.Option(help="What the threshold applies to: energy (default) or max_softmax (the confidence).")
     ] = "energy",
+    oos_midpoint: Annotated[
+        bool,
+        typer.Option(help="With --oos-data, lower the threshold to halfway to the negatives' scores where lower."),
+    ] = True,
     seed: Annotated[int, typer.Option(help="Seeds the training and the --data hold-out.")] = 0,
 ) -> None:
     """Fine-tune an intent classifier (encoder + head) on the project's 24-label data, or on your own with --data;
@@ -113,6 +117,7 @@ def train_intent_cmd(
             target_recall=target_recall,
             oos_label=oos_label,
             oos_score=oos_score,
+            oos_midpoint=oos_midpoint,
         )
         own = load_train_data(data, dev, seed=seed)
         negatives = load_texts(oos_data) if oos_data is not None else []

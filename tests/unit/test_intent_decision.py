@@ -98,6 +98,21 @@ def test_fit_decision_with_the_energy_score_keeps_the_target_share() -> None:
     assert d.dev_oos_rejected == 1.0
 
 
+def test_the_midpoint_lowers_the_threshold_towards_well_separated_negatives() -> None:
+    logits, targets = _overconfident()
+    negatives = np.zeros((10, 3)) - 5.0  # energy about -3.9, far below any in-domain text's
+    plain = fit_decision(logits, targets, 0.9, negatives=negatives, score="energy")
+    mid = fit_decision(logits, targets, 0.9, negatives=negatives, score="energy", midpoint=True)
+    values = oos_scores(logits, mid.temperature, "energy")
+    neg = oos_scores(negatives, mid.temperature, "energy")
+    assert mid.threshold == pytest.approx((values.min() + neg.max()) / 2, abs=1e-5)
+    assert plain.threshold is not None and mid.threshold < plain.threshold
+    assert mid.dev_recall == 1.0 and mid.dev_oos_rejected == 1.0
+    overlapping = fit_decision(logits, targets, 0.9, negatives=logits[:5], score="energy", midpoint=True)
+    assert overlapping.threshold == plain.threshold  # never above the recall target's threshold
+    assert fit_decision(logits, targets, 0.9, score="energy", midpoint=True).threshold == plain.threshold
+
+
 def test_a_decision_without_a_score_is_a_confidence_threshold() -> None:
     """Artifacts written before the score existed hold a confidence threshold (a probability)."""
     old = IntentDecision.model_validate({"temperature": 0.65, "threshold": 0.62})
