@@ -7,11 +7,12 @@ the other 32 the training pool; a run trains on the first 4 / 8 / 16 / 32 of eac
 with the dev rows as ``--dev``. Off-topic chit-chat (``chitchat_tune.jsonl``, 60 texts) is given as ``--oos-data``;
 ``chitchat_test.jsonl`` (60 other texts) is never trained or tuned on and measures rejection.
 
-Per run: test accuracy (best label), in-domain accuracy with the out-of-scope decision (an in-domain text answered
-out of scope counts as wrong), the share of the held-out chit-chat answered out of scope, and dev calibration error
-before and after temperature scaling, all with the decision ``train-intent`` ships (its defaults); ``scores`` adds
-the three scores below at three target recalls (dev thresholds without the midpoint rule). ``--baseline`` adds, at 32 a label, the recipe before step floors (8 epochs, no
-best-on-dev choice: ``min_steps=0, evaluations=1``) and the recipe without negatives.
+Per run: test accuracy (best label), in-domain accuracy with the out-of-scope decision (an in-domain text answered out
+of scope counts as wrong), the share of the held-out chit-chat answered out of scope, and dev calibration error before
+and after temperature scaling, all with the decision ``train-intent`` ships (its defaults); ``scores`` adds the three
+scores below at three target recalls (dev thresholds without the midpoint rule). ``--baseline`` adds, at 32 a label,
+the recipe before step floors (8 epochs, no best-on-dev choice: ``min_steps=0, evaluations=1``) and the recipe without
+negatives.
 
     .venv/bin/python benchmarks/bench_intent_small_data.py [--sizes 8 16 32 64] [--compare-negatives] \
         [--baseline] [--project]
