@@ -7,12 +7,15 @@ the other 32 the training pool; a run trains on the first 4 / 8 / 16 / 32 of eac
 with the dev rows as ``--dev``. Off-topic chit-chat (``chitchat_tune.jsonl``, 60 texts) is given as ``--oos-data``;
 ``chitchat_test.jsonl`` (60 other texts) is never trained or tuned on and measures rejection.
 
-Per run: test accuracy (best label), in-domain accuracy with the out-of-scope decision (an in-domain text answered
-out of scope counts as wrong), the share of the held-out chit-chat answered out of scope, and dev calibration error
-before and after temperature scaling. ``--baseline`` adds, at 32 a label, the recipe before step floors (8 epochs, no
-best-on-dev choice: ``min_steps=0, evaluations=1``) and the recipe without negatives.
+Per run: test accuracy (best label), in-domain accuracy with the out-of-scope decision (an in-domain text answered out
+of scope counts as wrong), the share of the held-out chit-chat answered out of scope, and dev calibration error before
+and after temperature scaling, all with the decision ``train-intent`` ships (its defaults); ``scores`` adds the three
+scores below at three target recalls (dev thresholds without the midpoint rule). ``--baseline`` adds, at 32 a label,
+the recipe before step floors (8 epochs, no best-on-dev choice: ``min_steps=0, evaluations=1``) and the recipe without
+negatives.
 
-    .venv/bin/python benchmarks/bench_intent_small_data.py [--sizes 8 16 32 64] [--baseline] [--project]
+    .venv/bin/python benchmarks/bench_intent_small_data.py [--sizes 8 16 32 64] [--compare-negatives] \
+        [--baseline] [--project]
 
 ``--project`` also trains the project's 24-label model with the default recipe and measures it on its dev split,
 and the chit-chat test texts (a few CPU minutes more).
@@ -30,13 +33,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 
 from miaohui.models.checkpoint import load_checkpoint
 from miaohui.models.decision import decide, softmax
+from miaohui.models.intent import IntentClassifier
 from miaohui.models.train import TrainConfig, full_logits, train_intent
 from miaohui.nlp.tokenizer import TextTokenizer
 from miaohui.zoo.intents import LabelledText, TrainData, load_texts, load_user_jsonl
@@ -52,6 +56,11 @@ NEGATIVES = {
     "tune+more": ("chitchat_tune.jsonl", "chitchat_more.jsonl"),
 }
 """``--negatives``: the chit-chat files given as ``--oos-data`` (never ``chitchat_test.jsonl``)."""
+
+
+def _module(loaded: Any) -> IntentClassifier:
+    """A loaded intent checkpoint's module (``load_checkpoint`` types it as a plain module)."""
+    return cast(IntentClassifier, loaded.module)
 
 
 def split(
@@ -121,11 +130,11 @@ def measure(
     loaded = load_checkpoint(model_dir)
     tok = TextTokenizer(loaded.tokenizer, loaded.meta.max_length)
     labels, decision = loaded.meta.labels, loaded.meta.decision
-    logits = full_logits(loaded.module, tok, [x.text for x in test], loaded.meta.max_length).numpy()
+    logits = full_logits(_module(loaded), tok, [x.text for x in test], loaded.meta.max_length).numpy()
     gold = [x.intent for x in test]
     best = [labels[i] for i in logits.argmax(-1)]
     answered = [d.intent for d in decide(logits, labels, decision)]
-    chat_logits = full_logits(loaded.module, tok, chat, loaded.meta.max_length).numpy()
+    chat_logits = full_logits(_module(loaded), tok, chat, loaded.meta.max_length).numpy()
     rejected = [d.out_of_scope for d in decide(chat_logits, labels, decision)]
     plain = softmax(chat_logits).max(-1)
     out = {
@@ -145,7 +154,7 @@ def measure(
         "dev_accuracy": loaded.meta.train.get("dev_accuracy"),
     }
     if dev and decision is not None and "out_of_scope" not in labels:
-        dev_logits = full_logits(loaded.module, tok, [x.text for x in dev], loaded.meta.max_length).numpy()
+        dev_logits = full_logits(_module(loaded), tok, [x.text for x in dev], loaded.meta.max_length).numpy()
         dev_gold = np.array([labels.index(x.intent) for x in dev])
         test_gold = np.array([labels.index(x) for x in gold])
         scores = compare_scores((dev_logits, dev_gold), (logits, test_gold), chat_logits, decision.temperature)
@@ -181,8 +190,8 @@ def project(chat: list[str], tmp: Path) -> dict[str, Any]:
 
 def project_threshold(checkpoint: Path, chat: list[str]) -> dict[str, Any]:
     """An already trained 24-label checkpoint: fit the temperature and threshold on the project's dev split as
-    ``train-intent`` does at its end, and measure the chit-chat texts with the model's own ``out_of_scope`` class
-    alone and with the threshold."""
+    ``train-intent`` does at its end, for each out-of-scope score, and measure the chit-chat texts with the model's own
+    ``out_of_scope`` class alone and with the threshold (the texts it keeps and their answers)."""
     from miaohui.models.decision import fit_decision
     from miaohui.validate.run import load_data
 
@@ -190,23 +199,39 @@ def project_threshold(checkpoint: Path, chat: list[str]) -> dict[str, Any]:
     tok = TextTokenizer(loaded.tokenizer, loaded.meta.max_length)
     labels = loaded.meta.labels
     dev = load_data("dev")
-    logits = full_logits(loaded.module, tok, [x.text for x in dev], loaded.meta.max_length).numpy()
+    logits = full_logits(_module(loaded), tok, [x.text for x in dev], loaded.meta.max_length).numpy()
     gold = np.array([labels.index(x.intent) for x in dev])
-    decision = fit_decision(logits, gold, TrainConfig().target_recall, oos_class=labels.index("out_of_scope"))
-    chat_logits = full_logits(loaded.module, tok, chat, loaded.meta.max_length).numpy()
-    answered = [d.intent for d in decide(logits, labels, decision)]
+    chat_logits = full_logits(_module(loaded), tok, chat, loaded.meta.max_length).numpy()
     own_class = [labels[i] == "out_of_scope" for i in chat_logits.argmax(-1)]
-    out = {
+    out: dict[str, Any] = {
         "checkpoint": str(checkpoint),
+        "stored_decision": loaded.meta.decision.model_dump() if loaded.meta.decision else None,
         "dev_accuracy": round(float((logits.argmax(-1) == gold).mean()), 4),
-        "dev_accuracy_with_oos": round(float(np.mean([a == x.intent for a, x in zip(answered, dev, strict=True)])), 4),
         "chitchat_out_of_scope_class_only": round(float(np.mean(own_class)), 4),
-        "chitchat_rejected": round(float(np.mean([d.out_of_scope for d in decide(chat_logits, labels, decision)])), 4),
-        "chitchat_answers": sorted({d.intent for d in decide(chat_logits, labels, decision)}),
-        "decision": decision.model_dump(),
         "n_dev": len(dev),
         "n_chitchat": len(chat),
+        "by_score": {},
     }
+    cfg = TrainConfig()
+    for kind in ("max_softmax", "energy"):
+        decision = fit_decision(
+            logits,
+            gold,
+            cfg.target_recall,
+            oos_class=labels.index("out_of_scope"),
+            score=kind,
+        )
+        answered = [d.intent for d in decide(logits, labels, decision)]
+        chat_answers = decide(chat_logits, labels, decision)
+        out["by_score"][kind] = {
+            "default": kind == cfg.oos_score,
+            "dev_accuracy_with_oos": round(
+                float(np.mean([a == x.intent for a, x in zip(answered, dev, strict=True)])), 4
+            ),
+            "chitchat_rejected": round(float(np.mean([d.out_of_scope for d in chat_answers])), 4),
+            "chitchat_kept": {t: d.intent for t, d in zip(chat, chat_answers, strict=True) if not d.out_of_scope},
+            "decision": decision.model_dump(),
+        }
     print(json.dumps(out), flush=True)
     return out
 
@@ -226,8 +251,10 @@ def plot(results: list[dict[str, Any]], file: Path) -> None:
             continue
         xs = [r["per_label"] for r in rows]
         ax.plot(xs, [100 * r["test_accuracy"] for r in rows], "o-", label=f"{domain}: test accuracy")
+        ax.plot(xs, [100 * r["test_accuracy_with_oos"] for r in rows], "^:", label=f"{domain}: with out-of-scope")
         ax.plot(xs, [100 * r["chitchat_rejected"] for r in rows], "s--", label=f"{domain}: chit-chat rejected")
     ax.axhline(90, color="grey", lw=0.8, ls=":")
+    ax.axhline(85, color="grey", lw=0.8, ls="--")
     ax.set_xscale("log", base=2)
     ax.set_xticks([8, 16, 32, 64], ["8", "16", "32", "64"])
     ax.set_xlabel("training examples per label (6 labels, half zh, half en)")
@@ -248,10 +275,20 @@ def main() -> None:
     ap.add_argument(
         "--negatives",
         choices=sorted(NEGATIVES),
-        default="tune+more",
+        default="tune",
         help="The --oos-data of every run: none, the 60 chit-chat tune texts, or those and 127 more.",
     )
-    ap.add_argument("--out", type=Path, default=RESULTS / "intent_small_data")
+    ap.add_argument(
+        "--compare-negatives",
+        action="store_true",
+        help="At 32 a label, also train with each other --negatives set (recipe '--negatives NAME').",
+    )
+    ap.add_argument("--out", type=Path, default=RESULTS / "intent_small_data_cpu")
+    ap.add_argument(
+        "--append",
+        action="store_true",
+        help="Keep the results already in --out's JSON and add this command's (each result names its command).",
+    )
     ap.add_argument(
         "--project-checkpoint", type=Path, help="Only fit and measure the threshold of this 24-label checkpoint."
     )
@@ -270,6 +307,14 @@ def main() -> None:
         "results": results,
         "project": None,
     }
+    doc["commands"] = [{"command": doc["command"], "commit": doc["commit"], "date": doc["date"]}]
+    earlier = args.out.with_suffix(".json")
+    if args.append and earlier.is_file():
+        old = json.loads(earlier.read_text(encoding="utf-8"))
+        before = old.get("commands") or [{k: old[k] for k in ("command", "commit", "date")}]
+        for r in old["results"]:
+            results.append({"command": before[0]["command"], "commit": before[0]["commit"]} | r)
+        doc["commands"] = before + doc["commands"]
     if args.project_checkpoint is not None:
         found = project_threshold(args.project_checkpoint, chat)
         file = args.out.with_name(args.out.name + "_project.json")
@@ -286,8 +331,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for n in args.sizes:
             for domain in args.domains:
-                results.append(run(domain, n, TrainConfig(), negatives, chat, Path(tmp)) | {"recipe": "default"})
+                tags = {"recipe": "default", "command": doc["command"], "commit": doc["commit"]}
+                results.append(run(domain, n, TrainConfig(), negatives, chat, Path(tmp)) | tags)
                 save()
+                if n == 32 and args.compare_negatives:
+                    for other in sorted(set(NEGATIVES) - {args.negatives}):
+                        texts = [t for name in NEGATIVES[other] for t in load_texts(DATA / name)]
+                        row = run(domain, n, TrainConfig(), texts, chat, Path(tmp))
+                        results.append(row | {"recipe": f"--negatives {other}"})
+                        save()
         if args.baseline:
             for domain in args.domains:
                 old = TrainConfig(min_steps=0, evaluations=1, balanced=False)

@@ -90,6 +90,13 @@ def train_intent_cmd(
         float, typer.Option(min=0.01, max=1.0, help="In-domain dev share the out-of-scope threshold keeps.")
     ] = 0.97,
     oos_label: Annotated[str, typer.Option(help="The answer below the threshold.")] = "out_of_scope",
+    oos_score: Annotated[
+        str, typer.Option(help="What the threshold applies to: energy (default) or max_softmax (the confidence).")
+    ] = "energy",
+    oos_midpoint: Annotated[
+        bool,
+        typer.Option(help="With --oos-data, lower the threshold to halfway to the negatives' scores where lower."),
+    ] = True,
     seed: Annotated[int, typer.Option(help="Seeds the training and the --data hold-out.")] = 0,
 ) -> None:
     """Fine-tune an intent classifier (encoder + head) on the project's 24-label data, or on your own with --data;
@@ -109,6 +116,8 @@ def train_intent_cmd(
             seed=seed,
             target_recall=target_recall,
             oos_label=oos_label,
+            oos_score=oos_score,
+            oos_midpoint=oos_midpoint,
         )
         own = load_train_data(data, dev, seed=seed)
         negatives = load_texts(oos_data) if oos_data is not None else []
@@ -130,7 +139,8 @@ def train_intent_cmd(
             f"calibration: temperature {d.temperature:.3g}, expected calibration error on dev "
             f"{d.ece_before:.3f} before → {d.ece_after:.3f} after"
         )
-        oos = f"out of scope below confidence {d.threshold:.3f} (answer {d.oos_label!r}): keeps {d.dev_recall:.1%}"
+        what = "confidence" if d.score == "max_softmax" else f"{d.score} score"
+        oos = f"out of scope below {what} {d.threshold:.3f} (answer {d.oos_label!r}): keeps {d.dev_recall:.1%}"
         oos += f" of in-domain dev (target {d.target_recall:.0%})"
         if d.dev_oos_rejected is not None:
             oos += f", rejects {d.dev_oos_rejected:.1%} of the held-back fifth of --oos-data"
@@ -341,7 +351,7 @@ def _print_answers(answers: DecisionReport, png: str | None) -> None:
     for label, fig in answers.labels.items():
         table.add_row(label, f"{fig.precision:.1%}", f"{fig.recall:.1%}", str(fig.n))
     console.print(table)
-    below = f"below confidence {answers.threshold:.3f}" if answers.threshold is not None else "no threshold"
+    below = f"below threshold {answers.threshold:.3f}" if answers.threshold is not None else "no threshold"
     console.print(
         f"out of scope ({answers.out_of_scope_label!r}, {below}): {answers.out_of_scope_rate:.1%} of the texts"
     )

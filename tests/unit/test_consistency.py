@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
 from miaohui.dialogue.compliance import DISCLAIMER
@@ -287,3 +288,19 @@ def test_a_flip_at_the_out_of_scope_threshold_within_the_engines_difference_is_a
     report = compare_outputs(a, b, DriftThresholds(max_drift=0.05), categories={}, ties=ties)
     assert report.threshold_ties == [ties[0]] and report.intent_agreement == 0.0  # 2 real changes of 2 counted
     assert report.failures == ["intent agreement 0.0% is below 95.0% (2 of 2 inputs changed intent)"]
+
+
+def test_an_energy_threshold_ties_on_the_energy_of_the_turn_texts() -> None:
+    """With an energy threshold the tie is judged on each engine's energy of the turn's text, not its confidence."""
+    from miaohui.dialogue.compare import _Turn, _with_scores
+    from miaohui.models.decision import IntentDecision
+
+    class Runner:
+        def logits(self, texts: list[str]) -> np.ndarray:
+            return np.array([[2.0, 0.0]] * len(texts))
+
+    turns = [_Turn("out_of_scope", "reply", 0.88, "complaint")]
+    energy = IntentDecision(temperature=1.0, threshold=2.1, score="energy")
+    (scored,) = _with_scores(turns, ["对方要求降价15%"], Runner(), energy)
+    assert scored.confidence == pytest.approx(np.log(np.exp(2.0) + 1.0)) and scored.best == "complaint"
+    assert _with_scores(turns, ["x"], Runner(), IntentDecision(threshold=0.5)) == turns

@@ -15,6 +15,7 @@ from miaohui.models.decision import (
     expected_calibration_error,
     fit_decision,
     fit_temperature,
+    oos_scores,
     softmax,
 )
 from miaohui.models.train import balanced_epoch, epoch_plan
@@ -70,6 +71,55 @@ def test_fit_decision_reports_its_dev_figures() -> None:
     assert d.dev_recall is not None and d.dev_recall >= 0.9
     assert d.dev_oos_rejected == 1.0
     assert d.ece_after is not None and d.ece_before is not None and d.ece_after < d.ece_before
+
+
+def test_an_energy_threshold_rejects_small_logits_that_a_confidence_threshold_keeps() -> None:
+    """A text with one logit standing out of small ones (off-topic, flattened by outlier exposure) has a top
+    confidence as high as an in-domain text's, but a far lower energy ``T·logsumexp(z/T)``."""
+    logits = np.array([[8.0, 0.0, 0.0], [2.0, -7.0, -7.0]])
+    conf = softmax(logits).max(-1)
+    assert conf[1] > conf[0]  # the confidence ranks the off-topic row higher
+    energy = oos_scores(logits, 1.0, "energy")
+    assert energy == pytest.approx(np.log(np.exp(logits).sum(-1)))
+    kept, rejected = decide(logits, ["a", "b", "c"], IntentDecision(threshold=5.0, score="energy"))
+    assert not kept.out_of_scope and kept.score == pytest.approx(energy[0])
+    assert rejected.out_of_scope and rejected.candidate == "a" and rejected.confidence == pytest.approx(conf[1])
+    by_confidence = decide(logits, ["a", "b", "c"], IntentDecision(threshold=0.9995))
+    assert [d.out_of_scope for d in by_confidence] == [True, False]
+
+
+def test_fit_decision_with_the_energy_score_keeps_the_target_share() -> None:
+    logits, targets = _overconfident()
+    d = fit_decision(logits, targets, 0.9, negatives=np.zeros((10, 3)) - 5.0, score="energy")
+    assert d.score == "energy" and d.threshold is not None and d.threshold > 1  # not a probability
+    values = oos_scores(logits, d.temperature, "energy")
+    assert d.dev_recall is not None and d.dev_recall >= 0.9
+    assert d.dev_recall == pytest.approx(float((values >= d.threshold).mean()), abs=1e-4)
+    assert d.dev_oos_rejected == 1.0
+
+
+def test_the_midpoint_lowers_the_threshold_towards_well_separated_negatives() -> None:
+    logits, targets = _overconfident()
+    negatives = np.zeros((10, 3)) - 5.0  # energy about -3.9, far below any in-domain text's
+    plain = fit_decision(logits, targets, 0.9, negatives=negatives, score="energy")
+    mid = fit_decision(logits, targets, 0.9, negatives=negatives, score="energy", midpoint=True)
+    values = oos_scores(logits, mid.temperature, "energy")
+    neg = oos_scores(negatives, mid.temperature, "energy")
+    assert mid.threshold == pytest.approx((values.min() + neg.max()) / 2, abs=1e-5)
+    assert plain.threshold is not None and mid.threshold < plain.threshold
+    assert mid.dev_recall == 1.0 and mid.dev_oos_rejected == 1.0
+    overlapping = fit_decision(logits, targets, 0.9, negatives=logits[:5], score="energy", midpoint=True)
+    assert overlapping.threshold == plain.threshold  # never above the recall target's threshold
+    assert fit_decision(logits, targets, 0.9, score="energy", midpoint=True).threshold == plain.threshold
+
+
+def test_a_decision_without_a_score_is_a_confidence_threshold() -> None:
+    """Artifacts written before the score existed hold a confidence threshold (a probability)."""
+    old = IntentDecision.model_validate({"temperature": 0.65, "threshold": 0.62})
+    assert old.score == "max_softmax"
+    with pytest.raises(ValueError, match="probability"):
+        IntentDecision(threshold=3.0)
+    assert IntentDecision(threshold=-3.0, score="energy").threshold == -3.0
 
 
 def test_balanced_epochs_repeat_small_labels_up_to_the_largest() -> None:

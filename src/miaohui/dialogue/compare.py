@@ -37,7 +37,7 @@ from miaohui.dialogue.gate import GATE_NOW, GateDialogue, load_gate_dialogues
 from miaohui.dialogue.pipeline import ChatMessage, IntentClassifier, Pipeline
 from miaohui.engines.store import resolve_artifact
 from miaohui.errors import ConfigError, ValidationGateError
-from miaohui.models.decision import IntentDecision, softmax
+from miaohui.models.decision import IntentDecision, oos_scores
 from miaohui.validate.comparator import (
     PIPELINE_OOS,
     ArtifactClassifier,
@@ -110,15 +110,30 @@ def compare_intents(
     old: EncoderRunner, new: EncoderRunner, texts: list[str], thresholds: DriftThresholds
 ) -> DriftReport:
     """Intent agreement (by label name) and, when both have the same labels, logit error and the largest
-    difference of the calibrated top confidences (each engine's own temperature)."""
+    difference of the scores the out-of-scope threshold applies to (the calibrated top confidence or the energy,
+    each engine with its own temperature)."""
     a, b = intent_outputs([old, new], texts)
     report = compare_outputs(a, b, thresholds, categories={})
     if a.logits is not None and b.logits is not None and a.logits:
-        da, db = _decision(old), _decision(new)
-        pa = softmax(np.array(a.logits), da.temperature if da else 1.0).max(-1)
-        pb = softmax(np.array(b.logits), db.temperature if db else 1.0).max(-1)
+        pa = _scores(np.array(a.logits), _decision(old))
+        pb = _scores(np.array(b.logits), _decision(new))
         report.confidence_max_abs_error = round(float(np.abs(pa - pb).max()), 6)
     return report
+
+
+def _scores(logits: np.ndarray, decision: IntentDecision | None) -> np.ndarray:
+    d = decision or IntentDecision()
+    return oos_scores(logits, d.temperature, d.score)
+
+
+def _with_scores(turns: list[_Turn], inputs: list[str], runner: object, decision: IntentDecision | None) -> list[_Turn]:
+    """``turns`` (the replies to ``inputs``) with the confidence replaced by the score the threshold applies to,
+    where that is not the confidence (an energy threshold): from the runner's logits of the inputs."""
+    logits = getattr(runner, "logits", None)
+    if decision is None or decision.score == "max_softmax" or logits is None or not turns:
+        return turns
+    scores = _scores(np.asarray(logits(inputs)), decision)
+    return [t._replace(confidence=float(s)) for t, s in zip(turns, scores, strict=True)]
 
 
 class _Turn(NamedTuple):
@@ -188,12 +203,13 @@ async def compare_pipelines(
         b = await _pipeline_replies(name, mine, new)
         cats = load_pipeline_config(name).keyword_categories
         inputs = [t.text for d in mine for t in d.turns]
+        scored_a, scored_b = _with_scores(a, inputs, old, da), _with_scores(b, inputs, new, db)
         report = compare_outputs(
             EngineOutputs(intents=[t.intent for t in a], texts=[t.text for t in a]),
             EngineOutputs(intents=[t.intent for t in b], texts=[t.text for t in b]),
             thresholds,
             cats,
-            ties=threshold_ties(inputs, a, b, threshold, confidence_margin),
+            ties=threshold_ties(inputs, scored_a, scored_b, threshold, confidence_margin),
         )
         turns = sum(len(d.turns) for d in mine)
         sections.append(

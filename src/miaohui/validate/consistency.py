@@ -105,7 +105,8 @@ class DriftReport(BaseModel):
     keyword_drift: float | None = None
     """Total-variation distance between the two keyword distributions."""
     confidence_max_abs_error: float | None = None
-    """Largest difference of the two engines' calibrated top confidence over the inputs (intent engines)."""
+    """Largest difference of the two engines' out-of-scope score over the inputs (intent engines): the calibrated top
+    confidence, or the energy where the threshold applies to it (``IntentDecision.score``)."""
     threshold_ties: list[str] = Field(default_factory=list)
     """Inputs whose intents differ only by the out-of-scope decision, with both confidences within the engines'
     measured confidence difference of the threshold (a coin toss between the engines, not drift): reported here
