@@ -201,7 +201,7 @@ def run_decoder_gate(
         reference = _references(candidate, source_decoder(folder, candidate.eos), prompts, config.new_tokens)
         results = _compare(candidate, reference, prompts, config.new_tokens)
     report = _report(info, config, results, time.perf_counter() - started)
-    if int8_batch1 if int8_batch1 is not None else info.backend == "inductor":
+    if info.backend == "inductor" if int8_batch1 is None else int8_batch1:
         report.int8_batch1 = _run_int8_batch1(folder, info, config.for_int8_batch1(), prompts, reference)
     info.validation = report.model_dump(mode="json")
     write_text_atomic(folder / MARKER_NAME, info.model_dump_json(indent=2))
