@@ -325,7 +325,7 @@ app.command("compare")(compare_command)
 
 def _validate_decoder(engine: str, repository: Path, json_out: Path | None) -> bool:
     """The decoder gate when ``engine`` names a causal-LM version (False otherwise); exit 1 when it fails."""
-    from miaohui.validate.decoder_gate import print_report, resolve_causal_lm, run_decoder_gate
+    from miaohui.validate.decoder_gate import int8_summary, print_report, resolve_causal_lm, run_decoder_gate
 
     try:
         folder = resolve_causal_lm(engine, repository)
@@ -338,6 +338,13 @@ def _validate_decoder(engine: str, repository: Path, json_out: Path | None) -> b
     print_report(report, console)
     if json_out:
         json_out.write_text(report.model_dump_json(indent=1))
+    if report.int8_batch1 is not None:  # an inductor version: the same gate with int8 batch-1 weights
+        from rich.markup import escape
+
+        int8 = report.int8_batch1
+        console.print(f"[{'green' if int8.passed else 'yellow'}]{escape(int8_summary(int8))}[/]")
+        for failure in int8.failures:
+            console.print(f"[yellow]int8 batch-1 failed:[/] {escape(failure)}")
     if not report.passed:
         for failure in report.failures:
             err_console.print(f"[bold red]gate failed:[/] {failure}")

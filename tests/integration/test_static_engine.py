@@ -246,6 +246,51 @@ def test_bad_precision_and_corrupt_weights_are_clear_errors(static_repo: Path, t
         load_slot_engine(broken)
 
 
+def test_validate_gates_int8_at_batch_1_and_stamps_the_version(static_repo: Path, tmp_path: Path) -> None:
+    """``miaohui validate``'s decoder gate on the inductor SmolLM2 (fp32, eager on the CPU) runs a second time with
+    the engine's int8 batch-1 weights (the int8 kernels' torch form here) and stores the result as causal_lm.json's
+    ``validation.int8_batch1``, which serve's defaults read. Three of the gate's prompts (one factual), 16 tokens:
+    the CPU's seconds; the whole set is ``miaohui validate smol``."""
+    import shutil
+
+    from miaohui.generation.build.artifact import read_info
+    from miaohui.generation.build.static_artifact import WEIGHTS_NAME
+    from miaohui.generation.executors.slot_defaults import int8_gate_passed
+    from miaohui.validate.decoder_gate import (
+        DecoderGateConfig,
+        _run_int8_batch1,
+        int8_summary,
+        load_prompts,
+        run_decoder_gate,
+    )
+
+    version = static_repo / "smol" / "1"
+    prompts = [p for p in load_prompts() if p.id in ("en-deposit", "zh-card", "en-france")]
+    report = run_decoder_gate(version, DecoderGateConfig(new_tokens=16), prompts)
+    assert report.passed and report.exact_match == 1.0  # fp32 static-KV against fp32 HF: the same tokens
+    stored = read_info(version).validation
+    assert stored is not None and report.int8_batch1 is not None
+    int8 = stored["int8_batch1"]
+    assert int8 == report.int8_batch1.model_dump(mode="json") and isinstance(int8["passed"], bool)
+    f = int8["figures"]
+    assert (f["min_exact_match"], f["min_teacher_forced"], f["min_factual"], f["new_tokens"]) == (0.5, 0.95, 1.0, 16)
+    assert f["engine"] == "int8 batch-1 weights, gemv_layer kernels, cpu, 1 slot(s)"
+    assert 0.0 <= f["exact_match"] <= 1.0 and f["teacher_forced"] >= 0.8  # int8 of a real model stays near it
+    assert int8["passed"] == (f["exact_match"] >= 0.5 and f["teacher_forced"] >= 0.95 and f["factual"] in (None, 1.0))
+    assert int8_gate_passed(stored) is int8["passed"]  # what serve reads
+    print(int8_summary(report.int8_batch1))
+    assert ("passed: serve turns" if int8["passed"] else "failed: serve keeps") in int8_summary(report.int8_batch1)
+
+    # a run that cannot run (here: unreadable weights) is stored as failed, with the reason, never as a pass
+    broken = tmp_path / "smol" / "1"
+    shutil.copytree(version, broken, ignore=shutil.ignore_patterns(WEIGHTS_NAME))
+    (broken / WEIGHTS_NAME).write_bytes(b"not safetensors")
+    reference = [([1, 2, 3], [4])]  # never reached: the engine does not load
+    failed = _run_int8_batch1(broken, read_info(broken), DecoderGateConfig(new_tokens=4), prompts[:1], reference)
+    assert not failed.passed and failed.figures is None
+    assert failed.failures[0].startswith("the int8 batch-1 run could not run: cannot load the decoder weights")
+
+
 @pytest.fixture(scope="module", params=[False, True], ids=["sync", "async-scheduling"])
 def server(static_repo: Path, request: pytest.FixtureRequest) -> Iterator[str]:
     """The real server on the slot engine, with the synchronous loop and with async scheduling."""

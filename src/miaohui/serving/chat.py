@@ -38,6 +38,7 @@ from miaohui.serving.remote_llm import RemoteLLMEngine
 if TYPE_CHECKING:
     from miaohui.generation.engine.params import SamplingParams
     from miaohui.generation.executors.base import AnyCausalLMEngine
+    from miaohui.generation.executors.slot_defaults import ServeDefaults
     from miaohui.generation.executors.slot_engine import TorchSlotEngine
     from miaohui.generation.executors.slot_options import SlotEngineOptions
     from miaohui.serving.engine_process import EngineClient
@@ -213,20 +214,27 @@ async def load_chat_version(
 def _gpu_defaults(
     path: Path, info: CausalLMInfo, sched: SchedulerConfig
 ) -> tuple[SlotEngineOptions | None, SchedulerConfig]:
-    """A GPU decoder without a ``generation.yaml``: the options :func:`~miaohui.generation.executors.slot_defaults.
-    choose_defaults` picks from its dims and this GPU's memory (on a CPU: the engine's own defaults)."""
+    """A GPU decoder without a ``generation.yaml``: the options :func:`version_defaults` picks for this GPU's memory
+    (on a CPU: the engine's own defaults)."""
     import torch
 
     if not torch.cuda.is_available():
         return None, sched
-    from miaohui.generation.build.static_artifact import read_static_meta
-    from miaohui.generation.executors.slot_defaults import choose_defaults
-
-    meta = read_static_meta(path)
-    passed = bool((info.validation or {}).get("int8_batch1", {}).get("passed"))
-    chosen = choose_defaults(meta.dims, torch.cuda.mem_get_info()[1], meta.precision, int8_gate_passed=passed)
+    chosen = version_defaults(path, info, torch.cuda.mem_get_info()[1])
     log.info("%s v%d has no %s: %s", info.name, info.version, CONFIG_NAME, chosen.reason)
     return chosen.engine, sched.model_copy(update=chosen.scheduler)
+
+
+def version_defaults(path: Path, info: CausalLMInfo, gpu_memory_bytes: int) -> ServeDefaults:
+    """What :func:`~miaohui.generation.executors.slot_defaults.choose_defaults` picks for the ``inductor`` version
+    ``path`` on a GPU of ``gpu_memory_bytes``: from its dims and precision (``static_decoder.json``), with int8 at
+    batch 1 only where ``miaohui validate`` passed on it (``causal_lm.json``'s ``validation["int8_batch1"]``)."""
+    from miaohui.generation.build.static_artifact import read_static_meta
+    from miaohui.generation.executors.slot_defaults import choose_defaults, int8_gate_passed
+
+    meta = read_static_meta(path)
+    passed = int8_gate_passed(info.validation)
+    return choose_defaults(meta.dims, gpu_memory_bytes, meta.precision, int8_gate_passed=passed)
 
 
 def _load_static(

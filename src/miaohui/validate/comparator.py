@@ -263,15 +263,32 @@ class OrtDecoder(DecoderRunner):
 
 
 class SlotDecoder(DecoderRunner):
-    """An ``inductor`` version on its static-KV engine (GPU), one slot."""
+    """An ``inductor`` version on its static-KV engine (GPU), one slot. ``int8_batch1``: with the engine's int8 copy
+    of the weights read by steps of one row (``SlotEngineOptions.int8_batch1``, its default ``int8_kernel``, as
+    serve runs it); every step here decodes one row, so every decoded token reads the int8 copy.
 
-    def __init__(self, folder: Path, info: CausalLMInfo) -> None:
+    On the CPU (no CUDA) the engine is eager and has one slot (the default 64 slots' fp32 KV cache would take
+    gigabytes for nothing: the runner uses slot 0 only); the int8 kernels run their torch form there (the same
+    dequantize-and-multiply arithmetic as the Triton kernels)."""
+
+    def __init__(self, folder: Path, info: CausalLMInfo, int8_batch1: bool = False) -> None:
         from miaohui.generation.build.static_artifact import load_slot_engine, read_static_meta
+        from miaohui.generation.executors.slot_engine import resolve_device
+        from miaohui.generation.executors.slot_options import SlotEngineOptions
 
-        self.engine = load_slot_engine(folder)
+        meta = read_static_meta(folder)
+        options = SlotEngineOptions(dtype=meta.precision, int8_batch1=int8_batch1)
+        if resolve_device(options).type == "cpu":
+            options = options.model_copy(update={"num_slots": 1})
+        self.engine = load_slot_engine(folder, options)
         self.engine.warmup()
         self.name, self.tokenizer = _label(info, folder), ChatTokenizer.from_dir(folder, info)
-        self.eos = set(read_static_meta(folder).eos_token_ids)
+        kind = f"int8 batch-1 weights, {options.int8_kernel} kernels" if int8_batch1 else f"{meta.precision} weights"
+        self.engine_label = f"{kind}, {self.engine.device.type}, {options.num_slots} slot(s)"
+        """What ran: the weights read by one-row steps, the device, the slots."""
+        if int8_batch1:
+            self.name += f" with {kind}"
+        self.eos = set(meta.eos_token_ids)
 
     def first(self, prompt: Sequence[int]) -> int:
         self.engine.release(0)
@@ -360,19 +377,26 @@ class TorchDecoder(DecoderRunner):
         return [int(t) for t in out[0, len(prompt) :]]
 
 
-def open_decoder(folder: Path) -> DecoderRunner:
-    """The runner of the causal-LM version ``folder`` on its own backend (``causal_lm.json``'s ``backend``)."""
+def open_decoder(folder: Path, int8_batch1: bool = False) -> DecoderRunner:
+    """The runner of the causal-LM version ``folder`` on its own backend (``causal_lm.json``'s ``backend``);
+    ``int8_batch1``: an ``inductor`` version's engine with its int8 batch-1 weights (:class:`SlotDecoder`), a
+    ConfigError for other backends."""
     if not is_causal_lm_dir(folder):
         raise ConfigError(
             f"{folder} is not a causal-LM version (no {MARKER_NAME})",
             "build it with `miaohui build-llm` and give the version folder or NAME[:VERSION] of the repository",
         )
     info = read_info(folder)
+    if int8_batch1 and info.backend != "inductor":
+        raise ConfigError(
+            f"int8 batch-1 weights are an option of the inductor engine, not of {info.backend}",
+            "build the model with `miaohui build-llm --backend inductor`",
+        )
     if info.backend == "onnxruntime":
         return OrtDecoder(folder, info)
     if info.backend == "llamacpp":
         return LlamaCppDecoder(folder, info)
-    return SlotDecoder(folder, info)
+    return SlotDecoder(folder, info, int8_batch1)
 
 
 def _source_folder(info: CausalLMInfo) -> Path | None:

@@ -15,6 +15,15 @@ and three figures are measured:
   free-running answer must contain it wherever the reference's does.
 
 Any figure under its threshold fails the gate (exit 1, the reasons printed).
+
+An ``inductor`` version is also measured a second time with its engine's int8 batch-1 weights
+(``SlotEngineOptions.int8_batch1``): the same prompts, the same fp32 reference, the thresholds of int8 weights
+(:meth:`DecoderGateConfig.for_int8_batch1`). The gate's candidate decodes one stream greedily, which is exactly the
+path int8 at batch 1 changes: every decoded token reads the int8 copy (the prompt's prefill keeps the model-dtype
+weights, as in serving). The result is stored as ``validation["int8_batch1"]`` (:class:`Int8GateResult`); serve turns
+``int8_batch1`` on by default only where it passed
+(:func:`~miaohui.generation.executors.slot_defaults.int8_gate_passed`). Its failure does not fail the gate:
+the version is served, without int8 at batch 1. A run that cannot run on the machine is stored as failed, with why.
 """
 
 from __future__ import annotations
@@ -29,7 +38,7 @@ import yaml
 from pydantic import BaseModel, Field
 
 from miaohui.config import Frozen
-from miaohui.errors import ConfigError, ModelNotFoundError
+from miaohui.errors import ConfigError, MiaohuiError, ModelNotFoundError
 from miaohui.generation.build.artifact import (
     MARKER_NAME,
     CausalLMInfo,
@@ -38,7 +47,7 @@ from miaohui.generation.build.artifact import (
     read_info,
 )
 from miaohui.paths import write_text_atomic
-from miaohui.validate.comparator import DecoderRunner, open_decoder, source_decoder
+from miaohui.validate.comparator import DecoderRunner, SlotDecoder, open_decoder, source_decoder
 
 
 class DecoderGateConfig(Frozen):
@@ -65,6 +74,19 @@ class DecoderGateConfig(Frozen):
             return cls()
         return cls(min_exact_match=0.5, min_teacher_forced=0.95)
 
+    def for_int8_batch1(self) -> DecoderGateConfig:
+        """The thresholds of the int8 batch-1 run: int8 weights are reduced precision whatever the version's own
+        precision, so those of an int8 version (:meth:`for_precision`), never stricter than this config's; the same
+        ``new_tokens``."""
+        reduced = DecoderGateConfig.for_precision("int8")
+        return self.model_copy(
+            update={
+                "min_exact_match": min(self.min_exact_match, reduced.min_exact_match),
+                "min_teacher_forced": min(self.min_teacher_forced, reduced.min_teacher_forced),
+                "min_factual": min(self.min_factual, reduced.min_factual),
+            }
+        )
+
 
 class GatePrompt(BaseModel):
     id: str
@@ -87,6 +109,19 @@ class PromptResult(BaseModel):
     candidate_has_fact: bool | None = None
 
 
+class Int8GateResult(BaseModel):
+    """``validation["int8_batch1"]`` in ``causal_lm.json``: the gate run with the engine's int8 batch-1 weights."""
+
+    passed: bool
+    """Whether serve may turn ``int8_batch1`` on by default for this version
+    (:func:`~miaohui.generation.executors.slot_defaults.int8_gate_passed` reads it)."""
+    figures: dict[str, Any] | None
+    """``exact_match``, ``teacher_forced``, ``factual``, ``factual_counted``, the thresholds (``min_*``),
+    ``new_tokens``, ``differs_on`` (prompts whose greedy text differs), ``engine`` (the kernels and device) and
+    ``seconds``; ``None`` when the run could not run."""
+    failures: list[str]
+
+
 class DecoderGateReport(BaseModel):
     model: str
     version: int
@@ -103,6 +138,8 @@ class DecoderGateReport(BaseModel):
     results: list[PromptResult]
     failures: list[str]
     seconds: float
+    int8_batch1: Int8GateResult | None = None
+    """An ``inductor`` version: the same gate with int8 batch-1 weights (``None``: other backends, not run)."""
 
     @property
     def passed(self) -> bool:
@@ -146,10 +183,14 @@ def _has(text: str, expect: str) -> bool:
 
 
 def run_decoder_gate(
-    folder: Path, config: DecoderGateConfig | None = None, prompts: Sequence[GatePrompt] | None = None
+    folder: Path,
+    config: DecoderGateConfig | None = None,
+    prompts: Sequence[GatePrompt] | None = None,
+    int8_batch1: bool | None = None,
 ) -> DecoderGateReport:
     """Run the gate on the causal-LM version ``folder``; the report (``passed``, ``failures``) is also stored in its
-    ``causal_lm.json`` (``validation``)."""
+    ``causal_lm.json`` (``validation``). ``int8_batch1`` (default: for an ``inductor`` version): also run it with the
+    engine's int8 batch-1 weights (:attr:`DecoderGateReport.int8_batch1`, stored as ``validation["int8_batch1"]``)."""
     started = time.perf_counter()
     info = read_info(folder)
     config = config or DecoderGateConfig.for_precision(info.precision)
@@ -157,21 +198,65 @@ def run_decoder_gate(
     if not prompts:
         raise ConfigError("the decoder gate has no prompts", "give a YAML with `chat` and `factual` lists")
     with open_decoder(folder) as candidate:
-        results = _compare(candidate, source_decoder(folder, candidate.eos), prompts, config.new_tokens)
+        reference = _references(candidate, source_decoder(folder, candidate.eos), prompts, config.new_tokens)
+        results = _compare(candidate, reference, prompts, config.new_tokens)
     report = _report(info, config, results, time.perf_counter() - started)
+    if info.backend == "inductor" if int8_batch1 is None else int8_batch1:
+        report.int8_batch1 = _run_int8_batch1(folder, info, config.for_int8_batch1(), prompts, reference)
     info.validation = report.model_dump(mode="json")
     write_text_atomic(folder / MARKER_NAME, info.model_dump_json(indent=2))
     return report
 
 
-def _compare(
+def _run_int8_batch1(
+    folder: Path,
+    info: CausalLMInfo,
+    config: DecoderGateConfig,
+    prompts: Sequence[GatePrompt],
+    reference: list[tuple[list[int], list[int]]],
+) -> Int8GateResult:
+    """The gate's second run, on the engine with ``int8_batch1``; a run that cannot run is a failure with its reason
+    (never a pass)."""
+    started = time.perf_counter()
+    try:
+        with open_decoder(folder, int8_batch1=True) as candidate:
+            results = _compare(candidate, reference, prompts, config.new_tokens)
+            engine = candidate.engine_label if isinstance(candidate, SlotDecoder) else candidate.name
+    except Exception as exc:  # whatever stops it, the stamp says it did not pass, and why
+        reason = exc.message if isinstance(exc, MiaohuiError) else f"{type(exc).__name__}: {exc}"
+        return Int8GateResult(passed=False, figures=None, failures=[f"the int8 batch-1 run could not run: {reason}"])
+    report = _report(info, config, results, time.perf_counter() - started)
+    figures = {
+        "exact_match": report.exact_match, "teacher_forced": report.teacher_forced, "factual": report.factual,
+        "factual_counted": report.factual_counted, "min_exact_match": config.min_exact_match,
+        "min_teacher_forced": config.min_teacher_forced, "min_factual": config.min_factual,
+        "new_tokens": config.new_tokens, "differs_on": [r.id for r in results if not r.exact], "engine": engine,
+        "seconds": report.seconds,
+    }  # fmt: skip
+    return Int8GateResult(passed=report.passed, figures=figures, failures=report.failures)
+
+
+def _references(
     candidate: DecoderRunner, reference: DecoderRunner, prompts: Sequence[GatePrompt], new_tokens: int
-) -> list[PromptResult]:
-    """Each prompt (encoded by the candidate: the version's tokenizer, which its source shares) through both."""
-    results = []
+) -> list[tuple[list[int], list[int]]]:
+    """Per prompt, (its ids encoded by the candidate: the version's tokenizer, which its source shares, the
+    reference's greedy tokens)."""
+    out = []
     for p in prompts:
         ids = candidate.prompt_ids([{"role": "user", "content": p.text}])
-        ref = reference.greedy(ids, new_tokens)
+        out.append((ids, reference.greedy(ids, new_tokens)))
+    return out
+
+
+def _compare(
+    candidate: DecoderRunner,
+    reference: Sequence[tuple[list[int], list[int]]],
+    prompts: Sequence[GatePrompt],
+    new_tokens: int,
+) -> list[PromptResult]:
+    """Each prompt through the candidate, against the reference's tokens (:func:`_references`)."""
+    results = []
+    for p, (ids, ref) in zip(prompts, reference, strict=True):
         got = candidate.greedy(ids, new_tokens)
         agree = len(ref) if got == ref else candidate.teacher_forced(ids, ref)
         ref_text, got_text = candidate.tokenizer.decode(ref), candidate.tokenizer.decode(got)
@@ -242,3 +327,23 @@ def print_report(report: DecoderGateReport, console: Any) -> None:
         f"{report.teacher_forced:.1%} (min {c.min_teacher_forced:.0%}) · factual {factual} of "
         f"{report.factual_counted} (min {c.min_factual:.0%}) · {c.new_tokens} tokens · {report.seconds:.0f}s"
     )
+
+
+def int8_summary(result: Int8GateResult) -> str:
+    """One line on the int8 batch-1 run: its figures against the thresholds, and what serve does with it."""
+    f = result.figures
+    if f is None:
+        figures = "did not run"
+    else:
+        factual = "n/a" if f["factual"] is None else f"{f['factual']:.0%}"
+        figures = (
+            f"greedy exact match {f['exact_match']:.1%} (min {f['min_exact_match']:.0%}) · teacher-forced top-1 "
+            f"{f['teacher_forced']:.1%} (min {f['min_teacher_forced']:.0%}) · factual {factual} of "
+            f"{f['factual_counted']} (min {f['min_factual']:.0%}) · {f['engine']} · {f['seconds']:.0f}s"
+        )
+    verdict = (
+        "passed: serve turns int8_batch1 on by default for this version"
+        if result.passed
+        else "failed: serve keeps int8_batch1 off by default for this version"
+    )
+    return f"int8 batch-1 weights: {figures} — {verdict}"

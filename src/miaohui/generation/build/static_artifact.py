@@ -92,8 +92,8 @@ def save_static_decoder(
     """Write the version files (see the module docstring) into ``folder`` (which must exist)."""
     from safetensors.torch import save_file
 
-    from miaohui.generation.models.dims import DecoderDims
     from miaohui.generation.executors.slot_engine import DTYPES
+    from miaohui.generation.models.dims import DecoderDims
 
     started = time.perf_counter()
     err = _check(hf_model, check_prompt or [1, 2, 3, 4, 5, 6, 7, 8], tolerance)
@@ -131,13 +131,13 @@ def read_static_meta(folder: Path) -> StaticDecoderMeta:
 def load_slot_engine(folder: Path, options: SlotEngineOptions | None = None) -> TorchSlotEngine:
     """The GPU engine of a version folder (not warmed up: call ``warmup()``). ``options.dtype`` defaults to
     the saved precision; ArtifactError for missing or corrupt files."""
+    import logging
+
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     from miaohui.generation.executors.slot_engine import TorchSlotEngine, resolve_device
     from miaohui.generation.executors.slot_options import SlotEngineOptions
-
-    import logging
 
     started = time.perf_counter()
     meta = read_static_meta(folder)
@@ -180,7 +180,11 @@ def _serve_defaults(folder: Path) -> SlotEngineOptions | None:
 
     if not torch.cuda.is_available():
         return None
-    from miaohui.generation.executors.slot_defaults import choose_defaults
+    from miaohui.generation.build.artifact import MARKER_NAME, read_info
+    from miaohui.generation.executors.slot_defaults import choose_defaults, int8_gate_passed
 
     meta = read_static_meta(folder)
-    return choose_defaults(meta.dims, torch.cuda.mem_get_info()[1], meta.precision).engine
+    # a build compiles before its causal_lm.json is written, so before any gate: int8 at batch 1 off, as serve has it
+    validated = (folder / MARKER_NAME).is_file()
+    passed = validated and int8_gate_passed(read_info(folder).validation)
+    return choose_defaults(meta.dims, torch.cuda.mem_get_info()[1], meta.precision, int8_gate_passed=passed).engine

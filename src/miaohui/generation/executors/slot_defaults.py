@@ -3,7 +3,9 @@ loop's flags, chosen from the model's dims and the GPU's memory (a pure function
 
 The flags are those ``docs/gpu.md``'s best H200 configuration uses (``static_prefill``, ``async_scheduling``,
 ``max_batched_tokens: 4096``, as many running sequences as slots). ``int8_batch1`` changes the numbers a model
-computes, so it is on only where the decoder gate passed on it (``int8_gate_passed``).
+computes, so it is on only where the decoder gate passed on it (``int8_gate_passed``): ``miaohui validate NAME`` runs
+the gate a second time with the engine's int8 batch-1 weights and stores the result in the version's
+``causal_lm.json`` (``validation["int8_batch1"]``, read by :func:`int8_gate_passed`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,14 @@ class ServeDefaults:
     scheduler: dict[str, Any]
     reason: str
     """One line for the log and the manifest: what was chosen and why."""
+
+
+def int8_gate_passed(validation: dict[str, Any] | None) -> bool:
+    """Whether a version's stored decoder gate result (``causal_lm.json``'s ``validation``) passed with the engine's
+    int8 batch-1 weights (:class:`~miaohui.validate.decoder_gate.Int8GateResult`). No result, a failed one or one
+    that could not run: False."""
+    int8 = (validation or {}).get("int8_batch1")
+    return isinstance(int8, dict) and int8.get("passed") is True
 
 
 def choose_defaults(
