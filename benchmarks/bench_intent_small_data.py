@@ -224,7 +224,7 @@ def project_threshold(checkpoint: Path, chat: list[str]) -> dict[str, Any]:
         answered = [d.intent for d in decide(logits, labels, decision)]
         chat_answers = decide(chat_logits, labels, decision)
         out["by_score"][kind] = {
-            "default": kind == cfg.oos_score,
+            "default": kind == cfg.resolved_oos_score(negatives=False),
             "dev_accuracy_with_oos": round(
                 float(np.mean([a == x.intent for a, x in zip(answered, dev, strict=True)])), 4
             ),

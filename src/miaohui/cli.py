@@ -91,8 +91,12 @@ def train_intent_cmd(
     ] = 0.97,
     oos_label: Annotated[str, typer.Option(help="The answer below the threshold.")] = "out_of_scope",
     oos_score: Annotated[
-        str, typer.Option(help="What the threshold applies to: energy (default) or max_softmax (the confidence).")
-    ] = "energy",
+        str,
+        typer.Option(
+            help="What the threshold applies to: auto (energy with --oos-data, else the confidence), energy "
+            "or max_softmax."
+        ),
+    ] = "auto",
     oos_midpoint: Annotated[
         bool,
         typer.Option(help="With --oos-data, lower the threshold to halfway to the negatives' scores where lower."),

@@ -144,3 +144,13 @@ def test_validate_figures_precision_recall_and_confusion() -> None:
     assert report.out_of_scope_rate == 0.25
     assert report.confusion_columns == ["a", "b", "out_of_scope"]
     assert report.confusion == [[1, 0, 1], [1, 1, 0]]
+
+
+def test_the_score_is_energy_with_negatives_and_the_confidence_without() -> None:
+    """``oos_score: auto`` (the default): energy where ``--oos-data`` taught negatives, the top confidence where
+    none were given (the project's model); an explicit choice is kept."""
+    from miaohui.models.train import TrainConfig
+
+    assert TrainConfig().resolved_oos_score(negatives=True) == "energy"
+    assert TrainConfig().resolved_oos_score(negatives=False) == "max_softmax"
+    assert TrainConfig(oos_score="energy").resolved_oos_score(negatives=False) == "energy"

@@ -220,11 +220,11 @@ class InductorEngine(GpuEngine):
     def warmed_up(self) -> None:
         """Warm-up is done: restart stage sampling; with ``fast_start``, compile in the background now."""
         self._batches = 0
-        if self._upgrader is not None or not self.use_graphs:
+        if self._upgrader is not None:
             return
         if not self.upgraded.is_set():
             self._upgrader = threading.Thread(target=self._upgrade_logged, name="inductor-upgrade", daemon=True)
-        elif self.fast_graphs:
+        elif self.fast_graphs and self.use_graphs:
             self._upgrader = threading.Thread(target=self._capture_rest, name="inductor-capture", daemon=True)
         else:
             return
