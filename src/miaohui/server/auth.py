@@ -127,30 +127,32 @@ class KeyFile(BaseModel):
 
 
 class TokenBudget:
-    """A tokens-per-minute bucket: holds up to one minute's tokens, refilled at ``per_minute / 60`` a second. A
-    request is admitted while it holds at least one token (its size is not known before it runs); :meth:`charge`
-    takes what it used when it ends, which may leave the bucket below zero: it then refuses until refilled."""
+    """A token bucket: holds up to ``capacity``, refilled at ``per_s`` a second. A key's requests per second
+    (capacity one second's requests, each takes one) and its tokens per minute (capacity one minute's tokens; a
+    request is admitted while it holds at least one, since its size is not known before it runs, and
+    :meth:`charge` takes what it used when it ends, which may leave the bucket below zero: it then refuses until
+    refilled)."""
 
-    def __init__(self, per_minute: int, clock: Callable[[], float]) -> None:
-        self.per_minute = per_minute
-        self._rate = per_minute / 60.0
+    def __init__(self, capacity: float, per_s: float, clock: Callable[[], float]) -> None:
+        self.capacity = capacity
+        self._rate = per_s
         self._clock = clock
-        self._level = float(per_minute)
+        self._level = float(capacity)
         self._at = clock()
 
     def level(self) -> float:
-        """The tokens in the bucket now (negative: overdrawn)."""
+        """What the bucket holds now (negative: overdrawn)."""
         now = self._clock()
-        self._level = min(float(self.per_minute), self._level + (now - self._at) * self._rate)
+        self._level = min(self.capacity, self._level + (now - self._at) * self._rate)
         self._at = now
         return self._level
 
     def wait_s(self) -> float:
-        """Seconds until the bucket holds a token again (0: it does)."""
+        """Seconds until the bucket holds one again (0: it does)."""
         return max(0.0, (1.0 - self.level()) / self._rate)
 
-    def charge(self, tokens: int) -> None:
-        self._level = self.level() - max(0, tokens)
+    def charge(self, amount: float) -> None:
+        self._level = self.level() - max(0.0, amount)
 
 
 class Tenant:
@@ -160,10 +162,9 @@ class Tenant:
         self.key = key
         self.name = key.tenant
         self.priority: Priority = key.priority
-        self._clock = clock
-        self._tokens = max(1.0, key.requests_per_s)
-        self._at = clock()
-        self.budget = TokenBudget(key.tokens_per_minute, clock) if key.tokens_per_minute else None
+        rate, per_minute = key.requests_per_s, key.tokens_per_minute
+        self._requests = TokenBudget(max(1.0, rate), rate, clock) if rate > 0 else None
+        self.budget = TokenBudget(per_minute, per_minute / 60.0, clock) if per_minute else None
         """Tokens per minute; None: no limit."""
 
     def allows(self, model: str) -> bool:
@@ -179,20 +180,16 @@ class Tenant:
 
     def take(self) -> None:
         """Count one request; RateLimitedError (429) when over ``requests_per_s``."""
-        rate = self.key.requests_per_s
-        if rate <= 0:
+        if self._requests is None:
             return
-        now = self._clock()
-        self._tokens = min(max(1.0, rate), self._tokens + (now - self._at) * rate)
-        self._at = now
-        if self._tokens < 1.0:
-            wait = (1.0 - self._tokens) / rate
+        wait = self._requests.wait_s()
+        if wait > 0:
             raise RateLimitedError(
-                f"tenant {self.name!r} is over its limit of {rate:g} requests/s",
+                f"tenant {self.name!r} is over its limit of {self.key.requests_per_s:g} requests/s",
                 f"retry after {math.ceil(wait)} s, or ask the operator for a higher limit",
                 retry_after_s=max(1, math.ceil(wait)),
             )
-        self._tokens -= 1.0
+        self._requests.charge(1.0)
 
     def check_tokens(self) -> None:
         """TokenRateLimitedError (429) while the tokens-per-minute budget is spent; ``Retry-After``: the seconds
@@ -203,7 +200,7 @@ class Tenant:
         if wait > 0:
             after = max(1, math.ceil(wait))
             raise TokenRateLimitedError(
-                f"tenant {self.name!r} spent its {self.budget.per_minute} tokens per minute",
+                f"tenant {self.name!r} spent its {self.key.tokens_per_minute} tokens per minute",
                 f"retry after {after} s, or ask the operator for a higher tokens_per_minute",
                 retry_after_s=after,
             )

@@ -111,11 +111,7 @@ class ServedChatVersion:
         """Where this version's start went, in seconds (``miaohui_model_start_seconds``): ``load`` and ``warmup``
         (together the cold start) and, for a GPU slot engine in this process, its own split: ``engine_load``
         (weights and compile cache), ``engine_compile`` (torch.compile) and ``engine_capture`` (CUDA graphs)."""
-        phases: dict[str, float] = {}
-        llm = getattr(self.client, "llm", None)
-        engine_phases = getattr(getattr(llm, "engine", None), "start_phases", None)
-        if isinstance(engine_phases, dict):
-            phases = {f"engine_{k}": float(v) for k, v in engine_phases.items()}
+        phases = {f"engine_{k}": v for k, v in self.client.start_phases.items()}
         load = phases.get("engine_load", self.load_seconds)
         return {"load": load, "warmup": max(0.0, self.load_seconds - load)} | phases
 
@@ -229,12 +225,9 @@ def version_defaults(path: Path, info: CausalLMInfo, gpu_memory_bytes: int) -> S
     """What :func:`~miaohui.generation.executors.slot_defaults.choose_defaults` picks for the ``inductor`` version
     ``path`` on a GPU of ``gpu_memory_bytes``: from its dims and precision (``static_decoder.json``), with int8 at
     batch 1 only where ``miaohui validate`` passed on it (``causal_lm.json``'s ``validation["int8_batch1"]``)."""
-    from miaohui.generation.build.static_artifact import read_static_meta
-    from miaohui.generation.executors.slot_defaults import choose_defaults, int8_gate_passed
+    from miaohui.generation.build.static_artifact import serve_defaults
 
-    meta = read_static_meta(path)
-    passed = int8_gate_passed(info.validation)
-    return choose_defaults(meta.dims, gpu_memory_bytes, meta.precision, int8_gate_passed=passed)
+    return serve_defaults(path, info.validation, gpu_memory_bytes)
 
 
 def _load_static(

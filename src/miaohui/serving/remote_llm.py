@@ -69,6 +69,10 @@ class RemoteLLMEngine:
     def num_waiting(self) -> int:
         return 0
 
+    @property
+    def start_phases(self) -> dict[str, float]:
+        return {}  # the engine process logs its own
+
     async def start(self, *, warmup: bool = True) -> None:
         """Ready: the engine process loaded and warmed up the version (:meth:`connect` checked)."""
         self._running = True

@@ -21,6 +21,8 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from miaohui.models.tuning import digest as file_sha256
+
 log = logging.getLogger(__name__)
 
 CACHE_FILE = "compile-cache.bin"
@@ -76,7 +78,7 @@ def save_compile_cache(folder: Path, compile_all: Callable[[], float]) -> Compil
         seconds = compile_all()
         files = pack(private, folder / TRITON_FILE)
         if files:
-            triton = {"triton_file": TRITON_FILE, "triton_files": files, "triton_sha256": _sha256(folder / TRITON_FILE)}
+            triton = {"triton_file": TRITON_FILE, "triton_files": files, "triton_sha256": file_sha256(folder / TRITON_FILE)}
         else:
             (folder / TRITON_FILE).unlink(missing_ok=True)
     saved = torch.compiler.save_cache_artifacts()
@@ -90,22 +92,18 @@ def save_compile_cache(folder: Path, compile_all: Callable[[], float]) -> Compil
     )  # fmt: skip
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def restore_triton(folder: Path, info: CompileCacheInfo) -> str:
     """Unpack the build's Triton kernels (``triton-cache.tar``) into this process's Triton cache; what happened."""
     if not info.triton_file:
         return "no Triton kernels saved"
     path = folder / info.triton_file
     try:
-        digest = _sha256(path)
+        found = file_sha256(path)
     except OSError as exc:
         return f"Triton kernels not used: cannot read {path} ({exc})"
-    if digest != info.triton_sha256:
+    if found != info.triton_sha256:
         wrote = str(info.triton_sha256)[:12]
-        return f"Triton kernels not used: {path} has sha256 {digest[:12]}…, the build wrote {wrote}…"
+        return f"Triton kernels not used: {path} has sha256 {found[:12]}…, the build wrote {wrote}…"
     from miaohui.engines.fast_graphs import restore_triton_cache
 
     done = restore_triton_cache(path)

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+    from miaohui.generation.executors.slot_defaults import ServeDefaults
     from miaohui.generation.executors.slot_engine import TorchSlotEngine
     from miaohui.generation.executors.slot_options import SlotEngineOptions
 
@@ -136,6 +137,7 @@ def load_slot_engine(folder: Path, options: SlotEngineOptions | None = None) -> 
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
+    from miaohui.generation.executors.slot_defaults import ServeDefaults
     from miaohui.generation.executors.slot_engine import TorchSlotEngine, resolve_device
     from miaohui.generation.executors.slot_options import SlotEngineOptions
 
@@ -175,16 +177,24 @@ def build_compile_cache(folder: Path, options: SlotEngineOptions | None = None) 
     return info
 
 
+def serve_defaults(folder: Path, validation: dict[str, Any] | None, gpu_memory_bytes: int) -> ServeDefaults:
+    """What :func:`~miaohui.generation.executors.slot_defaults.choose_defaults` picks for the version ``folder`` on a
+    GPU of ``gpu_memory_bytes``: from its dims and precision, with int8 at batch 1 only where its stored decoder gate
+    result (``validation``) passed on it."""
+    from miaohui.generation.executors.slot_defaults import choose_defaults, int8_gate_passed
+
+    meta = read_static_meta(folder)
+    passed = int8_gate_passed(validation)
+    return choose_defaults(meta.dims, gpu_memory_bytes, meta.precision, int8_gate_passed=passed)
+
+
 def _serve_defaults(folder: Path) -> SlotEngineOptions | None:
     import torch
 
     if not torch.cuda.is_available():
         return None
     from miaohui.generation.build.artifact import MARKER_NAME, read_info
-    from miaohui.generation.executors.slot_defaults import choose_defaults, int8_gate_passed
 
-    meta = read_static_meta(folder)
     # a build compiles before its causal_lm.json is written, so before any gate: int8 at batch 1 off, as serve has it
-    validated = (folder / MARKER_NAME).is_file()
-    passed = validated and int8_gate_passed(read_info(folder).validation)
-    return choose_defaults(meta.dims, torch.cuda.mem_get_info()[1], meta.precision, int8_gate_passed=passed).engine
+    validation = read_info(folder).validation if (folder / MARKER_NAME).is_file() else None
+    return serve_defaults(folder, validation, torch.cuda.mem_get_info()[1]).engine

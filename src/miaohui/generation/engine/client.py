@@ -193,6 +193,12 @@ class LLMClient(Protocol):
     @property
     def num_waiting(self) -> int: ...
 
+    @property
+    def start_phases(self) -> dict[str, float]:
+        """The executor's own split of its start in seconds (a GPU slot engine's ``load`` / ``compile`` /
+        ``capture``); empty where it keeps none or runs in another process."""
+        ...
+
     async def start(self, *, warmup: bool = True) -> None:
         """Ready to take requests (with ``warmup``: one short request has run through the model)."""
         ...

@@ -322,6 +322,10 @@ class AsyncLLMEngine:
         return self.llm.scheduler.num_waiting
 
     @property
+    def start_phases(self) -> dict[str, float]:
+        return dict(getattr(self.llm.engine, "start_phases", {}))
+
+    @property
     def is_running(self) -> bool:
         return self._thread is not None and self._thread.is_alive() and not self._stopping
 

@@ -251,6 +251,10 @@ class LlamaCppLLMEngine:
         return len(self._waiting)
 
     @property
+    def start_phases(self) -> dict[str, float]:
+        return {}
+
+    @property
     def is_running(self) -> bool:
         return self._server is not None and not self._stopping
 
