@@ -80,6 +80,11 @@ def main() -> None:
     shutil.rmtree(args.work, ignore_errors=True)
     src, repo = args.work / "hf", args.work / "repo"
     doc: dict = {"command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%d %H:%M:%S"), "model": QWEN_15B}
+    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    doc["commit"] = rev.stdout.strip()
+    from miaohui.generation.build.compile_cache import machine_facts
+
+    doc["machine"] = machine_facts()  # the GPU and the torch / CUDA / Triton versions
     t0 = time.perf_counter()
     save_model(src, args.tokenizer)
     doc["save_s"] = round(time.perf_counter() - t0, 1)
