@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 from pathlib import Path
 
@@ -29,6 +30,8 @@ def fuse_bert(onnx_path: Path, out_path: Path, num_heads: int, hidden_size: int,
         opt_level=0,
     )
     model.save_model_to_file(str(out_path))
+    del model
+    gc.collect()  # the fusion passes hold the graph in reference cycles: GBs of protos until the next full collection
     return out_path
 
 
