@@ -126,3 +126,19 @@ def intent_engines(
             )  # type: ignore[arg-type]
             done.write_text(json.dumps({"fp32": str(fp32.path), "int8": str(int8.path)}))
     return {name: Path(p) for name, p in json.loads(done.read_text()).items()}
+
+
+def pytest_runtest_logfinish(nodeid: str, location: tuple[str, int | None, str]) -> None:
+    """With ``MIAOHUI_TEST_RSS_LOG=FILE``: append each test's id and this worker's resident memory after it and its peak so far (MB), to
+    find the tests that leave a worker large (CI machines have 24 GB for two workers and the servers they start)."""
+    path = os.environ.get("MIAOHUI_TEST_RSS_LOG")
+    if path:
+        import resource
+
+        import psutil
+
+        rss = psutil.Process().memory_info().rss >> 20
+        # the worker's peak so far: where it jumps, that test made it
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> 10
+        with open(path, "a") as f:
+            f.write(f"{os.environ.get('PYTEST_XDIST_WORKER', 'main')} {rss} {peak} {nodeid}\n")
