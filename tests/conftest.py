@@ -129,8 +129,9 @@ def intent_engines(
 
 
 def pytest_runtest_logfinish(nodeid: str, location: tuple[str, int | None, str]) -> None:
-    """With ``MIAOHUI_TEST_RSS_LOG=FILE``: append each test's id and this worker's resident memory after it and its peak so far (MB), to
-    find the tests that leave a worker large (CI machines have 24 GB for two workers and the servers they start)."""
+    """With ``MIAOHUI_TEST_RSS_LOG=FILE``: append each test's id, this worker's resident memory after it and its peak
+    so far (MB), to find the tests that leave a worker large (CI machines have 24 GB for two workers and the servers
+    they start). Under xdist the controller writes lines too (``main``); only the workers' lines measure tests."""
     path = os.environ.get("MIAOHUI_TEST_RSS_LOG")
     if path:
         import resource
