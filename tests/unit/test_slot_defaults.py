@@ -1,5 +1,6 @@
 """The GPU decoder's default serving choice as a pure function of the model's dims and the GPU's memory, and int8 at
-batch 1 on only where the version's ``causal_lm.json`` says the decoder gate passed on it."""
+batch 1 on only where the version's ``causal_lm.json`` says the decoder gate passed on it; on a CPU, the scheduler's
+sequences and length within a share of the machine's memory."""
 
 from __future__ import annotations
 
@@ -11,11 +12,20 @@ import pytest
 from miaohui.errors import ConfigError
 from miaohui.generation.build.artifact import MARKER_NAME, CausalLMInfo, read_info
 from miaohui.generation.build.static_artifact import META_NAME, StaticDecoderMeta
-from miaohui.generation.executors.slot_defaults import choose_defaults, int8_gate_passed
+from miaohui.generation.executors.slot_defaults import (
+    choose_cpu_defaults,
+    choose_defaults,
+    int8_gate_passed,
+    kv_bytes_per_slot,
+)
 
 QWEN2_1_5B = {
     "num_layers": 28, "hidden": 1536, "num_heads": 12, "num_kv_heads": 2, "head_dim": 128, "intermediate": 8960,
     "vocab": 151936, "max_positions": 32768,
+}  # fmt: skip
+SMOLLM2_135M = {
+    "num_layers": 30, "hidden": 576, "num_heads": 9, "num_kv_heads": 3, "head_dim": 64, "intermediate": 1536,
+    "vocab": 49152, "max_positions": 8192,
 }  # fmt: skip
 GIB = 2**30
 
@@ -74,3 +84,43 @@ def test_the_int8_stamp_in_causal_lm_json_turns_int8_at_batch_1_on(tmp_path: Pat
         folder = tmp_path / f"b{i}" / "1"
         assert not int8_gate_passed(validation)
         assert version_defaults(folder, _version(folder, validation), 139 * GIB).engine.int8_batch1 is False
+
+
+def test_a_cpu_decoder_gets_the_schedulers_slots_not_a_gpu_servers() -> None:
+    """SmolLM2-135M in fp32 holds 46 KB of KV a token: the engine's own 64 x 2048 slots were 6 GB of RAM."""
+    assert kv_bytes_per_slot(SMOLLM2_135M, 1, "fp32") == 46080
+    got = choose_cpu_defaults(SMOLLM2_135M, 24 * GIB, "fp32", max_running_seqs=16, max_model_len=2048)
+    assert (got.engine.num_slots, got.engine.max_len, got.engine.dtype) == (16, 2048, "fp32")
+    assert (got.engine.static_prefill, got.engine.mixed_prefill_tokens) == (False, (128, 256, 512))
+    assert got.scheduler == {"max_running_seqs": 16}
+    assert got.reason.startswith("on the CPU: 16 slots x 2048 tokens (1.49 GiB fp32 KV, at most 25% of 24 GiB)")
+    small = choose_cpu_defaults(SMOLLM2_135M, 24 * GIB, "fp32", max_running_seqs=4, max_model_len=256)
+    assert (small.engine.num_slots, small.engine.max_len) == (4, 256)
+    longer = choose_cpu_defaults(SMOLLM2_135M, 24 * GIB, "fp32", 4, 100_000)
+    assert longer.engine.max_len == 8192  # the model's positions
+
+
+def test_cpu_slots_halve_until_the_kv_cache_fits_a_quarter_of_the_memory() -> None:
+    # a 2048-token slot of SmolLM2 in fp32 is 90 MiB: 2 GiB x 0.25 holds 5 (4 slots and the scratch row), not 17
+    got = choose_cpu_defaults(SMOLLM2_135M, 2 * GIB, "fp32", max_running_seqs=16, max_model_len=2048)
+    assert got.engine.num_slots == 4 and got.scheduler == {"max_running_seqs": 4}
+    assert got.reason.endswith("the scheduler's 16 sequences of 2048 tokens (fewer slots: the memory)")
+    with pytest.raises(ConfigError, match=r"do not fit 25% of this machine's 0.2 GiB of memory") as err:
+        choose_cpu_defaults(QWEN2_1_5B, GIB // 4, "fp32", max_running_seqs=16, max_model_len=32768)
+    assert "engine.max_len" in err.value.fix
+
+
+def test_a_cpu_serve_without_generation_yaml_sizes_the_engine_from_the_scheduler(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+
+    from miaohui.generation.engine.scheduler import SchedulerConfig
+    from miaohui.serving.chat import _default_options
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    folder = tmp_path / "qwen" / "1"
+    sched = SchedulerConfig(max_running_seqs=4, max_model_len=256, async_scheduling=True)
+    options, chosen = _default_options(folder, _version(folder, None), sched)
+    assert (options.num_slots, options.max_len, options.dtype) == (4, 256, "bf16")
+    assert chosen == sched  # the scheduler's own figures fit: unchanged, async scheduling included

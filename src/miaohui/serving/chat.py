@@ -207,16 +207,25 @@ async def load_chat_version(
     return served
 
 
-def _gpu_defaults(
+def _default_options(
     path: Path, info: CausalLMInfo, sched: SchedulerConfig
-) -> tuple[SlotEngineOptions | None, SchedulerConfig]:
-    """A GPU decoder without a ``generation.yaml``: the options :func:`version_defaults` picks for this GPU's memory
-    (on a CPU: the engine's own defaults)."""
+) -> tuple[SlotEngineOptions, SchedulerConfig]:
+    """A decoder without a ``generation.yaml``: on a GPU, the options :func:`version_defaults` picks for its memory;
+    on a CPU, :func:`~miaohui.generation.executors.slot_defaults.choose_cpu_defaults` for ``sched`` and the
+    machine's memory (the engine's own 64 slots x 2048 tokens are a GPU server's: in fp32 on a CPU, GBs of RAM)."""
     import torch
 
-    if not torch.cuda.is_available():
-        return None, sched
-    chosen = version_defaults(path, info, torch.cuda.mem_get_info()[1])
+    if torch.cuda.is_available():
+        chosen = version_defaults(path, info, torch.cuda.mem_get_info()[1])
+    else:
+        import psutil
+
+        from miaohui.generation.build.static_artifact import read_static_meta
+        from miaohui.generation.executors.slot_defaults import choose_cpu_defaults
+
+        meta = read_static_meta(path)
+        memory = psutil.virtual_memory().total
+        chosen = choose_cpu_defaults(meta.dims, memory, meta.precision, sched.max_running_seqs, sched.max_model_len)
     log.info("%s v%d has no %s: %s", info.name, info.version, CONFIG_NAME, chosen.reason)
     return chosen.engine, sched.model_copy(update=chosen.scheduler)
 
@@ -234,14 +243,15 @@ def _load_static(
     path: Path, info: CausalLMInfo, options: SlotEngineOptions | None, sched: SchedulerConfig
 ) -> tuple[TorchSlotEngine, SchedulerConfig]:
     """Load an ``inductor`` causal-LM version and compile / capture its CUDA graphs (the warm-up), with ``options``
-    (its generation.yaml's) or, where it has none, the GPU defaults. One thread does it all, CUDA's initialisation
-    included, as the build does: on the H200 a serve that initialised CUDA on the event loop's thread and compiled on
-    this one missed every entry of its compile cache, where the engine process, doing both on one thread, hit them
-    (the one difference found between the two; lab/notes/2026-12-05-own-gpu-start.md)."""
+    (its generation.yaml's) or, where it has none, the defaults for this GPU or CPU (:func:`_default_options`). One
+    thread does it all, CUDA's initialisation included, as the build does: on the H200 a serve that initialised CUDA
+    on the event loop's thread and compiled on this one missed every entry of its compile cache, where the engine
+    process, doing both on one thread, hit them (the one difference found between the two;
+    lab/notes/2026-12-05-own-gpu-start.md)."""
     from miaohui.generation.build.static_artifact import load_slot_engine
 
     if options is None:
-        options, sched = _gpu_defaults(path, info, sched)
+        options, sched = _default_options(path, info, sched)
     engine = load_slot_engine(path, options)
     try:
         engine.warmup(log=log.info)
