@@ -224,11 +224,12 @@ def test_inductor_artifact_loads_and_matches(
     assert meta.check_max_abs_error < 2e-3
     engine = load_slot_engine(version, SlotEngineOptions(num_slots=4, max_len=256, dtype="fp32"))
     assert [g[0] for g in LLMEngine(engine, None).generate(prompts, GREEDY)] == hf_greedy
-    # close frees the KV cache and the weights at once, whoever still holds the engine (a stopped server's cycles)
+    # close frees the KV cache at once, whoever still holds the engine (a stopped server's cycles)
     engine.close()
     engine.close()  # idempotent
     model = engine.model
-    assert all(t.untyped_storage().nbytes() == 0 for t in (*model.k_cache, *model.v_cache, *model.parameters()))
+    assert all(t.untyped_storage().nbytes() == 0 for t in (*model.k_cache, *model.v_cache))
+    assert all(t.untyped_storage().nbytes() > 0 for t in model.parameters())  # weights: left to the collector
     # same build key ⇒ reused, not rebuilt
     assert build_causal_lm(static_repo, "smol", "fp32", backend="inductor", source_cache=MODEL_CACHE) == version
 

@@ -574,14 +574,15 @@ class TorchSlotEngine(SlotCausalLMEngine):
         return decode, prefill
 
     def close(self) -> None:
-        """Drop the graphs and free the model's memory (its KV cache, GBs at a GPU server's sizes, and its weights)
-        now: the engine cannot step after it. Freed in place (each tensor's storage emptied), not left to whoever
-        drops the last reference: a stopped version's engine is still held by reference cycles (its loop, asyncio
-        futures, frames) that only Python's next full collection frees, so a server that swapped or unloaded a
-        version, or a test that stopped one, kept its KV cache until then. Idempotent."""
+        """Drop the graphs and free the engine's own buffers now (the KV cache: GBs at a GPU server's sizes); the
+        engine cannot step after it. Freed in place (each buffer's storage emptied), not left to whoever drops the
+        last reference: a stopped version's engine is still held by reference cycles (its loop, asyncio futures,
+        frames) that only Python's next full collection frees, so a server that swapped or unloaded a version, or a
+        test that stopped one, kept its KV cache until then. The weights are left to the garbage collector: an
+        engine made with :meth:`StaticKVDecoder.from_hf` shares them with the live HF model. Idempotent."""
         self._graphs.clear()
         self._prefill_graphs.clear()
         self._mixed_graphs.clear()
         with torch.no_grad():
-            for t in (*self.model.parameters(), *self.model.buffers()):
+            for t in self.model.buffers():
                 t.untyped_storage().resize_(0)
