@@ -62,7 +62,7 @@ def choose_defaults(
     if int8_gate_passed:
         weights += weights // 4  # the int8 copy: half the bytes of the bf16 weights it mirrors
     max_len = min(2048, int(dims["max_positions"]))
-    per_slot = 2 * layers * kv_width * max_len * size
+    per_slot = kv_bytes_per_slot(dims, max_len, precision)
     room = int(gpu_memory_bytes * (1 - HEADROOM)) - weights
     slots = MAX_SLOTS
     while slots >= 1 and slots * per_slot > room:
