@@ -157,5 +157,13 @@ def test_the_candidate_answers_off_the_response_path_and_drift_is_reported(serve
         (repo.keyword, "primary"): 0.0, (repo.keyword, "candidate"): 1.0,
         ("拒绝", "primary"): 0.0, ("拒绝", "candidate"): 0.0,
     }  # fmt: skip
+    # the chat versions' cold start, split by phase, as the encoders' (miaohui_model_start_seconds)
+    started = {
+        (s.labels["version"], s.labels["phase"])
+        for family in text_string_to_metric_families(httpx.get(f"{server.url}/metrics", timeout=10).text)
+        for s in family.samples
+        if s.name == "miaohui_model_start_seconds" and s.labels["model"] == MODEL and s.value > 0
+    }
+    assert {("1", "load"), ("2", "load")} <= started, started
     listing = httpx.get(f"{server.url}/v1/shadow", timeout=10).json()["shadows"]
     assert [(s["model"], s["kind"]) for s in listing] == [(MODEL, "chat")]

@@ -161,7 +161,7 @@ async def test_mixed_step_graphs_match_the_eager_engine() -> None:
                              mixed_prefill_tokens=(32, 64), mixed_prefill_prompts=2)  # fmt: skip
     fast = TorchSlotEngine(StaticKVDecoder.from_hf(hf, num_slots=8, max_len=256, dtype=torch.float32), [999], 0, opts)
     fast.warmup()
-    assert len(fast._mixed_graphs) == len(fast.batch_buckets) * len(fast.length_buckets) * 2
+    assert len(fast._mixed_graphs) == len(fast.batch_buckets) * len(fast.mixed_lengths) * 2
     slow = _engine(hf, graphs=False)
     prompts = [[5 + i, 6, 7, 8 + i] * (1 + i % 4) for i in range(16)]
     lengths = [10 + 7 * (i % 4) for i in range(16)]

@@ -72,7 +72,7 @@ def create_app(state: ServerState) -> FastAPI:
             ModelStateCollector(
                 lambda: [
                     (st.name, v.version, v.ready, v.start_timings() if v.ready else {})
-                    for st in manager.states()
+                    for st in manager.all_states()  # encoders and chat models
                     for v in st.versions.values()
                 ]
             )

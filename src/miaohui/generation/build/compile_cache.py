@@ -21,6 +21,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from miaohui.engines.precompiled import INDEX_FILE, CompileFn, Precompiled, Recorder, read_index
 from miaohui.models.tuning import digest as file_sha256
 
 log = logging.getLogger(__name__)
@@ -140,3 +141,59 @@ def load_compile_cache(folder: Path, info: CompileCacheInfo | None) -> str:
     entries = sum(len(v) for v in loaded.artifacts.values())
     restored = restore_triton(folder, info)
     return f"loaded {entries} entries from {info.file}, {restored}, in {time.perf_counter() - started:.2f}s"
+
+
+PRECOMPILED_DIR = "precompiled"
+
+
+class PrecompiledInfo(BaseModel):
+    """What ``static_decoder.json`` records about ``precompiled/`` (:mod:`miaohui.engines.precompiled`): the graphs
+    serve calls without Dynamo."""
+
+    folder: str = PRECOMPILED_DIR
+    index_sha256: str
+    """sha256 of ``precompiled/index.json``, which holds each graph file's own sha256."""
+    graphs: int
+    bytes: int
+    facts: dict[str, str]
+    """:func:`machine_facts` at build: a load under other facts compiles with ``torch.compile`` instead."""
+    skipped: dict[str, str] = {}
+    """Pieces not saved (serve compiles them) and why."""
+
+
+def save_precompiled(folder: Path, recorder: Recorder) -> PrecompiledInfo | None:
+    """Write what ``recorder`` (the build engine's compile function) compiled into ``folder / precompiled``."""
+    target = folder / PRECOMPILED_DIR
+    index = recorder.save(target)
+    if not index.pieces:
+        return None
+    files = [target / v.file for p in index.pieces for v in p.variants]
+    return PrecompiledInfo(
+        index_sha256=file_sha256(target / INDEX_FILE), graphs=len(files), bytes=sum(f.stat().st_size for f in files),
+        facts=machine_facts(), skipped=index.skipped,
+    )  # fmt: skip
+
+
+def load_precompiled(
+    folder: Path, info: PrecompiledInfo | None, fallback: CompileFn
+) -> tuple[Precompiled | None, str]:
+    """The compile function that loads the build's graphs (None when not usable) and what happened, for the log."""
+    if info is None:
+        return None, "none built (the engine compiles with torch.compile)"
+    here = machine_facts()
+    differ = {k: (v, here.get(k)) for k, v in info.facts.items() if here.get(k) != v}
+    if differ:
+        said = ", ".join(f"{k} {a!r} at build, {b!r} here" for k, (a, b) in sorted(differ.items()))
+        return None, f"not used: made under other versions ({said}); compiling at load (rebuild on this machine)"
+    target = folder / info.folder
+    try:
+        digest = file_sha256(target / INDEX_FILE)
+    except OSError as exc:
+        return None, f"not used: cannot read {target / INDEX_FILE} ({exc}); compiling at load"
+    if digest != info.index_sha256:
+        return None, f"not used: {target / INDEX_FILE} is not the build's (sha256 {digest[:12]}…); compiling at load"
+    index, why = read_index(target)
+    if index is None:
+        return None, f"not used: {why}; compiling at load"
+    skipped = f", {len(index.skipped)} pieces compiled at load ({', '.join(index.skipped)})" if index.skipped else ""
+    return Precompiled(target, index, fallback), f"{info.graphs} graphs{skipped}"

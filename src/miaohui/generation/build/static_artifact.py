@@ -20,10 +20,20 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel
 
 from miaohui.errors import ArtifactError, ExportError
-from miaohui.generation.build.compile_cache import CompileCacheInfo, load_compile_cache, save_compile_cache
+from miaohui.generation.build.compile_cache import (
+    CompileCacheInfo,
+    PrecompiledInfo,
+    load_compile_cache,
+    load_precompiled,
+    restore_triton,
+    save_compile_cache,
+    save_precompiled,
+)
 
 if TYPE_CHECKING:
     import torch
+
+    from miaohui.engines.precompiled import CompileFn
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
     from miaohui.generation.executors.slot_defaults import ServeDefaults
@@ -48,6 +58,8 @@ class StaticDecoderMeta(BaseModel):
     save_seconds: float
     compile_cache: CompileCacheInfo | None = None
     """``compile-cache.bin`` (built on a GPU: what every bucket compiled), loaded before the engine compiles."""
+    precompiled: PrecompiledInfo | None = None
+    """``precompiled/`` (built on a GPU): every compiled graph, called at serve without Dynamo."""
 
 
 def _check(hf_model: PreTrainedModel, prompt: list[int], tolerance: float) -> float:
@@ -129,9 +141,12 @@ def read_static_meta(folder: Path) -> StaticDecoderMeta:
         ) from exc
 
 
-def load_slot_engine(folder: Path, options: SlotEngineOptions | None = None) -> TorchSlotEngine:
+def load_slot_engine(
+    folder: Path, options: SlotEngineOptions | None = None, compile_fn: CompileFn | None = None
+) -> TorchSlotEngine:
     """The GPU engine of a version folder (not warmed up: call ``warmup()``). ``options.dtype`` defaults to
-    the saved precision; ArtifactError for missing or corrupt files."""
+    the saved precision; ArtifactError for missing or corrupt files. Without ``compile_fn`` the engine calls the
+    build's precompiled graphs where they are usable (``torch.compile`` otherwise, helped by the compile cache)."""
     import logging
 
     from safetensors import SafetensorError
@@ -144,7 +159,17 @@ def load_slot_engine(folder: Path, options: SlotEngineOptions | None = None) -> 
     started = time.perf_counter()
     meta = read_static_meta(folder)
     opts = options or SlotEngineOptions(dtype=meta.precision)
-    logging.getLogger(__name__).info("compile cache of %s: %s", folder, load_compile_cache(folder, meta.compile_cache))
+    precompiled, said = None, ""
+    if compile_fn is None:
+        precompiled, said = load_precompiled(folder, meta.precompiled, _torch_compile(opts))
+        compile_fn = precompiled
+    if precompiled is None:
+        cache = load_compile_cache(folder, meta.compile_cache)
+    elif meta.compile_cache is not None:  # only the build's Triton kernels: the graphs need no Inductor cache
+        cache = f"not loaded (precompiled graphs in use); {restore_triton(folder, meta.compile_cache)}"
+    else:
+        cache = "none built"
+    logging.getLogger(__name__).info("compile cache of %s: %s", folder, cache)
     fix = f"rebuild {folder.parent.name} with `miaohui build-llm --backend inductor`"
     try:
         config = json.loads((folder / HF_CONFIG_NAME).read_text(encoding="utf-8"))
@@ -154,9 +179,25 @@ def load_slot_engine(folder: Path, options: SlotEngineOptions | None = None) -> 
     max_len = min(opts.max_len, int(meta.dims["max_positions"]))
     if max_len != opts.max_len:
         opts = opts.model_copy(update={"max_len": max_len, "length_buckets": (), "mixed_length_buckets": ()})
-    engine = TorchSlotEngine.create(config, state, meta.eos_token_ids, meta.pad_token_id, opts)
+    engine = TorchSlotEngine.create(config, state, meta.eos_token_ids, meta.pad_token_id, opts, compile_fn)
     engine.start_phases["load"] = time.perf_counter() - started
+    if compile_fn is precompiled:
+        if precompiled is not None:
+            said += f" loaded in {precompiled.seconds:.2f}s"
+            if precompiled.compiled_instead:
+                said += f"; not in the build, compiled: {', '.join(precompiled.compiled_instead)}"
+        logging.getLogger(__name__).info("precompiled graphs of %s: %s", folder, said)
     return engine
+
+
+def _torch_compile(options: SlotEngineOptions) -> CompileFn:
+    import functools
+
+    import torch
+
+    from miaohui.generation.executors.slot_engine import compile_mode
+
+    return functools.partial(torch.compile, dynamic=True, fullgraph=True, mode=compile_mode(options))
 
 
 def build_compile_cache(folder: Path, options: SlotEngineOptions | None = None) -> CompileCacheInfo | None:
@@ -164,16 +205,21 @@ def build_compile_cache(folder: Path, options: SlotEngineOptions | None = None) 
     (:mod:`miaohui.generation.build.compile_cache`); its facts are written into ``static_decoder.json``. Without
     ``options``: what ``serve`` chooses for the version on this GPU when it has no ``generation.yaml``
     (:func:`~miaohui.generation.executors.slot_defaults.choose_defaults`), so the build compiles what serve runs."""
+    from miaohui.engines.precompiled import Recorder
+    from miaohui.generation.executors.slot_engine import compile_mode
+    from miaohui.generation.executors.slot_options import SlotEngineOptions
+
     if options is None:
         options = _serve_defaults(folder)
-    engine = load_slot_engine(folder, options)
+    recorder = Recorder(compile_mode(options or SlotEngineOptions()))
+    engine = load_slot_engine(folder, options, compile_fn=recorder)
     try:
         info = save_compile_cache(folder, engine.warmup)
+        precompiled = save_precompiled(folder, recorder) if engine.compiled else None
     finally:
         engine.close()
-    if info is not None:
-        meta = read_static_meta(folder).model_copy(update={"compile_cache": info})
-        (folder / META_NAME).write_text(meta.model_dump_json(indent=2))
+    meta = read_static_meta(folder).model_copy(update={"compile_cache": info, "precompiled": precompiled})
+    (folder / META_NAME).write_text(meta.model_dump_json(indent=2))
     return info
 
 

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from miaohui.engines.graph_capture import capturing, compiles_so_far
 from miaohui.errors import ConfigError, InputError
 from miaohui.generation.executors.base import SlotCausalLMEngine, StepLogits
 from miaohui.generation.executors.compile_clock import CompileClock, cache_counters
@@ -202,6 +203,12 @@ def _allow_specialisations() -> None:
     config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
 
 
+def compile_mode(options: SlotEngineOptions) -> str | None:
+    """``torch.compile``'s mode for the engine's pieces: max-autotune (without Inductor's own CUDA graphs: the engine
+    captures whole steps) when ``options.autotune``."""
+    return "max-autotune-no-cudagraphs" if options.autotune else None
+
+
 class TorchSlotEngine(SlotCausalLMEngine):
     """See the module docstring. Build with :meth:`create`; call :meth:`warmup` before timing or serving."""
 
@@ -213,7 +220,11 @@ class TorchSlotEngine(SlotCausalLMEngine):
         eos_token_ids: Sequence[int],
         pad_token_id: int,
         options: SlotEngineOptions,
+        compile_fn: Callable[[Callable[..., Any]], Callable[..., Any]] | None = None,
     ) -> None:
+        """``compile_fn`` compiles each of the model's pieces when ``options`` compile: ``torch.compile`` (dynamic,
+        full graph, :func:`compile_mode`) unless given, e.g. the build's recorder or serve's precompiled graphs
+        (:mod:`miaohui.engines.precompiled`)."""
         super().__init__(model.dims, eos_token_ids, pad_token_id, model.num_slots, model.max_len)
         self.model = model
         self.options = options
@@ -232,8 +243,8 @@ class TorchSlotEngine(SlotCausalLMEngine):
             model.add_int8(kernel=options.int8_kernel)
         if self.compiled:
             _allow_specialisations()
-            mode = "max-autotune-no-cudagraphs" if options.autotune else None
-            compile_fn = functools.partial(torch.compile, dynamic=True, fullgraph=True, mode=mode)
+            if compile_fn is None:
+                compile_fn = functools.partial(torch.compile, dynamic=True, fullgraph=True, mode=compile_mode(options))
             model.use_compiled(compile_fn)
             if options.mixed_prefill_tokens:
                 mixed_step.use_compiled(model, compile_fn)
@@ -287,8 +298,9 @@ class TorchSlotEngine(SlotCausalLMEngine):
         eos_token_ids: Sequence[int],
         pad_token_id: int,
         options: SlotEngineOptions | None = None,
+        compile_fn: Callable[[Callable[..., Any]], Callable[..., Any]] | None = None,
     ) -> TorchSlotEngine:
-        """From an HF config dict and HF-named weights."""
+        """From an HF config dict and HF-named weights (``compile_fn``: see ``__init__``)."""
         opts = options or SlotEngineOptions()
         model = StaticKVDecoder.from_state_dict(
             config,
@@ -298,7 +310,7 @@ class TorchSlotEngine(SlotCausalLMEngine):
             dtype=DTYPES[opts.dtype],
             device=resolve_device(opts),
         )
-        return cls(model, eos_token_ids, pad_token_id, opts)
+        return cls(model, eos_token_ids, pad_token_id, opts, compile_fn)
 
     # ---- warm-up / capture -----------------------------------------------------------------------------
 
@@ -307,11 +319,11 @@ class TorchSlotEngine(SlotCausalLMEngine):
         started = time.perf_counter()
         with torch.inference_mode(), CompileClock() as clock:
             for n in (1, 2):  # Dynamo specialises one prompt apart from several: compile both now
-                self._prefill_fn(
-                    torch.full((n, 16), self.pad_token_id, dtype=torch.int64, device=self.device),
-                    torch.tensor([16, 9][:n], device=self.device),
-                    torch.tensor([0, 1][:n], device=self.device),
-                )
+                pads = torch.full((n, 16), self.pad_token_id, dtype=torch.int64, device=self.device)
+                lengths, slots = torch.tensor([16, 9][:n], device=self.device), torch.arange(n, device=self.device)
+                self._prefill_fn(pads, lengths, slots)
+                # and the rest of a prompt whose prefix a slot holds (prefix cache hits; positions per row)
+                self.model.prefill_from(pads, lengths, slots, torch.tensor([8, 3][:n], device=self.device), 24)
             if self.graphs_on:
                 self._capture(log)
                 if self.options.static_prefill:
@@ -382,16 +394,19 @@ class TorchSlotEngine(SlotCausalLMEngine):
         return logits, best
 
     def _capture_one(self, step: Callable[[], _Outputs], pool: Any) -> _Graph:
-        """Run ``step()`` twice on a side stream (compiles on the first bucket, warms cuBLAS for the shape), then
-        capture it into a CUDA graph from ``pool``; the graph and its static outputs."""
+        """Run ``step()`` on a side stream (loads the kernels and warms cuBLAS for the shape; once more where that
+        run compiled), then capture it into a CUDA graph from ``pool`` (:func:`capturing`: no per-capture flush of the
+        allocator); the graph and its static outputs."""
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
-            for _ in range(2):
+            before = compiles_so_far()
+            step()
+            if compiles_so_far() != before:
                 step()
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool):
+        with capturing(graph, pool):
             out = step()
         return graph, out
 
@@ -493,6 +508,8 @@ class TorchSlotEngine(SlotCausalLMEngine):
         graphs and mixed steps start every prompt at position 0), right-padded to the longest rest."""
         rests = [p[s:] for p, s in zip(prompts, starts, strict=True)]
         width = max(len(r) for r in rests)
+        if width == 1 and max(starts) + 2 <= self.max_len:  # as prefill: no one-token graph specialised under load
+            width = 2
         kv_len = max(s + width for s in starts)
         if kv_len > self.max_len:
             raise InputError(

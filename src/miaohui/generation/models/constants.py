@@ -23,4 +23,5 @@ def with_constants(fn: Callable[..., T], **consts: int) -> Callable[..., T]:
     def bound(*args: Any, **kwargs: Any) -> T:
         return inner(args, kwargs)
 
+    bound.__qualname__ = getattr(fn, "__qualname__", bound.__qualname__)  # names the piece (engines.precompiled)
     return bound
