@@ -71,10 +71,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("/tmp/out"))
     ap.add_argument("--work", type=Path, default=Path("/tmp/own-decoder"))
     ap.add_argument("--duration", default="15s")
-    ap.add_argument("--variants", default="default,tuned", help="serves to measure: default, shared, precompile, tuned")
+    ap.add_argument("--variants", default="default,tuned", help="serves to measure: default, shared, tuned")
     ap.add_argument("--ready-timeout", type=float, default=200.0)
     ap.add_argument("--no-bench", action="store_true", help="time to ready only")
-    ap.add_argument("--precompile-build", action="store_true", help="build with TORCH_CACHING_PRECOMPILE=1")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(args.work, ignore_errors=True)
@@ -91,16 +90,8 @@ def main() -> None:
 
     env = dict(os.environ)
     env |= {"TORCHINDUCTOR_CACHE_DIR": str(args.work / "c-build"), "TRITON_CACHE_DIR": str(args.work / "t-build")}
-    if args.precompile_build:
-        env["TORCH_CACHING_PRECOMPILE"] = "1"
     t0 = time.perf_counter()
     built = build(src, repo, env)
-    if built.returncode != 0 and args.precompile_build:  # the experimental flag broke the build: build without it
-        doc["precompile_build_tail"] = (built.stdout + built.stderr)[-2500:]
-        print("build-llm with TORCH_CACHING_PRECOMPILE=1 failed; building without it", flush=True)
-        env.pop("TORCH_CACHING_PRECOMPILE")
-        shutil.rmtree(repo, ignore_errors=True)
-        built = build(src, repo, env)
     doc["build_s"] = round(time.perf_counter() - t0, 1)
     doc["build_rc"] = built.returncode
     doc["build_tail"] = (built.stdout + built.stderr)[-2500:]
@@ -108,6 +99,8 @@ def main() -> None:
     print(f"build-llm: rc {built.returncode} in {doc['build_s']} s", flush=True)
     cache = list(repo.glob("own/*/compile-cache.bin"))
     doc["compile_cache_bytes"] = cache[0].stat().st_size if cache else None
+    meta = list(repo.glob("own/*/static_decoder.json"))
+    doc["precompiled"] = json.loads(meta[0].read_text()).get("precompiled") if meta else None
     (args.out / "gpu_own_decoder.json").write_text(json.dumps(doc, indent=1))  # what a cut-off run keeps
 
     doc["serves"] = {}
@@ -119,6 +112,9 @@ def main() -> None:
         doc["default_vs_tuned"] = ratios(serves["default"], serves["tuned"])
     (args.out / "gpu_own_decoder.json").write_text(json.dumps(doc, indent=1, ensure_ascii=False))
     print(json.dumps({k: doc.get(k) for k in ("save_s", "build_s", "build_rc", "compile_cache_bytes")}))
+    print(
+        "precompiled:", json.dumps({k: (doc.get("precompiled") or {}).get(k) for k in ("graphs", "bytes", "skipped")})
+    )
     print(json.dumps({v: {k: r.get(k) for k in ("ready_s", "start_phases")} for v, r in serves.items()}))
     print(json.dumps(doc.get("default_vs_tuned")))
 
@@ -136,15 +132,11 @@ scheduler:
 
 
 def serve_and_measure(variant: str, repo: Path, args: argparse.Namespace) -> dict:
-    """``default``: no generation.yaml, one process; ``precompile``: the same with Dynamo's precompile cache
-    (TORCH_CACHING_PRECOMPILE=1, only meaningful when the build ran with it); ``tuned``: docs/gpu.md's best
+    """``default``: no generation.yaml, one process; ``tuned``: docs/gpu.md's best
     configuration (generation.yaml above, ``--workers 2 --shared-engine``). Each on new empty compile caches."""
     work = args.work / f"serve-{variant}"
     env = dict(os.environ)
     env |= {"TORCHINDUCTOR_CACHE_DIR": str(work / "c"), "TRITON_CACHE_DIR": str(work / "t")}
-    env.pop("TORCH_CACHING_PRECOMPILE", None)
-    if variant == "precompile":
-        env["TORCH_CACHING_PRECOMPILE"] = "1"
     yaml_path = repo / "own" / "generation.yaml"
     yaml_path.unlink(missing_ok=True)
     extra: list[str] = []
@@ -173,7 +165,7 @@ def serve_and_measure(variant: str, repo: Path, args: argparse.Namespace) -> dic
         print(f"serve {variant}: ready after {ready} s", flush=True)
         if ready is not None:
             out["start_phases"] = start_phases(httpx.get("http://127.0.0.1:8077/metrics", timeout=10).text)
-            if variant != "precompile" and not args.no_bench:
+            if not args.no_bench:
                 out |= chat_bench(variant, args)
     finally:
         server.terminate()
