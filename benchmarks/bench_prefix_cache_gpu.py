@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     vocab = SHAPES[args.model].vocab
     rng = np.random.default_rng(0)
     engine = _engine(args, device)
-    sched = {"max_model_len": args.max_len}
+    sched = {"max_model_len": args.max_len, "max_batched_tokens": args.max_len}  # a whole conversation in one step
     cached = LLMEngine(engine, None, SchedulerConfig(prefix_cache_mb=args.cache_mb, **sched))
     plain = LLMEngine(engine, None, SchedulerConfig(prefix_cache_mb=0.0, **sched))
 
