@@ -25,7 +25,6 @@ from miaohui.engines.base import Manifest
 from miaohui.engines.encoder_buckets import batch_buckets, seq_buckets
 from miaohui.engines.fast_graphs import TRITON_FILE, restore_triton_cache, triton_version
 from miaohui.engines.gpu_base import GpuEngine
-from miaohui.engines.graph_capture import capturing
 from miaohui.engines.inductor import (
     AOTI_FILE,
     CACHE_FILE,
@@ -389,7 +388,7 @@ class InductorEngine(GpuEngine):
         """One graph of the runner on (ids, mask), with ``copies`` = (io, host_io, host_out): ``host_io → io`` first
         and ``out → host_out`` last (pinned host buffers, kept alive by the bucket for the graph's life)."""
         graph = torch.cuda.CUDAGraph()
-        with capturing(graph, stream=stream, capture_error_mode="thread_local"):
+        with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
             if copies is not None:
                 copies[0].copy_(copies[1], non_blocking=True)
             out = runner(ids, mask)
