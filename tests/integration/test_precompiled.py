@@ -169,3 +169,24 @@ def test_build_saves_the_graphs_and_load_uses_them(tmp_path: Path, caplog: pytes
     with caplog.at_level(logging.INFO, logger="miaohui.generation.build.static_artifact"):
         load_slot_engine(tmp_path, OPTIONS).close()
     assert "not used: made under other versions (torch '0' at build" in caplog.text
+
+
+def test_a_graph_that_cannot_be_saved_still_compiles_at_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``standalone_compile`` refusing a graph (a fault no real graph of ours causes: simulated) leaves the build's
+    warm-up to Inductor as ``torch.compile`` would, and the piece is listed as not saved, with why."""
+
+    def refuse(*_a: Any, **_k: Any) -> Any:
+        raise RuntimeError("no")
+
+    monkeypatch.setattr(torch._inductor, "standalone_compile", refuse)
+
+    def scale(x: torch.Tensor) -> torch.Tensor:
+        return x * 2 + 1
+
+    recorder = Recorder()
+    out = recorder(scale)(torch.ones(4))
+    assert torch.equal(out, torch.full((4,), 3.0))
+    index = recorder.save(tmp_path)
+    assert index.pieces == []
+    assert index.skipped == {"00-test_a_graph_that_cannot_be_saved_still_compiles_at_build.scale":
+                             "standalone_compile failed: RuntimeError: no"}  # fmt: skip

@@ -173,22 +173,29 @@ class Recorder:
         bind = _binder(fn)
 
         def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
-            placeholders = list(gm.graph.find_nodes(op="placeholder"))
-            fake_mode = torch._guards.TracingContext.get().fake_mode
-            assert fake_mode is not None  # Dynamo always traces under one
-            shape_env = fake_mode.shape_env
-            fakes = [n.meta["example_value"] for n in placeholders]
-            guards = _guards_expression(shape_env, fakes)
-            sources = [str(n.meta["grapharg"].source.name) for n in placeholders]
-            tensors = {i: _tensor_kind(f) for i, f in enumerate(fakes) if isinstance(f, torch.Tensor)}
-            wrapped = {
-                i: str(fakes[i].dtype).removeprefix("torch.")
-                for i, n in enumerate(placeholders)
-                if getattr(n.meta["grapharg"], "pass_arg_as_tensor", False)
-            }
-            artifact = torch._inductor.standalone_compile(
-                gm, example_inputs, dynamic_shapes="from_graph", options=options
-            )
+            try:
+                placeholders = list(gm.graph.find_nodes(op="placeholder"))
+                fake_mode = torch._guards.TracingContext.get().fake_mode
+                assert fake_mode is not None  # Dynamo always traces under one
+                fakes = [n.meta["example_value"] for n in placeholders]
+                guards = _guards_expression(fake_mode.shape_env, fakes)
+                sources = [str(n.meta["grapharg"].source.name) for n in placeholders]
+                tensors = {i: _tensor_kind(f) for i, f in enumerate(fakes) if isinstance(f, torch.Tensor)}
+                wrapped = {
+                    i: str(fakes[i].dtype).removeprefix("torch.")
+                    for i, n in enumerate(placeholders)
+                    if getattr(n.meta["grapharg"], "pass_arg_as_tensor", False)
+                }
+                artifact = torch._inductor.standalone_compile(
+                    gm, example_inputs, dynamic_shapes="from_graph", options=options
+                )
+            except Exception as exc:  # not saveable: the build still compiles it as torch.compile would
+                failed = _Recorded(None, [], "", {}, {})
+                failed.problem = f"standalone_compile failed: {type(exc).__name__}: {str(exc)[:200]}"
+                variants.append(failed)
+                from torch._inductor.compile_fx import compile_fx
+
+                return compile_fx(gm, example_inputs, config_patches=options)
             variants.append(_Recorded(artifact, sources, guards, tensors, wrapped))
             return artifact
 
@@ -248,6 +255,8 @@ def _check_variant(v: _Recorded, arguments: dict[str, Any], want: Any) -> None:
     (a piece that returns an input or a non-tensor, outputs in another order) marks the piece unsaveable."""
     import torch
 
+    if v.problem is not None:
+        return
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
         v.problem = "first compiled during a CUDA graph capture (cannot be checked)"
         return
