@@ -163,7 +163,10 @@ class PrecompiledInfo(BaseModel):
 
 def save_precompiled(folder: Path, recorder: Recorder) -> PrecompiledInfo | None:
     """Write what ``recorder`` (the build engine's compile function) compiled into ``folder / precompiled``."""
+    import shutil
+
     target = folder / PRECOMPILED_DIR
+    shutil.rmtree(target, ignore_errors=True)  # a rebuild's graphs only
     index = recorder.save(target)
     if not index.pieces:
         return None

@@ -2,9 +2,12 @@
 
 A version folder holds ``causal_lm.json`` (backend ``inductor``), ``static_decoder.json``
 (:class:`StaticDecoderMeta`), ``config.json`` (the HF config), ``weights.safetensors`` (HF tensor names,
-in the build precision) and ``tokenizer.json``. Serving needs neither ``transformers`` nor ONNX: the
-weights go straight into a :class:`~miaohui.generation.models.static_kv.StaticKVDecoder`, and Inductor compiles
-and CUDA-graphs it during warm-up (its compile cache makes later loads faster).
+in the build precision) and ``tokenizer.json``; built on a GPU, also ``precompiled/`` (every graph the build's warm-up
+compiled, :mod:`miaohui.engines.precompiled`), ``compile-cache.bin`` and ``triton-cache.tar``. Serving needs neither
+``transformers`` nor ONNX: the weights go straight into a
+:class:`~miaohui.generation.models.static_kv.StaticKVDecoder`, whose pieces are the precompiled graphs (or, where
+they are missing or were built elsewhere, compiled by Inductor during the warm-up) and whose steps are captured as
+CUDA graphs.
 
 Every save is checked: the static-KV module, built in fp32 from the same HF model, must match HF's own
 logits on a prompt's prefill and a decode step (``max_abs_error`` is stored).
@@ -32,10 +35,9 @@ from miaohui.generation.build.compile_cache import (
 
 if TYPE_CHECKING:
     import torch
-
-    from miaohui.engines.precompiled import CompileFn
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+    from miaohui.engines.precompiled import CompileFn
     from miaohui.generation.executors.slot_defaults import ServeDefaults
     from miaohui.generation.executors.slot_engine import TorchSlotEngine
     from miaohui.generation.executors.slot_options import SlotEngineOptions
