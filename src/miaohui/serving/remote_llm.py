@@ -99,12 +99,16 @@ class RemoteLLMEngine:
         sid = self.client.new_generation_id()  # unique across the worker's models: one connection carries all
         stream = RequestStream(self, sid, len(prompt_ids), sink)
         self._streams[sid] = stream
-        stream._admission = asyncio.ensure_future(self._admit(sid, list(prompt_ids), params))
+        stream._admission = asyncio.ensure_future(self._admit(stream, sid, list(prompt_ids), params))
         return stream
 
-    async def _admit(self, sid: int, prompt_ids: list[int], params: SamplingParams | None) -> BaseException | None:
+    async def _admit(
+        self, admitted: RequestStream, sid: int, prompt_ids: list[int], params: SamplingParams | None
+    ) -> BaseException | None:
         """None once the engine process admitted the request, else its error (also pushed to the stream, so a
-        caller that iterates without awaiting ``admitted()`` gets it there)."""
+        caller that iterates without awaiting ``admitted()`` gets it there). The version that serves it is set on
+        ``admitted`` even when its last token arrived first (a short answer ends before the admission's reply is
+        read: the stream is no longer in ``_streams`` then, and the version would be left unset)."""
         try:
             pinned = self.version if self.pinned else None
             version = await self.client.generate(
@@ -119,9 +123,7 @@ class RemoteLLMEngine:
             if stream is not None:
                 stream._push(exc)
             return exc
-        stream = self._streams.get(sid)
-        if stream is not None:
-            stream.version = version
+        admitted.version = version
         return None
 
     def _sink(self, sid: int) -> ItemSink:
