@@ -198,5 +198,5 @@ def load_precompiled(
     index, why = read_index(target)
     if index is None:
         return None, f"not used: {why}; compiling at load"
-    skipped = f", {len(index.skipped)} pieces compiled at load ({', '.join(index.skipped)})" if index.skipped else ""
+    skipped = f"; not saved by the build (torch.compile if called): {', '.join(index.skipped)}" if index.skipped else ""
     return Precompiled(target, index, fallback), f"{info.graphs} graphs{skipped}"

@@ -185,9 +185,7 @@ def load_slot_engine(
     engine.start_phases["load"] = time.perf_counter() - started
     if compile_fn is precompiled:
         if precompiled is not None:
-            said += f" loaded in {precompiled.seconds:.2f}s"
-            if precompiled.compiled_instead:
-                said += f"; not in the build, compiled: {', '.join(precompiled.compiled_instead)}"
+            said += f"; loaded in {precompiled.seconds:.2f}s"
         logging.getLogger(__name__).info("precompiled graphs of %s: %s", folder, said)
     return engine
 
