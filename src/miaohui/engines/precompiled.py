@@ -24,7 +24,6 @@ fails on functions with default arguments (``DefaultsSource``).
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 import logging
 import re
@@ -34,6 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
+
+from miaohui.models.tuning import digest
 
 log = logging.getLogger(__name__)
 
@@ -58,9 +59,8 @@ class VariantSpec(BaseModel):
     """Flat input index → ``dtype/device type`` of each tensor input (the shape guards do not check these)."""
     wrapped: dict[int, str] = {}
     """Flat input index → dtype of a Python number Dynamo passes as a 0-d CPU tensor (an unspecialised float)."""
-    outputs: int
-    """How many tensors the graph returns: the piece returns one tensor (1) or a tuple of them."""
     returns_tuple: bool
+    """The piece returns a tuple of the graph's outputs (else its one output)."""
 
 
 class PieceSpec(BaseModel):
@@ -150,7 +150,6 @@ class _Recorded:
         self.guards = guards
         self.tensors = tensors
         self.wrapped = wrapped
-        self.outputs = -1
         self.returns_tuple = False
         self.problem: str | None = None
 
@@ -161,7 +160,6 @@ class Recorder:
     def __init__(self, mode: str | None = None) -> None:
         self.mode = mode
         self.pieces: list[tuple[str, list[_Recorded]]] = []
-        self.skipped: dict[str, str] = {}
 
     def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         import torch
@@ -213,7 +211,7 @@ class Recorder:
     def save(self, folder: Path) -> PrecompiledIndex:
         """Write every checked variant into ``folder`` (made if missing): one ``.bin`` each and ``index.json``."""
         folder.mkdir(parents=True, exist_ok=True)
-        pieces, skipped = [], dict(self.skipped)
+        pieces, skipped = [], {}
         for name, variants in self.pieces:
             bad = next((v.problem for v in variants if v.problem), None)
             if bad is not None or not variants:
@@ -226,12 +224,11 @@ class Recorder:
                 specs.append(
                     VariantSpec(
                         file=file,
-                        sha256=_sha256(folder / file),
+                        sha256=digest(folder / file),
                         sources=v.sources,
                         guards=v.guards,
                         tensors=v.tensors,
                         wrapped=v.wrapped,
-                        outputs=v.outputs,
                         returns_tuple=v.returns_tuple,
                     )
                 )
@@ -271,7 +268,6 @@ def _check_variant(v: _Recorded, arguments: dict[str, Any], want: Any) -> None:
         v.problem = f"its inputs cannot be found from the call: {exc}"
         return
     got = list(v.artifact(*flat))
-    v.outputs = len(got)
     if len(got) != len(wanted) or not all(
         g.shape == w.shape and g.dtype == w.dtype and torch.allclose(g.float(), w.float(), rtol=1e-3, atol=1e-3)
         for g, w in zip(got, wanted, strict=False)
@@ -287,10 +283,6 @@ def _wrap(flat: list[Any], wrapped: dict[int, str]) -> list[Any]:
         for i, dtype in wrapped.items():
             flat[i] = torch.tensor(flat[i], dtype=getattr(torch, dtype))
     return flat
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 class _Loaded:
@@ -401,7 +393,7 @@ def read_index(folder: Path) -> tuple[PrecompiledIndex | None, str]:
     for piece in index.pieces:
         for v in piece.variants:
             try:
-                found = _sha256(folder / v.file)
+                found = digest(folder / v.file)
             except OSError as exc:
                 return None, f"cannot read {folder / v.file} ({exc})"
             if found != v.sha256:

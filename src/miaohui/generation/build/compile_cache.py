@@ -66,6 +66,13 @@ def machine_facts() -> dict[str, str]:
     return facts
 
 
+def _other_facts(built: dict[str, str]) -> str:
+    """How this machine's :func:`machine_facts` differ from those a file was ``built`` under ("" when they do not)."""
+    here = machine_facts()
+    differ = {k: (v, here.get(k)) for k, v in built.items() if here.get(k) != v}
+    return ", ".join(f"{k} {a!r} at build, {b!r} here" for k, (a, b) in sorted(differ.items()))
+
+
 def save_compile_cache(folder: Path, compile_all: Callable[[], float]) -> CompileCacheInfo | None:
     """Run ``compile_all`` (an engine's warm-up over every bucket; returns seconds) and write what it compiled into
     ``folder / compile-cache.bin``; None when torch recorded nothing."""
@@ -125,11 +132,9 @@ def load_compile_cache(folder: Path, info: CompileCacheInfo | None) -> str:
     digest = hashlib.sha256(data).hexdigest()
     if digest != info.sha256:
         return f"not used: {path} has sha256 {digest[:12]}…, the build wrote {info.sha256[:12]}…; compiling at load"
-    here = machine_facts()
-    differ = {k: (v, here.get(k)) for k, v in info.facts.items() if here.get(k) != v}
-    if differ:
-        said = ", ".join(f"{k} {a!r} at build, {b!r} here" for k, (a, b) in sorted(differ.items()))
-        return f"not used: made under other versions ({said}); compiling at load (rebuild on this machine)"
+    other = _other_facts(info.facts)
+    if other:
+        return f"not used: made under other versions ({other}); compiling at load (rebuild on this machine)"
     import torch
 
     try:
@@ -183,11 +188,9 @@ def load_precompiled(
     """The compile function that loads the build's graphs (None when not usable) and what happened, for the log."""
     if info is None:
         return None, "none built (the engine compiles with torch.compile)"
-    here = machine_facts()
-    differ = {k: (v, here.get(k)) for k, v in info.facts.items() if here.get(k) != v}
-    if differ:
-        said = ", ".join(f"{k} {a!r} at build, {b!r} here" for k, (a, b) in sorted(differ.items()))
-        return None, f"not used: made under other versions ({said}); compiling at load (rebuild on this machine)"
+    other = _other_facts(info.facts)
+    if other:
+        return None, f"not used: made under other versions ({other}); compiling at load (rebuild on this machine)"
     target = folder / info.folder
     try:
         digest = file_sha256(target / INDEX_FILE)

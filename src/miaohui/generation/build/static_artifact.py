@@ -155,7 +155,7 @@ def load_slot_engine(
     from safetensors.torch import load_file
 
     from miaohui.generation.executors.slot_defaults import ServeDefaults
-    from miaohui.generation.executors.slot_engine import TorchSlotEngine, resolve_device
+    from miaohui.generation.executors.slot_engine import TorchSlotEngine, resolve_device, torch_compile_fn
     from miaohui.generation.executors.slot_options import SlotEngineOptions
 
     started = time.perf_counter()
@@ -163,7 +163,7 @@ def load_slot_engine(
     opts = options or SlotEngineOptions(dtype=meta.precision)
     precompiled, said = None, ""
     if compile_fn is None:
-        precompiled, said = load_precompiled(folder, meta.precompiled, _torch_compile(opts))
+        precompiled, said = load_precompiled(folder, meta.precompiled, torch_compile_fn(opts))
         compile_fn = precompiled
     if precompiled is None:
         cache = load_compile_cache(folder, meta.compile_cache)
@@ -188,16 +188,6 @@ def load_slot_engine(
             said += f"; loaded in {precompiled.seconds:.2f}s"
         logging.getLogger(__name__).info("precompiled graphs of %s: %s", folder, said)
     return engine
-
-
-def _torch_compile(options: SlotEngineOptions) -> CompileFn:
-    import functools
-
-    import torch
-
-    from miaohui.generation.executors.slot_engine import compile_mode
-
-    return functools.partial(torch.compile, dynamic=True, fullgraph=True, mode=compile_mode(options))
 
 
 def build_compile_cache(folder: Path, options: SlotEngineOptions | None = None) -> CompileCacheInfo | None:

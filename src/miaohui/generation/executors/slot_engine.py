@@ -209,6 +209,11 @@ def compile_mode(options: SlotEngineOptions) -> str | None:
     return "max-autotune-no-cudagraphs" if options.autotune else None
 
 
+def torch_compile_fn(options: SlotEngineOptions) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The engine's default compile function: ``torch.compile``, dynamic, full graph, :func:`compile_mode`."""
+    return functools.partial(torch.compile, dynamic=True, fullgraph=True, mode=compile_mode(options))
+
+
 class TorchSlotEngine(SlotCausalLMEngine):
     """See the module docstring. Build with :meth:`create`; call :meth:`warmup` before timing or serving."""
 
@@ -222,8 +227,8 @@ class TorchSlotEngine(SlotCausalLMEngine):
         options: SlotEngineOptions,
         compile_fn: Callable[[Callable[..., Any]], Callable[..., Any]] | None = None,
     ) -> None:
-        """``compile_fn`` compiles each of the model's pieces when ``options`` compile: ``torch.compile`` (dynamic,
-        full graph, :func:`compile_mode`) unless given, e.g. the build's recorder or serve's precompiled graphs
+        """``compile_fn`` compiles each of the model's pieces when ``options`` compile: :func:`torch_compile_fn`
+        unless given, e.g. the build's recorder or serve's precompiled graphs
         (:mod:`miaohui.engines.precompiled`)."""
         super().__init__(model.dims, eos_token_ids, pad_token_id, model.num_slots, model.max_len)
         self.model = model
@@ -244,7 +249,7 @@ class TorchSlotEngine(SlotCausalLMEngine):
         if self.compiled:
             _allow_specialisations()
             if compile_fn is None:
-                compile_fn = functools.partial(torch.compile, dynamic=True, fullgraph=True, mode=compile_mode(options))
+                compile_fn = torch_compile_fn(options)
             model.use_compiled(compile_fn)
             if options.mixed_prefill_tokens:
                 mixed_step.use_compiled(model, compile_fn)
