@@ -3,12 +3,13 @@ figures, one row per recipe:
 
     .venv/bin/python benchmarks/bench_decoder_recipes_cpu.py [--new-tokens 64] [--runs 3] [--out benchmarks/results]
 
-* recipes: ``fp32``; ``int8`` weight-only (8-bit blocks, int8 dot products); ``int8-edges`` (the
+* recipes: ``fp32``; ``int4`` (4-bit weight blocks as llama.cpp's Q4_1, an 8-bit LM head, fp32 arithmetic);
+  ``int8`` weight-only (8-bit blocks, int8 dot products); ``int8-edges`` (the
   same with the first and last blocks and the LM head fp32); ``int8-a32`` (8-bit weights, fp32 compute); and on
   llama.cpp (``--backend llamacpp``): ``llamacpp-q4_1`` (the shipped GGUF as it is), ``llamacpp-q8_0`` and
   ``llamacpp-f16`` (GGUFs miaohui writes from the fp32 model: ``--precision q8_0|f16``).
 * fp32 is built with ``build_causal_lm`` into ``--repository`` (default ``$MIAOHUI_HOME/bench-recipes``; reused
-  while its build key holds); each int8 recipe is ``quantize_decoder`` on that fp32 graph (what ``build_causal_lm``
+  while its build key holds); each int8 recipe is ``quantize_decoder`` (int4: ``quantize_decoder_int4``) on that fp32 graph (what ``build_causal_lm``
   does after its own export, without exporting again) as a version of its own; each is gated with
   :func:`miaohui.validate.decoder_gate.run_decoder_gate` against the fp32 model in PyTorch.
 * speed: the engine alone (``OrtCausalLMEngine``; ``LlamaCppLLMEngine`` for llama.cpp, 2 threads), batch 1: one
@@ -37,13 +38,14 @@ from pathlib import Path
 from typing import Any
 
 from miaohui.generation.build.artifact import MARKER_NAME, ChatTokenizer, LLMPrecision, build_causal_lm, read_info
-from miaohui.generation.build.export import Int8Method, quantize_decoder
+from miaohui.generation.build.export import Int8Method, quantize_decoder, quantize_decoder_int4
 from miaohui.generation.executors.ort_engine import OrtCausalLMEngine
 from miaohui.paths import home
 from miaohui.validate.decoder_gate import run_decoder_gate
 
 RECIPES: dict[str, tuple[LLMPrecision, Int8Method]] = {
     "fp32": ("fp32", "weight-only"),
+    "int4": ("int4", "weight-only"),
     "int8": ("int8", "weight-only"),
     "int8-edges": ("int8", "weight-only-edges"),
     "int8-a32": ("int8", "weight-only-a32"),
@@ -127,9 +129,13 @@ def _version(repo: Path, name: str, precision: LLMPrecision, method: Int8Method)
         return fp32
     folder = repo / f"smollm2-{name}" / "1"
     if not folder.is_dir():
-        quantize_decoder(fp32, folder, method)
+        if precision == "int4":
+            quantize_decoder_int4(fp32, folder)
+        else:
+            quantize_decoder(fp32, folder, method)
+        int8_method = method if precision == "int8" else None
         info = read_info(fp32).model_copy(
-            update={"name": folder.parent.name, "precision": precision, "int8_method": method, "build_key": method}
+            update={"name": folder.parent.name, "precision": precision, "int8_method": int8_method, "build_key": name}
         )
         (folder / MARKER_NAME).write_text(info.model_dump_json(indent=2), encoding="utf-8")
     return folder

@@ -55,9 +55,10 @@ QUESTIONS = [  # the prompts of bench_generation_cpu.py
 GEN_PEERS = ("llamacpp", "transformers")
 INTENT_PEERS = ("mlserver", "pytriton", "litserve")
 PEERS = GEN_PEERS + INTENT_PEERS
-MIAOHUI_LLMS = ("fp32", "int8", "llamacpp", "llamacpp-q8_0", "llamacpp-f16")
+MIAOHUI_LLMS = ("fp32", "int4", "int8", "llamacpp", "llamacpp-q8_0", "llamacpp-f16")
 GATE_RECIPE = {
     "miaohui-ort-fp32": "fp32",
+    "miaohui-ort-int4": "int4",
     "miaohui-ort-int8": "int8",
     "miaohui-llamacpp-q4_1": "llamacpp-q4_1",
     "miaohui-llamacpp-q8_0": "llamacpp-q8_0",
@@ -96,7 +97,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--miaohui-precision",
         type=_choices(MIAOHUI_LLMS),
         default=["fp32", "int8"],
-        help="miaohui LLM variants, each served and measured: fp32 / int8 on ONNX Runtime, llamacpp (the same Q4_1 "
+        help="miaohui LLM variants, each served and measured: fp32 / int4 / int8 on ONNX Runtime, llamacpp (the same Q4_1 "
         "GGUF as the llama.cpp peer, built with --backend llamacpp: llama.cpp's kernels under miaohui's server), "
         "llamacpp-q8_0 / llamacpp-f16 (GGUFs miaohui writes from the fp32 model: --precision q8_0|f16)",
     )

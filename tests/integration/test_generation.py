@@ -18,7 +18,13 @@ from tests.artifacts import scratch_dir
 from tests.integration.conftest import hf_greedy_tokens
 
 from miaohui.errors import InputError
-from miaohui.generation.build.export import DecoderMeta, export_decoder, load_meta, quantize_decoder
+from miaohui.generation.build.export import (
+    DecoderMeta,
+    export_decoder,
+    load_meta,
+    quantize_decoder,
+    quantize_decoder_int4,
+)
 from miaohui.generation.engine.client import TokenEvent
 from miaohui.generation.engine.detok import IncrementalDetokenizer, is_byte_level
 from miaohui.generation.engine.engine_loop import AsyncLLMEngine, GenerationObserver, LLMEngine
@@ -56,7 +62,8 @@ def decoder_dirs(smollm: tuple[Any, Any], tmp_path_factory: pytest.TempPathFacto
     with scratch_dir(tmp_path_factory, "decoders") as root:
         export_decoder(smollm[0], smollm[1], root / "fp32")
         quantize_decoder(root / "fp32", root / "int8")
-        yield {"fp32": root / "fp32", "int8": root / "int8"}
+        quantize_decoder_int4(root / "fp32", root / "int4")
+        yield {"fp32": root / "fp32", "int8": root / "int8", "int4": root / "int4"}
 
 
 @pytest.fixture(scope="session")
@@ -206,6 +213,24 @@ def test_int8_agreement_with_fp32(
     forced = agree / total
     print(f"\nint8 (weight-only) vs fp32: free-running identical tokens {free_frac:.1%}, teacher-forced {forced:.1%}")
     assert forced >= INT8_TEACHER_FORCED_FLOOR
+
+
+@pytest.mark.slow
+def test_int4_greedy_is_identical_to_hf_generate(
+    decoder_dirs: dict[str, Path], prompts: list[list[int]], hf_greedy: list[list[int]]
+) -> None:
+    """The shipped SmolLM2 is a Q4_1 GGUF converted to fp32: its weights lie on the 4-bit grid ``int4`` stores, and
+    ``int4`` multiplies in fp32, so its greedy tokens are HF's (llama.cpp's Q4_1, which rounds activations, are not)."""
+    meta = load_meta(decoder_dirs["int4"])
+    assert meta.precision == "int4" and meta.check["top1_agrees"] == 1.0
+    assert meta.check["logits_vs_fp32"] < 1e-3
+    int4 = OrtCausalLMEngine(decoder_dirs["int4"])
+    llm = LLMEngine(int4, None)
+    assert [_tokens(llm, p) for p in prompts[:3]] == hf_greedy
+    three = [prompts[0], prompts[1], prompts[3]]  # a padded batch through the 4-bit kernels' batched path
+    assert [r[0] for r in llm.generate(three, GREEDY)] == [_tokens(llm, p) for p in three]
+    size = {k: (decoder_dirs[k] / "model.onnx").stat().st_size for k in ("fp32", "int4")}
+    assert size["int4"] < 0.45 * size["fp32"]
 
 
 @pytest.mark.slow

@@ -55,14 +55,15 @@ logger = logging.getLogger(__name__)
 
 MARKER_NAME = "causal_lm.json"
 CONFIG_NAME = "generation.yaml"
-LLMPrecision = Literal["fp32", "int8", "bf16", "fp16"]
+LLMPrecision = Literal["fp32", "int8", "int4", "bf16", "fp16"]
 LLMBackend = Literal["onnxruntime", "inductor", "llamacpp"]
 PRECISIONS: dict[str, tuple[str, ...]] = {
-    "onnxruntime": ("fp32", "int8"),
+    "onnxruntime": ("fp32", "int4", "int8"),
     "inductor": ("bf16", "fp16", "fp32"),
     "llamacpp": ("gguf", "q8_0", "f16"),
 }
-"""Precisions each backend builds; ``llamacpp``'s ``gguf`` is the file's own quantization (recorded as ``q4_1``...),
+"""Precisions each backend builds. ``onnxruntime``'s ``int4``: 4-bit weight blocks with fp32 arithmetic
+(:mod:`miaohui.generation.build.weight_blocks`); ``llamacpp``'s ``gguf`` is the file's own quantization (recorded as ``q4_1``...),
 ``q8_0`` / ``f16`` a GGUF written from the fp32 HF model."""
 
 
@@ -79,7 +80,7 @@ class CausalLMInfo(BaseModel):
     """``onnxruntime``: explicit-KV ONNX decoder (CPU); ``inductor``: static-KV weights, compiled at load (GPU);
     ``llamacpp``: the GGUF file served by llama.cpp's server (CPU, ``pip install 'miaohui[llamacpp]'``)."""
     precision: str
-    """``fp32`` / ``int8`` / ``bf16`` / ``fp16``; a ``llamacpp`` version: the GGUF's quantization (``q4_1``, ...)."""
+    """``fp32`` / ``int4`` / ``int8`` / ``bf16`` / ``fp16``; a ``llamacpp`` version: the GGUF's quantization (``q4_1``, ...)."""
     int8_method: Int8Method | None = None
     source: str
     """Source model and its digest, e.g. ``SmolLM2-135M-Instruct.Q4_1.gguf@sha256:...``."""
@@ -372,7 +373,7 @@ def _export_version(
     key: str,
     log: Callable[[str], None],
 ) -> Path:
-    from miaohui.generation.build.export import export_decoder, quantize_decoder
+    from miaohui.generation.build.export import export_decoder, quantize_decoder, quantize_decoder_int4
     from miaohui.generation.build.sources import load_source
 
     started = time.perf_counter()
@@ -401,6 +402,9 @@ def _export_version(
             if precision == "int8":
                 quantize_decoder(out, staging / "int8", method or "weight-only")
                 out = staging / "int8"
+            elif precision == "int4":
+                quantize_decoder_int4(out, staging / "int4")
+                out = staging / "int4"
         specials = {
             k: str(getattr(tokenizer, k))
             for k in ("bos_token", "eos_token", "pad_token", "unk_token")

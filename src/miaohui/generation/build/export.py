@@ -66,7 +66,8 @@ class DecoderMeta(BaseModel):
     name: str
     dims: dict[str, Any]
     """:class:`~miaohui.generation.models.llama.DecoderDims` as a dict."""
-    precision: Literal["fp32", "int8"]
+    precision: Literal["fp32", "int8", "int4"]
+    """``int4``: :func:`quantize_decoder_int4`'s 4-bit weight blocks with fp32 arithmetic."""
     int8_method: Int8Method | None = None
     """int8 only: ``dynamic`` (MatMulInteger, activations quantized per call), ``weight-only`` (MatMulNBits,
     8-bit blockwise weights, int8 dot products), ``weight-only-edges`` (the same with the first and last blocks and
@@ -272,6 +273,8 @@ def export_decoder(
             try:
                 with warnings.catch_warnings():  # "legacy TorchScript-based ONNX export" deprecation
                     warnings.filterwarnings("ignore", category=DeprecationWarning)
+                    # head counts and sizes read with int(): constants on purpose (only batch and length vary)
+                    warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
                     torch.onnx.export(
                         kv_model, dummy, str(tmp / MODEL_NAME), input_names=names_in, output_names=names_out,
                         dynamic_axes=_dynamic_axes(d.num_layers), opset_version=spec.opset, dynamo=False,
@@ -363,6 +366,39 @@ def quantize_decoder(src_dir: Path, out_dir: Path, method: Int8Method = "weight-
                 f"int8 ({method}) {meta.name} picks a different next token than fp32 on the check sequence "
                 f"(max |logit error| {out.check['logits_vs_fp32']:.3g})",
                 "use method='weight-only' (blockwise weights), or keep this model in fp32",
+            )
+        (tmp / META_NAME).write_text(out.model_dump_json(indent=2))
+        shutil.copy(src_dir / TOKENIZER_NAME, tmp / TOKENIZER_NAME)
+    return out
+
+
+def quantize_decoder_int4(src_dir: Path, out_dir: Path) -> DecoderMeta:
+    """``int4`` copy of an fp32 decoder directory: the layers' weights in 4-bit blocks with a scale and a minimum
+    per 32 values (llama.cpp's ``Q4_1`` layout), the LM head in 8-bit blocks (``Q8_0``'s), every product in fp32
+    (:mod:`miaohui.generation.build.weight_blocks`). A third of the fp32 graph's bytes read per decoded token, and
+    no rounding of the activations (llama.cpp's Q4 and ORT's ``accuracy_level=4`` round them to 8 bits)."""
+    import onnx
+    from rich.console import Console
+
+    from miaohui.generation.build.weight_blocks import quantize_blocks_model
+
+    meta = load_meta(src_dir)
+    if meta.precision != "fp32":
+        raise ExportError(f"{src_dir} is already {meta.precision}", "quantize the fp32 decoder directory")
+    with atomic_dir(out_dir) as tmp, Console(stderr=True).status(f"quantizing {meta.name} to int4 blocks"):
+        start = time.perf_counter()
+        model = onnx.load(str(src_dir / MODEL_NAME))
+        quantize_blocks_model(model)
+        onnx.save(model, str(tmp / MODEL_NAME))
+        out = meta.model_copy(
+            update={"precision": "int4", "export_seconds": round(time.perf_counter() - start, 2), "check": {}}
+        )
+        out.check = _compare_logits(src_dir / MODEL_NAME, tmp / MODEL_NAME, meta)
+        if out.check["top1_agrees"] < 1.0:
+            raise ExportError(
+                f"int4 {meta.name} picks a different next token than fp32 on the check sequence "
+                f"(max |logit error| {out.check['logits_vs_fp32']:.3g})",
+                "keep this model in fp32, or use precision int8",
             )
         (tmp / META_NAME).write_text(out.model_dump_json(indent=2))
         shutil.copy(src_dir / TOKENIZER_NAME, tmp / TOKENIZER_NAME)

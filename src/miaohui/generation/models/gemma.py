@@ -82,14 +82,15 @@ class _Layer(nn.Module):
         bias: torch.Tensor,
         past_k: torch.Tensor,
         past_v: torch.Tensor,
+        rows: tuple[Any, Any] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         d = self.dims
-        q, k, v = qkv_heads(_norm(x, self.in_norm, d.rms_eps), self.qkv, d)
+        q, k, v = qkv_heads(_norm(x, self.in_norm, d.rms_eps), self.qkv, d, rows=rows)
         # per-head norms (over head_dim), then RoPE
         q, k = rope(_norm(q, self.q_norm, d.rms_eps), cos, sin), rope(_norm(k, self.k_norm, d.rms_eps), cos, sin)
         k_all = torch.cat([past_k, k], dim=2)  # [B, KVH, T, D]
         v_all = torch.cat([past_v, v], dim=2)
-        attn = gqa_attention(q, k_all, v_all, bias, self.scaling) @ self.o
+        attn = gqa_attention(q, k_all, v_all, bias, self.scaling, rows) @ self.o
         x = x + _norm(attn, self.post_attn_norm, d.rms_eps)
         gate, up = torch.split(_norm(x, self.pre_mlp_norm, d.rms_eps) @ self.gate_up, [d.intermediate] * 2, -1)
         mlp = (nn.functional.gelu(gate, approximate="tanh") * up) @ self.down
@@ -136,7 +137,7 @@ class KVGemma3(nn.Module):
         *past: torch.Tensor,
     ) -> tuple[torch.Tensor, ...]:
         d = self.dims
-        s, t = input_ids.shape[1], attention_mask.shape[1]
+        b, s, t = input_ids.shape[0], input_ids.shape[1], attention_mask.shape[1]
         x = nn.functional.embedding(input_ids, self.embed) * self.embed_scale
         rope = {}
         for name, inv in (("local", self.local_inv_freq), ("global", self.global_inv_freq)):
@@ -155,7 +156,7 @@ class KVGemma3(nn.Module):
         for i, layer in enumerate(self.layers):
             cos, sin = rope["local" if self.sliding[i] else "global"]
             bias = bias_local if self.sliding[i] else bias_global
-            x, k, v = layer(x, cos, sin, bias, past[2 * i], past[2 * i + 1])
+            x, k, v = layer(x, cos, sin, bias, past[2 * i], past[2 * i + 1], (b, s))
             presents += [k, v]
         last = _norm(x[:, -1, :], self.norm, d.rms_eps)
         return (last @ self.head, *presents)

@@ -41,16 +41,21 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
+    half = int(x.shape[-1]) // 2  # a constant in the ONNX graph: head_dim is not a dynamic axis
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 def qkv_heads(
-    h: torch.Tensor, qkv: torch.Tensor, d: DecoderDims, bias: torch.Tensor | None = None
+    h: torch.Tensor,
+    qkv: torch.Tensor,
+    d: DecoderDims,
+    bias: torch.Tensor | None = None,
+    rows: tuple[Any, Any] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The fused Q/K/V projection of ``h`` [B, S, hidden] (plus Qwen2's ``bias``, if any), split into heads:
-    q [B, H, S, D], k and v [B, KVH, S, D]."""
-    b, s = h.shape[0], h.shape[1]
+    q [B, H, S, D], k and v [B, KVH, S, D]. ``rows``: (B, S) read once from the model's input, so that an
+    exported graph computes them once rather than in every layer (ONNX Runtime then merges the layers' reshapes)."""
+    b, s = rows if rows is not None else (h.shape[0], h.shape[1])
     proj = h @ qkv if bias is None else h @ qkv + bias
     q, k, v = torch.split(
         proj, [d.num_heads * d.head_dim, d.num_kv_heads * d.head_dim, d.num_kv_heads * d.head_dim], -1
@@ -67,12 +72,18 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
 
 
 def gqa_attention(
-    q: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tensor, bias: torch.Tensor, scaling: float
+    q: torch.Tensor,
+    k_all: torch.Tensor,
+    v_all: torch.Tensor,
+    bias: torch.Tensor,
+    scaling: float,
+    rows: tuple[Any, Any] | None = None,
 ) -> torch.Tensor:
     """Grouped-query attention without repeating K/V: head h reads KV head h // groups (HF's ``repeat_kv``).
-    ``q`` [B, H, S, D], ``k_all``/``v_all`` [B, KVH, T, D], ``bias`` [B, 1, 1, S, T] → [B, S, H·D]."""
-    b, heads, s, d = q.shape
-    kv_heads = k_all.shape[1]
+    ``q`` [B, H, S, D], ``k_all``/``v_all`` [B, KVH, T, D], ``bias`` [B, 1, 1, S, T] → [B, S, H·D].
+    ``rows``: (B, S) as in :func:`qkv_heads`; the head counts and size are constants of the graph."""
+    b, s = rows if rows is not None else (q.shape[0], q.shape[2])
+    heads, d, kv_heads = int(q.shape[1]), int(q.shape[3]), int(k_all.shape[1])
     q5 = q.reshape(b, kv_heads, heads // kv_heads, s, d)
     scores = q5 @ k_all.unsqueeze(2).transpose(-1, -2) * scaling  # [B, KVH, G, S, T]
     probs = torch.softmax(scores + bias, dim=-1)
@@ -102,13 +113,14 @@ class _Layer(nn.Module):
         bias: torch.Tensor,
         past_k: torch.Tensor,
         past_v: torch.Tensor,
+        rows: tuple[Any, Any] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         d = self.dims
-        q, k, v = qkv_heads(_rms_norm(x, self.in_norm, d.rms_eps), self.qkv, d, self.qkv_bias)
+        q, k, v = qkv_heads(_rms_norm(x, self.in_norm, d.rms_eps), self.qkv, d, self.qkv_bias, rows)
         q, k = rope(q, cos, sin), rope(k, cos, sin)
         k_all = torch.cat([past_k, k], dim=2)  # [B, KVH, T, D]
         v_all = torch.cat([past_v, v], dim=2)
-        x = x + gqa_attention(q, k_all, v_all, bias, d.head_dim**-0.5) @ self.o
+        x = x + gqa_attention(q, k_all, v_all, bias, d.head_dim**-0.5, rows) @ self.o
         h = _rms_norm(x, self.post_norm, d.rms_eps)
         gate, up = torch.split(h @ self.gate_up, [d.intermediate, d.intermediate], -1)
         x = x + (nn.functional.silu(gate) * up) @ self.down
@@ -147,7 +159,7 @@ class KVLlama(nn.Module):
         *past: torch.Tensor,
     ) -> tuple[torch.Tensor, ...]:
         d = self.dims
-        s, t = input_ids.shape[1], attention_mask.shape[1]
+        b, s, t = input_ids.shape[0], input_ids.shape[1], attention_mask.shape[1]
         x = nn.functional.embedding(input_ids, self.embed)
         freqs = position_ids.unsqueeze(-1).float() * self.inv_freq  # [B, S, D/2]
         emb = torch.cat((freqs, freqs), dim=-1).unsqueeze(1)  # [B, 1, S, D]
@@ -159,7 +171,7 @@ class KVLlama(nn.Module):
         bias = torch.where(allowed, 0.0, neg).to(torch.float32)[:, None, None]  # [B, 1, 1, S, T]
         presents: list[torch.Tensor] = []
         for i, layer in enumerate(self.layers):
-            x, k, v = layer(x, cos, sin, bias, past[2 * i], past[2 * i + 1])
+            x, k, v = layer(x, cos, sin, bias, past[2 * i], past[2 * i + 1], (b, s))
             presents += [k, v]
         last = _rms_norm(x[:, -1, :], self.norm, d.rms_eps)
         return (last @ self.head, *presents)

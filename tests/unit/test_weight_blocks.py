@@ -1,0 +1,101 @@
+"""The ``int4`` decoder recipe's weight blocks: exact on weights that lie on Q4_1 / Q8_0 grids, and the rewritten
+ONNX graph (``MatMulNBits`` plus the correction term) computing ``x @ W`` on a real ONNX Runtime session."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from miaohui.generation.build.weight_blocks import (
+    BLOCK,
+    dequantized_q4,
+    pack_4bit,
+    q4_affine,
+    q8_symmetric,
+    quantize_blocks_model,
+)
+
+RNG = np.random.default_rng(7)
+
+
+def _q4_grid(k: int, n: int) -> np.ndarray:
+    """A K x N weight whose every block of 32 along K is ``d * q + m`` with q in 0..15, 0 and 15 both used (what
+    llama.cpp's Q4_1 dequantizes to)."""
+    q = RNG.integers(0, 16, size=(n, k // BLOCK, BLOCK))
+    q[..., 0], q[..., 1] = 0, 15
+    d = RNG.uniform(0.001, 0.05, size=(n, k // BLOCK, 1)).astype(np.float32)
+    m = RNG.uniform(-0.4, 0.0, size=(n, k // BLOCK, 1)).astype(np.float32)
+    return np.ascontiguousarray((d * q + m).astype(np.float32).reshape(n, k).T)
+
+
+def test_q4_affine_reproduces_weights_on_a_q4_1_grid() -> None:
+    w = _q4_grid(96, 40)
+    q, scale, offset = q4_affine(w)
+    assert q.shape == (40, 3, BLOCK) and q.max() == 15 and q.min() == 0
+    np.testing.assert_allclose(dequantized_q4(q, scale, offset), w, rtol=0, atol=1e-6)
+
+
+def test_q4_affine_error_on_arbitrary_weights_is_half_a_step() -> None:
+    w = RNG.standard_normal((64, 16)).astype(np.float32)
+    q, scale, offset = q4_affine(w)
+    err = np.abs(dequantized_q4(q, scale, offset) - w)
+    step = np.repeat(scale, BLOCK, axis=1).T  # K x N, each value's block scale
+    assert (err <= step / 2 + 1e-6).all()
+    assert err.max() > 0  # not on a grid: the rounding is real
+
+
+def test_pack_4bit_puts_the_first_value_in_the_low_nibble() -> None:
+    q = np.array([[[1, 2, 15, 0] * 8]], dtype=np.uint8)
+    packed = pack_4bit(q)
+    assert packed.shape == (1, 1, 16)
+    assert list(packed[0, 0, :2]) == [0x21, 0x0F]
+
+
+def _graph(weights: dict[str, np.ndarray], k: int) -> onnx.ModelProto:
+    nodes = [helper.make_node("MatMul", ["x", name], [f"y_{name}"], name=f"mm_{name}") for name in weights]
+    outs = [helper.make_tensor_value_info(f"y_{n}", TensorProto.FLOAT, None) for n in weights]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "s", k])], outs,
+        [numpy_helper.from_array(w, name) for name, w in weights.items()],
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _run(model: onnx.ModelProto, x: np.ndarray) -> list[np.ndarray]:
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, {"x": x})
+
+
+@pytest.mark.parametrize("rows", [1, 5])
+def test_rewritten_graph_computes_the_matmuls_in_fp32(rows: int) -> None:
+    k = 96
+    layer = _q4_grid(k, 48)
+    q8 = RNG.integers(-127, 128, size=(80, k // BLOCK, BLOCK))
+    q8[..., 0] = 127  # the block's largest magnitude sets its scale, as Q8_0 does
+    s8 = RNG.uniform(0.001, 0.02, size=(80, k // BLOCK, 1)).astype(np.float32)
+    head = np.ascontiguousarray((s8 * q8).astype(np.float32).reshape(80, k).T)
+    odd = RNG.standard_normal((20, 8)).astype(np.float32)  # K not a multiple of 32: kept as it is
+    model = _graph({"layer": layer, "head": head}, k)
+    counts = quantize_blocks_model(model)
+    assert counts == {"q4": 1, "q8": 1, "kept": 0}
+    assert {n.op_type for n in model.graph.node} == {"MatMulNBits", "MatMul", "Add"}
+    assert not {"layer", "head"} & {i.name for i in model.graph.initializer}  # the fp32 copies are gone
+    x = RNG.standard_normal((rows, 3, k)).astype(np.float32)
+    got_layer, got_head = _run(model, x)
+    np.testing.assert_allclose(got_layer, x @ layer, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(got_head, x @ head, rtol=1e-4, atol=1e-4)
+    assert quantize_blocks_model(kept := _graph({"odd": odd}, 20)) == {"q4": 0, "q8": 0, "kept": 1}
+    assert [n.op_type for n in kept.graph.node] == ["MatMul"]
+
+
+def test_q8_symmetric_round_trips_a_q8_0_grid() -> None:
+    q = RNG.integers(-127, 128, size=(4, 2, BLOCK))
+    q[..., 3] = -127
+    s = RNG.uniform(0.01, 0.1, size=(4, 2, 1)).astype(np.float32)
+    w = np.ascontiguousarray((s * q).astype(np.float32).reshape(4, 64).T)
+    stored, scale = q8_symmetric(w)
+    back = (scale[..., None] * (stored.astype(np.float32) - 128)).reshape(4, 64).T
+    np.testing.assert_allclose(back, w, rtol=0, atol=1e-6)
