@@ -180,9 +180,13 @@ async def _stream(
 async def _generation_async(
     target: ChatTarget, questions: list[str], streams: int, max_tokens: int, runs: int
 ) -> dict[str, Any]:
+    import httpx
     from openai import AsyncOpenAI
 
-    client = AsyncOpenAI(base_url=target.base_url, api_key="none", timeout=600, max_retries=0)
+    # a connection per request: llama.cpp's server closes idle keep-alive connections, and a request sent on one it
+    # has just closed fails (no retries here, so that no retry hides in a latency); a localhost connect is ~0.2 ms
+    http = httpx.AsyncClient(limits=httpx.Limits(max_keepalive_connections=0), timeout=600)
+    client = AsyncOpenAI(base_url=target.base_url, api_key="none", timeout=600, max_retries=0, http_client=http)
     batch = [questions[i % len(questions)] for i in range(streams)]
     numbers = itertools.count()  # every request's own system line (module docstring)
     warm = batch[: min(streams, 2)]
