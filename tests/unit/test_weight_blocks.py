@@ -14,6 +14,7 @@ from miaohui.generation.build.weight_blocks import (
     dequantized_q4,
     pack_4bit,
     q4_affine,
+    one_row_switch,
     q8_symmetric,
     quantize_blocks_model,
 )
@@ -99,3 +100,29 @@ def test_q8_symmetric_round_trips_a_q8_0_grid() -> None:
     stored, scale = q8_symmetric(w)
     back = (scale[..., None] * (stored.astype(np.float32) - 128)).reshape(4, 64).T
     np.testing.assert_allclose(back, w, rtol=0, atol=1e-6)
+
+
+def _scaled_ids(factor: float) -> onnx.ModelProto:
+    """input_ids → (logits = ids * factor, present = logits + 1): a stand-in decoder whose outputs feed each other."""
+    nodes = [
+        helper.make_node("Cast", ["input_ids"], ["ids_f"], to=TensorProto.FLOAT),
+        helper.make_node("Mul", ["ids_f", "k"], ["logits"]),
+        helper.make_node("Add", ["logits", "k"], ["present"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["b", "s"])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["b", "s"]) for n in ("logits", "present")],
+        [numpy_helper.from_array(np.array(factor, np.float32), "k")],
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_one_row_switch_runs_the_one_row_graph_only_for_a_single_token() -> None:
+    model = one_row_switch(_scaled_ids(2.0), _scaled_ids(3.0))
+    onnx.checker.check_model(model)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    logits, present = session.run(None, {"input_ids": np.array([[5]])})
+    assert logits.tolist() == [[10.0]] and present.tolist() == [[12.0]]
+    for ids in (np.array([[5, 6]]), np.array([[5], [6]])):  # a prefill, a batched decode
+        logits, _ = session.run(None, {"input_ids": ids})
+        assert logits.ravel().tolist() == [15.0, 18.0]

@@ -44,8 +44,6 @@ if TYPE_CHECKING:
 
 META_NAME = "decoder.json"
 MODEL_NAME = "model.onnx"
-BATCHED_NAME = "model-batched.onnx"
-"""``int4``: the fp32 graph that runs steps of more than one token (:attr:`DecoderMeta.batched_model`)."""
 TOKENIZER_NAME = "tokenizer.json"
 Int8Method = Literal["dynamic", "weight-only", "weight-only-edges", "weight-only-a32"]
 """How an fp32 decoder is quantized (:func:`quantize_decoder`)."""
@@ -70,9 +68,6 @@ class DecoderMeta(BaseModel):
     """:class:`~miaohui.generation.models.llama.DecoderDims` as a dict."""
     precision: Literal["fp32", "int8", "int4"]
     """``int4``: :func:`quantize_decoder_int4`'s 4-bit weight blocks with fp32 arithmetic."""
-    batched_model: str | None = None
-    """A second graph for steps of more than one token (prefills, batched decodes), next to ``model.onnx``; ``None``:
-    ``model.onnx`` runs every step. ``int4`` keeps the fp32 graph here (see :func:`quantize_decoder_int4`)."""
     int8_method: Int8Method | None = None
     """int8 only: ``dynamic`` (MatMulInteger, activations quantized per call), ``weight-only`` (MatMulNBits,
     8-bit blockwise weights, int8 dot products), ``weight-only-edges`` (the same with the first and last blocks and
@@ -383,13 +378,14 @@ def quantize_decoder_int4(src_dir: Path, out_dir: Path) -> DecoderMeta:
     (:mod:`miaohui.generation.build.weight_blocks`). A third of the fp32 graph's bytes read per decoded token, and
     no rounding of the activations (llama.cpp's Q4 and ORT's ``accuracy_level=4`` round them to 8 bits).
 
-    The fp32 graph is kept as ``batched_model`` for the steps of more than one token: ``MatMulNBits`` in fp32
-    dequantizes its whole weight per call once a step has several rows, so a prefill or a batched decode is faster
-    on the fp32 weights (on SmolLM2, 8 rows: 44 against 53 ms a step). The 4-bit graph runs one stream's decode."""
+    The fp32 graph stays for the steps of more than one token (:func:`~miaohui.generation.build.weight_blocks.
+    one_row_switch`, one graph holding both): ``MatMulNBits`` in fp32 dequantizes its whole weight per call once a
+    step has several rows, so a prefill or a batched decode is faster on the fp32 weights (on SmolLM2, 8 rows: 44
+    against 53 ms a step). The 4-bit graph runs one stream's decode and is what the check below compares."""
     import onnx
     from rich.console import Console
 
-    from miaohui.generation.build.weight_blocks import quantize_blocks_model
+    from miaohui.generation.build.weight_blocks import one_row_switch, quantize_blocks_model
 
     meta = load_meta(src_dir)
     if meta.precision != "fp32":
@@ -399,18 +395,17 @@ def quantize_decoder_int4(src_dir: Path, out_dir: Path) -> DecoderMeta:
         model = onnx.load(str(src_dir / MODEL_NAME))
         quantize_blocks_model(model)
         onnx.save(model, str(tmp / MODEL_NAME))
-        shutil.copy(src_dir / MODEL_NAME, tmp / BATCHED_NAME)
-        seconds = round(time.perf_counter() - start, 2)
-        out = meta.model_copy(
-            update={"precision": "int4", "batched_model": BATCHED_NAME, "export_seconds": seconds, "check": {}}
-        )
-        out.check = _compare_logits(src_dir / MODEL_NAME, tmp / MODEL_NAME, meta)
-        if out.check["top1_agrees"] < 1.0:
+        check = _compare_logits(src_dir / MODEL_NAME, tmp / MODEL_NAME, meta)  # the 4-bit graph alone
+        if check["top1_agrees"] < 1.0:
             raise ExportError(
                 f"int4 {meta.name} picks a different next token than fp32 on the check sequence "
-                f"(max |logit error| {out.check['logits_vs_fp32']:.3g})",
+                f"(max |logit error| {check['logits_vs_fp32']:.3g})",
                 "keep this model in fp32, or use precision int8",
             )
+        both = one_row_switch(model, onnx.load(str(src_dir / MODEL_NAME)))
+        onnx.save(both, str(tmp / MODEL_NAME), save_as_external_data=both.ByteSize() > 1_800_000_000)
+        seconds = round(time.perf_counter() - start, 2)
+        out = meta.model_copy(update={"precision": "int4", "export_seconds": seconds, "check": check})
         (tmp / META_NAME).write_text(out.model_dump_json(indent=2))
         shutil.copy(src_dir / TOKENIZER_NAME, tmp / TOKENIZER_NAME)
     return out

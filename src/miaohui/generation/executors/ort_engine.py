@@ -1,10 +1,7 @@
 """The CPU generation engine: an exported decoder directory (fp32, int4 or int8) on ONNX Runtime.
 
 Session: CPU provider, all graph optimizations, ``intra_op_num_threads`` = the physical cores given
-(default: all cores this process may use), sequential execution. An ``int4`` directory holds two graphs
-(``decoder.json``'s ``batched_model``): steps of one row and one token (a single stream's decode) run the 4-bit
-graph, which reads a third of the bytes; prefills and batched decodes run the fp32 graph, whose GEMMs reuse each
-weight across rows (``MatMulNBits`` in fp32 dequantizes its whole matrix per call once there is more than one row). Inputs and outputs are numpy; the
+(default: all cores this process may use), sequential execution. Inputs and outputs are numpy; the
 ``present`` outputs of one step are the next step's ``past`` inputs unchanged (see
 :mod:`miaohui.generation.executors.base` for the batched, left-padded KV layout).
 """
@@ -12,7 +9,6 @@ weight across rows (``MatMulNBits`` in fp32 dequantizes its whole matrix per cal
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -43,30 +39,24 @@ class OrtCausalLMEngine(CausalLMEngine):
         opts.intra_op_num_threads = threads or usable_cores()
         opts.inter_op_num_threads = 1
         opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        self._session: ort.InferenceSession | None = self._open(ort, opts, MODEL_NAME)
-        self._batched = self._session
-        if self.meta.batched_model is not None:
-            self._batched = self._open(ort, opts, self.meta.batched_model)
-        self._in_names = input_names(dims.num_layers)
-
-    def _open(self, ort: Any, opts: Any, name: str) -> Any:
-        path = self.folder / name
+        path = self.folder / MODEL_NAME
         try:
-            session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+            self._session: ort.InferenceSession | None = ort.InferenceSession(
+                str(path), opts, providers=["CPUExecutionProvider"]
+            )
         except Exception as exc:  # ORT raises its own Fail/InvalidGraph/NoSuchFile types
             raise ArtifactError(
                 f"cannot load decoder {path}: {exc}", f"export the decoder again into {self.folder}"
             ) from exc
-        dims = self.meta.decoder_dims
-        got_in = [i.name for i in session.get_inputs()]
-        got_out = [o.name for o in session.get_outputs()]
+        got_in = [i.name for i in self._session.get_inputs()]
+        got_out = [o.name for o in self._session.get_outputs()]
         if got_in != input_names(dims.num_layers) or got_out != output_names(dims.num_layers):
             raise ArtifactError(
                 f"decoder {path} has inputs {got_in[:4]}... / outputs {got_out[:2]}... that do not match "
                 f"{self.folder / 'decoder.json'}",
                 f"export the decoder again into {self.folder}",
             )
-        return session
+        self._in_names = got_in
 
     @property
     def precision(self) -> str:
@@ -82,9 +72,8 @@ class OrtCausalLMEngine(CausalLMEngine):
         if self._session is None:
             raise ArtifactError("the engine is closed", "create a new OrtCausalLMEngine")
         feeds = dict(zip(self._in_names, [input_ids, attention_mask, position_ids, *past], strict=True))
-        session = self._session if input_ids.size == 1 else self._batched
-        outs = session.run(None, feeds)
+        outs = self._session.run(None, feeds)
         return outs[0], list(outs[1:])
 
     def close(self) -> None:
-        self._session = self._batched = None
+        self._session = None
