@@ -69,7 +69,7 @@ def test_rows_carry_their_decoder_gate(bench: ModuleType, tmp_path: Path) -> Non
     ("argv", "message"),
     [
         (["--peers", "llamacpp,vllm"], "'llamacpp,vllm': use a comma-separated subset of llamacpp,transformers,"),
-        (["--miaohui-precision", "fp16"], "'fp16': use a comma-separated subset of fp32,int8"),
+        (["--miaohui-precision", "fp16"], "'fp16': use a comma-separated subset of fp32,int4,int8"),
         (["--streams", "1,x"], "'1,x' is not a comma-separated list of integers"),
         (["--concurrency", "0,4"], "'0,4': give one or more integers >= 1, e.g. 1,8,32"),
     ],
