@@ -8,8 +8,7 @@
   TTFT = request start → first streamed content. ``--runs`` conversations per server (each with its own system
   prompt, so a run cannot reuse the previous run's cache); the figure per turn is the median over runs.
 * miaohui: ``miaohui serve`` on ``--repository``/``--model``; without them, SmolLM2 built with ``--backend`` /
-  ``--precision`` (default ``llamacpp`` / ``gguf``: the shipped Q4_1 GGUF, llama.cpp's kernels under miaohui,
-  whose prompt cache is on) into ``--work``. Its ``miaohui_prefix_cache_hit_tokens_total`` before and after is kept.
+  ``--precision`` (default: what ``make run`` serves, ``miaohui.prepare.DEFAULT_LLM``) into ``--work``. Its ``miaohui_prefix_cache_hit_tokens_total`` before and after is kept.
 * llama.cpp: its own server (``xllamacpp``, ``scripts/peers.sh llamacpp``) on the shipped Q4_1 GGUF, prompt cache
   on as shipped, 4 slots sharing 8192 tokens, ``--threads`` threads, in the same run, one server at a time.
 
@@ -34,6 +33,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 from peers import procs, report  # noqa: E402
+from miaohui.prepare import DEFAULT_LLM  # noqa: E402
 
 SYSTEM = "You are a concise assistant at a bank's help desk."
 TURNS = [
@@ -56,8 +56,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--repository", type=Path, default=None, help="miaohui repository holding --model")
     ap.add_argument("--model", default="smollm2", help="the served chat model miaohui answers with")
-    ap.add_argument("--backend", default="llamacpp", help="without --repository: the build's backend")
-    ap.add_argument("--precision", default="gguf", help="without --repository: the build's precision")
+    ap.add_argument("--backend", default=DEFAULT_LLM[0], help="without --repository: the build's backend")
+    ap.add_argument("--precision", default=DEFAULT_LLM[1], help="without --repository: the build's precision")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--runs", type=int, default=1, help="conversations per server (median per turn)")
     ap.add_argument("--threads", type=int, default=2)
