@@ -71,9 +71,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 async def conversation(base_url: str, model: str, system: str, max_tokens: int) -> list[dict[str, Any]]:
     """Twelve turns; per turn: TTFT (ms), prompt tokens (the server's usage), the answer."""
+    import httpx
     from openai import AsyncOpenAI
 
-    client = AsyncOpenAI(base_url=base_url, api_key="none", timeout=600, max_retries=0)
+    # a connection per request, as peers/load.py opens them (llama.cpp's server closes idle keep-alive connections)
+    http = httpx.AsyncClient(limits=httpx.Limits(max_keepalive_connections=0), timeout=600)
+    client = AsyncOpenAI(base_url=base_url, api_key="none", timeout=600, max_retries=0, http_client=http)
     messages: list[dict[str, str]] = [{"role": "system", "content": system}]
     turns = []
     for question in TURNS:
