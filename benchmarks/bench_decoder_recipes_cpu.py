@@ -9,8 +9,9 @@ figures, one row per recipe:
   llama.cpp (``--backend llamacpp``): ``llamacpp-q4_1`` (the shipped GGUF as it is), ``llamacpp-q8_0`` and
   ``llamacpp-f16`` (GGUFs miaohui writes from the fp32 model: ``--precision q8_0|f16``).
 * fp32 is built with ``build_causal_lm`` into ``--repository`` (default ``$MIAOHUI_HOME/bench-recipes``; reused
-  while its build key holds); each int8 recipe is ``quantize_decoder`` (int4: ``quantize_decoder_int4``) on that fp32 graph (what ``build_causal_lm``
-  does after its own export, without exporting again) as a version of its own; each is gated with
+  while its build key holds); each int8 recipe is ``quantize_decoder`` (int4: ``quantize_decoder_int4``) on that
+  fp32 graph (what ``build_causal_lm`` does after its own export, without exporting again) as a version of its own;
+  each is gated with
   :func:`miaohui.validate.decoder_gate.run_decoder_gate` against the fp32 model in PyTorch.
 * speed: the engine alone (``OrtCausalLMEngine``; ``LlamaCppLLMEngine`` for llama.cpp, 2 threads), batch 1: one
   chat prompt's prefill (TTFT) then

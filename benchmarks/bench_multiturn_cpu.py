@@ -8,7 +8,8 @@
   TTFT = request start → first streamed content. ``--runs`` conversations per server (each with its own system
   prompt, so a run cannot reuse the previous run's cache); the figure per turn is the median over runs.
 * miaohui: ``miaohui serve`` on ``--repository``/``--model``; without them, SmolLM2 built with ``--backend`` /
-  ``--precision`` (default: what ``make run`` serves, ``miaohui.prepare.DEFAULT_LLM``) into ``--work``. Its ``miaohui_prefix_cache_hit_tokens_total`` before and after is kept.
+  ``--precision`` (default: what ``make run`` serves, ``miaohui.prepare.DEFAULT_LLM``) into ``--work``. Its
+  ``miaohui_prefix_cache_hit_tokens_total`` before and after is kept.
 * llama.cpp: its own server (``xllamacpp``, ``scripts/peers.sh llamacpp``) on the shipped Q4_1 GGUF, prompt cache
   on as shipped, 4 slots sharing 8192 tokens, ``--threads`` threads, in the same run, one server at a time.
 
@@ -32,8 +33,8 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
-from peers import procs, report  # noqa: E402
 from miaohui.prepare import DEFAULT_LLM  # noqa: E402
+from peers import procs, report  # noqa: E402
 
 SYSTEM = "You are a concise assistant at a bank's help desk."
 TURNS = [

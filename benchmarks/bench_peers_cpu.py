@@ -97,8 +97,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--miaohui-precision",
         type=_choices(MIAOHUI_LLMS),
         default=["fp32", "int8"],
-        help="miaohui LLM variants, each served and measured: fp32 / int4 / int8 on ONNX Runtime, llamacpp (the same Q4_1 "
-        "GGUF as the llama.cpp peer, built with --backend llamacpp: llama.cpp's kernels under miaohui's server), "
+        help="miaohui LLM variants, each served and measured: fp32 / int4 / int8 on ONNX Runtime, llamacpp (the same "
+        "Q4_1 GGUF as the llama.cpp peer, built with --backend llamacpp: llama.cpp's kernels under miaohui's server), "
         "llamacpp-q8_0 / llamacpp-f16 (GGUFs miaohui writes from the fp32 model: --precision q8_0|f16)",
     )
     ap.add_argument("--streams", type=_ints, default=[1, 8, 32])

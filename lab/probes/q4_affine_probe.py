@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 
 from miaohui.generation.build.export import _feeds, load_meta
@@ -20,8 +21,6 @@ src = Path(sys.argv[1])
 meta = load_meta(src)
 out = Path("/tmp/q4probe")
 out.mkdir(exist_ok=True)
-import onnx
-
 model = onnx.load(str(src / "model.onnx"))
 t = time.perf_counter()
 quantize_blocks_model(model)

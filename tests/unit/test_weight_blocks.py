@@ -12,9 +12,9 @@ from onnx import TensorProto, helper, numpy_helper
 from miaohui.generation.build.weight_blocks import (
     BLOCK,
     dequantized_q4,
+    one_row_switch,
     pack_4bit,
     q4_affine,
-    one_row_switch,
     q8_symmetric,
     quantize_blocks_model,
 )
