@@ -3,6 +3,8 @@ ONNX graph (``MatMulNBits`` plus the correction term) computing ``x @ W`` on a r
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -12,11 +14,13 @@ from onnx import TensorProto, helper, numpy_helper
 from miaohui.generation.build.weight_blocks import (
     BLOCK,
     dequantized_q4,
+    initializer_bytes,
     one_row_switch,
     pack_4bit,
     q4_affine,
     q8_symmetric,
     quantize_blocks_model,
+    save_graph,
 )
 
 RNG = np.random.default_rng(7)
@@ -126,3 +130,15 @@ def test_one_row_switch_runs_the_one_row_graph_only_for_a_single_token() -> None
     for ids in (np.array([[5, 6]]), np.array([[5], [6]])):  # a prefill, a batched decode
         logits, _ = session.run(None, {"input_ids": ids})
         assert logits.ravel().tolist() == [15.0, 18.0]
+
+
+def test_a_graph_over_the_limit_is_saved_with_its_weights_beside_it(tmp_path: Path) -> None:
+    model = one_row_switch(_scaled_ids(2.0), _scaled_ids(3.0))
+    assert initializer_bytes(model.graph) == 8  # one fp32 scalar in each branch
+    save_graph(model, tmp_path / "small.onnx")
+    assert [p.name for p in tmp_path.iterdir()] == ["small.onnx"]
+    (tmp_path / "big").mkdir()
+    save_graph(model, tmp_path / "big" / "model.onnx", limit=4)
+    assert sorted(p.name for p in (tmp_path / "big").iterdir()) == ["model.onnx", "model.onnx.data"]
+    session = ort.InferenceSession(str(tmp_path / "big" / "model.onnx"), providers=["CPUExecutionProvider"])
+    assert session.run(None, {"input_ids": np.array([[5]])})[0].tolist() == [[10.0]]

@@ -385,7 +385,7 @@ def quantize_decoder_int4(src_dir: Path, out_dir: Path) -> DecoderMeta:
     import onnx
     from rich.console import Console
 
-    from miaohui.generation.build.weight_blocks import one_row_switch, quantize_blocks_model
+    from miaohui.generation.build.weight_blocks import one_row_switch, quantize_blocks_model, save_graph
 
     meta = load_meta(src_dir)
     if meta.precision != "fp32":
@@ -394,7 +394,7 @@ def quantize_decoder_int4(src_dir: Path, out_dir: Path) -> DecoderMeta:
         start = time.perf_counter()
         model = onnx.load(str(src_dir / MODEL_NAME))
         quantize_blocks_model(model)
-        onnx.save(model, str(tmp / MODEL_NAME))
+        save_graph(model, tmp / MODEL_NAME)
         check = _compare_logits(src_dir / MODEL_NAME, tmp / MODEL_NAME, meta)  # the 4-bit graph alone
         if check["top1_agrees"] < 1.0:
             raise ExportError(
@@ -403,7 +403,9 @@ def quantize_decoder_int4(src_dir: Path, out_dir: Path) -> DecoderMeta:
                 "keep this model in fp32, or use precision int8",
             )
         both = one_row_switch(model, onnx.load(str(src_dir / MODEL_NAME)))
-        onnx.save(both, str(tmp / MODEL_NAME), save_as_external_data=both.ByteSize() > 1_800_000_000)
+        for stale in tmp.glob(f"{MODEL_NAME}*"):  # the 4-bit graph alone (and its .data file, if any)
+            stale.unlink()
+        save_graph(both, tmp / MODEL_NAME)  # both graphs: over 2 GiB from ~0.45B parameters, then with a .data file
         seconds = round(time.perf_counter() - start, 2)
         out = meta.model_copy(update={"precision": "int4", "export_seconds": seconds, "check": check})
         (tmp / META_NAME).write_text(out.model_dump_json(indent=2))
