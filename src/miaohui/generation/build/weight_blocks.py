@@ -1,0 +1,198 @@
+"""Block-quantized weights with fp32 arithmetic: the ``q4`` decoder recipe of the ONNX Runtime backend.
+
+The layer weights are stored as llama.cpp's ``Q4_1`` stores them: blocks of 32 values along the input dimension,
+each block ``scale * q + min`` with ``q`` in 0..15 (a scale and a minimum per block). The LM head is stored as
+``Q8_0``: blocks of 32, ``scale * q`` with ``q`` in -127..127. Unlike llama.cpp, which also rounds the
+*activations* to 8 bits before its dot products, every product here is computed in fp32 from the dequantized
+weight: the only error is the weights' rounding. A model whose weights already lie on these grids (a GGUF
+converted to fp32, as the shipped SmolLM2 is) is therefore reproduced up to fp32 summation order.
+
+ONNX Runtime's ``MatMulNBits`` takes integer zero points only, and a ``Q4_1`` minimum is not a multiple of its
+block's scale. So each MatMul ``x @ W`` becomes ``MatMulNBits(x, q, scale)`` (implicit zero point 8) plus a small
+correction ``(x @ E) @ M``: ``E`` sums ``x`` over each block of 32 (a K x K/32 matrix of ones) and ``M`` holds
+each block's ``min + 8 * scale`` (K/32 x N, fp32; an eighth of the packed weights' bytes).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+BLOCK = 32
+"""Values per block along the input dimension (llama.cpp's ``QK4_1`` / ``QK8_0``)."""
+ACCURACY_FP32 = 1
+"""``MatMulNBits`` ``accuracy_level`` 1: dequantize to fp32 and multiply in fp32 (4 would round activations)."""
+
+
+def q4_affine(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``w`` (K x N fp32) in ``Q4_1``'s layout: (``q`` N x K/32 x 32 uint8 in 0..15, ``scale`` N x K/32,
+    ``offset`` N x K/32) with ``w[k, n] ≈ scale * (q - 8) + offset`` for ``k`` in its block."""
+    k, n = w.shape
+    blocks = w.T.reshape(n, k // BLOCK, BLOCK).astype(np.float32)
+    lo, hi = blocks.min(-1), blocks.max(-1)
+    scale = (hi - lo) / 15
+    safe = np.where(scale > 0, scale, 1.0).astype(np.float32)
+    q = np.clip(np.rint((blocks - lo[..., None]) / safe[..., None]), 0, 15).astype(np.uint8)
+    return q, safe, (lo + 8 * safe).astype(np.float32)
+
+
+def q8_symmetric(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``w`` (K x N) in ``Q8_0``'s layout: (``q`` N x K/32 x 32 uint8 holding ``q8 + 128``, ``scale`` N x K/32),
+    ``w[k, n] ≈ scale * (q - 128)``."""
+    k, n = w.shape
+    blocks = w.T.reshape(n, k // BLOCK, BLOCK).astype(np.float32)
+    scale = np.abs(blocks).max(-1) / 127
+    safe = np.where(scale > 0, scale, 1.0).astype(np.float32)
+    q = np.clip(np.rint(blocks / safe[..., None]), -127, 127).astype(np.int16) + 128
+    return q.astype(np.uint8), safe
+
+
+def pack_4bit(q: np.ndarray) -> np.ndarray:
+    """N x blocks x 32 values in 0..15 → N x blocks x 16 bytes, the first value of a pair in the low nibble."""
+    return (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8)
+
+
+def dequantized_q4(q: np.ndarray, scale: np.ndarray, offset: np.ndarray) -> np.ndarray:
+    """The K x N fp32 weight :func:`q4_affine`'s parts stand for (the reference the tests compare with)."""
+    n, nb, _ = q.shape
+    w = scale[..., None] * (q.astype(np.float32) - 8) + offset[..., None]
+    return np.ascontiguousarray(w.reshape(n, nb * BLOCK).T)
+
+
+def quantize_blocks_model(model: Any, is_head: Callable[[str], bool] = lambda name: name == "head") -> dict[str, int]:
+    """Rewrite ``model`` (an ``onnx.ModelProto`` of an exported decoder) in place: every ``MatMul`` whose second
+    input is a K x N initializer with K a multiple of 32 becomes 4-bit affine blocks, or 8-bit symmetric blocks
+    where ``is_head(name)``. Counts of rewritten MatMuls by kind (``q4``, ``q8``) and of MatMuls ``kept``.
+
+    ``MatMulNBits`` multiplies 8-bit weights in fp32 only through a slow path (it dequantizes the whole matrix
+    per call), so an 8-bit weight ``q - 128 = 16 * (hi - 8) + (lo - 8) + 8`` runs as its two 4-bit halves: the
+    same bytes, the 4-bit kernel, and the ``+ 8`` folded into the correction term."""
+    from onnx import helper, numpy_helper
+
+    graph = model.graph
+    inits = {i.name: i for i in graph.initializer}
+    counts = {"q4": 0, "q8": 0, "kept": 0}
+    nodes: list[Any] = []
+    dropped: set[str] = set()
+    for node in graph.node:
+        weight = inits.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) == 2 else None
+        if weight is None or len(weight.dims) != 2 or weight.dims[0] % BLOCK:
+            counts["kept"] += weight is not None
+            nodes.append(node)
+            continue
+        w = numpy_helper.to_array(weight)
+        k, n = w.shape
+        name, x = weight.name, node.input[0]
+        dropped.add(name)
+        if is_head(name):
+            q8, scale = q8_symmetric(w)
+            halves = [(q8 >> 4, 16 * scale, "hi"), (q8 & 15, scale, "lo")]
+            offset = (8 * scale).astype(np.float32)
+            counts["q8"] += 1
+        else:
+            q, scale, offset = q4_affine(w)
+            halves = [(q, scale, "q4")]
+            counts["q4"] += 1
+        terms: list[str] = []
+        for q4, s4, tag in halves:
+            out = f"{node.name}.{tag}"
+            graph.initializer.extend([
+                numpy_helper.from_array(pack_4bit(q4), f"{name}.{tag}"),
+                numpy_helper.from_array(s4.reshape(-1).astype(np.float32), f"{name}.{tag}.scale"),
+            ])  # fmt: skip
+            nodes.append(helper.make_node(
+                "MatMulNBits", [x, f"{name}.{tag}", f"{name}.{tag}.scale"], [out], name=out, domain="com.microsoft",
+                K=k, N=n, bits=4, block_size=BLOCK, accuracy_level=ACCURACY_FP32))  # fmt: skip
+            terms.append(out)
+        ones = np.repeat(np.eye(k // BLOCK, dtype=np.float32), BLOCK, axis=0)  # K x K/32: sums each block
+        graph.initializer.extend([
+            numpy_helper.from_array(ones, f"{name}.block_sum"),
+            numpy_helper.from_array(np.ascontiguousarray(offset.T), f"{name}.offset"),
+        ])  # fmt: skip
+        sums, corr = f"{node.name}.sums", f"{node.name}.corr"
+        nodes += [
+            helper.make_node("MatMul", [x, f"{name}.block_sum"], [sums], name=sums),
+            helper.make_node("MatMul", [sums, f"{name}.offset"], [corr], name=corr),
+        ]
+        terms.append(corr)
+        while len(terms) > 1:
+            last = len(terms) == 2
+            out = node.output[0] if last else f"{node.name}.sum{len(terms)}"
+            nodes.append(helper.make_node("Add", terms[:2], [out], name=f"{out}.add"))
+            terms = [out, *terms[2:]]
+    still_used = {i for nd in nodes for i in nd.input}
+    kept = [i for i in graph.initializer if i.name not in dropped or i.name in still_used]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    if not any(o.domain == "com.microsoft" for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    return counts
+
+
+def one_row_switch(one_row: Any, batched: Any) -> Any:
+    """One decoder graph of the two: ``If(Size(input_ids) == 1)`` runs ``one_row`` (a stream's decode step), else
+    ``batched`` (prefills, batched decodes). Both take the same inputs and give the same outputs. One session, so
+    one thread pool: two sessions' pools, each spinning after its own steps, slowed a prefill that followed decode
+    steps from 69 to 102–110 ms on a 2-core CPU."""
+    from onnx import TensorProto, helper
+
+    outputs = [o.name for o in one_row.graph.output]
+
+    def branch(model: Any, tag: str) -> Any:
+        rename = {name: f"{tag}/{name}" for name in outputs}  # a branch may not redefine the outer graph's names
+        for node in model.graph.node:
+            for i, name in enumerate(node.output):
+                node.output[i] = rename.get(name, name)
+            for i, name in enumerate(node.input):
+                node.input[i] = rename.get(name, name)
+        outs = []
+        for value in model.graph.output:
+            out = copy.deepcopy(value)
+            out.name = rename[value.name]
+            outs.append(out)
+        return helper.make_graph(list(model.graph.node), tag, [], outs, list(model.graph.initializer))
+
+    nodes = [
+        helper.make_node("Size", ["input_ids"], ["ids_count"]),
+        helper.make_node("Constant", [], ["one"], value=helper.make_tensor("one", TensorProto.INT64, [], [1])),
+        helper.make_node("Equal", ["ids_count", "one"], ["one_row"]),
+        helper.make_node(
+            "If", ["one_row"], outputs, then_branch=branch(one_row, "one_row"), else_branch=branch(batched, "batched")
+        ),
+    ]
+    graph = helper.make_graph(nodes, "decoder", list(one_row.graph.input), list(one_row.graph.output))
+    opsets = {(o.domain, o.version) for o in [*one_row.opset_import, *batched.opset_import]}
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in sorted(opsets)])
+    model.ir_version = one_row.ir_version
+    return model
+
+
+PROTOBUF_LIMIT = 1_800_000_000
+"""Initializer bytes above which a graph is saved with its weights in a ``.data`` file beside it (protobuf refuses
+messages over 2 GiB; the margin leaves room for the graph itself)."""
+
+
+def initializer_bytes(graph: Any) -> int:
+    """Bytes of ``graph``'s initializers, those of its subgraphs (an ``If``'s branches) included."""
+    total = sum(len(t.raw_data) or t.ByteSize() for t in graph.initializer)
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.HasField("g"):
+                total += initializer_bytes(attr.g)
+    return total
+
+
+def save_graph(model: Any, path: Any, limit: int = PROTOBUF_LIMIT) -> None:
+    """Save ``model`` to ``path``; over ``limit`` initializer bytes, its weights go to ``<name>.data`` next to it."""
+    import onnx
+
+    if initializer_bytes(model.graph) <= limit:
+        onnx.save(model, str(path))
+        return
+    onnx.save(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+              location=f"{path.name}.data", size_threshold=0)  # fmt: skip
