@@ -41,25 +41,23 @@ feeds = _feeds(ids, np.ones_like(ids), np.arange(128, dtype=np.int64)[None], pas
 res = {k: s.run(None, feeds) for k, s in sess.items()}
 la, lb = res["fp32"][0], res["q4"][0]
 print("max |logit diff|", float(np.abs(la - lb).max()), "top1 agree", float((la.argmax(-1) == lb.argmax(-1)).mean()))
+
+
+def median_ms(session: ort.InferenceSession, feeds: dict, warm: int, runs: int) -> float:
+    for _ in range(warm):
+        session.run(None, feeds)
+    times = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        session.run(None, feeds)
+        times.append(time.perf_counter() - t)
+    return round(1000 * float(np.median(times)), 2)
+
+
 for k, s in sess.items():
     past = res[k][1:]
     step = _feeds(np.array([[5]]), np.ones((1, 129), np.int64), np.array([[128]]), past)
-    for _ in range(5):
-        s.run(None, step)
-    times = []
-    for _ in range(40):
-        t = time.perf_counter()
-        s.run(None, step)
-        times.append(time.perf_counter() - t)
-    print(k, "decode step ms p50", round(1000 * float(np.median(times)), 2))
-    # 8-row step (8 streams)
-    past8 = [np.repeat(p, 8, 0) for p in past]
+    print(k, "decode step ms p50", median_ms(s, step, 5, 40))
+    past8 = [np.repeat(p, 8, 0) for p in past]  # an 8-row step (8 streams)
     step8 = _feeds(np.full((8, 1), 5), np.ones((8, 129), np.int64), np.full((8, 1), 128), past8)
-    for _ in range(3):
-        s.run(None, step8)
-    times = []
-    for _ in range(20):
-        t = time.perf_counter()
-        s.run(None, step8)
-        times.append(time.perf_counter() - t)
-    print(k, "8-row step ms p50", round(1000 * float(np.median(times)), 2))
+    print(k, "8-row step ms p50", median_ms(s, step8, 3, 20))

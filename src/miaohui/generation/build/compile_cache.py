@@ -86,7 +86,8 @@ def save_compile_cache(folder: Path, compile_all: Callable[[], float]) -> Compil
         seconds = compile_all()
         files = pack(private, folder / TRITON_FILE)
         if files:
-            triton = {"triton_file": TRITON_FILE, "triton_files": files, "triton_sha256": file_sha256(folder / TRITON_FILE)}
+            digest = file_sha256(folder / TRITON_FILE)
+            triton = {"triton_file": TRITON_FILE, "triton_files": files, "triton_sha256": digest}
         else:
             (folder / TRITON_FILE).unlink(missing_ok=True)
     saved = torch.compiler.save_cache_artifacts()
@@ -182,9 +183,7 @@ def save_precompiled(folder: Path, recorder: Recorder) -> PrecompiledInfo | None
     )  # fmt: skip
 
 
-def load_precompiled(
-    folder: Path, info: PrecompiledInfo | None, fallback: CompileFn
-) -> tuple[Precompiled | None, str]:
+def load_precompiled(folder: Path, info: PrecompiledInfo | None, fallback: CompileFn) -> tuple[Precompiled | None, str]:
     """The compile function that loads the build's graphs (None when not usable) and what happened, for the log."""
     if info is None:
         return None, "none built (the engine compiles with torch.compile)"

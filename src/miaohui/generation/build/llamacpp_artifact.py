@@ -1,4 +1,5 @@
-"""``llamacpp`` causal-LM versions: the GGUF itself, served by llama.cpp (:mod:`miaohui.generation.engine.llamacpp_engine`).
+"""``llamacpp`` causal-LM versions: the GGUF itself, served by llama.cpp
+(:mod:`miaohui.generation.engine.llamacpp_engine`).
 
 Layout of a version::
 
@@ -6,7 +7,8 @@ Layout of a version::
       causal_lm.json     # backend "llamacpp", precision = the GGUF's quantization type (e.g. "q4_1")
       llamacpp.json      # LlamaCppMeta: the GGUF's sha256, file type, eos ids, vocabulary, trained context
       model.gguf         # the source GGUF, hard-linked (or copied) unchanged: llama.cpp's kernels run it as it is;
-                         # with --precision q8_0|f16: written from the fp32 HF model (miaohui.generation.build.gguf_writer)
+                         # with --precision q8_0|f16: written from the fp32 HF model
+                         # (miaohui.generation.build.gguf_writer)
       tokenizer.json     # from the GGUF's fp32 HF conversion: miaohui templates and tokenizes, llama.cpp takes ids
 
 No ONNX export: the build only checks the file, converts it once to fp32 HF (the gate's reference, the tokenizer and

@@ -154,7 +154,6 @@ def load_slot_engine(
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    from miaohui.generation.executors.slot_defaults import ServeDefaults
     from miaohui.generation.executors.slot_engine import TorchSlotEngine, resolve_device, torch_compile_fn
     from miaohui.generation.executors.slot_options import SlotEngineOptions
 
