@@ -132,6 +132,18 @@ def test_one_row_switch_runs_the_one_row_graph_only_for_a_single_token() -> None
         assert logits.ravel().tolist() == [15.0, 18.0]
 
 
+def test_one_row_switch_stores_a_weight_both_graphs_hold_once() -> None:
+    model = one_row_switch(_scaled_ids(2.0), _scaled_ids(2.0))  # the same "k" in both: the outer graph holds it
+    onnx.checker.check_model(model)
+    assert [t.name for t in model.graph.initializer] == ["k"]
+    branches = [a.g for a in model.graph.node[-1].attribute]
+    assert [len(g.initializer) for g in branches] == [0, 0]
+    assert initializer_bytes(model.graph) == 4
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert session.run(None, {"input_ids": np.array([[5]])})[0].tolist() == [[10.0]]
+    assert session.run(None, {"input_ids": np.array([[5, 6]])})[0].ravel().tolist() == [10.0, 12.0]
+
+
 def test_a_graph_over_the_limit_is_saved_with_its_weights_beside_it(tmp_path: Path) -> None:
     model = one_row_switch(_scaled_ids(2.0), _scaled_ids(3.0))
     assert initializer_bytes(model.graph) == 8  # one fp32 scalar in each branch

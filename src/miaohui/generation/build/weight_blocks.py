@@ -138,10 +138,16 @@ def one_row_switch(one_row: Any, batched: Any) -> Any:
     """One decoder graph of the two: ``If(Size(input_ids) == 1)`` runs ``one_row`` (a stream's decode step), else
     ``batched`` (prefills, batched decodes). Both take the same inputs and give the same outputs. One session, so
     one thread pool: two sessions' pools, each spinning after its own steps, slowed a prefill that followed decode
-    steps from 69 to 102–110 ms on a 2-core CPU."""
+    steps from 69 to 102–110 ms on a 2-core CPU. An initializer both graphs hold (same name, same bytes: the token
+    embedding, norms, the KV-head constants) is stored once, in the outer graph, where both branches read it: on
+    SmolLM2 the embedding alone is 113 MB, on disk and in the session's memory."""
     from onnx import TensorProto, helper
 
     outputs = [o.name for o in one_row.graph.output]
+
+    theirs = {t.name: t for t in batched.graph.initializer}
+    shared = [t for t in one_row.graph.initializer if t.name in theirs and t == theirs[t.name]]
+    shared_names = {t.name for t in shared}
 
     def branch(model: Any, tag: str) -> Any:
         rename = {name: f"{tag}/{name}" for name in outputs}  # a branch may not redefine the outer graph's names
@@ -155,7 +161,8 @@ def one_row_switch(one_row: Any, batched: Any) -> Any:
             out = copy.deepcopy(value)
             out.name = rename[value.name]
             outs.append(out)
-        return helper.make_graph(list(model.graph.node), tag, [], outs, list(model.graph.initializer))
+        own = [t for t in model.graph.initializer if t.name not in shared_names]
+        return helper.make_graph(list(model.graph.node), tag, [], outs, own)
 
     nodes = [
         helper.make_node("Size", ["input_ids"], ["ids_count"]),
@@ -165,7 +172,7 @@ def one_row_switch(one_row: Any, batched: Any) -> Any:
             "If", ["one_row"], outputs, then_branch=branch(one_row, "one_row"), else_branch=branch(batched, "batched")
         ),
     ]
-    graph = helper.make_graph(nodes, "decoder", list(one_row.graph.input), list(one_row.graph.output))
+    graph = helper.make_graph(nodes, "decoder", list(one_row.graph.input), list(one_row.graph.output), shared)
     opsets = {(o.domain, o.version) for o in [*one_row.opset_import, *batched.opset_import]}
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in sorted(opsets)])
     model.ir_version = one_row.ir_version
