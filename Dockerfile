@@ -28,6 +28,8 @@ ARG VARIANT=cpu
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 COPY wheels /wheels
 # cpu: the serve extra (ONNX Runtime + llama.cpp, no torch); gpu: + the build extra (torch for the inductor engines).
+# pip byte-compiles what it installs (.pyc; keep it so: no --no-compile, no PYTHONDONTWRITEBYTECODE): a GPU server's
+# start imports ~1,400 of torch's compiler modules, and compiling their source at every start cost 4.3 s on an H100.
 # Shared libraries shipped with debug sections lose them (llama.cpp's wheel: 106 → 26 MB; libraries without them are
 # left alone: stripping auditwheel-patched ones breaks them); pip and setuptools go.
 # hadolint ignore=DL3008

@@ -164,7 +164,12 @@ def serve_and_measure(variant: str, repo: Path, args: argparse.Namespace) -> dic
         out["ready_s"] = ready
         print(f"serve {variant}: ready after {ready} s", flush=True)
         if ready is not None:
-            out["start_phases"] = start_phases(httpx.get("http://127.0.0.1:8077/metrics", timeout=10).text)
+            # one request at once (the graphs left for after ready are being captured), then the split once that is
+            # done (engine_capture_after_ready), then the same request again
+            out["request_at_ready"] = one_request()
+            out["start_phases"] = capture_done(time.perf_counter() + 60)
+            out["request_after_capture"] = one_request()
+            print(f"serve {variant}: {json.dumps({k: out[k] for k in ('request_at_ready', 'start_phases')})}")
             if not args.no_bench:
                 out |= chat_bench(variant, args)
     finally:
@@ -176,9 +181,30 @@ def serve_and_measure(variant: str, repo: Path, args: argparse.Namespace) -> dic
         log.close()
         yaml_path.unlink(missing_ok=True)
     lines = log_path.read_text(errors="replace").splitlines()
-    keys = ("cache", "default", "ready", "graph", "rror", "compile")
+    keys = ("cache", "default", "ready", "graph", "rror", "compile", "capture")
     out["serve_log"] = [ln[-400:] for ln in lines if any(k in ln for k in keys)][-40:]
     return out
+
+
+def one_request(tokens: int = 64) -> dict:
+    """One greedy chat request of ``tokens`` new tokens: its seconds and tokens."""
+    body = {"model": "own", "messages": [{"role": "user", "content": "Hello, who are you?"}], "max_tokens": tokens,
+            "temperature": 0.0}  # fmt: skip
+    t0 = time.perf_counter()
+    r = httpx.post("http://127.0.0.1:8077/v1/chat/completions", json=body, timeout=60)
+    seconds = time.perf_counter() - t0
+    got = r.json().get("usage", {}).get("completion_tokens") if r.status_code == 200 else None
+    return {"status": r.status_code, "seconds": round(seconds, 3), "tokens": got}
+
+
+def capture_done(deadline: float) -> dict[str, float]:
+    """The server's start split once the graphs left for after ready are captured (or at ``deadline``)."""
+    while True:
+        phases = start_phases(httpx.get("http://127.0.0.1:8077/metrics", timeout=10).text)
+        done = "engine_capture_after_ready" in phases or "engine_capture" not in phases  # not in this process
+        if done or time.perf_counter() > deadline:
+            return phases
+        time.sleep(0.25)
 
 
 def start_phases(metrics: str) -> dict[str, float]:

@@ -4,8 +4,10 @@
     python -m lab.probes.decoder_start_steps VERSION_DIR --out DIR        (on a GPU; new empty compile caches)
 
 Times: the imports, CUDA's initialisation, the serve defaults, ``load_slot_engine`` (weights, the Triton restore, the
-precompiled graphs' load, profiled with cProfile), the warm-up (per-graph capture times from the engine's log lines),
-and a stack sample of the load. Writes DIR/decoder_start_steps.json and DIR/decoder_start_load_profile.txt.
+precompiled graphs' load, profiled with cProfile), the warm-up as serve runs it (``defer``: the buckets of the first
+requests before ready; ``--no-defer``: every graph) with per-graph capture times from the engine's log lines, then the
+graphs left for after ready on the engine's background thread. Writes DIR/decoder_start_steps.json and
+DIR/decoder_start_load_profile.txt.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("version", type=Path)
     ap.add_argument("--out", type=Path, default=Path("/tmp/out"))
+    ap.add_argument("--no-defer", action="store_true", help="capture every graph before ready")
+    ap.add_argument("--tag", default="", help="suffix of the output files")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     import logging
@@ -70,20 +74,32 @@ def main() -> None:
     stats = pstats.Stats(profile, stream=Keep())  # type: ignore[arg-type]
     stats.sort_stats("cumulative").print_stats(60)
     stats.sort_stats("tottime").print_stats(30)
-    (args.out / "decoder_start_load_profile.txt").write_text("".join(lines))
+    (args.out / f"decoder_start_load_profile{args.tag}.txt").write_text("".join(lines))
     logs: list[tuple[float, str]] = []
-    engine.warmup(log=lambda m: logs.append((round(time.perf_counter() - t, 3), m)))
+    engine.warmup(log=lambda m: logs.append((round(time.perf_counter() - t, 3), m)), defer=not args.no_defer)
     t = mark("warmup", t)
+    pending = engine.pending_graphs
+    thread = engine.capture_deferred(log=lambda m: logs.append((round(time.perf_counter() - t, 3), m)))
+    if thread is not None:
+        thread.join()
+    t = mark("capture after ready", t)
     result = {
         "version": str(args.version),
         "steps_s": steps,
         "since_process_start_s": round(time.perf_counter() - started, 2),
         "engine_start_phases": {k: round(v, 3) for k, v in engine.start_phases.items()},
+        "graphs_after_ready": pending,
+        "graphs": {
+            "decode": len(engine._graphs),
+            "prefill": len(engine._prefill_graphs),
+            "mixed": len(engine._mixed_graphs),
+        },
+        "pycache_prefix": os.environ.get("PYTHONPYCACHEPREFIX"),
         "warmup_log": logs,
         "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,
     }
-    (args.out / "decoder_start_steps.json").write_text(json.dumps(result, indent=1))
+    (args.out / f"decoder_start_steps{args.tag}.json").write_text(json.dumps(result, indent=1))
     print(json.dumps(result["steps_s"]))
 
 

@@ -62,3 +62,43 @@ def test_an_engine_on_saved_graphs_captures_without_compiling(tmp_path: Path) ->
     want = [g[0] for g in LLMEngine(built, None).generate(prompts, params)]
     got = [g[0] for g in LLMEngine(served, None).generate(prompts, params)]
     assert got == want
+
+
+def test_graphs_captured_after_ready_leave_the_tokens_served_meanwhile(tmp_path: Path) -> None:
+    """Serve's start (``warmup(defer=True)`` on the saved graphs): the small buckets before ready, the rest captured on
+    the background thread while requests run, through buckets that have no graph yet and ones that just got one. The
+    tokens are the recording engine's (whose graphs were all captured before it served)."""
+    hf = tiny_qwen("cuda")
+    opts = SlotEngineOptions(num_slots=8, max_len=256, dtype="fp32", static_prefill=True, ready_rows=2,
+                             ready_tokens=128, mixed_prefill_tokens=(32, 64), mixed_prefill_prompts=2)  # fmt: skip
+
+    def engine(compile_fn: object) -> TorchSlotEngine:
+        model = StaticKVDecoder.from_hf(hf, num_slots=8, max_len=256, dtype=torch.float32)
+        return TorchSlotEngine(model, [999], 0, opts, compile_fn)  # type: ignore[arg-type]
+
+    recorder = Recorder()
+    built = engine(recorder)
+    built.warmup()
+    recorder.save(tmp_path)
+    loaded_index, why = read_index(tmp_path)
+    assert loaded_index is not None, why
+    served = engine(Precompiled(tmp_path, loaded_index, fallback=torch.compile))  # type: ignore[arg-type]
+    served.precompiled_graphs = True
+    with CompileClock() as clock:
+        served.warmup(defer=True)
+    left = served.pending_graphs
+    assert left > 0 and not served._mixed_graphs and (8, 256) not in served._graphs
+    prompts = [[5 + i, 6, 7, 8 + i] * (1 + i % 4) for i in range(8)]
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    want = [g[0] for g in LLMEngine(built, None).generate(prompts, params)]
+    thread = served.capture_deferred()
+    assert thread is not None
+    got = [g[0] for g in LLMEngine(served, None).generate(prompts, params)]  # while the thread captures
+    thread.join(120)
+    print(f"{left} graphs after ready in {served.start_phases['capture_after_ready']:.2f}s")
+    assert served.pending_graphs == 0 and served._mixed_graphs and (8, 256) in served._graphs
+    assert clock.compiles == 0
+    assert got == want
+    assert [g[0] for g in LLMEngine(served, None).generate(prompts, params)] == want  # every graph now
+    served.close()
+    built.close()

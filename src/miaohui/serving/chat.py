@@ -253,8 +253,8 @@ def _load_static(
     if options is None:
         options, sched = _default_options(path, info, sched)
     engine = load_slot_engine(path, options)
-    try:
-        engine.warmup(log=log.info)
+    try:  # the graphs a start's first requests do not need are captured after ready (capture_after_ready)
+        engine.warmup(log=log.info, defer=True)
     except BaseException:
         engine.close()
         raise

@@ -342,6 +342,9 @@ class AsyncLLMEngine:
         self._loop = asyncio.get_running_loop()
         self._thread = threading.Thread(target=self._run, name="miaohui-llm-engine", daemon=True)
         self._thread.start()
+        capture = getattr(self.llm.engine, "capture_deferred", None)
+        if capture is not None:  # a GPU slot engine's graphs left for after ready (capture_after_ready)
+            capture()
 
     def _warmup(self, prompt: list[int], params: SamplingParams) -> None:
         config = self.llm.config  # its two prompts must fit the queue whatever max_waiting the model serves with

@@ -78,6 +78,29 @@ class SlotEngineOptions(Frozen):
     (empty slices of the split-KV grid), while every length bucket multiplies the graphs captured at load: with the
     decode steps' five lengths at 64 slots, 105 mixed graphs instead of 21."""
 
+    capture_after_ready: bool = True
+    """Serve a GPU version before all its CUDA graphs are captured: ``serve`` captures the buckets a start's first
+    requests use (:meth:`before_ready`) before the version reports ready, and the rest on a background thread after it
+    (``miaohui_model_start_seconds{phase="engine_capture_after_ready"}``). Until a bucket's graph exists, a step of
+    that shape runs the same compiled kernels without a graph (slower per step, the same tokens); a step that would mix
+    decode and prompts runs as a decode step and a prefill. Used only where the build's precompiled graphs load (no
+    compile can happen after ready); ``false``: every graph before ready."""
+    ready_rows: int = Field(default=4, ge=1)
+    """Before ready (with ``capture_after_ready``): decode graphs of up to this many rows, prefill graphs of up to this
+    many prompts."""
+    ready_tokens: int = Field(default=512, ge=16)
+    """Before ready (with ``capture_after_ready``): decode graphs attending up to this many positions, prefill graphs
+    of up to this many tokens in all (prompts x padded length)."""
+
+    def before_ready(self, kind: Literal["decode", "prefill", "mixed"], rows: int, tokens: int) -> bool:
+        """Whether ``serve`` captures this bucket before ready when graphs may follow after it: decode (``rows``
+        batch, ``tokens`` attended length) and prefill (``rows`` prompts, ``tokens`` = prompts x padded length) within
+        ``ready_rows`` / ``ready_tokens``; mixed steps never (a step without its mixed graph runs as decode + prefill,
+        both from graphs captured before ready)."""
+        if kind == "mixed":
+            return False
+        return rows <= self.ready_rows and tokens <= self.ready_tokens
+
     def prefill_buckets(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
         lengths = self.prefill_length_buckets or _powers(16, self.max_len)
         return tuple(sorted(set(self.prefill_batch_buckets))), tuple(sorted(set(lengths)))
