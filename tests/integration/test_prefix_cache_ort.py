@@ -63,13 +63,13 @@ def test_multi_turn_shared_system_prompt_and_partial_blocks_match_no_cache(tiny:
     system, users, end = _words(1, 21), [_words(10 + k, 5 + k) for k in range(4)], [2, 13]
     cached, plain = _llm(tiny), _llm(tiny, 0.0)
     assert _conversation(cached, system, users, end) == _conversation(plain, system, users, end)
-    # turn 1 (26 tokens) misses; each later turn reuses the full blocks of the previous prompt + the 11 reply tokens
-    # fed back (the 12th was sampled, never computed): 37 → 32, 57 → 48, 78 → 64
-    assert _stats(cached) == (26 + 46 + 67 + 89, 0 + 32 + 48 + 64)
+    # turn 1 (26 tokens) misses; each later turn reuses the previous turn's retained row whole: its prompt + the 11
+    # reply tokens fed back (the 12th was sampled, never computed): 37, 57, 78 (blocks alone would give 32, 48, 64)
+    assert _stats(cached) == (26 + 46 + 67 + 89, 0 + 37 + 57 + 78)
     # another session with the same system prompt (21 tokens: one full block, then a partial one)
     other = [_words(50, 9)]
     assert _conversation(cached, system, other, end) == _conversation(plain, system, other, end)
-    assert _stats(cached)[1] == 144 + 16
+    assert _stats(cached)[1] == 172 + 16  # its system prompt's full block (no retained row begins this prompt)
 
 
 def test_prompts_prefilled_together_with_different_prefixes(tiny: OrtCausalLMEngine) -> None:
@@ -83,6 +83,19 @@ def test_prompts_prefilled_together_with_different_prefixes(tiny: OrtCausalLMEng
     # prefix and rest): the 2nd reuses its 32, the 1st (38 tokens) and the 4th (20) compute everything
     queried, hit = _stats(cached)
     assert (queried - 40, hit) == (38 + 70 + 7 + 20, 32)
+
+
+def test_a_retained_row_reused_in_part_beside_a_fresh_prompt(tiny: OrtCausalLMEngine) -> None:
+    base = _words(11, 40)
+    cached, plain = _llm(tiny), _llm(tiny, 0.0)
+    reply = cached.generate([base], GREEDY)[0][0]
+    held = base + reply[:11]  # the row that left holds its prompt and the 11 reply tokens fed back
+    prompts = [[*held, *_words(12, 5)], _words(13, 30)]
+    assert cached.generate(prompts, GREEDY) == plain.generate(prompts, GREEDY)
+    # the fresh prompt's 30 tokens set the step's width: the continuation computes its last 30 and takes the first 26
+    # of the retained row's 51 (a slice of it), not the 48 its blocks hold
+    queried, hit = _stats(cached)
+    assert (queried - 40, hit) == (56 + 30, 26)
 
 
 def test_eviction_under_a_tiny_budget_keeps_outputs_equal(tiny: OrtCausalLMEngine) -> None:
@@ -113,10 +126,11 @@ def test_a_request_aborted_during_its_prefill_leaves_a_valid_prefix(tiny: OrtCau
     assert cached.abort(seq)
     assert cached.scheduler.update(result) == []
     assert cached.generate([[*prompt, 5]], GREEDY) == plain.generate([[*prompt, 5]], GREEDY)
-    assert _stats(cached) == (37 + 38, 32)
-    # a prompt the cache holds whole reuses all but its last token: 31, part of the second block
+    assert _stats(cached) == (37 + 38, 37)  # the aborted row, retained whole: its 37 prompt tokens
+    # a prompt the blocks hold whole reuses all but its last token: 31, part of the second block (no retained row
+    # begins it: theirs are longer)
     assert cached.generate([prompt[:32]], GREEDY) == plain.generate([prompt[:32]], GREEDY)
-    assert _stats(cached) == (37 + 38 + 32, 32 + 31)
+    assert _stats(cached) == (37 + 38 + 32, 37 + 31)
 
 
 def test_smollm2_conversation_matches_no_cache() -> None:
@@ -141,8 +155,8 @@ def test_smollm2_conversation_matches_no_cache() -> None:
             results.append((replies, llm))
     (with_cache, llm), (without, _) = results
     assert with_cache == without
-    # each turn reuses the blocks of the previous prompt + the 15 reply tokens fed back: 27 + 15 → 32, 59 + 15 → 64
-    assert _stats(llm) == (27 + 59 + 90, 32 + 64)
+    # each turn reuses the previous turn's retained row: its prompt + the 15 reply tokens fed back, 27 + 15 and 59 + 15
+    assert _stats(llm) == (27 + 59 + 90, 42 + 74)
 
 
 async def test_hit_tokens_reach_the_metrics(tiny: OrtCausalLMEngine) -> None:

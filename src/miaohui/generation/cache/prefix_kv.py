@@ -12,10 +12,17 @@ prompt that is wholly cached reuses all but that token (a block's KV is valid fo
 key and value depend only on the tokens before it). :meth:`PrefixKV.store` caches the full blocks of a row's tokens:
 the prompt right after its prefill (so requests that arrive together share a system prompt) and the prompt + answer
 when the sequence leaves (so a conversation's next turn, which repeats both, reuses them).
+
+A leaving row is also *retained* whole (:meth:`PrefixKV.retain`, llama.cpp's slot prompt cache): its per-layer arrays
+as the engine returned them, and the exact tokens they hold. A prompt that starts with all of a retained row's tokens
+(a conversation's next turn) reuses those arrays as they are: no block copy, and no recomputation of the partial last
+block. On SmolLM2-135M at 600 tokens the block copy took 6.2 ms of a ~60 ms turn. The last :data:`RETAINED_ROWS` rows
+that left are kept, within a quarter of the byte budget; the blocks stay the shared, LRU-evicted cache.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -24,6 +31,10 @@ import numpy as np
 from miaohui.generation.cache.prefix_cache import PrefixCache
 from miaohui.generation.executors.base import KVCache
 from miaohui.generation.models.dims import DecoderDims
+
+RETAINED_ROWS = 4
+"""Rows of sequences that left kept whole (the most recent): a conversation's next turn usually comes from one of the
+last few, and each costs its full KV (27 MB for SmolLM2-135M at 600 tokens)."""
 
 
 @dataclass
@@ -41,6 +52,9 @@ class PrefixKV:
         self.dims = dims
         self.cache: PrefixCache[np.ndarray] = PrefixCache(block_size, budget_bytes)
         self.stats = PrefixStats()
+        self._retained: OrderedDict[tuple[int, ...], KVCache] = OrderedDict()
+        """Tokens → a one-row cache holding exactly them, the most recent last."""
+        self._retained_budget = budget_bytes // 4
 
     @property
     def block_size(self) -> int:
@@ -48,13 +62,45 @@ class PrefixKV:
 
     def cached(self, prompt: Sequence[int]) -> int:
         """How many leading tokens of ``prompt`` the cache holds, short of its last (counts the lookup)."""
-        n = min(len(self.cache.match(prompt)) * self.block_size, len(prompt) - 1)
+        blocks = len(self.cache.match(prompt)) * self.block_size
+        n = min(max(blocks, len(self._retained_row(prompt)[0])), len(prompt) - 1)
         self.stats.queried_tokens += len(prompt)
         return max(n, 0)
+
+    def _retained_row(self, prompt: Sequence[int]) -> tuple[tuple[int, ...], KVCache | None]:
+        """The longest retained row whose tokens all begin ``prompt`` (its tokens, its cache), or ``((), None)``."""
+        best: tuple[tuple[int, ...], KVCache | None] = ((), None)
+        for tokens, kv in self._retained.items():
+            if len(best[0]) < len(tokens) <= len(prompt) and tuple(prompt[: len(tokens)]) == tokens:
+                best = (tokens, kv)
+        return best
+
+    def retain(self, tokens: Sequence[int], kv: KVCache) -> None:
+        """Keep ``kv`` (one row holding exactly ``tokens``, no padding) for a prompt that starts with ``tokens``."""
+        key = tuple(tokens)
+        if kv.batch != 1 or kv.length != len(key) or not key or kv.nbytes > self._retained_budget:
+            return
+        self._retained.pop(key, None)
+        self._retained[key] = kv
+        while len(self._retained) > RETAINED_ROWS or self.retained_bytes > self._retained_budget:
+            self._retained.popitem(last=False)
+
+    @property
+    def retained_bytes(self) -> int:
+        return sum(kv.nbytes for kv in self._retained.values())
 
     def prefix(self, prompt: Sequence[int], n: int) -> KVCache:
         """The one-row cache of the first ``n`` tokens of ``prompt`` (at most :meth:`cached`'s count); counts them as
         hits."""
+        tokens, row = self._retained_row(prompt)
+        if row is not None and len(tokens) >= n > 0:
+            self.stats.hit_tokens += n
+            self._retained.move_to_end(tokens)
+            if n == len(tokens):
+                return row  # the engine's own arrays: no copy
+            return KVCache(
+                tuple(k[:, :, :n] for k in row.keys), tuple(v[:, :, :n] for v in row.values), row.mask[:, :n]
+            )
         blocks = self.cache.match(prompt)
         full, rest = divmod(n, self.block_size)
         if full + (1 if rest else 0) > len(blocks) or n <= 0:
@@ -93,3 +139,4 @@ class PrefixKV:
 
     def clear(self) -> None:
         self.cache.clear()
+        self._retained.clear()

@@ -211,6 +211,9 @@ class ModelRunner(SeededRows):
         for r, tokens in enumerate(self._fed):
             if r not in kept:
                 self.prefix_cache.store(tokens, self._kv, r)
+                row = self._kv.select([r])
+                if row is not None and row.length == len(tokens):  # holds exactly its tokens (no padding)
+                    self.prefix_cache.retain(tokens, row)
         self._fed = [self._fed[i] for i in keep]
 
 
