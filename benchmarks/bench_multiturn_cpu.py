@@ -217,7 +217,7 @@ def plot(doc: dict[str, Any], path: Path) -> None:
         ax.plot(range(1, len(r["ttft_ms"]) + 1), r["ttft_ms"], marker="o", label=r["server"])
     ax.set_xlabel("turn")
     ax.set_ylabel("TTFT (ms)")
-    ax.set_title(f"{doc['title']} ({doc['environment']['date'][:10]}, {doc['environment']['commit']})")
+    ax.set_title(f"{doc['title']} ({doc['environment']['date'][:10]}, {doc['environment']['commit'][:9]})")
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
