@@ -273,8 +273,8 @@ class SlotDecoder(DecoderRunner):
 
     def __init__(self, folder: Path, info: CausalLMInfo, int8_batch1: bool = False) -> None:
         from miaohui.generation.build.static_artifact import load_slot_engine, read_static_meta
-        from miaohui.generation.executors.slot_engine import resolve_device
         from miaohui.generation.executors.slot_options import SlotEngineOptions
+        from miaohui.generation.executors.slot_steps import resolve_device
 
         meta = read_static_meta(folder)
         options = SlotEngineOptions(dtype=meta.precision, int8_batch1=int8_batch1)

@@ -107,7 +107,7 @@ def save_static_decoder(
     """Write the version files (see the module docstring) into ``folder`` (which must exist)."""
     from safetensors.torch import save_file
 
-    from miaohui.generation.executors.slot_engine import DTYPES
+    from miaohui.generation.executors.slot_steps import DTYPES
     from miaohui.generation.models.dims import DecoderDims
 
     started = time.perf_counter()
@@ -154,8 +154,9 @@ def load_slot_engine(
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    from miaohui.generation.executors.slot_engine import TorchSlotEngine, resolve_device, torch_compile_fn
+    from miaohui.generation.executors.slot_engine import TorchSlotEngine
     from miaohui.generation.executors.slot_options import SlotEngineOptions
+    from miaohui.generation.executors.slot_steps import resolve_device, torch_compile_fn
 
     started = time.perf_counter()
     meta = read_static_meta(folder)
@@ -196,8 +197,8 @@ def build_compile_cache(folder: Path, options: SlotEngineOptions | None = None) 
     ``options``: what ``serve`` chooses for the version on this GPU when it has no ``generation.yaml``
     (:func:`~miaohui.generation.executors.slot_defaults.choose_defaults`), so the build compiles what serve runs."""
     from miaohui.engines.precompiled import Recorder
-    from miaohui.generation.executors.slot_engine import compile_mode
     from miaohui.generation.executors.slot_options import SlotEngineOptions
+    from miaohui.generation.executors.slot_steps import compile_mode
 
     if options is None:
         options = _serve_defaults(folder)

@@ -35,10 +35,23 @@ import numpy as np
 import torch
 
 from miaohui.engines.graph_capture import capturing, compiles_so_far
-from miaohui.errors import ConfigError, InputError
+from miaohui.errors import InputError
 from miaohui.generation.executors.base import SlotCausalLMEngine, StepLogits
 from miaohui.generation.executors.compile_clock import CompileClock, cache_counters
 from miaohui.generation.executors.slot_options import SlotEngineOptions, bucket_for
+from miaohui.generation.executors.slot_steps import (
+    DTYPES,
+    Graph,
+    HostTokens,
+    Outputs,
+    PrefillBuffers,
+    TorchLogits,
+    allow_specialisations,
+    fill_decode_rows,
+    replay_or_run,
+    resolve_device,
+    torch_compile_fn,
+)
 from miaohui.generation.models import mixed_step
 from miaohui.generation.models.static_kv import StaticKVDecoder
 
@@ -46,101 +59,6 @@ if TYPE_CHECKING:
     from miaohui.generation.cache.slot_prefix import SlotPrefixKV
 
 logger = logging.getLogger(__name__)
-
-DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-
-
-def resolve_device(options: SlotEngineOptions) -> torch.device:
-    """``auto``: CUDA when available, else the CPU; ConfigError for CUDA on a machine without it."""
-    if options.device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(options.device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"device {options.device!r} but CUDA is not available here", "use device: auto or cpu")
-    return dev
-
-
-class _HostTokens:
-    """Pinned host buffers for steps' greedy tokens. The device→host copy is queued right behind its step and an
-    event marks it done, so reading a step's tokens never waits for a later step queued behind it (the chained
-    loop launches step N+1 before it reads step N). Two buffers alternate: step N+1's copy does not overwrite step
-    N's tokens before they are read (step N-1's were read before step N+1 was launched).
-
-    Every torch call releases the GIL and must take it back; under the server's event loop each take-back can
-    wait up to the switch interval, so the step's host path keeps its torch calls few (and waits in
-    ``Event.synchronize``, which releases the GIL, so the event loop streams meanwhile)."""
-
-    def __init__(self, rows: int, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-        self._bufs = [torch.zeros(rows, dtype=torch.int64, pin_memory=self.cuda) for _ in range(2)]
-        self._events = [torch.cuda.Event() for _ in range(2)] if self.cuda else []
-        self._turn = 0
-
-    def start(self, best: torch.Tensor, early: bool) -> Callable[[], list[int]]:
-        """The call that returns ``best`` (int64 [rows] on the device) on the host. ``early``: queue its copy now,
-        behind this step (the chained loop), and wait on an event; else copy when called and wait for the stream:
-        one wait then covers a step's decode and prefill, queued back to back (one GIL take-back, not two)."""
-        if not self.cuda:
-            values = [int(v) for v in best.tolist()]
-            return lambda: values
-        turn, self._turn = self._turn, self._turn ^ 1
-        host, done = self._bufs[turn][: best.shape[0]], self._events[turn]
-        if not early:
-
-            def copy_and_fetch() -> list[int]:
-                host.copy_(best, non_blocking=True)
-                torch.cuda.current_stream(best.device).synchronize()
-                return [int(v) for v in host.tolist()]
-
-            return copy_and_fetch
-        host.copy_(best, non_blocking=True)
-        done.record()
-
-        def fetch() -> list[int]:
-            done.synchronize()
-            return [int(v) for v in host.tolist()]
-
-        return fetch
-
-
-class TorchLogits(StepLogits):
-    """Device logits ``[bucket, vocab]`` of which ``rows`` are the step's sequences, in order; ``tokens`` waits for
-    the step's greedy picks (argmax per row, computed on the device inside the step) and returns them.
-
-    The logits live in static graph buffers that the next step of the same kind (decode or prefill) overwrites:
-    ``valid`` says whether that has happened (:meth:`rows` refuses then)."""
-
-    def __init__(
-        self,
-        logits: torch.Tensor,
-        rows: Sequence[int],
-        tokens: Callable[[], list[int]],
-        valid: Callable[[], bool] = lambda: True,
-    ) -> None:
-        self.logits = logits
-        self.row_ids = list(rows)
-        self._tokens = tokens
-        self._valid = valid
-
-    def argmax(self) -> list[int]:
-        values = self._tokens()
-        return [values[r] for r in self.row_ids]
-
-    def rows(self, idx: Sequence[int]) -> np.ndarray:
-        if not self._valid():
-            raise RuntimeError(
-                "a later step overwrote these logits before their sampled rows were read",
-                # a loop that chains steps must not do so while a sequence samples (report this: a loop bug)
-            )
-        sel = torch.as_tensor([self.row_ids[i] for i in idx], device=self.logits.device)
-        return self.logits.index_select(0, sel).float().cpu().numpy()
-
-
-_Outputs = tuple[torch.Tensor, torch.Tensor]
-"""A step's logits and its greedy pick per row."""
-_Graph = tuple[torch.cuda.CUDAGraph, _Outputs]
-"""A captured CUDA graph and its static outputs."""
-
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -160,79 +78,6 @@ def _under_step_lock(
             return method(self, *args, **kwargs)
 
     return locked
-
-
-def _replay_or_run(graph: _Graph | None, run: Callable[[], _Outputs]) -> _Outputs:
-    """The graph's outputs after a replay; without a graph for the shape (or on a CPU), ``run()`` eagerly."""
-    if graph is not None:
-        graph[0].replay()
-        return graph[1]
-    with torch.inference_mode():
-        return run()
-
-
-def _fill_decode_rows(
-    tok: np.ndarray,
-    pos: np.ndarray,
-    given: np.ndarray,
-    b: int,
-    pad: int,
-    slots: list[int],
-    tokens: list[int | None],
-    positions: np.ndarray,
-) -> None:
-    """Host inputs of a decode step's rows ``0..b-1`` (row = slot): the token (``pad`` where the row holds no
-    sequence), the position, and ``given`` 1 where the host names the token, 0 where the step feeds the slot's previous
-    greedy pick (``None`` in ``tokens``)."""
-    tok[:b] = pad
-    pos[:b] = 0
-    given[:b] = 1
-    if None in tokens:
-        known = [i for i, v in enumerate(tokens) if v is not None]
-        fed = [slots[i] for i, v in enumerate(tokens) if v is None]
-        tok[[slots[i] for i in known]] = [tokens[i] for i in known]
-        given[fed] = 0
-    else:
-        tok[slots] = tokens
-    pos[slots] = positions
-
-
-class _PrefillBuffers:
-    """Static prefill inputs in one tensor (one host→device copy): per prompt row, ``length`` token ids, then its
-    real length, then its cache row (slot)."""
-
-    def __init__(self, prompts: int, length: int, device: torch.device | str, pin: bool) -> None:
-        self.all = torch.zeros((prompts, length + 2), dtype=torch.int64, device=device)
-        if pin:
-            self.all = self.all.pin_memory()
-        self.tokens, self.lengths, self.slots = self.all[:, :length], self.all[:, length], self.all[:, length + 1]
-
-
-RECOMPILE_LIMIT = 64
-"""Dynamo's per-function limit while decode engines are compiled (its default is 8)."""
-
-
-def _allow_specialisations() -> None:
-    """Raise Dynamo's recompile limit so a second engine in one process still compiles.
-
-    The compiled layer halves are shared by every layer, engine and dtype of the process (Dynamo caches per code
-    object), and one engine adds ~5 specialisations of each (batch 1, the attention bias of each length bucket,
-    the cache strides). A second engine (another dtype or model) passed the default limit of 8 and, with
-    ``fullgraph=True``, failed hard (``FailOnRecompileLimitHit``: fp32 then bf16 engines in one process, found on
-    the H200, reproduced on the CPU). The number of specialisations stays bounded by engines x buckets."""
-    config = torch._dynamo.config
-    config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
-
-
-def compile_mode(options: SlotEngineOptions) -> str | None:
-    """``torch.compile``'s mode for the engine's pieces: max-autotune (without Inductor's own CUDA graphs: the engine
-    captures whole steps) when ``options.autotune``."""
-    return "max-autotune-no-cudagraphs" if options.autotune else None
-
-
-def torch_compile_fn(options: SlotEngineOptions) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """The engine's default compile function: ``torch.compile``, dynamic, full graph, :func:`compile_mode`."""
-    return functools.partial(torch.compile, dynamic=True, fullgraph=True, mode=compile_mode(options))
 
 
 class TorchSlotEngine(SlotCausalLMEngine):
@@ -268,7 +113,7 @@ class TorchSlotEngine(SlotCausalLMEngine):
         if options.int8_batch1:
             model.add_int8(kernel=options.int8_kernel)
         if self.compiled:
-            _allow_specialisations()
+            allow_specialisations()
             if compile_fn is None:
                 compile_fn = torch_compile_fn(options)
             model.use_compiled(compile_fn)
@@ -285,8 +130,8 @@ class TorchSlotEngine(SlotCausalLMEngine):
         self._picked = torch.zeros(top + 1, dtype=torch.int64, device=self.device)
         """Per slot, the greedy token its last decode or prefill picked (written inside the step's graph); the last
         entry takes a mixed step's padding prompts' picks."""
-        self._decode_tokens = _HostTokens(top, self.device)
-        self._graphs: dict[tuple[int, int], _Graph] = {}
+        self._decode_tokens = HostTokens(top, self.device)
+        self._graphs: dict[tuple[int, int], Graph] = {}
         self._launched = {"decode": 0, "prefill": 0, "mixed": 0}
         self.prefill_batches, self.prefill_lengths = options.prefill_buckets()
         self.max_prefill_prompts = max(self.prefill_batches) if options.static_prefill else None
@@ -294,10 +139,10 @@ class TorchSlotEngine(SlotCausalLMEngine):
         """Prefills that fell back to the eager path with ``static_prefill`` on (the first one is logged)."""
         if options.static_prefill:
             pb, ps = max(self.prefill_batches), max(self.prefill_lengths)
-            self._pf_host = [_PrefillBuffers(pb, ps, "cpu", pin) for _ in range(2)]
-            self._pf_dev = _PrefillBuffers(pb, ps, self.device, False)
-        self._prefill_tokens = _HostTokens(model.num_slots, self.device)  # a prefill fills at most every slot
-        self._prefill_graphs: dict[tuple[int, int], _Graph] = {}
+            self._pf_host = [PrefillBuffers(pb, ps, "cpu", pin) for _ in range(2)]
+            self._pf_dev = PrefillBuffers(pb, ps, self.device, False)
+        self._prefill_tokens = HostTokens(model.num_slots, self.device)  # a prefill fills at most every slot
+        self._prefill_graphs: dict[tuple[int, int], Graph] = {}
         self.mixed_tokens = tuple(sorted(set(options.mixed_prefill_tokens)))
         self.mixed_prompts = options.mixed_prefill_prompts
         self.mixed_lengths = options.mixed_lengths()
@@ -310,7 +155,7 @@ class TorchSlotEngine(SlotCausalLMEngine):
             width = top + max(self.mixed_tokens)
             self._mx_host = [torch.zeros((6, width), dtype=torch.int64, pin_memory=pin) for _ in range(2)]
             self._mx_dev = torch.zeros((6, width), dtype=torch.int64, device=self.device)
-        self._mixed_graphs: dict[tuple[int, int, int], _Graph] = {}
+        self._mixed_graphs: dict[tuple[int, int, int], Graph] = {}
         self.warmup_seconds: float | None = None
         self.start_phases: dict[str, float] = {}
         """Where the start went, in seconds: ``load`` (weights and compile cache, set by the loader), ``compile``
@@ -445,7 +290,7 @@ class TorchSlotEngine(SlotCausalLMEngine):
         io[3].fill_(1)
         io[5].fill_(self.model.scratch_row)
 
-    def _step_for(self, kind: _Kind, key: tuple[int, ...]) -> Callable[[], _Outputs]:
+    def _step_for(self, kind: _Kind, key: tuple[int, ...]) -> Callable[[], Outputs]:
         """The static step of bucket ``key`` of ``kind`` over the engine's static inputs."""
         if kind == "decode":
             return functools.partial(self._decode_step, *key)
@@ -494,12 +339,12 @@ class TorchSlotEngine(SlotCausalLMEngine):
         if not self._closing:
             log(f"captured {done} CUDA graphs after ready in {seconds:.1f}s ({len(self._deferred)} left)")
 
-    def _graph_table(self, kind: _Kind) -> dict[Any, _Graph]:
+    def _graph_table(self, kind: _Kind) -> dict[Any, Graph]:
         if kind == "decode":
             return self._graphs
         return self._prefill_graphs if kind == "prefill" else self._mixed_graphs
 
-    def _isolated_warm_run(self, kind: _Kind, step: Callable[[], _Outputs]) -> None:
+    def _isolated_warm_run(self, kind: _Kind, step: Callable[[], Outputs]) -> None:
         """``step()`` (a bucket's warm run) on an engine that is serving, leaving its sequences' state as it was: the
         static inputs are set to padding rows (a prefill's and a mixed step's into the scratch cache row), the slots'
         picks are saved and put back, and so is position 0 of the cache rows a decode step writes (rows are slots).
@@ -522,7 +367,7 @@ class TorchSlotEngine(SlotCausalLMEngine):
             v[:rows, :, 0].copy_(v0)
         self._picked.copy_(picked)
 
-    def _decode_step(self, b: int, t: int) -> _Outputs:
+    def _decode_step(self, b: int, t: int) -> Outputs:
         """Decode rows ``0..b-1`` over ``t`` cached positions from the static inputs: each row's token is the host's
         (``io[2]`` = 1) or the slot's previous greedy pick; the step's own picks are stored for the next step."""
         io = self._io_dev
@@ -532,14 +377,14 @@ class TorchSlotEngine(SlotCausalLMEngine):
         self._picked[:b].copy_(best)
         return logits, best
 
-    def _prefill_step(self, tokens: torch.Tensor, lengths: torch.Tensor, slots: torch.Tensor) -> _Outputs:
+    def _prefill_step(self, tokens: torch.Tensor, lengths: torch.Tensor, slots: torch.Tensor) -> Outputs:
         """Prefill, and store each prompt's greedy pick as its slot's next decode token."""
         logits = self._prefill_fn(tokens, lengths, slots)
         best = logits.argmax(dim=-1)
         self._picked.index_copy_(0, slots, best)
         return logits, best
 
-    def _mixed_step(self, b: int, p: int, t: int) -> _Outputs:
+    def _mixed_step(self, b: int, p: int, t: int) -> Outputs:
         """A mixed step from the static inputs (:meth:`_mixed`): decode rows ``0..b-1`` (tokens as in
         :meth:`_decode_step`), then ``p`` prompt-token rows; logits of the ``b`` decode rows and of each prompt's last
         token; the picks stored per slot as decode and prefill store them."""
@@ -554,11 +399,11 @@ class TorchSlotEngine(SlotCausalLMEngine):
 
     def _capture_one(
         self,
-        step: Callable[[], _Outputs],
+        step: Callable[[], Outputs],
         pool: Any,
         isolate: _Kind | None = None,
         error_mode: str = "global",
-    ) -> _Graph:
+    ) -> Graph:
         """Run ``step()`` on a side stream (loads the kernels and warms cuBLAS for the shape; once more where that
         run compiled), then capture it into a CUDA graph from ``pool`` (:func:`capturing`: no per-capture flush of the
         allocator); the graph and its static outputs. ``isolate``: the engine is serving, the warm runs go through
@@ -640,7 +485,7 @@ class TorchSlotEngine(SlotCausalLMEngine):
         lens[:n], rows[:n] = [len(p) for p in prompts], slots
         lens[n:nb], rows[n:nb] = len(prompts[0]), slots[0]
         dev.all[:nb].copy_(host.all[:nb], non_blocking=True)
-        logits, best = _replay_or_run(
+        logits, best = replay_or_run(
             self._prefill_graphs.get((nb, sb)),
             lambda: self._prefill_step(dev.tokens[:nb, :sb], dev.lengths[:nb], dev.slots[:nb]),
         )
@@ -718,9 +563,9 @@ class TorchSlotEngine(SlotCausalLMEngine):
         t = bucket_for(int(positions.max()) + 1, self.length_buckets)
         turn, valid = self._next_turn("decode")
         io = self._io_host[turn].numpy()
-        _fill_decode_rows(io[0], io[1], io[2], b, self.pad_token_id, slots, tokens, positions)
+        fill_decode_rows(io[0], io[1], io[2], b, self.pad_token_id, slots, tokens, positions)
         self._io_dev.copy_(self._io_host[turn], non_blocking=True)  # whole (contiguous) buffer: 1.5 KB at 64 slots
-        logits, best = _replay_or_run(self._graphs.get((b, t)), lambda: self._decode_step(b, t))
+        logits, best = replay_or_run(self._graphs.get((b, t)), lambda: self._decode_step(b, t))
         return TorchLogits(logits, slots, self._decode_tokens.start(best, self.chaining), valid)
 
     @_under_step_lock
@@ -747,7 +592,7 @@ class TorchSlotEngine(SlotCausalLMEngine):
         tok, pos, rows, given, out_rows, prompt_slots = self._mx_host[turn].numpy()
         scratch, k = self.model.scratch_row, b + self.mixed_prompts
         tok[b : b + p], pos[b : b + p], rows[: b + p] = self.pad_token_id, 0, scratch
-        _fill_decode_rows(tok, pos, given, b, self.pad_token_id, slots, tokens, positions)
+        fill_decode_rows(tok, pos, given, b, self.pad_token_id, slots, tokens, positions)
         rows[slots] = slots
         out_rows[:k], prompt_slots[: self.mixed_prompts] = 0, scratch
         out_rows[:b] = np.arange(b)
@@ -758,7 +603,7 @@ class TorchSlotEngine(SlotCausalLMEngine):
             out_rows[b + i], prompt_slots[i] = end - 1, slot
             at = end
         self._mx_dev.copy_(self._mx_host[turn], non_blocking=True)
-        logits, best = _replay_or_run(graph, lambda: self._mixed_step(b, p, t))
+        logits, best = replay_or_run(graph, lambda: self._mixed_step(b, p, t))
         self.mixed_steps += 1
         decode = TorchLogits(logits, slots, self._decode_tokens.start(best[:b], self.chaining), valid)
         prefill = TorchLogits(logits[b:], range(n), self._prefill_tokens.start(best[b : b + n], self.chaining), valid)
