@@ -20,8 +20,8 @@
 #   own-decoder       benchmarks/bench_gpu_own_decoder.py: a team's Qwen2-1.5B-shaped HF decoder through `build-llm` /
 #                     `serve` defaults on empty compile caches (time to ready), then `miaohui bench --target chat` at
 #                     1 and 64 streams → gpu_own_decoder.json; carry a tokenizer folder (TOKENIZER, default var/gpu-tok)
-#   gate-decoder      `miaohui build-llm` + `miaohui validate` of SmolLM2-135M-Instruct (real weights; GGUF in three
-#                     parts: scripts/gpu/pack_smollm2.sh, each part kept by `setup` on the same warm machine) on the
+#   gate-decoder      `miaohui build-llm` + `miaohui validate` of SmolLM2-135M-Instruct (real weights; GGUF in two
+#                     parts: scripts/gpu/pack_smollm2.sh; call 1 `setup` with .llm1, call 2 this with .llm2) on the
 #                     inductor engine against the fp32 source → gate_decoder.json (PRECISION, default bf16)
 #   tune [ARGS]       scripts/gpu/tune.py: this GPU's tuning file → $OUT/tune/<gpu>-sm<cc>.json (commit it into
 #                     src/miaohui/models/tuning/); ARGS go to tune.py
@@ -72,7 +72,7 @@ join_intent() {  # the trained intent model from the two carried parts (kept in 
 
 case $target in
   setup)
-    for d in .gpu1 .gpu2 .llm1 .llm2 .llm3; do [ -d $d ] && cp -n $d/* /tmp/ 2>/dev/null; done
+    for d in .gpu1 .gpu2 .llm1 .llm2; do [ -d $d ] && cp -n $d/* /tmp/ 2>/dev/null; done
     ls /tmp/smollm2.gguf.part* 2>/dev/null
     ls /tmp/e5.xz.part* 2>/dev/null
     if [ -f /tmp/e5.xz.part2 ]; then join_intent && echo "intent model joined: $E5_MODEL"; fi
@@ -113,10 +113,10 @@ case $target in
     ;;
   gate-decoder)
     # issue 43 goal 4: the decoder gate (`miaohui validate`) on the inductor engine against the fp32 source, with real
-    # weights: SmolLM2-135M-Instruct's GGUF, carried in three parts (scripts/gpu/pack_smollm2.sh; `setup` keeps each)
-    for d in .llm1 .llm2 .llm3; do [ -d $d ] && cp -n $d/* /tmp/ 2>/dev/null; done
+    # weights: SmolLM2-135M-Instruct's GGUF, carried in two parts (scripts/gpu/pack_smollm2.sh; `setup` keeps the first)
+    for d in .llm1 .llm2; do [ -d $d ] && cp -n $d/* /tmp/ 2>/dev/null; done
     G=/tmp/smol/SmolLM2-135M-Instruct.Q4_1.gguf
-    mkdir -p /tmp/smol && cat /tmp/smollm2.gguf.part0 /tmp/smollm2.gguf.part1 /tmp/smollm2.gguf.part2 > $G || exit 1
+    mkdir -p /tmp/smol && cat /tmp/smollm2.gguf.part0 /tmp/smollm2.gguf.part1 > $G || exit 1
     [ "$(sha256sum $G | cut -d' ' -f1)" = "$(cat /tmp/smollm2.sha256)" ] || { echo "GGUF parts do not join"; exit 1; }
     rm -rf /tmp/gate && t0=$(date +%s)
     timeout 300 python3 -m miaohui.cli build-llm $G --backend inductor --precision "${PRECISION:-bf16}" -r /tmp/gate \
