@@ -220,10 +220,11 @@ def test_int4_greedy_is_identical_to_hf_generate(
     decoder_dirs: dict[str, Path], prompts: list[list[int]], hf_greedy: list[list[int]]
 ) -> None:
     """The shipped SmolLM2 is a Q4_1 GGUF converted to fp32: its weights lie on the 4-bit grid ``int4`` stores, and
-    ``int4`` multiplies in fp32, so its greedy tokens are HF's (llama.cpp's Q4_1, which rounds activations, are not)."""
+    ``int4`` multiplies in fp32 (the head's largest logits too), so its greedy tokens are HF's (llama.cpp's Q4_1,
+    which rounds activations, are not). The logits below the head's top carry int8-rounded activations."""
     meta = load_meta(decoder_dirs["int4"])
     assert meta.precision == "int4" and meta.check["top1_agrees"] == 1.0
-    assert meta.check["logits_vs_fp32"] < 1e-3
+    assert meta.check["top_logits_vs_fp32"] < 1e-3 < meta.check["logits_vs_fp32"] < 1.0
     import onnx
 
     graph = onnx.load(str(decoder_dirs["int4"] / "model.onnx"), load_external_data=False).graph

@@ -13,6 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from miaohui.generation.build.weight_blocks import (
     BLOCK,
+    HEAD_EXACT_TOP,
     dequantized_q4,
     initializer_bytes,
     one_row_switch,
@@ -75,23 +76,31 @@ def _run(model: onnx.ModelProto, x: np.ndarray) -> list[np.ndarray]:
 
 
 @pytest.mark.parametrize("rows", [1, 5])
-def test_rewritten_graph_computes_the_matmuls_in_fp32(rows: int) -> None:
-    k = 96
+def test_rewritten_graph_computes_the_layers_in_fp32_and_the_heads_top_in_fp32(rows: int) -> None:
+    k, vocab = 96, 300
     layer = _q4_grid(k, 48)
-    q8 = RNG.integers(-127, 128, size=(80, k // BLOCK, BLOCK))
+    q8 = RNG.integers(-127, 128, size=(vocab, k // BLOCK, BLOCK))
     q8[..., 0] = 127  # the block's largest magnitude sets its scale, as Q8_0 does
-    s8 = RNG.uniform(0.001, 0.02, size=(80, k // BLOCK, 1)).astype(np.float32)
-    head = np.ascontiguousarray((s8 * q8).astype(np.float32).reshape(80, k).T)
+    s8 = RNG.uniform(0.001, 0.02, size=(vocab, k // BLOCK, 1)).astype(np.float32)
+    head = np.ascontiguousarray((s8 * q8).astype(np.float32).reshape(vocab, k).T)
     odd = RNG.standard_normal((20, 8)).astype(np.float32)  # K not a multiple of 32: kept as it is
     model = _graph({"layer": layer, "head": head}, k)
     counts = quantize_blocks_model(model)
     assert counts == {"q4": 1, "q8": 1, "kept": 0}
-    assert {n.op_type for n in model.graph.node} == {"MatMulNBits", "MatMul", "Add"}
+    assert "MatMulNBits" in {n.op_type for n in model.graph.node}
     assert not {"layer", "head"} & {i.name for i in model.graph.initializer}  # the fp32 copies are gone
     x = RNG.standard_normal((rows, 3, k)).astype(np.float32)
     got_layer, got_head = _run(model, x)
     np.testing.assert_allclose(got_layer, x @ layer, rtol=1e-4, atol=1e-4)
-    np.testing.assert_allclose(got_head, x @ head, rtol=1e-4, atol=1e-4)
+    want = x @ head
+    # the largest logits are fp32 (the int8 pass ranks the fp32 top 32 within its top 64; near its 64th, not always)
+    top = np.argsort(-want, axis=-1)[..., : HEAD_EXACT_TOP // 2]
+    np.testing.assert_allclose(
+        np.take_along_axis(got_head, top, -1), np.take_along_axis(want, top, -1), rtol=1e-4, atol=1e-4
+    )
+    tail = np.abs(got_head - want).max()  # the rest: int8-rounded activations, not fp32
+    assert 1e-4 < tail < 0.05 * np.abs(want).max()
+    assert (got_head.argmax(-1) == want.argmax(-1)).all()
     assert quantize_blocks_model(kept := _graph({"odd": odd}, 20)) == {"q4": 0, "q8": 0, "kept": 1}
     assert [n.op_type for n in kept.graph.node] == ["MatMul"]
 

@@ -374,9 +374,10 @@ def quantize_decoder(src_dir: Path, out_dir: Path, method: Int8Method = "weight-
 
 def quantize_decoder_int4(src_dir: Path, out_dir: Path) -> DecoderMeta:
     """``int4`` copy of an fp32 decoder directory: the layers' weights in 4-bit blocks with a scale and a minimum
-    per 32 values (llama.cpp's ``Q4_1`` layout), the LM head in 8-bit blocks (``Q8_0``'s), every product in fp32
-    (:mod:`miaohui.generation.build.weight_blocks`). A third of the fp32 graph's bytes read per decoded token, and
-    no rounding of the activations (llama.cpp's Q4 and ORT's ``accuracy_level=4`` round them to 8 bits).
+    per 32 values (llama.cpp's ``Q4_1`` layout), the LM head in 8-bit blocks (``Q8_0``'s), every layer product and the
+    head's largest logits in fp32 (:mod:`miaohui.generation.build.weight_blocks`). A third of the fp32 graph's bytes
+    read per decoded token, and no rounding of the activations where the answer is decided (llama.cpp's Q4 and ORT's
+    ``accuracy_level=4`` round them to 8 bits everywhere).
 
     The fp32 graph stays for the steps of more than one token (:func:`~miaohui.generation.build.weight_blocks.
     one_row_switch`, one graph holding both): ``MatMulNBits`` in fp32 dequantizes its whole weight per call once a
@@ -426,7 +427,8 @@ def _matmuls_of(model: Any, weights: Sequence[str]) -> list[str]:
 
 
 def _compare_logits(ref: Path, new: Path, meta: DecoderMeta) -> dict[str, float]:
-    """Logit error of a quantized graph against its fp32 source on a fixed token sequence."""
+    """Logit error of a quantized graph against its fp32 source on a fixed token sequence: over every logit, and
+    over the source's 20 largest (what a greedy pick and ``top_logprobs`` read)."""
     import onnxruntime as ort
 
     d = meta.decoder_dims
@@ -436,7 +438,9 @@ def _compare_logits(ref: Path, new: Path, meta: DecoderMeta) -> dict[str, float]
     outs = [
         ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]).run(["logits"], feeds)[0] for p in (ref, new)
     ]
+    top = np.argsort(-outs[0][0])[:20]
     return {
         "logits_vs_fp32": float(np.abs(outs[0] - outs[1]).max()),
+        "top_logits_vs_fp32": float(np.abs(outs[0][0, top] - outs[1][0, top]).max()),
         "top1_agrees": float(outs[0].argmax() == outs[1].argmax()),
     }
