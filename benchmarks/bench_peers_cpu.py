@@ -10,7 +10,9 @@
   as ``make run`` does, one repository per ``--miaohui-precision``) against llama.cpp's server (``xllamacpp``) on
   the same Q4_1 GGUF miaohui builds from, and ``transformers serve`` (fp32 PyTorch) as a reference. The same
   ``openai`` streaming client and 8 prompts, greedy, ``--new-tokens`` tokens (``ignore_eos`` where the server
-  takes it); TTFT and TPOT p50/p99 and tokens/s at ``--streams``.
+  takes it); TTFT and TPOT p50/p99 and tokens/s at ``--streams``. With ``--interleave`` every server is up at once
+  and each level's rounds are taken server by server in turn, so the machine's drift between minutes moves them
+  alike (the ratio to publish); without it, one server at a time.
 * Intent: the same int8 ONNX intent model (miaohui's default engine: ``prepare.default_config``) behind miaohui
   (KServe v2 text contract, and ``/v1/intent`` which adds slots), MLServer (KServe v2, adaptive batching, a runtime
   around ONNX Runtime), PyTriton (Triton's KServe v2 server and dynamic batcher) and LitServe (``/predict``, dynamic
@@ -26,6 +28,7 @@ level included) and prints the tables last.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
@@ -132,6 +135,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--work", type=Path, default=ROOT / "var" / "peers", help="peer venvs, repositories, logs")
     ap.add_argument("--out", type=Path, default=HERE / "results")
     ap.add_argument("--no-install", action="store_true", help="do not run scripts/peers.sh first")
+    ap.add_argument(
+        "--interleave",
+        action="store_true",
+        help="generation: every server up at once, each level's rounds taken server by server in turn (a machine "
+        "whose speed drifts between minutes then moves all servers alike); transformers is not run",
+    )
     ap.add_argument("--smoke", action="store_true", help="check every server answers: 1 level, tiny loads")
     ap.add_argument(
         "--append",
@@ -171,9 +180,11 @@ class Runner:
         self.logs = args.work / "logs"
         self.py = {p: str(args.work / p / "bin" / "python") for p in PEERS}
 
-    def serve(self, name: str, cmd: list[str], ready_path: str, env: dict[str, str] | None = None) -> Any:
+    def serve(
+        self, name: str, cmd: list[str], ready_path: str, env: dict[str, str] | None = None, port: int | None = None
+    ) -> Any:
         print(f"… starting {name}", file=sys.stderr, flush=True)
-        url = f"http://127.0.0.1:{self.args.port}{ready_path}"
+        url = f"http://127.0.0.1:{port or self.args.port}{ready_path}"
         return procs.running(cmd, url, self.logs / f"{name}.log", env=env)
 
     @staticmethod
@@ -241,6 +252,43 @@ def _miaohui_cmd(repo: Path, port: int, models: str) -> list[str]:
     ]
 
 
+def _interleaved(
+    args: argparse.Namespace,
+    runner: Runner,
+    llamacpp_cmd: Callable[[int], list[str]],
+    llamacpp_extra: dict[str, Any],
+) -> list[dict[str, Any]]:
+    """``--interleave``: miaohui's servers and llama.cpp's all up at once (ports ``--port``, ``--port`` + 1, …), each
+    level's rounds taken server by server in turn (:func:`load.generation_rounds`); an idle server waits on its
+    socket, so the one measured has the cores."""
+    targets: dict[str, load.ChatTarget] = {}
+    with contextlib.ExitStack() as stack:
+        for i, precision in enumerate(args.miaohui_precision):
+            port = args.port + i
+            repo = _miaohui_llm(args, precision)
+            cmd = _miaohui_cmd(repo, port, "smollm2")
+            stack.enter_context(runner.serve(f"miaohui-{precision}", cmd, "/v2/health/ready", port=port))
+            base = f"http://127.0.0.1:{port}/v1"
+            targets[miaohui_server_name(precision)] = load.ChatTarget(base, "smollm2", {"ignore_eos": True})
+        if "llamacpp" in args.peers:
+            port = args.port + len(args.miaohui_precision)
+            stack.enter_context(runner.serve("llamacpp", llamacpp_cmd(port), "/health", port=port))
+            base = f"http://127.0.0.1:{port}/v1"
+            targets["llamacpp-q4_1"] = load.ChatTarget(base, "smollm2", llamacpp_extra)
+        rows: list[dict[str, Any]] = []
+        for s in args.streams:
+            level = runner.measure(
+                functools.partial(load.generation_rounds, targets, QUESTIONS, s, args.new_tokens, args.runs),
+                servers=list(targets),
+                streams=s,
+            )
+            load_before = level["loadavg_1m_before"]
+            for server in targets:
+                result = level.get(server, {"error": level.get("error", "no result")})
+                rows.append({"server": server, "streams": s, "loadavg_1m_before": load_before, **result})
+        return rows
+
+
 def run_generation(args: argparse.Namespace, runner: Runner) -> list[dict[str, Any]]:
     from miaohui.zoo.smollm import ensure_smollm_cache, smollm_gguf_path
 
@@ -257,26 +305,32 @@ def run_generation(args: argparse.Namespace, runner: Runner) -> list[dict[str, A
                 )
             )
 
-    for precision in args.miaohui_precision:
-        repo = _miaohui_llm(args, precision)
-        with runner.serve(f"miaohui-{precision}", _miaohui_cmd(repo, args.port, "smollm2"), "/v2/health/ready"):
-            levels(miaohui_server_name(precision), load.ChatTarget(base, "smollm2", {"ignore_eos": True}), args.streams)
-    if "llamacpp" in args.peers:
-        cmd = [
+    def llamacpp_cmd(port: int) -> list[str]:
+        return [
             runner.py["llamacpp"],
             str(HERE / "peers" / "serve_llamacpp.py"),
             str(smollm_gguf_path()),
             "--port",
-            str(args.port),
+            str(port),
             "--threads",
             str(args.threads),
             "--parallel",
             str(max(args.streams)),
         ]
-        with runner.serve("llamacpp", cmd, "/health"):
-            extra = {"ignore_eos": True, "cache_prompt": args.llamacpp_prompt_cache}
-            levels("llamacpp-q4_1", load.ChatTarget(base, "smollm2", extra), args.streams)
-    if "transformers" in args.peers:
+
+    llamacpp_extra = {"ignore_eos": True, "cache_prompt": args.llamacpp_prompt_cache}
+    if args.interleave:
+        rows += _interleaved(args, runner, llamacpp_cmd, llamacpp_extra)
+    else:
+        for precision in args.miaohui_precision:
+            repo = _miaohui_llm(args, precision)
+            with runner.serve(f"miaohui-{precision}", _miaohui_cmd(repo, args.port, "smollm2"), "/v2/health/ready"):
+                target = load.ChatTarget(base, "smollm2", {"ignore_eos": True})
+                levels(miaohui_server_name(precision), target, args.streams)
+        if "llamacpp" in args.peers:
+            with runner.serve("llamacpp", llamacpp_cmd(args.port), "/health"):
+                levels("llamacpp-q4_1", load.ChatTarget(base, "smollm2", llamacpp_extra), args.streams)
+    if "transformers" in args.peers and not args.interleave:
         model = str(ensure_smollm_cache())
         tserve = str(Path(runner.py["transformers"]).with_name("transformers"))
         cmd = [
@@ -468,6 +522,7 @@ def main(argv: list[str] | None = None) -> None:
             "system_message": f"one per request, numbered so no prompt cache reuses another's: {load.system_line(0)!r}",
             "decoding": "greedy (temperature 0); ignore_eos for miaohui and llama.cpp",
             "llamacpp_prompt_cache": args.llamacpp_prompt_cache,
+            "interleave": args.interleave,
             "miaohui_precisions": args.miaohui_precision,
         }
         path = args.out / f"peers_generation_cpu{suffix}.json"

@@ -177,46 +177,82 @@ async def _stream(
     return start, times, "".join(text)
 
 
+class _Tally:
+    """One server's streamed requests over the rounds of a level: TTFT, the gaps between tokens, tokens, wall."""
+
+    def __init__(self) -> None:
+        self.ttft: list[float] = []
+        self.gaps: list[float] = []
+        self.tokens = 0
+        self.wall = 0.0
+        self.texts: list[str] = []
+
+    def add(self, results: list[tuple[float, list[float], str]], wall: float) -> None:
+        self.wall += wall
+        for start, times, text in results:
+            if times:
+                self.ttft.append(times[0] - start)
+                self.gaps += [b - a for a, b in itertools.pairwise(times)]
+            self.tokens += len(times)
+            self.texts.append(text)
+
+    def summary(self, streams: int) -> dict[str, Any]:
+        return {
+            "streams": streams,
+            "ttft_ms": stats_ms(self.ttft),
+            "tpot_ms": stats_ms(self.gaps),
+            "tokens": self.tokens,
+            "tokens_per_s": self.tokens / self.wall if self.wall else float("nan"),
+            "wall_s": self.wall,
+            "first_answer": self.texts[0][:200] if self.texts else "",
+        }
+
+
 async def _generation_async(
-    target: ChatTarget, questions: list[str], streams: int, max_tokens: int, runs: int
-) -> dict[str, Any]:
+    targets: dict[str, ChatTarget], questions: list[str], streams: int, max_tokens: int, runs: int
+) -> dict[str, dict[str, Any]]:
     import httpx
     from openai import AsyncOpenAI
 
     # a connection per request: llama.cpp's server closes idle keep-alive connections, and a request sent on one it
     # has just closed fails (no retries here, so that no retry hides in a latency); a localhost connect is ~0.2 ms
-    http = httpx.AsyncClient(limits=httpx.Limits(max_keepalive_connections=0), timeout=600)
-    client = AsyncOpenAI(base_url=target.base_url, api_key="none", timeout=600, max_retries=0, http_client=http)
+    clients = {
+        name: AsyncOpenAI(
+            base_url=target.base_url,
+            api_key="none",
+            timeout=600,
+            max_retries=0,
+            http_client=httpx.AsyncClient(limits=httpx.Limits(max_keepalive_connections=0), timeout=600),
+        )
+        for name, target in targets.items()
+    }
     batch = [questions[i % len(questions)] for i in range(streams)]
     numbers = itertools.count()  # every request's own system line (module docstring)
     warm = batch[: min(streams, 2)]
-    await asyncio.gather(*(_stream(client, target, q, max_tokens, next(numbers)) for q in warm))  # warm-up
-    ttft: list[float] = []
-    gaps: list[float] = []
-    tokens = 0
-    wall = 0.0
-    texts: list[str] = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        results = await asyncio.gather(*(_stream(client, target, q, max_tokens, next(numbers)) for q in batch))
-        wall += time.perf_counter() - t0
-        for start, times, text in results:
-            if times:
-                ttft.append(times[0] - start)
-                gaps += [b - a for a, b in itertools.pairwise(times)]
-            tokens += len(times)
-            texts.append(text)
-    await client.close()
-    return {
-        "streams": streams,
-        "ttft_ms": stats_ms(ttft),
-        "tpot_ms": stats_ms(gaps),
-        "tokens": tokens,
-        "tokens_per_s": tokens / wall if wall else float("nan"),
-        "wall_s": wall,
-        "first_answer": texts[0][:200] if texts else "",
-    }
+    tallies = {name: _Tally() for name in targets}
+    names = list(targets)
+    for name in names:  # warm-up
+        await asyncio.gather(*(_stream(clients[name], targets[name], q, max_tokens, next(numbers)) for q in warm))
+    for r in range(runs):
+        for name in names[r % len(names) :] + names[: r % len(names)]:  # each server first in turn
+            t0 = time.perf_counter()
+            results = await asyncio.gather(
+                *(_stream(clients[name], targets[name], q, max_tokens, next(numbers)) for q in batch)
+            )
+            tallies[name].add(results, time.perf_counter() - t0)
+    for client in clients.values():
+        await client.close()
+    return {name: tally.summary(streams) for name, tally in tallies.items()}
 
 
 def generation_load(target: ChatTarget, questions: list[str], streams: int, max_tokens: int, runs: int = 1) -> dict:
-    return asyncio.run(_generation_async(target, questions, streams, max_tokens, runs))
+    return asyncio.run(_generation_async({"one": target}, questions, streams, max_tokens, runs))["one"]
+
+
+def generation_rounds(
+    targets: dict[str, ChatTarget], questions: list[str], streams: int, max_tokens: int, runs: int
+) -> dict[str, dict[str, Any]]:
+    """:func:`generation_load` of several servers, all running, round by round in turn (each first in turn): a
+    machine whose speed drifts between minutes then moves every server's rounds alike, and a ratio compares
+    rounds taken seconds apart rather than minutes."""
+    return asyncio.run(_generation_async(targets, questions, streams, max_tokens, runs))

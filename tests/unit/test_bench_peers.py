@@ -10,7 +10,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -164,6 +164,50 @@ def test_the_load_tool_against_a_real_localhost_server(bench: ModuleType) -> Non
         assert bench.procs.ready(f"http://127.0.0.1:{server.server_port}/") is False  # GET: 501, not ready
     finally:
         server.shutdown()
+
+
+class _Chat(BaseHTTPRequestHandler):
+    """A streaming /v1/chat/completions that answers ``max_tokens`` one-word chunks and logs its calls."""
+
+    protocol_version = "HTTP/1.1"
+    calls: ClassVar[list[tuple[str, int]]] = []
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        _Chat.calls.append((self.server.name, len(_Chat.calls)))  # type: ignore[attr-defined]
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        for i in range(body["max_tokens"]):
+            chunk = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": body["model"],
+                     "choices": [{"index": 0, "delta": {"content": f"w{i} "}, "finish_reason": None}]}  # fmt: skip
+            self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        self.wfile.write(b"data: [DONE]\n\n")
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_interleaved_rounds_take_each_server_in_turn(bench: ModuleType) -> None:
+    servers = []
+    for name in ("a", "b"):
+        server = ThreadingHTTPServer(("127.0.0.1", 0), _Chat)
+        server.name = name  # type: ignore[attr-defined]
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+    _Chat.calls.clear()
+    try:
+        targets = {s.name: bench.load.ChatTarget(f"http://127.0.0.1:{s.server_port}/v1", "m") for s in servers}  # type: ignore[attr-defined]
+        res = bench.load.generation_rounds(targets, ["q"], streams=2, max_tokens=3, runs=3)
+    finally:
+        for server in servers:
+            server.shutdown()
+    assert set(res) == {"a", "b"}
+    assert all(r["tokens"] == 3 * 2 * 3 and r["tpot_ms"]["n"] == 3 * 2 * 2 for r in res.values())
+    order = [name for name, _ in _Chat.calls]
+    # warm-up (2 requests each), then rounds of 2 requests: a b, b a, a b (each server first in turn)
+    assert order == ["a", "a", "b", "b", "a", "a", "b", "b", "b", "b", "a", "a", "a", "a", "b", "b"]
 
 
 def test_append_keeps_the_rows_of_servers_not_measured_again(bench: ModuleType, tmp_path: Path) -> None:
