@@ -9,9 +9,10 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from pydantic import BaseModel, ValidationError
-from rich.console import Console
 from rich.table import Table
 
+from miaohui.cli_output import console, err_console
+from miaohui.cli_output import fail as _fail
 from miaohui.dialogue.cli import compare_command, validate_pipeline_command
 from miaohui.errors import ConfigError, MiaohuiError
 
@@ -37,15 +38,6 @@ def _validated(cls: type[M], **values: Any) -> M:
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, help="秒回 miaohui: compile, check and serve dialogue models."
 )
-console = Console()
-err_console = Console(stderr=True)
-
-
-def _fail(exc: MiaohuiError) -> None:
-    err_console.print(f"[bold red]error:[/] {exc.message}")
-    if exc.fix:
-        err_console.print(f"[yellow]fix:[/] {exc.fix}")
-    raise typer.Exit(2)
 
 
 def _repo(repository: Path | None) -> Path:
@@ -561,61 +553,9 @@ def serve(
         _fail(exc)
 
 
-keys_app = typer.Typer(help="API keys of a server's key file (--api-keys): add, list.", no_args_is_help=True)
+from miaohui.server.keys_cli import keys_app  # noqa: E402
+
 app.add_typer(keys_app, name="keys")
-KeyFileOpt = Annotated[Path, typer.Option("--file", "-f", help="The key file (made when missing).")]
-
-
-@keys_app.command("add")
-def keys_add(
-    file: KeyFileOpt,
-    tenant: Annotated[str, typer.Option(help="Tenant name (in logs and metrics; the key never is).")],
-    models: Annotated[str, typer.Option(help="Comma-separated models / pipeline/<name> it may use; * = all.")] = "*",
-    requests_per_s: Annotated[float, typer.Option(min=0, help="Rate limit; 0 = none.")] = 0.0,
-    tokens_per_minute: Annotated[
-        int | None, typer.Option(min=1, help="Prompt + completion tokens a minute on chat/completions; none if unset.")
-    ] = None,
-    priority: Annotated[str, typer.Option(help="interactive or bulk.")] = "interactive",
-) -> None:
-    """Add a key: prints the key once (only its SHA-256 is stored)."""
-    from miaohui.server.auth import ApiKey, KeyFile, hash_key, new_key
-
-    try:
-        keys = KeyFile.load(file) if file.exists() else KeyFile()
-        key = new_key()
-        entry = ApiKey.model_validate(
-            {
-                "tenant": tenant,
-                "sha256": hash_key(key),
-                "models": [m.strip() for m in models.split(",") if m.strip()],
-                "requests_per_s": requests_per_s,
-                "tokens_per_minute": tokens_per_minute,
-                "priority": priority,
-            }
-        )
-    except MiaohuiError as exc:
-        _fail(exc)
-    except ValueError as exc:
-        _fail(ConfigError(f"bad key settings: {str(exc).splitlines()[0]}", "see `miaohui keys add --help`"))
-    keys.keys.append(entry)
-    keys.save(file)
-    console.print(key)
-
-
-@keys_app.command("list")
-def keys_list(file: KeyFileOpt) -> None:
-    """The keys of a key file: tenant, models, rates, priority (never the keys, which are not stored)."""
-    from miaohui.server.auth import KeyFile
-
-    try:
-        keys = KeyFile.load(file)
-    except MiaohuiError as exc:
-        _fail(exc)
-    for k in keys.keys:
-        tpm = f"{k.tokens_per_minute} tokens/min" if k.tokens_per_minute else "no token limit"
-        console.print(
-            f"{k.tenant}\t{','.join(k.models)}\t{k.requests_per_s:g}/s\t{tpm}\t{k.priority}\t{k.sha256[:12]}…"
-        )
 
 
 from miaohui.generation.build.cli import build_llm  # noqa: E402

@@ -11,7 +11,7 @@ import miaohui
 ROOT = Path(miaohui.__file__).parent
 
 LAYERS = (
-    ("errors", "paths", "config", "gil", "gcpolicy", "priority"),
+    ("errors", "paths", "config", "gil", "gcpolicy", "priority", "cli_output"),
     ("nlp", "zoo"),
     ("models",),
     ("sources",),

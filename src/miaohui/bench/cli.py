@@ -12,6 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from miaohui.cli_output import fail
 from miaohui.errors import ConfigError, MiaohuiError
 
 console = Console()
@@ -138,10 +139,7 @@ def bench_command(
     try:
         doc = _run(locals())
     except MiaohuiError as exc:
-        err_console.print(f"[bold red]error:[/] {exc.message}")
-        if exc.fix:
-            err_console.print(f"[yellow]fix:[/] {exc.fix}")
-        raise typer.Exit(2) from None
+        fail(exc)
     if out is not None:
         from miaohui.bench.report import to_json
 

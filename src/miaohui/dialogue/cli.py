@@ -15,17 +15,15 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from miaohui.cli_output import console, err_console, fail
 from miaohui.dialogue.config import PIPELINE_NAMES
 from miaohui.errors import MiaohuiError
 from miaohui.validate.consistency import DriftReport
 
 __all__ = ["compare_command", "validate_pipeline_command"]
 
-console = Console()
-err_console = Console(stderr=True)
 
 RepoOpt = Annotated[
     Path | None,
@@ -38,13 +36,6 @@ def _repo(repository: Path | None) -> Path:
     from miaohui.paths import repository_dir
 
     return repository or repository_dir()
-
-
-def _fail(exc: MiaohuiError) -> None:
-    err_console.print(f"[bold red]error:[/] {exc.message}", soft_wrap=True)
-    if exc.fix:
-        err_console.print(f"[yellow]fix:[/] {exc.fix}", soft_wrap=True)
-    raise typer.Exit(2)
 
 
 def _fmt(value: float | None, pct: bool = False) -> str:
@@ -95,7 +86,7 @@ def compare_command(
         )
         report = compare_engines(old, new, _repo(repository), data, thresholds, [n.strip() for n in names])
     except MiaohuiError as exc:
-        _fail(exc)
+        fail(exc)
         return
     table = Table(
         "section",
@@ -143,7 +134,7 @@ def validate_pipeline_command(
     try:
         run = run_gate(pipeline, engine, _repo(repository), reference, data, min_intent_agreement)
     except MiaohuiError as exc:
-        _fail(exc)
+        fail(exc)
         return
     r = run.report
     table = Table("", "candidate", "reference", title=f"pipeline gate: {', '.join(run.pipelines)}")

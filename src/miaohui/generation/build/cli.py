@@ -13,6 +13,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from miaohui.cli_output import fail
 from miaohui.errors import MiaohuiError
 
 
@@ -87,9 +88,6 @@ def build_llm(
             log=lambda m: console.print(f"[dim]·[/] {m}"),
         )
     except MiaohuiError as exc:
-        err.print(f"[bold red]error:[/] {exc.message}")
-        if exc.fix:
-            err.print(f"[yellow]fix:[/] {exc.fix}")
-        raise typer.Exit(2) from None
+        fail(exc)
     info = read_info(path)
     console.print(f"[green]✓[/] {info.name} v{info.version} ({info.backend} {info.precision}) → {path}")
