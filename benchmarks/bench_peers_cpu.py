@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import functools
 import json
 import os
@@ -252,29 +253,67 @@ def _miaohui_cmd(repo: Path, port: int, models: str) -> list[str]:
     ]
 
 
-def _interleaved(
-    args: argparse.Namespace,
-    runner: Runner,
-    llamacpp_cmd: Callable[[int], list[str]],
-    llamacpp_extra: dict[str, Any],
-) -> list[dict[str, Any]]:
-    """``--interleave``: miaohui's servers and llama.cpp's all up at once (ports ``--port``, ``--port`` + 1, …), each
-    level's rounds taken server by server in turn (:func:`load.generation_rounds`); an idle server waits on its
-    socket, so the one measured has the cores."""
-    targets: dict[str, load.ChatTarget] = {}
+@dataclasses.dataclass(frozen=True)
+class _ChatServer:
+    """A generation server of the run: its process name, its rows' ``server`` label, the command serving it on a
+    port, its readiness path and the request's extra body."""
+
+    name: str
+    label: str
+    cmd: Callable[[int], list[str]]
+    ready_path: str
+    extra: dict[str, Any]
+
+    def target(self, port: int) -> load.ChatTarget:
+        return load.ChatTarget(f"http://127.0.0.1:{port}/v1", "smollm2", self.extra)
+
+
+def _chat_servers(args: argparse.Namespace, runner: Runner) -> list[_ChatServer]:
+    """miaohui's servers (one per ``--miaohui-precision``, its version built here) and llama.cpp's, when asked."""
+    from miaohui.zoo.smollm import smollm_gguf_path
+
+    servers = [
+        _ChatServer(
+            f"miaohui-{precision}",
+            miaohui_server_name(precision),
+            functools.partial(_miaohui_cmd, _miaohui_llm(args, precision), models="smollm2"),
+            "/v2/health/ready",
+            {"ignore_eos": True},
+        )
+        for precision in args.miaohui_precision
+    ]
+    if "llamacpp" in args.peers:
+        servers.append(
+            _ChatServer(
+                "llamacpp",
+                "llamacpp-q4_1",
+                lambda port: [
+                    runner.py["llamacpp"],
+                    str(HERE / "peers" / "serve_llamacpp.py"),
+                    str(smollm_gguf_path()),
+                    "--port",
+                    str(port),
+                    "--threads",
+                    str(args.threads),
+                    "--parallel",
+                    str(max(args.streams)),
+                ],
+                "/health",
+                {"ignore_eos": True, "cache_prompt": args.llamacpp_prompt_cache},
+            )
+        )
+    return servers
+
+
+def _interleaved(args: argparse.Namespace, runner: Runner, servers: list[_ChatServer]) -> list[dict[str, Any]]:
+    """``--interleave``: every server up at once (ports ``--port``, ``--port`` + 1, …), each level's rounds taken
+    server by server in turn (:func:`load.generation_rounds`); an idle server waits on its socket, so the one
+    measured has the cores."""
     with contextlib.ExitStack() as stack:
-        for i, precision in enumerate(args.miaohui_precision):
-            port = args.port + i
-            repo = _miaohui_llm(args, precision)
-            cmd = _miaohui_cmd(repo, port, "smollm2")
-            stack.enter_context(runner.serve(f"miaohui-{precision}", cmd, "/v2/health/ready", port=port))
-            base = f"http://127.0.0.1:{port}/v1"
-            targets[miaohui_server_name(precision)] = load.ChatTarget(base, "smollm2", {"ignore_eos": True})
-        if "llamacpp" in args.peers:
-            port = args.port + len(args.miaohui_precision)
-            stack.enter_context(runner.serve("llamacpp", llamacpp_cmd(port), "/health", port=port))
-            base = f"http://127.0.0.1:{port}/v1"
-            targets["llamacpp-q4_1"] = load.ChatTarget(base, "smollm2", llamacpp_extra)
+        targets = {}
+        for port, server in enumerate(servers, start=args.port):
+            stack.enter_context(runner.serve(server.name, server.cmd(port), server.ready_path, port=port))
+            targets[server.label] = server.target(port)
         rows: list[dict[str, Any]] = []
         for s in args.streams:
             level = runner.measure(
@@ -282,15 +321,14 @@ def _interleaved(
                 servers=list(targets),
                 streams=s,
             )
-            load_before = level["loadavg_1m_before"]
-            for server in targets:
-                result = level.get(server, {"error": level.get("error", "no result")})
-                rows.append({"server": server, "streams": s, "loadavg_1m_before": load_before, **result})
+            for label in targets:
+                result = level.get(label, {"error": level.get("error", "no result")})
+                rows.append({"server": label, "streams": s, "loadavg_1m_before": level["loadavg_1m_before"], **result})
         return rows
 
 
 def run_generation(args: argparse.Namespace, runner: Runner) -> list[dict[str, Any]]:
-    from miaohui.zoo.smollm import ensure_smollm_cache, smollm_gguf_path
+    from miaohui.zoo.smollm import ensure_smollm_cache
 
     rows: list[dict[str, Any]] = []
     base = f"http://127.0.0.1:{args.port}/v1"
@@ -305,31 +343,13 @@ def run_generation(args: argparse.Namespace, runner: Runner) -> list[dict[str, A
                 )
             )
 
-    def llamacpp_cmd(port: int) -> list[str]:
-        return [
-            runner.py["llamacpp"],
-            str(HERE / "peers" / "serve_llamacpp.py"),
-            str(smollm_gguf_path()),
-            "--port",
-            str(port),
-            "--threads",
-            str(args.threads),
-            "--parallel",
-            str(max(args.streams)),
-        ]
-
-    llamacpp_extra = {"ignore_eos": True, "cache_prompt": args.llamacpp_prompt_cache}
+    servers = _chat_servers(args, runner)
     if args.interleave:
-        rows += _interleaved(args, runner, llamacpp_cmd, llamacpp_extra)
+        rows += _interleaved(args, runner, servers)
     else:
-        for precision in args.miaohui_precision:
-            repo = _miaohui_llm(args, precision)
-            with runner.serve(f"miaohui-{precision}", _miaohui_cmd(repo, args.port, "smollm2"), "/v2/health/ready"):
-                target = load.ChatTarget(base, "smollm2", {"ignore_eos": True})
-                levels(miaohui_server_name(precision), target, args.streams)
-        if "llamacpp" in args.peers:
-            with runner.serve("llamacpp", llamacpp_cmd(args.port), "/health"):
-                levels("llamacpp-q4_1", load.ChatTarget(base, "smollm2", llamacpp_extra), args.streams)
+        for server in servers:
+            with runner.serve(server.name, server.cmd(args.port), server.ready_path):
+                levels(server.label, server.target(args.port), args.streams)
     if "transformers" in args.peers and not args.interleave:
         model = str(ensure_smollm_cache())
         tserve = str(Path(runner.py["transformers"]).with_name("transformers"))

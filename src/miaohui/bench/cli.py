@@ -9,14 +9,11 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from miaohui.cli_output import fail
+from miaohui.cli_output import console, err_console, fail
 from miaohui.errors import ConfigError, MiaohuiError
 
-console = Console()
-err_console = Console(stderr=True)
 _UNITS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "": 1.0}
 
 

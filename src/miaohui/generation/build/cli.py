@@ -11,9 +11,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
-from miaohui.cli_output import fail
+from miaohui.cli_output import console, err_console, fail
 from miaohui.errors import MiaohuiError
 
 
@@ -66,16 +65,15 @@ def build_llm(
     from miaohui.generation.build.sources import default_name
     from miaohui.paths import repository_dir
 
-    console, err = Console(), Console(stderr=True)
     allowed = PRECISIONS.get(backend, ())
     precision = precision or ("gguf" if backend == "llamacpp" else "fp32")
     if precision not in allowed and backend != "llamacpp":  # llamacpp: the GGUF's type is checked by the build
-        err.print(f"[bold red]error:[/] --backend {backend!r} --precision {precision!r} is not supported")
-        err.print(f"[yellow]fix:[/] backends and precisions: {PRECISIONS}")
+        err_console.print(f"[bold red]error:[/] --backend {backend!r} --precision {precision!r} is not supported")
+        err_console.print(f"[yellow]fix:[/] backends and precisions: {PRECISIONS}")
         raise typer.Exit(2)
     if path is None and source not in SOURCES:
-        err.print(f"[bold red]error:[/] --source {source!r} is not an offline LLM")
-        err.print(f"[yellow]fix:[/] use one of {list(SOURCES)}")
+        err_console.print(f"[bold red]error:[/] --source {source!r} is not an offline LLM")
+        err_console.print(f"[yellow]fix:[/] use one of {list(SOURCES)}")
         raise typer.Exit(2)
     try:
         path = build_causal_lm(
