@@ -9,7 +9,7 @@ vocabulary of the tokenizer given, e.g. SmolLM2's) is saved with ``save_pretrain
    every bucket and writes the portable compile cache into the version;
 2. ``miaohui serve`` with NEW empty ``TORCHINDUCTOR_CACHE_DIR`` / ``TRITON_CACHE_DIR`` and no ``generation.yaml``:
    seconds until ``/v2/health/ready``, and the server's log lines about the compile cache and the chosen defaults;
-3. ``miaohui bench --target chat`` against it at 1 and 64 streams from 4 client processes (greedy, ignore-eos).
+3. ``miaohui bench --target chat`` against it at 1 and 64 streams from 8 client processes (greedy, ignore-eos).
 
 Writes ``gpu_own_decoder.json`` (+ the bench's JSON/PNG) under ``--out``. The weights are random: the figures are the
 shape's speed, not a model's quality.
@@ -71,9 +71,10 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("/tmp/out"))
     ap.add_argument("--work", type=Path, default=Path("/tmp/own-decoder"))
     ap.add_argument("--duration", default="15s")
-    ap.add_argument("--variants", default="default,tuned", help="serves to measure: default, shared, tuned")
+    ap.add_argument("--variants", default="default,tuned", help="serves to measure: default, shared, tuned, tuned_int8")
     ap.add_argument("--ready-timeout", type=float, default=200.0)
     ap.add_argument("--no-bench", action="store_true", help="time to ready only")
+    ap.add_argument("--processes", type=int, default=8, help="client processes of `miaohui bench --target chat`")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(args.work, ignore_errors=True)
@@ -110,20 +111,22 @@ def main() -> None:
     serves = doc["serves"]
     if "default" in serves and "tuned" in serves:
         doc["default_vs_tuned"] = ratios(serves["default"], serves["tuned"])
+    if "default" in serves and "tuned_int8" in serves:
+        doc["default_vs_tuned_int8"] = ratios(serves["default"], serves["tuned_int8"])
     (args.out / "gpu_own_decoder.json").write_text(json.dumps(doc, indent=1, ensure_ascii=False))
     print(json.dumps({k: doc.get(k) for k in ("save_s", "build_s", "build_rc", "compile_cache_bytes")}))
     print(
         "precompiled:", json.dumps({k: (doc.get("precompiled") or {}).get(k) for k in ("graphs", "bytes", "skipped")})
     )
     print(json.dumps({v: {k: r.get(k) for k in ("ready_s", "start_phases")} for v, r in serves.items()}))
-    print(json.dumps(doc.get("default_vs_tuned")))
+    print(json.dumps({k: doc.get(k) for k in ("default_vs_tuned", "default_vs_tuned_int8")}))
 
 
-TUNED_YAML = """# the best configuration docs/gpu.md's H200 benchmark uses
+TUNED_YAML = """# the best configuration docs/gpu.md's H200 benchmark uses, int8 at batch 1 as the variant says
 engine:
   num_slots: 64
   static_prefill: true
-  int8_batch1: true
+  int8_batch1: {int8}
 scheduler:
   max_running_seqs: 64
   max_batched_tokens: 4096
@@ -132,17 +135,19 @@ scheduler:
 
 
 def serve_and_measure(variant: str, repo: Path, args: argparse.Namespace) -> dict:
-    """``default``: no generation.yaml, one process; ``tuned``: docs/gpu.md's best
-    configuration (generation.yaml above, ``--workers 2 --shared-engine``). Each on new empty compile caches."""
+    """``default``: no generation.yaml, one process; ``tuned``: docs/gpu.md's best configuration (generation.yaml
+    above, ``--workers 2 --shared-engine``) without int8 at batch 1, which changes the numbers the model computes and
+    which serve turns on only where the decoder gate passed on it (a random-weight model cannot pass it);
+    ``tuned_int8``: the same with it. Each on new empty compile caches."""
     work = args.work / f"serve-{variant}"
     env = dict(os.environ)
     env |= {"TORCHINDUCTOR_CACHE_DIR": str(work / "c"), "TRITON_CACHE_DIR": str(work / "t")}
     yaml_path = repo / "own" / "generation.yaml"
     yaml_path.unlink(missing_ok=True)
     extra: list[str] = []
-    if variant == "tuned":
-        yaml_path.write_text(TUNED_YAML)
-    if variant in ("tuned", "shared"):  # shared: the defaults, served by the engine process of 2 workers
+    if variant in ("tuned", "tuned_int8"):
+        yaml_path.write_text(TUNED_YAML.format(int8=str(variant == "tuned_int8").lower()))
+    if variant in ("tuned", "tuned_int8", "shared"):  # shared: the defaults, served by the engine process of 2 workers
         extra = ["--workers", "2", "--shared-engine"]
     out: dict = {"variant": variant}
     log_path = args.out / f"serve_{variant}.log"
@@ -180,6 +185,8 @@ def serve_and_measure(variant: str, repo: Path, args: argparse.Namespace) -> dic
             server.kill()
         log.close()
         yaml_path.unlink(missing_ok=True)
+    # a kernel that benchmarked its launch configs in the serve writes a .best_config; the build's are restored at load
+    out["best_configs_in_serve_cache"] = len(list((work / "c").rglob("*.best_config")))
     lines = log_path.read_text(errors="replace").splitlines()
     keys = ("cache", "default", "ready", "graph", "rror", "compile", "capture")
     out["serve_log"] = [ln[-400:] for ln in lines if any(k in ln for k in keys)][-40:]
@@ -223,7 +230,8 @@ def chat_bench(variant: str, args: argparse.Namespace) -> dict:
         cli(
             "bench", "--target", "chat", "--url", "http://127.0.0.1:8077", "--model", "own",
             "--concurrency", "1,64", "--max-tokens", "128", "--warmup", "3s", "--duration", args.duration,
-            "--processes", "4", "--out", str(args.out / f"{name}.json"), "--plot", str(args.out / f"{name}.png"),
+            "--processes", str(args.processes),
+            "--out", str(args.out / f"{name}.json"), "--plot", str(args.out / f"{name}.png"),
         ),
         capture_output=True, text=True, timeout=150,
     )  # fmt: skip

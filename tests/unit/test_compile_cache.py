@@ -24,7 +24,7 @@ def test_no_cache_built() -> None:
 def test_missing_file(tmp_path: Path) -> None:
     got = load_compile_cache(tmp_path, _info(b"x"))
     assert got.startswith(f"not used: cannot read {tmp_path / CACHE_FILE}")
-    assert got.endswith("; the engine compiles at load")
+    assert got.endswith("; compiling at load")
 
 
 def test_a_changed_file_fails_its_digest(tmp_path: Path) -> None:
@@ -42,8 +42,8 @@ def test_another_machine_or_library_is_not_used(tmp_path: Path) -> None:
     got = load_compile_cache(tmp_path, _info(b"data", torch="0.0.1"))
     here = machine_facts()["torch"]
     assert got == (
-        f"not used: made under other versions (torch '0.0.1' at build, {here!r} here); compiling at load "
-        "(rebuild on this machine)"
+        f"not used: made under other versions (torch '0.0.1' at build, {here!r} here; rebuild on this machine); "
+        "compiling at load"
     )
 
 
@@ -83,3 +83,48 @@ def test_the_builds_triton_kernels_are_restored_with_their_groups_moved(
     wrong = info.model_copy(update={"triton_sha256": "0" * 64})
     assert restore_triton(version, wrong).startswith("Triton kernels not used: ")
     assert restore_triton(version, _info(b"x")) == "no Triton kernels saved"
+
+
+def test_the_builds_autotuning_results_are_restored_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kernel's tuned launch config, saved through torch's own AutotuneCache at build, is found again by the same
+    lookup in a fresh Inductor cache after ``restore_autotune``; the file's other entries are not written."""
+    import torch
+    from torch._inductor.runtime.autotune_cache import AutotuneCache
+    from torch._inductor.runtime.triton_compat import Config
+
+    from miaohui.generation.build.compile_cache import restore_autotune
+
+    def kernel_file(cache: Path) -> str:  # where Inductor writes a generated kernel: cache/<2 chars>/<hash>.py
+        return str(cache / "ab" / "cabcdef0123456789kernel.py")
+
+    build = tmp_path / "build-cache"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(build))
+    torch.compiler.reset()
+    best = Config({"XBLOCK": 128, "R0_BLOCK": 8}, num_warps=4, num_stages=1)
+    tuner = AutotuneCache.create({}, kernel_file(build), "configs-hash")
+    assert tuner is not None
+    tuner.save(best, time_taken_ns=2_000_000)
+    from torch.compiler._cache import CacheArtifactManager
+
+    CacheArtifactManager.record_artifact("inductor", "fx-graph-key", b"an fx graph entry")  # not to be written
+    saved = torch.compiler.save_cache_artifacts()
+    assert saved is not None
+    (tmp_path / CACHE_FILE).write_bytes(saved[0])
+
+    fresh = tmp_path / "serve-cache"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(fresh))
+    assert AutotuneCache.create({}, kernel_file(fresh), "configs-hash")._read() is None  # type: ignore[union-attr]
+    said = restore_autotune(tmp_path, _info(saved[0]))
+    assert said.startswith("1 autotuning results restored in "), said
+    found = AutotuneCache.create({}, kernel_file(fresh), "configs-hash")._read()  # type: ignore[union-attr]
+    assert found is not None and found["XBLOCK"] == 128 and found["num_warps"] == 4
+    assert [p.suffix for p in fresh.rglob("*") if p.is_file()] == [".best_config"]
+
+
+def test_autotuning_results_of_another_file_are_not_used(tmp_path: Path) -> None:
+    from miaohui.generation.build.compile_cache import restore_autotune
+
+    (tmp_path / CACHE_FILE).write_bytes(b"data")
+    assert restore_autotune(tmp_path, _info(b"other")).startswith(
+        f"autotuning results not used: {tmp_path / CACHE_FILE} has sha256"
+    )

@@ -101,6 +101,30 @@ def save_compile_cache(folder: Path, compile_all: Callable[[], float]) -> Compil
     )  # fmt: skip
 
 
+def restore_autotune(folder: Path, info: CompileCacheInfo) -> str:
+    """Write the build's autotuning results into this process's Inductor cache (the ``autotune`` entries of
+    ``compile-cache.bin``: for each Triton kernel Inductor generated with several launch configs, the one the build
+    measured best); what happened, for the log. Precompiled graphs need nothing else from the file, but without these
+    each such kernel benchmarks its configs again at its first call on a fresh machine, during the graph capture. The
+    file's other entries (FX-graph and AOTAutograd caches, seconds to write) are skipped. Never raises."""
+    started = time.perf_counter()
+    data = _checked_bytes(folder, info)
+    if isinstance(data, str):
+        return f"autotuning results not used: {data}"
+    try:
+        from torch.compiler._cache import CacheArtifactManager
+
+        artifacts = CacheArtifactManager.deserialize(data)
+        found = list((artifacts or {}).get("autotune", []))
+        for artifact in found:
+            artifact.populate_cache()
+    except Exception as exc:  # torch's private cache API: a change there only costs the first calls' tuning
+        return f"autotuning results not used: {type(exc).__name__}: {str(exc)[:200]}"
+    if artifacts is None:
+        return "autotuning results not used: torch could not read the file (its warning above says why)"
+    return f"{len(found)} autotuning results restored in {time.perf_counter() - started:.2f}s"
+
+
 def restore_triton(folder: Path, info: CompileCacheInfo) -> str:
     """Unpack the build's Triton kernels (``triton-cache.tar``) into this process's Triton cache; what happened."""
     if not info.triton_file:
@@ -119,6 +143,22 @@ def restore_triton(folder: Path, info: CompileCacheInfo) -> str:
     return f"{done['triton_files_added']} Triton files restored in {done['seconds']:.2f}s"
 
 
+def _checked_bytes(folder: Path, info: CompileCacheInfo) -> bytes | str:
+    """``compile-cache.bin``'s bytes, or why they are not usable here (unreadable, not the build's, other versions)."""
+    path = folder / info.file
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        return f"cannot read {path} ({exc})"
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != info.sha256:
+        return f"{path} has sha256 {digest[:12]}…, the build wrote {info.sha256[:12]}…"
+    other = _other_facts(info.facts)
+    if other:
+        return f"made under other versions ({other}; rebuild on this machine)"
+    return data
+
+
 def load_compile_cache(folder: Path, info: CompileCacheInfo | None) -> str:
     """Load the version's compile cache into this process's Inductor caches; returns what happened, for the log
     (``"loaded ..."`` or why not). Never raises: a bad file only means the engine compiles at load."""
@@ -126,16 +166,9 @@ def load_compile_cache(folder: Path, info: CompileCacheInfo | None) -> str:
         return "none built (the engine compiles at load)"
     path = folder / info.file
     started = time.perf_counter()
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        return f"not used: cannot read {path} ({exc}); the engine compiles at load"
-    digest = hashlib.sha256(data).hexdigest()
-    if digest != info.sha256:
-        return f"not used: {path} has sha256 {digest[:12]}…, the build wrote {info.sha256[:12]}…; compiling at load"
-    other = _other_facts(info.facts)
-    if other:
-        return f"not used: made under other versions ({other}); compiling at load (rebuild on this machine)"
+    data = _checked_bytes(folder, info)
+    if isinstance(data, str):
+        return f"not used: {data}; compiling at load"
     import torch
 
     try:
