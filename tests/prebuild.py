@@ -71,7 +71,7 @@ def ensure_intent_model() -> Path:
 def llm_repository_path() -> Path:
     h = hashlib.sha256()
     src = ROOT / "src" / "miaohui"
-    for rel in ("generation/build/export.py", "generation/models/llama.py", "generation/models/dims.py", "generation/build/artifact.py", "zoo/smollm.py"):  # fmt: skip
+    for rel in ("generation/build/export.py", "generation/build/graph_cse.py", "generation/models/llama.py", "generation/models/dims.py", "generation/build/artifact.py", "zoo/smollm.py"):  # fmt: skip
         h.update((src / rel).read_bytes())
     return CACHE / f"llm-repo-{h.hexdigest()[:12]}"
 

@@ -101,11 +101,14 @@ def wait_ready(served: Served, timeout_s: float) -> None:
 
 def ready_workers(url: str, want: int = 2, timeout_s: float = 120.0) -> dict[int, int]:
     """Worker index → pid, from fresh connections to /v2/health/ready, until ``want`` distinct workers answered
-    (a worker accepts connections only once its models are warm)."""
+    ready (a worker accepts connections only once its models are warm, and says ready once its gRPC listens too)."""
     seen: dict[int, int] = {}
     deadline = time.monotonic() + timeout_s
     while len(seen) < want and time.monotonic() < deadline:
         r = httpx.get(url + "/v2/health/ready", timeout=5)  # a new connection every time
+        if r.status_code == 503 and r.json()["ready"] is False:  # warm, its gRPC not yet listening: ask again
+            time.sleep(0.01)
+            continue
         assert r.status_code == 200, r.text
         body = r.json()
         assert body["ready"] is True and body["workers"] == want, body

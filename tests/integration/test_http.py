@@ -241,6 +241,24 @@ async def test_deadline_gives_504(client: httpx.AsyncClient) -> None:
     assert resp.status_code == 504 and "deadline" in resp.json()["error"]
 
 
+async def test_not_ready_until_every_protocol_listens(repo: Path) -> None:
+    """Warm models but gRPC not yet listening (``serve`` starts it once HTTP accepts): not ready, then ready."""
+    metrics = Metrics()
+    manager = ModelManager(repo, observer_factory=metrics.observer)
+    await manager.load_all()
+    state = ServerState(manager, metrics)
+    state.listening = False
+    transport = httpx.ASGITransport(app=create_app(state))
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as c:
+            r = await c.get("/v2/health/ready")
+            assert (r.status_code, r.json()) == (503, {"ready": False})
+            state.listening = True
+            assert (await c.get("/v2/health/ready")).status_code == 200
+    finally:
+        await manager.stop()
+
+
 async def test_repository_reload_and_unload(client: httpx.AsyncClient) -> None:
     index = (await client.post("/v2/repository/index")).json()
     assert index == [{"name": "intent", "version": "1", "state": "READY", "reason": ""}]

@@ -115,9 +115,9 @@ async def serve_async(
 ) -> int:
     """Serve until stopped; the exit status: 0 after a normal stop, 1 when gRPC could not start.
 
-    gRPC starts once HTTP listens. If it cannot (port in use, bad host), the error is logged and the whole
-    server stops: a server that silently lacks one protocol is worse than none. At shutdown gRPC stops first
-    (in-flight RPCs get a grace period), then the models.
+    gRPC starts once HTTP listens; ``/v2/health/ready`` says ready only once it listens too. If it cannot (port in
+    use, bad host), the error is logged and the whole server stops: a server that silently lacks one protocol is
+    worse than none. At shutdown gRPC stops first (in-flight RPCs get a grace period), then the models.
 
     ``sockets``: listening sockets to serve HTTP on instead of binding ``host:port`` (a worker of
     ``--workers N``, :mod:`miaohui.server.workers`); then gRPC binds its port with SO_REUSEPORT, shared with
@@ -170,6 +170,7 @@ async def serve_async(
             log.error("gRPC could not start, stopping the server: %s", message(exc))
             server.should_exit = True
             return
+        state.listening = True
         if on_ready is not None:
             on_ready()
 
@@ -191,6 +192,7 @@ async def serve_async(
             await stopping.stop(grace=GRPC_GRACE_S)
 
     app.router.lifespan_context = lifespan
+    state.listening = not grpc_port  # ready only once gRPC listens too
     grpc_starter = asyncio.ensure_future(start_grpc_when_ready()) if grpc_port or on_ready else None
     log.info("serving %s on http://%s:%d (gRPC %s)", spec.repository, host, port, grpc_port or "off")
     try:

@@ -129,7 +129,7 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.get("/v2/health/ready")
     async def ready() -> Response:
-        ok = manager.ready and not state.shutting_down
+        ok = manager.ready and state.listening and not state.shutting_down
         body: dict[str, Any] = {"ready": ok}
         if state.workers > 1:  # which worker answered (each reports ready only once its own models are warm)
             body |= {"worker": state.worker, "workers": state.workers, "pid": os.getpid()}

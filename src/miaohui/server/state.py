@@ -104,6 +104,9 @@ class ServerState:
         self.metrics = metrics
         self.started = time.time()
         self.shutting_down = False
+        self.listening = True
+        """False while a protocol the server was started with does not listen yet (gRPC starts once HTTP accepts):
+        ``/v2/health/ready`` answers 503 until it does, so a client told "ready" can use either protocol."""
         self.dialogue: DialogueService | None = None
         """Dialogue pipelines (``/v1/dialogue``, ``pipeline/<name>`` chat models); None: not served."""
         self.shadow: ShadowManager | None = None

@@ -44,7 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from miaohui.config import ShadowConfig, VersionPolicy, check_shadow_served, primary_of
 from miaohui.engines.store import versions
 from miaohui.errors import ArtifactError, ConfigError, InputError
-from miaohui.generation.build.export import META_NAME, TOKENIZER_NAME, DecoderExportSpec, Int8Method
+from miaohui.generation.build.export import EXPORT_FORM, META_NAME, TOKENIZER_NAME, DecoderExportSpec, Int8Method
 from miaohui.generation.engine.scheduler import SchedulerConfig
 from miaohui.generation.executors.slot_options import SlotEngineOptions
 
@@ -290,6 +290,7 @@ def _build_key(source: str, precision: str, method: str | None, spec: DecoderExp
         "precision": precision,
         "int8_method": method,
         "spec": spec.model_dump(mode="json"),
+        "export_form": EXPORT_FORM,
         "versions": [torch.__version__, transformers.__version__, onnx.__version__, onnxruntime.__version__],
     }
     if precision.startswith("inductor:"):  # its compile cache holds code for this GPU and these libraries

@@ -34,6 +34,7 @@ from pydantic import BaseModel, Field
 
 from miaohui.config import Frozen
 from miaohui.errors import ArtifactError, ExportError
+from miaohui.generation.build.graph_cse import merge_common_file
 from miaohui.generation.models.dims import DecoderDims
 from miaohui.paths import atomic_dir
 
@@ -45,6 +46,10 @@ if TYPE_CHECKING:
 META_NAME = "decoder.json"
 MODEL_NAME = "model.onnx"
 TOKENIZER_NAME = "tokenizer.json"
+EXPORT_FORM = 2
+"""The exported graph's form, part of a build's key: raised when the same source would now export a different graph
+(2: each layer's repeated shape arithmetic merged, :mod:`~miaohui.generation.build.graph_cse`), so a cached build of
+the older form is redone rather than reused."""
 Int8Method = Literal["dynamic", "weight-only", "weight-only-edges", "weight-only-a32"]
 """How an fp32 decoder is quantized (:func:`quantize_decoder`)."""
 
@@ -282,12 +287,14 @@ def export_decoder(
                     )  # fmt: skip
             except Exception as exc:  # the exporter raises many unrelated types
                 raise ExportError(f"torch.onnx.export of {name} failed: {exc}", "report this model") from exc
+            merged = merge_common_file(tmp / MODEL_NAME)  # each layer's repeated shape arithmetic once
         seconds = time.perf_counter() - start
         with console.status("checking the ONNX graph against PyTorch and HF"):
             errors = check_decoder(tmp / MODEL_NAME, kv_model, hf_model, _check_prompts(tokenizer, spec), pad)
         worst = max(errors.values())
         console.print(
-            f"[dim]export {seconds:.1f}s; max |error| " + ", ".join(f"{k}={v:.2e}" for k, v in errors.items())
+            f"[dim]export {seconds:.1f}s ({merged['nodes']} repeated nodes merged); max |error| "
+            + ", ".join(f"{k}={v:.2e}" for k, v in errors.items())
         )
         if worst > spec.tolerance:
             raise ExportError(

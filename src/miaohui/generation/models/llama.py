@@ -71,6 +71,19 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     return x * cos + _rotate_half(x) * sin
 
 
+def rope_turned(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor, turn: torch.Tensor) -> torch.Tensor:
+    """:func:`rope` in fewer graph nodes: the halves of the last axis swapped by one ``Gather`` (``turn``:
+    :func:`half_turn`), the sign of the first half carried by ``signed_sin`` (computed once for every layer). The same
+    products with their sign moved, so exactly the same numbers; 4 ONNX nodes where :func:`rope` exports 7."""
+    return x * cos + x.index_select(-1, turn) * signed_sin
+
+
+def half_turn(head_dim: int) -> torch.Tensor:
+    """Indices that swap the two halves of a head: ``x[..., half_turn(d)] == cat(x[..., d/2:], x[..., :d/2])``."""
+    half = head_dim // 2
+    return torch.cat([torch.arange(half, head_dim), torch.arange(0, half)])
+
+
 def gqa_attention(
     q: torch.Tensor,
     k_all: torch.Tensor,
@@ -109,7 +122,8 @@ class _Layer(nn.Module):
         self,
         x: torch.Tensor,
         cos: torch.Tensor,
-        sin: torch.Tensor,
+        signed_sin: torch.Tensor,
+        turn: torch.Tensor,
         bias: torch.Tensor,
         past_k: torch.Tensor,
         past_v: torch.Tensor,
@@ -117,7 +131,7 @@ class _Layer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         d = self.dims
         q, k, v = qkv_heads(_rms_norm(x, self.in_norm, d.rms_eps), self.qkv, d, self.qkv_bias, rows)
-        q, k = rope(q, cos, sin), rope(k, cos, sin)
+        q, k = rope_turned(q, cos, signed_sin, turn), rope_turned(k, cos, signed_sin, turn)
         k_all = torch.cat([past_k, k], dim=2)  # [B, KVH, T, D]
         v_all = torch.cat([past_v, v], dim=2)
         x = x + gqa_attention(q, k_all, v_all, bias, d.head_dim**-0.5, rows) @ self.o
@@ -131,6 +145,8 @@ class KVLlama(nn.Module):
     """Llama decoder with an explicit KV cache; built from (and sharing weights with) an HF model."""
 
     inv_freq: torch.Tensor
+    turn: torch.Tensor
+    sin_sign: torch.Tensor
 
     def __init__(self, hf_model: LlamaForCausalLM) -> None:
         super().__init__()
@@ -150,6 +166,9 @@ class KVLlama(nn.Module):
         else:
             inv_freq = 1.0 / (d.rope_theta ** (torch.arange(0, d.head_dim, 2, dtype=torch.int64).float() / d.head_dim))
         self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.register_buffer("turn", half_turn(d.head_dim), persistent=False)
+        half = d.head_dim // 2
+        self.register_buffer("sin_sign", torch.cat([-torch.ones(half), torch.ones(half)]), persistent=False)
 
     def forward(
         self,
@@ -163,7 +182,7 @@ class KVLlama(nn.Module):
         x = nn.functional.embedding(input_ids, self.embed)
         freqs = position_ids.unsqueeze(-1).float() * self.inv_freq  # [B, S, D/2]
         emb = torch.cat((freqs, freqs), dim=-1).unsqueeze(1)  # [B, 1, S, D]
-        cos, sin = emb.cos(), emb.sin()
+        cos, signed_sin = emb.cos(), emb.sin() * self.sin_sign
         kv_idx = torch.arange(t, device=input_ids.device)
         q_idx = torch.arange(s, device=input_ids.device) + (t - s)
         allowed = (kv_idx.unsqueeze(0) <= q_idx.unsqueeze(1)).unsqueeze(0) & (attention_mask.unsqueeze(1) > 0)
@@ -171,7 +190,7 @@ class KVLlama(nn.Module):
         bias = torch.where(allowed, 0.0, neg).to(torch.float32)[:, None, None]  # [B, 1, 1, S, T]
         presents: list[torch.Tensor] = []
         for i, layer in enumerate(self.layers):
-            x, k, v = layer(x, cos, sin, bias, past[2 * i], past[2 * i + 1], (b, s))
+            x, k, v = layer(x, cos, signed_sin, self.turn, bias, past[2 * i], past[2 * i + 1], (b, s))
             presents += [k, v]
         last = _rms_norm(x[:, -1, :], self.norm, d.rms_eps)
         return (last @ self.head, *presents)
