@@ -237,6 +237,34 @@ def test_int4_greedy_is_identical_to_hf_generate(
 
 
 @pytest.mark.slow
+def test_int4_runs_its_fused_graph_only_for_an_unpadded_row(
+    decoder_dirs: dict[str, Path], prompts: list[list[int]]
+) -> None:
+    """int4's one-row steps run the fused graph (GroupQueryAttention: positions from lengths), which is right only
+    for a cache without padding. A lone row whose cache holds padding (here: kept from a padded batch) must run the
+    fp32 graph, so its logits are exactly fp32's; an unpadded row's are the 4-bit head's (the int8 tail differs)."""
+    from miaohui.generation.executors.base import KVCache
+
+    assert load_meta(decoder_dirs["int4"]).one_row_graph == "fused"
+    int4, fp32 = OrtCausalLMEngine(decoder_dirs["int4"]), OrtCausalLMEngine(decoder_dirs["fp32"])
+    batch = [prompts[0], prompts[1][:3]]  # the second row is left-padded in the batch's cache
+    (_, kv_a), (b, kv_b) = int4.prefill(batch), fp32.prefill(batch)
+    token = int(b[1].argmax())
+
+    def padded_row(kv: KVCache) -> KVCache:
+        return KVCache(tuple(k[1:2] for k in kv.keys), tuple(v[1:2] for v in kv.values), kv.mask[1:2])
+
+    assert padded_row(kv_a).mask.min() == 0
+    (a, _), (b, _) = int4.decode([token], padded_row(kv_a)), fp32.decode([token], padded_row(kv_b))
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-4)  # the fp32 graph: summation order only
+    alone = [prompts[1][:3]]
+    (_, kv_a), (_, kv_b) = int4.prefill(alone), fp32.prefill(alone)
+    assert kv_a.mask.min() == 1
+    (a, _), (b, _) = int4.decode([token], kv_a), fp32.decode([token], kv_b)
+    assert int(a.argmax()) == int(b.argmax()) and float(np.abs(a - b).max()) > 1e-2  # the fused 4-bit graph
+
+
+@pytest.mark.slow
 def test_int4_top_logprobs_are_the_fp32_heads(decoder_dirs: dict[str, Path], prompts: list[list[int]]) -> None:
     """One-row steps run int4's head: int8 logits with the largest rescored in fp32. The log-probabilities of fp32's
     20 best tokens (what ``top_logprobs`` returns) stay within the e2e tolerance against transformers (2e-3); the

@@ -46,10 +46,10 @@ if TYPE_CHECKING:
 META_NAME = "decoder.json"
 MODEL_NAME = "model.onnx"
 TOKENIZER_NAME = "tokenizer.json"
-EXPORT_FORM = 2
+EXPORT_FORM = 3
 """The exported graph's form, part of a build's key: raised when the same source would now export a different graph
-(2: each layer's repeated shape arithmetic merged, :mod:`~miaohui.generation.build.graph_cse`), so a cached build of
-the older form is redone rather than reused."""
+(2: each layer's repeated shape arithmetic merged, :mod:`~miaohui.generation.build.graph_cse`; 3: int4's fused
+one-row graph), so a cached build of the older form is redone rather than reused."""
 Int8Method = Literal["dynamic", "weight-only", "weight-only-edges", "weight-only-a32"]
 """How an fp32 decoder is quantized (:func:`quantize_decoder`)."""
 
@@ -86,6 +86,12 @@ class DecoderMeta(BaseModel):
     check: dict[str, float] = Field(default_factory=dict)
     """Max |error| of each check (fp32: against torch; int8: logits against the fp32 graph)."""
     versions: dict[str, str] = Field(default_factory=dict)
+    rope_inv_freq: list[float] | None = None
+    """The RoPE frequencies of a Llama-family export (scaled ones included), from which the fused one-row graph's
+    cos/sin tables are made (:mod:`~miaohui.generation.build.one_row_graph`); None for other architectures."""
+    one_row_graph: Literal["fused", "exported"] | None = None
+    """int4: which graph runs a stream's decode step — ``fused`` (one ``GroupQueryAttention`` a layer, for a row
+    without padding) or ``exported`` (the export's own operators, where no fused graph could be made)."""
 
     @property
     def decoder_dims(self) -> DecoderDims:
@@ -306,6 +312,7 @@ def export_decoder(
             name=name, dims=asdict(d), precision="fp32", opset=spec.opset, input_names=names_in,
             output_names=names_out, eos_token_ids=eos_ids(hf_model, tokenizer), pad_token_id=pad,
             export_seconds=round(seconds, 2), check=errors, versions=_versions(),
+            rope_inv_freq=_llama_inv_freq(kv_model),
         )  # fmt: skip
         (tmp / META_NAME).write_text(meta.model_dump_json(indent=2))
         _save_tokenizer(tokenizer, tmp)
@@ -379,6 +386,52 @@ def quantize_decoder(src_dir: Path, out_dir: Path, method: Int8Method = "weight-
     return out
 
 
+def _llama_inv_freq(kv_model: Any) -> list[float] | None:
+    from miaohui.generation.models.llama import KVLlama
+
+    return [float(f) for f in kv_model.inv_freq.tolist()] if isinstance(kv_model, KVLlama) else None
+
+
+def _fused_one_row(src_dir: Path, meta: DecoderMeta, exported: Any) -> tuple[Any | None, str]:
+    """The fused one-row graph of an fp32 decoder directory, checked against its exported graph on a 48-token prefill
+    and three decode steps (logits and every layer's present key/value within ``FUSED_TOLERANCE``); None and why
+    where it cannot be made or does not agree (the exported graph then runs the one-row steps)."""
+    import tempfile
+
+    import onnx
+    import onnxruntime as ort
+
+    from miaohui.generation.build.one_row_graph import fused_one_row
+
+    if meta.rope_inv_freq is None:
+        return None, "not a Llama-family export"
+    fused = fused_one_row(exported, meta.decoder_dims, meta.rope_inv_freq)
+    if fused is None:
+        return None, "the export's weights are not named as a Llama-family decoder's"
+    d = meta.decoder_dims
+    with tempfile.TemporaryDirectory() as tmp:
+        onnx.save(fused, str(Path(tmp) / MODEL_NAME))  # a session of a >2 GiB proto needs its file
+        sessions = [ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]) for p in
+                    (src_dir / MODEL_NAME, Path(tmp) / MODEL_NAME)]  # fmt: skip
+        ids = (np.arange(48, dtype=np.int64) * 997 % d.vocab)[None]
+        past = [np.zeros((1, d.num_kv_heads, 0, d.head_dim), np.float32)] * (2 * d.num_layers)
+        worst, position = 0.0, 0
+        for _ in range(4):  # the prefill, then three one-token steps on the exported graph's cache
+            n = ids.shape[1]
+            feeds = _feeds(ids, np.ones((1, position + n), np.int64), np.arange(position, position + n)[None], past)
+            want, got = (s.run(None, feeds) for s in sessions)
+            worst = max(worst, *(float(np.abs(a - b).max()) for a, b in zip(want, got, strict=True)))
+            ids, past, position = np.array([[int(want[0].argmax())]]), want[1:], position + n
+    if worst > FUSED_TOLERANCE:
+        return None, f"the fused graph differs from the export by {worst:.3g} (> {FUSED_TOLERANCE:g})"
+    return fused, f"fused (max |difference| from the export {worst:.2g})"
+
+
+FUSED_TOLERANCE = 1e-3
+"""Largest |difference| of the fused one-row graph's logits and key/values from the exported graph's (fp32 both;
+measured on SmolLM2: 5e-5, summation order)."""
+
+
 def quantize_decoder_int4(src_dir: Path, out_dir: Path) -> DecoderMeta:
     """``int4`` copy of an fp32 decoder directory: the layers' weights in 4-bit blocks with a scale and a minimum
     per 32 values (llama.cpp's ``Q4_1`` layout), the LM head in 8-bit blocks (``Q8_0``'s), every layer product and the
@@ -398,9 +451,13 @@ def quantize_decoder_int4(src_dir: Path, out_dir: Path) -> DecoderMeta:
     meta = load_meta(src_dir)
     if meta.precision != "fp32":
         raise ExportError(f"{src_dir} is already {meta.precision}", "quantize the fp32 decoder directory")
-    with atomic_dir(out_dir) as tmp, Console(stderr=True).status(f"quantizing {meta.name} to int4 blocks"):
+    console = Console(stderr=True)
+    with atomic_dir(out_dir) as tmp, console.status(f"quantizing {meta.name} to int4 blocks"):
         start = time.perf_counter()
-        model = onnx.load(str(src_dir / MODEL_NAME))
+        exported = onnx.load(str(src_dir / MODEL_NAME))
+        fused, said = _fused_one_row(src_dir, meta, exported)
+        console.print(f"[dim]one-row decode graph: {said}")
+        model = fused if fused is not None else exported
         quantize_blocks_model(model)
         save_graph(model, tmp / MODEL_NAME)
         check = _compare_logits(src_dir / MODEL_NAME, tmp / MODEL_NAME, meta)  # the 4-bit graph alone
@@ -410,12 +467,15 @@ def quantize_decoder_int4(src_dir: Path, out_dir: Path) -> DecoderMeta:
                 f"(max |logit error| {check['logits_vs_fp32']:.3g})",
                 "keep this model in fp32, or use precision int8",
             )
-        both = one_row_switch(model, onnx.load(str(src_dir / MODEL_NAME)))
+        both = one_row_switch(model, onnx.load(str(src_dir / MODEL_NAME)), unpadded_only=fused is not None)
         for stale in tmp.glob(f"{MODEL_NAME}*"):  # the 4-bit graph alone (and its .data file, if any)
             stale.unlink()
         save_graph(both, tmp / MODEL_NAME)  # both graphs: over 2 GiB from ~0.45B parameters, then with a .data file
         seconds = round(time.perf_counter() - start, 2)
-        out = meta.model_copy(update={"precision": "int4", "export_seconds": seconds, "check": check})
+        one_row = "fused" if fused is not None else "exported"
+        out = meta.model_copy(
+            update={"precision": "int4", "export_seconds": seconds, "check": check, "one_row_graph": one_row}
+        )
         (tmp / META_NAME).write_text(out.model_dump_json(indent=2))
         shutil.copy(src_dir / TOKENIZER_NAME, tmp / TOKENIZER_NAME)
     return out

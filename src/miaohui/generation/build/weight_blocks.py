@@ -171,13 +171,14 @@ def rescored_head(x: str, q8: str, scale: str, out: str, k: int, n: int, initial
     ]  # fmt: skip
 
 
-def one_row_switch(one_row: Any, batched: Any) -> Any:
+def one_row_switch(one_row: Any, batched: Any, *, unpadded_only: bool = False) -> Any:
     """One decoder graph of the two: ``If(Size(input_ids) == 1)`` runs ``one_row`` (a stream's decode step), else
-    ``batched`` (prefills, batched decodes). Both take the same inputs and give the same outputs. One session, so
-    one thread pool: two sessions' pools, each spinning after its own steps, slowed a prefill that followed decode
-    steps from 69 to 102–110 ms on a 2-core CPU. An initializer both graphs hold (same name, same bytes: the token
-    embedding, norms, the KV-head constants) is stored once, in the outer graph, where both branches read it: on
-    SmolLM2 the embedding alone is 113 MB, on disk and in the session's memory."""
+    ``batched`` (prefills, batched decodes); with ``unpadded_only`` also only where ``attention_mask`` is all ones (the
+    fused graph takes positions from lengths: a row whose cache holds padding runs ``batched``). Both take the same
+    inputs and give the same outputs. One session, so one thread pool: two sessions' pools, each spinning after its own
+    steps, slowed a prefill that followed decode steps from 69 to 102–110 ms on a 2-core CPU. An initializer both graphs
+    hold (same name, same bytes: the token embedding, norms, the KV-head constants) is stored once, in the outer graph,
+    where both branches read it: on SmolLM2 the embedding alone is 113 MB, on disk and in the session's memory."""
     from onnx import TensorProto, helper
 
     outputs = [o.name for o in one_row.graph.output]
@@ -204,7 +205,16 @@ def one_row_switch(one_row: Any, batched: Any) -> Any:
     nodes = [
         helper.make_node("Size", ["input_ids"], ["ids_count"]),
         helper.make_node("Constant", [], ["one"], value=helper.make_tensor("one", TensorProto.INT64, [], [1])),
-        helper.make_node("Equal", ["ids_count", "one"], ["one_row"]),
+        helper.make_node("Equal", ["ids_count", "one"], ["one_token" if unpadded_only else "one_row"]),
+    ]
+    if unpadded_only:
+        nodes += [
+            helper.make_node("ReduceMin", ["attention_mask"], ["mask_min"], keepdims=0),
+            helper.make_node("Cast", ["mask_min"], ["mask_min_i64"], to=TensorProto.INT64),
+            helper.make_node("Equal", ["mask_min_i64", "one"], ["unpadded"]),
+            helper.make_node("And", ["one_token", "unpadded"], ["one_row"]),
+        ]
+    nodes += [
         helper.make_node(
             "If", ["one_row"], outputs, then_branch=branch(one_row, "one_row"), else_branch=branch(batched, "batched")
         ),
