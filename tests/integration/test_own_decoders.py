@@ -99,6 +99,7 @@ def test_int4_builds_where_its_check_holds_and_is_refused_where_not(tiny_dirs: d
     version = build_causal_lm(tmp_path, "llama", "int4", source=tiny_dirs["llama"])
     meta = load_meta(version)
     assert (read_info(version).precision, meta.precision, meta.check["top1_agrees"]) == ("int4", "int4", 1.0)
+    assert meta.one_row_graph == "fused"
     ops = [n.op_type for n in onnx.load(str(version / "model.onnx"), load_external_data=False).graph.node]
     assert ops[-1] == "If"
     # a prefill (several tokens) runs the fp32 branch: the fp32 version's logits; a one-token decode step runs the
@@ -115,6 +116,27 @@ def test_int4_builds_where_its_check_holds_and_is_refused_where_not(tiny_dirs: d
         build_causal_lm(tmp_path, "gemma", "int4", source=tiny_dirs["gemma3"])
     assert "fp32" in err.value.fix
     assert not (tmp_path / "gemma").exists() or not any((tmp_path / "gemma").glob("[0-9]*"))
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "mistral", "gemma3"])
+def test_the_fused_one_row_graph_agrees_with_the_export(kind: str, tiny_dirs: dict[str, Path], tmp_path: Path) -> None:
+    """int4's one-row graph (GroupQueryAttention a layer, Qwen2's Q/K/V bias too) is made from a Llama-family export
+    and checked against it on a prefill and three decode steps; Gemma 3's export keeps its own graph."""
+    import onnx
+
+    from miaohui.generation.build.export import FUSED_TOLERANCE, _fused_one_row
+
+    version = build_causal_lm(tmp_path, kind, "fp32", source=tiny_dirs[kind])
+    meta = load_meta(version)
+    fused, said = _fused_one_row(version, meta, onnx.load(str(version / "model.onnx")))
+    if kind == "gemma3":
+        assert (fused, said, meta.rope_inv_freq) == (None, "not a Llama-family export", None)
+        return
+    assert fused is not None and said.startswith("fused (max |difference| from the export "), said
+    assert float(said.rsplit(" ", 1)[1].rstrip(")")) <= FUSED_TOLERANCE
+    ops = [n.op_type for n in fused.graph.node]
+    assert ops.count("GroupQueryAttention") == meta.decoder_dims.num_layers
+    assert ops.count("Add") == meta.decoder_dims.num_layers * (3 if kind == "qwen2" else 2)  # the bias: one more
 
 
 def test_smollm2_as_gguf_file_and_as_hf_directory(smollm: tuple[Any, Any], tmp_path: Path) -> None:

@@ -23,17 +23,17 @@ def _layered(layers: int) -> onnx.ModelProto:
     h = "x"
     for i in range(layers):
         inits += [
-            numpy_helper.from_array(np.array([0], np.int64), f"axes_{i}"),  # equal values, other names
-            numpy_helper.from_array(np.array([-1, 4], np.int64), f"tail_{i}"),
-            numpy_helper.from_array(np.array([-1], np.int64), f"flat_{i}"),
-            numpy_helper.from_array(np.full((4,), float(i), np.float32), f"w_{i}"),  # a weight: kept per layer
+            numpy_helper.from_array(np.array([0], np.int64), f"onnx::axes_{i}"),  # equal values, other names
+            numpy_helper.from_array(np.array([-1, 4], np.int64), f"onnx::tail_{i}"),
+            numpy_helper.from_array(np.array([-1], np.int64), f"/layer_{i}/flat"),
+            numpy_helper.from_array(np.full((4,), float(i > 0), np.float32), f"w_{i}"),  # weights, equal from 1 on
         ]
         nodes += [
-            helper.make_node("Unsqueeze", ["batch", f"axes_{i}"], [f"b_{i}"]),
-            helper.make_node("Concat", [f"b_{i}", f"tail_{i}"], [f"target_{i}"], axis=0),
+            helper.make_node("Unsqueeze", ["batch", f"onnx::axes_{i}"], [f"b_{i}"]),
+            helper.make_node("Concat", [f"b_{i}", f"onnx::tail_{i}"], [f"target_{i}"], axis=0),
             helper.make_node("Reshape", [h, f"target_{i}"], [f"r_{i}"]),
             helper.make_node("Add", [f"r_{i}", f"w_{i}"], [f"a_{i}"]),
-            helper.make_node("Concat", [f"b_{i}", f"flat_{i}"], [f"back_{i}"], axis=0),
+            helper.make_node("Concat", [f"b_{i}", f"/layer_{i}/flat"], [f"back_{i}"], axis=0),
             helper.make_node("Reshape", [f"a_{i}", f"back_{i}"], [f"h_{i}"]),
         ]
         h = f"h_{i}"
@@ -59,7 +59,8 @@ def test_repeated_shape_arithmetic_runs_once_with_the_same_numbers() -> None:
     # per layer 6 nodes → the first layer's 6, then 3 (Reshape, Add, Reshape) per further layer
     assert merged == {"nodes": 4 * 3, "initializers": 4 * 3}
     assert len(ops) == before - 12 and ops.count("Unsqueeze") == 1 and ops.count("Concat") == 2
-    assert ops.count("Add") == 5 and ops.count("RandomUniformLike") == 2  # weights differ; random stays random
+    assert ops.count("Add") == 5 and ops.count("RandomUniformLike") == 2  # each its weight; random stays random
+    assert {f"w_{i}" for i in range(5)} <= {t.name for t in model.graph.initializer}  # the model's own names stay
     got = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(["y"], {"x": x})
     np.testing.assert_array_equal(got[0], want[0])
 

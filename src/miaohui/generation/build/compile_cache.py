@@ -101,30 +101,6 @@ def save_compile_cache(folder: Path, compile_all: Callable[[], float]) -> Compil
     )  # fmt: skip
 
 
-def restore_autotune(folder: Path, info: CompileCacheInfo) -> str:
-    """Write the build's autotuning results into this process's Inductor cache (the ``autotune`` entries of
-    ``compile-cache.bin``: for each Triton kernel Inductor generated with several launch configs, the one the build
-    measured best); what happened, for the log. Precompiled graphs need nothing else from the file, but without these
-    each such kernel benchmarks its configs again at its first call on a fresh machine, during the graph capture. The
-    file's other entries (FX-graph and AOTAutograd caches, seconds to write) are skipped. Never raises."""
-    started = time.perf_counter()
-    data = _checked_bytes(folder, info)
-    if isinstance(data, str):
-        return f"autotuning results not used: {data}"
-    try:
-        from torch.compiler._cache import CacheArtifactManager
-
-        artifacts = CacheArtifactManager.deserialize(data)
-        found = list((artifacts or {}).get("autotune", []))
-        for artifact in found:
-            artifact.populate_cache()
-    except Exception as exc:  # torch's private cache API: a change there only costs the first calls' tuning
-        return f"autotuning results not used: {type(exc).__name__}: {str(exc)[:200]}"
-    if artifacts is None:
-        return "autotuning results not used: torch could not read the file (its warning above says why)"
-    return f"{len(found)} autotuning results restored in {time.perf_counter() - started:.2f}s"
-
-
 def restore_triton(folder: Path, info: CompileCacheInfo) -> str:
     """Unpack the build's Triton kernels (``triton-cache.tar``) into this process's Triton cache; what happened."""
     if not info.triton_file:

@@ -294,6 +294,7 @@ def export_decoder(
             except Exception as exc:  # the exporter raises many unrelated types
                 raise ExportError(f"torch.onnx.export of {name} failed: {exc}", "report this model") from exc
             merged = merge_common_file(tmp / MODEL_NAME)  # each layer's repeated shape arithmetic once
+            _name_every_parameter(tmp / MODEL_NAME, kv_model)
         seconds = time.perf_counter() - start
         with console.status("checking the ONNX graph against PyTorch and HF"):
             errors = check_decoder(tmp / MODEL_NAME, kv_model, hf_model, _check_prompts(tokenizer, spec), pad)
@@ -384,6 +385,23 @@ def quantize_decoder(src_dir: Path, out_dir: Path, method: Int8Method = "weight-
         (tmp / META_NAME).write_text(out.model_dump_json(indent=2))
         shutil.copy(src_dir / TOKENIZER_NAME, tmp / TOKENIZER_NAME)
     return out
+
+
+def _name_every_parameter(path: Path, kv_model: Any) -> None:
+    """Give every parameter of ``kv_model`` a name in the graph at ``path``. The exporter stores equal parameters
+    once (a random model's norms, all ones, become one tensor, the others ``Identity`` nodes of it, which
+    :mod:`~miaohui.generation.build.graph_cse` merges), and the fused one-row graph
+    (:mod:`~miaohui.generation.build.one_row_graph`) finds each layer's weights by name: a parameter whose name is
+    gone gets an initializer of its own (unused by the exported graph itself, which ONNX Runtime drops at load)."""
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(path), load_external_data=False)
+    have = {t.name for t in model.graph.initializer} | {o for node in model.graph.node for o in node.output}
+    missing = [(n, p) for n, p in kv_model.named_parameters() if n not in have]
+    if missing:
+        model.graph.initializer.extend(numpy_helper.from_array(p.detach().cpu().numpy(), n) for n, p in missing)
+        onnx.save(model, str(path))
 
 
 def _llama_inv_freq(kv_model: Any) -> list[float] | None:

@@ -21,6 +21,11 @@ SMALL = 64
 """Constants of at most this many elements are compared by value (shape constants, axes, scalars); larger ones
 (weights) are never duplicated by the exporter and are not read."""
 
+EXPORTER_NAMES = ("onnx::", "/")
+"""Initializers named by the exporter (its folded constants) are merged by value; the model's own parameters (a
+64-wide norm of ones, say) keep their names, which later passes look up (:mod:`~miaohui.generation.build.
+one_row_graph`)."""
+
 _NONDETERMINISTIC = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial", "Dropout"}
 
 
@@ -42,14 +47,14 @@ def _count(dims: Any) -> int:
 
 
 def merge_common(graph: Any) -> dict[str, int]:
-    """Merge ``graph``'s (a GraphProto, changed in place) equal small constants and repeated nodes; how many of each
-    were removed. Outer-scope names (in an ``If`` branch) are left as they are."""
+    """Merge ``graph``'s (a GraphProto, changed in place) equal small constants (the exporter's: :data:`EXPORTER_NAMES`)
+    and repeated nodes; how many of each were removed. Outer-scope names (in an ``If`` branch) are left as they are."""
     keep = {o.name for o in graph.output}
     alias: dict[str, str] = {}
     by_value: dict[tuple[Any, ...], str] = {}
     initializers = []
     for tensor in graph.initializer:
-        key = _value_key(tensor)
+        key = _value_key(tensor) if tensor.name.startswith(EXPORTER_NAMES) else None
         if key is not None and key in by_value and tensor.name not in keep:
             alias[tensor.name] = by_value[key]
             continue

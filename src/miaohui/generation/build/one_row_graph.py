@@ -16,6 +16,7 @@ one row with an all-ones mask (a stream's decode step) and the exported graph ot
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import numpy as np
@@ -32,6 +33,9 @@ def fused_one_row(exported: Any, dims: DecoderDims, inv_freq: list[float]) -> An
     from onnx import TensorProto, helper, numpy_helper
 
     inits = {t.name: t for t in exported.graph.initializer}
+    for node in exported.graph.node:  # the exporter's aliases of a parameter equal to another (Identity of it)
+        if node.op_type == "Identity" and node.input[0] in inits:
+            inits.setdefault(node.output[0], inits[node.input[0]])
     needed = ["embed", "norm", "head"] + [f"layers.{i}.{w}" for i in range(dims.num_layers) for w in LAYER_WEIGHTS]
     if any(name not in inits for name in needed):
         return None
@@ -101,8 +105,14 @@ def fused_one_row(exported: Any, dims: DecoderDims, inv_freq: list[float]) -> An
         ),
         helper.make_node("MatMul", ["fused/x_normed", "head"], ["logits"]),
     ]
-    weights = [inits[name] for name in needed] + [inits[f"layers.{i}.qkv_bias"] for i in range(dims.num_layers)
-                                                  if f"layers.{i}.qkv_bias" in inits]  # fmt: skip
+    biases = [f"layers.{i}.qkv_bias" for i in range(dims.num_layers) if f"layers.{i}.qkv_bias" in inits]
+    weights = []
+    for name in [*needed, *biases]:  # each under the name the nodes use (an alias's tensor copied under its own)
+        tensor = inits[name]
+        if tensor.name != name:
+            tensor = copy.deepcopy(tensor)
+            tensor.name = name
+        weights.append(tensor)
     for index, node in enumerate(nodes):  # unique names: the 4-bit rewrite names its nodes after them
         node.name = f"fused/{node.op_type}_{index}"
     graph = helper.make_graph(

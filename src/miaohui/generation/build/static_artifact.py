@@ -28,7 +28,6 @@ from miaohui.generation.build.compile_cache import (
     PrecompiledInfo,
     load_compile_cache,
     load_precompiled,
-    restore_autotune,
     restore_triton,
     save_compile_cache,
     save_precompiled,
@@ -168,9 +167,8 @@ def load_slot_engine(
         compile_fn = precompiled
     if precompiled is None:
         cache = load_compile_cache(folder, meta.compile_cache)
-    elif meta.compile_cache is not None:  # the graphs need only the build's Triton kernels and autotuning results
-        restored = f"{restore_triton(folder, meta.compile_cache)}, {restore_autotune(folder, meta.compile_cache)}"
-        cache = f"not loaded (precompiled graphs in use); {restored}"
+    elif meta.compile_cache is not None:  # only the build's Triton kernels: the graphs need no Inductor cache
+        cache = f"not loaded (precompiled graphs in use); {restore_triton(folder, meta.compile_cache)}"
     else:
         cache = "none built"
     logging.getLogger(__name__).info("compile cache of %s: %s", folder, cache)
