@@ -28,6 +28,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("/tmp/out"))
     ap.add_argument("--no-defer", action="store_true", help="capture every graph before ready")
     ap.add_argument("--tag", default="", help="suffix of the output files")
+    ap.add_argument("--ready-rows", type=int, default=None, help="engine.ready_rows instead of the default")
+    ap.add_argument("--ready-tokens", type=int, default=None, help="engine.ready_tokens instead of the default")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     import logging
@@ -68,7 +70,11 @@ def main() -> None:
 
     profile = cProfile.Profile()
     profile.enable()
-    engine = sa.load_slot_engine(args.version, defaults.engine)
+    options = defaults.engine
+    for field in ("ready_rows", "ready_tokens"):
+        if getattr(args, field) is not None:
+            options = options.model_copy(update={field: getattr(args, field)})
+    engine = sa.load_slot_engine(args.version, options)
     profile.disable()
     t = mark("load_slot_engine", t)
     stats = pstats.Stats(profile, stream=Keep())  # type: ignore[arg-type]
@@ -85,6 +91,8 @@ def main() -> None:
     t = mark("capture after ready", t)
     result = {
         "version": str(args.version),
+        "ready_rows": options.ready_rows,
+        "ready_tokens": options.ready_tokens,
         "steps_s": steps,
         "since_process_start_s": round(time.perf_counter() - started, 2),
         "engine_start_phases": {k: round(v, 3) for k, v in engine.start_phases.items()},
