@@ -20,6 +20,8 @@
 #   own-decoder       benchmarks/bench_gpu_own_decoder.py: a team's Qwen2-1.5B-shaped HF decoder through `build-llm` /
 #                     `serve` defaults on empty compile caches (time to ready), then `miaohui bench --target chat` at
 #                     1 and 64 streams → gpu_own_decoder.json; carry a tokenizer folder (TOKENIZER, default var/gpu-tok)
+#                     or it packed (var/gpu-tok.txz: `tar -cJf var/gpu-tok.txz -C var/gpu-tok .`, 0.45 MB against 3.4,
+#                     so that it fits one call beside .whl .whlg .llm1), unpacked here
 #   gate-decoder      `miaohui build-llm` + `miaohui validate` of SmolLM2-135M-Instruct (real weights; GGUF in two
 #                     parts: scripts/gpu/pack_smollm2.sh; call 1 `setup` with .llm1, call 2 this with .llm2) on the
 #                     inductor engine against the fp32 source → gate_decoder.json (PRECISION, default bf16)
@@ -108,7 +110,9 @@ case $target in
       | grep -vE "Warning|warn\(" | tail -40
     ;;
   own-decoder)
-    timeout 560 python3 benchmarks/bench_gpu_own_decoder.py --tokenizer "${TOKENIZER:-var/gpu-tok}" --out "$OUT" "$@" 2>&1 \
+    tok=${TOKENIZER:-var/gpu-tok}
+    if [ ! -d "$tok" ] && [ -f var/gpu-tok.txz ]; then tok=/tmp/gpu-tok; mkdir -p $tok && tar -xJf var/gpu-tok.txz -C $tok; fi
+    timeout 560 python3 benchmarks/bench_gpu_own_decoder.py --tokenizer "$tok" --out "$OUT" "$@" 2>&1 \
       | grep -vE "Warning|warn\(" | tail -60
     ;;
   gate-decoder)
