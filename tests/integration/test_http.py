@@ -651,3 +651,34 @@ def test_raw_int64_binary_size_mismatch_is_400(http_server: UvicornThread) -> No
         "input 'input_ids' has 8 bytes of raw data but shape [1, 2] of INT64 needs 16. "
         "Fix: make the data match the shape and datatype"
     )
+
+
+async def test_a_worker_starting_mirrors_the_engine_process_not_the_newest_version(repo: Path, tmp_path: Path) -> None:
+    """An HTTP worker of ``--shared-engine`` that starts after a version was added to disk but before the engine
+    process loaded it serves what the engine process serves (version 1), not the newest on disk: asking for
+    version 2 would fail the whole model in that worker. The engine process is a stand-in answering ``status``
+    only: the moment between a version's copy and its load cannot be held still with the real one."""
+    import shutil
+
+    root = tmp_path / "repo"
+    shutil.copytree(repo, root)
+    shutil.copytree(root / "intent" / "1", root / "intent" / "2")  # added, not yet loaded by the engine process
+
+    class EngineServing1:
+        async def status(self) -> dict[str, list[int]]:
+            return {"intent": [1]}
+
+    manager = ModelManager(root, engine_process=EngineServing1())  # type: ignore[arg-type]
+    await manager.load_all()
+    try:
+        assert [sorted(s.versions) for s in manager.states() if s.name == "intent"] == [[1]]
+        assert manager.get("intent").version == 1
+    finally:
+        await manager.stop()
+    # without an engine process (or once it serves 2) the policy's newest is served
+    manager = ModelManager(root)
+    await manager.load_all()
+    try:
+        assert [sorted(s.versions) for s in manager.states() if s.name == "intent"] == [[2]]
+    finally:
+        await manager.stop()

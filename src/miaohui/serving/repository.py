@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Generic, NoReturn, TypeVar, cast
 
+from miaohui.config import VersionPolicy
 from miaohui.engines.store import read_manifest, versions
 from miaohui.errors import InputError, MiaohuiError, ModelNotFoundError, UnavailableError
 from miaohui.gcpolicy import refreeze
@@ -128,8 +129,13 @@ class ModelManager:
             raise ModelNotFoundError(missing, fix)  # before a lock exists: random names leave nothing behind
         lock = self._locks.setdefault(name, asyncio.Lock())
         async with lock:
+            mirrored: list[int] | None = None
             if self.engine_process is not None and forward:
                 await self.engine_process.load(name)
+            elif self.engine_process is not None:
+                # a worker's start mirrors what the engine process serves, not the newest version on disk: a version
+                # added since (not loaded there yet) would not be served, and the model would fail here
+                mirrored = (await self.engine_process.status()).get(name) or None
             chat = is_causal_lm_model(model_dir)
             state = self._models.get(name)
             if state is not None and state.chat != chat:
@@ -139,10 +145,19 @@ class ModelManager:
                     f"unload {name} first (POST /v2/repository/models/{name}/unload), then load it",
                 )
             if chat:
-                return await self._load_chat(name, model_dir, missing, fix)
-            return await self._load_encoder(name, model_dir, missing, fix)
+                return await self._load_chat(name, model_dir, missing, fix, mirrored)
+            return await self._load_encoder(name, model_dir, missing, fix, mirrored)
 
-    async def _load_encoder(self, name: str, model_dir: Path, missing: str, fix: str) -> ModelState[ServedVersion]:
+    @staticmethod
+    def _wanted(policy: VersionPolicy, available: list[int], mirrored: list[int] | None) -> list[int]:
+        """The versions to serve: those the engine process serves (``mirrored``, a worker's start) where still on
+        disk, else the version policy's choice."""
+        kept = [v for v in mirrored or [] if v in available]
+        return kept or list(policy.select(available))
+
+    async def _load_encoder(
+        self, name: str, model_dir: Path, missing: str, fix: str, mirrored: list[int] | None = None
+    ) -> ModelState[ServedVersion]:
         encoders = cast("ModelState[ServedVersion]", self._models.get(name) or ModelState[ServedVersion](name, False))
         self._models[name] = encoders
         available = versions(model_dir)
@@ -152,7 +167,7 @@ class ModelManager:
         try:
             backend = read_manifest(model_dir / str(available[-1])).backend
             config = load_model_config(model_dir / "config.yaml", backend)
-            wanted = config.version_policy.select(available)
+            wanted = self._wanted(config.version_policy, available, mirrored)
             fresh: dict[int, ServedVersion] = {}
             started = time.perf_counter()
             try:
@@ -186,7 +201,9 @@ class ModelManager:
             return RemoteServedVersion(path, config, observer, self.engine_process)
         return ServedVersion(path, config, observer)
 
-    async def _load_chat(self, name: str, model_dir: Path, missing: str, fix: str) -> ModelState[ServedChatVersion]:
+    async def _load_chat(
+        self, name: str, model_dir: Path, missing: str, fix: str, mirrored: list[int] | None = None
+    ) -> ModelState[ServedChatVersion]:
         chats = cast(
             "ModelState[ServedChatVersion]", self._models.get(name) or ModelState[ServedChatVersion](name, True)
         )
@@ -198,7 +215,7 @@ class ModelManager:
         fresh: dict[int, ServedChatVersion] = {}
         try:
             config = load_generation_config(model_dir)
-            wanted = config.version_policy.select(available)
+            wanted = self._wanted(config.version_policy, available, mirrored)
             try:
                 for v in wanted:
                     if v in chats.versions and chats.versions[v].config == config:
