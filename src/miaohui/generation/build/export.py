@@ -34,7 +34,7 @@ from pydantic import BaseModel, Field
 
 from miaohui.config import Frozen
 from miaohui.errors import ArtifactError, ExportError
-from miaohui.generation.build.graph_cse import merge_common_file
+from miaohui.generation.build.graph_cse import merge_common
 from miaohui.generation.models.dims import DecoderDims
 from miaohui.paths import atomic_dir
 
@@ -293,8 +293,7 @@ def export_decoder(
                     )  # fmt: skip
             except Exception as exc:  # the exporter raises many unrelated types
                 raise ExportError(f"torch.onnx.export of {name} failed: {exc}", "report this model") from exc
-            merged = merge_common_file(tmp / MODEL_NAME)  # each layer's repeated shape arithmetic once
-            _name_every_parameter(tmp / MODEL_NAME, kv_model)
+            merged = _tidy_graph(tmp / MODEL_NAME, kv_model)
         seconds = time.perf_counter() - start
         with console.status("checking the ONNX graph against PyTorch and HF"):
             errors = check_decoder(tmp / MODEL_NAME, kv_model, hf_model, _check_prompts(tokenizer, spec), pad)
@@ -387,21 +386,24 @@ def quantize_decoder(src_dir: Path, out_dir: Path, method: Int8Method = "weight-
     return out
 
 
-def _name_every_parameter(path: Path, kv_model: Any) -> None:
-    """Give every parameter of ``kv_model`` a name in the graph at ``path``. The exporter stores equal parameters
-    once (a random model's norms, all ones, become one tensor, the others ``Identity`` nodes of it, which
-    :mod:`~miaohui.generation.build.graph_cse` merges), and the fused one-row graph
-    (:mod:`~miaohui.generation.build.one_row_graph`) finds each layer's weights by name: a parameter whose name is
-    gone gets an initializer of its own (unused by the exported graph itself, which ONNX Runtime drops at load)."""
+def _tidy_graph(path: Path, kv_model: Any) -> dict[str, int]:
+    """Rewrite the exported graph at ``path`` once (weights stored beside it stay where they are): each layer's
+    repeated shape arithmetic merged (:func:`~miaohui.generation.build.graph_cse.merge_common`; what was merged), and
+    every parameter of ``kv_model`` given a name in it. The exporter stores equal parameters once (a random model's
+    norms, all ones, become one tensor, the others ``Identity`` nodes of it, which the merge folds), and the fused
+    one-row graph (:mod:`~miaohui.generation.build.one_row_graph`) finds each layer's weights by name: a parameter
+    whose name is gone gets an initializer of its own (unused by the exported graph itself, which ONNX Runtime drops
+    at load)."""
     import onnx
     from onnx import numpy_helper
 
     model = onnx.load(str(path), load_external_data=False)
+    merged = merge_common(model.graph)
     have = {t.name for t in model.graph.initializer} | {o for node in model.graph.node for o in node.output}
     missing = [(n, p) for n, p in kv_model.named_parameters() if n not in have]
-    if missing:
-        model.graph.initializer.extend(numpy_helper.from_array(p.detach().cpu().numpy(), n) for n, p in missing)
-        onnx.save(model, str(path))
+    model.graph.initializer.extend(numpy_helper.from_array(p.detach().cpu().numpy(), n) for n, p in missing)
+    onnx.save(model, str(path))
+    return merged
 
 
 def _llama_inv_freq(kv_model: Any) -> list[float] | None:
@@ -485,7 +487,8 @@ def quantize_decoder_int4(src_dir: Path, out_dir: Path) -> DecoderMeta:
                 f"(max |logit error| {check['logits_vs_fp32']:.3g})",
                 "keep this model in fp32, or use precision int8",
             )
-        both = one_row_switch(model, onnx.load(str(src_dir / MODEL_NAME)), unpadded_only=fused is not None)
+        batched = exported if fused is not None else onnx.load(str(src_dir / MODEL_NAME))  # else rewritten above
+        both = one_row_switch(model, batched, unpadded_only=fused is not None)
         for stale in tmp.glob(f"{MODEL_NAME}*"):  # the 4-bit graph alone (and its .data file, if any)
             stale.unlink()
         save_graph(both, tmp / MODEL_NAME)  # both graphs: over 2 GiB from ~0.45B parameters, then with a .data file

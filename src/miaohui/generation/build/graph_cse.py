@@ -15,6 +15,7 @@ producing a graph output, are kept. The numbers the graph computes do not change
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 SMALL = 64
@@ -33,17 +34,10 @@ def _value_key(tensor: Any) -> tuple[Any, ...] | None:
     """(type, dims, bytes) of a small tensor, None for a large or externally stored one."""
     from onnx import numpy_helper
 
-    if tensor.data_location == 1 or int(_count(tensor.dims)) > SMALL:  # 1: EXTERNAL
+    if tensor.data_location == 1 or math.prod(tensor.dims) > SMALL:  # 1: EXTERNAL
         return None
     array = numpy_helper.to_array(tensor)
     return (tensor.data_type, tuple(tensor.dims), array.tobytes())
-
-
-def _count(dims: Any) -> int:
-    n = 1
-    for d in dims:
-        n *= d
-    return n
 
 
 def merge_common(graph: Any) -> dict[str, int]:
@@ -99,14 +93,3 @@ def merge_common(graph: Any) -> dict[str, int]:
     del graph.initializer[:]
     graph.initializer.extend(initializers)
     return {"nodes": removed_nodes, "initializers": removed_constants}
-
-
-def merge_common_file(path: Any) -> dict[str, int]:
-    """:func:`merge_common` on the ONNX file at ``path``, rewritten in place. Weights stored beside it (external data)
-    stay where they are: only the graph is read and written."""
-    import onnx
-
-    model = onnx.load(str(path), load_external_data=False)
-    merged = merge_common(model.graph)
-    onnx.save(model, str(path))
-    return merged

@@ -209,9 +209,8 @@ def one_row_switch(one_row: Any, batched: Any, *, unpadded_only: bool = False) -
     ]
     if unpadded_only:
         nodes += [
-            helper.make_node("ReduceMin", ["attention_mask"], ["mask_min"], keepdims=0),
-            helper.make_node("Cast", ["mask_min"], ["mask_min_i64"], to=TensorProto.INT64),
-            helper.make_node("Equal", ["mask_min_i64", "one"], ["unpadded"]),
+            helper.make_node("ReduceMin", ["attention_mask"], ["mask_min"], keepdims=0),  # int64, as "one"
+            helper.make_node("Equal", ["mask_min", "one"], ["unpadded"]),
             helper.make_node("And", ["one_token", "unpadded"], ["one_row"]),
         ]
     nodes += [
