@@ -17,6 +17,7 @@ medians. Writes ``prefix_cache_gpu_<model>.json`` under ``--out``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import platform
 import shlex
@@ -34,6 +35,7 @@ import torch
 from miaohui.generation.engine.engine_loop import LLMEngine
 from miaohui.generation.engine.params import SamplingParams
 from miaohui.generation.engine.scheduler import SchedulerConfig
+from miaohui.generation.executors.slot_defaults import choose_defaults
 from miaohui.generation.executors.slot_engine import TorchSlotEngine
 from miaohui.generation.executors.slot_options import SlotEngineOptions
 from miaohui.generation.models.dims import DecoderDims
@@ -47,9 +49,15 @@ ONE = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
 
 
 def _engine(args: argparse.Namespace, device: str) -> TorchSlotEngine:
+    """On a GPU the engine ``serve`` runs for this model without a generation.yaml (static prefill, prefix-hit and
+    mixed-step graphs), with ``--slots`` and ``--max-len`` (a 2,050-token conversation passes the default 2,048)."""
     dims = SHAPES[args.model]
     dtype = "bf16" if device == "cuda" else "fp32"
-    opts = SlotEngineOptions(num_slots=args.slots, max_len=args.max_len, dtype=dtype, device=device)
+    if device == "cuda":
+        chosen = choose_defaults(dataclasses.asdict(dims), torch.cuda.mem_get_info()[1], dtype).engine
+        opts = chosen.model_copy(update={"num_slots": args.slots, "max_len": args.max_len, "device": device})
+    else:
+        opts = SlotEngineOptions(num_slots=args.slots, max_len=args.max_len, dtype=dtype, device=device)
     dec = StaticKVDecoder(
         dims, num_slots=opts.num_slots, max_len=opts.max_len, dtype={"bf16": torch.bfloat16}.get(dtype, torch.float32),
         device=device,
@@ -115,6 +123,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "ratio_turn_uncached_over_short": out["turn_uncached"]["median_ms"] / short,
         "goal": "ratio_turn_cached_over_short <= 1.2 on the H200 (qwen1.5b, history 2000, turn 50)",
         "prefix_cache": {"queried_tokens": stats.queried_tokens, "hit_tokens": stats.hit_tokens} if stats else None,
+        "engine": {
+            "options": engine.options.model_dump(mode="json"),
+            "prefix_graphs": len(engine._prefix_graphs),
+            "prefix_graph_steps": engine.prefix_graph_steps,
+            "prefill_graphs": len(engine._prefill_graphs),
+        },
     }
 
 

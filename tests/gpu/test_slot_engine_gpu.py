@@ -173,3 +173,27 @@ async def test_mixed_step_graphs_match_the_eager_engine() -> None:
         got = [[e.token_id async for e in st if e.token_id is not None] for st in streams]
     assert got == want
     assert fast.mixed_steps >= 4, fast.mixed_steps
+
+
+def test_prefix_hit_graphs_match_the_engine_without_a_cache() -> None:
+    """A conversation whose turns reuse their history from the prefix cache: the rests run through the prefix-hit
+    CUDA graphs (the whole slot attended, padding rows repeating the first) and give the greedy tokens of the same
+    graphs engine without a prefix cache, turn after turn; two conversations at once take a two-prompt graph."""
+    from miaohui.generation.engine.scheduler import SchedulerConfig
+
+    hf = tiny_qwen("cuda")
+    opts = SlotEngineOptions(num_slots=8, max_len=256, dtype="fp32", static_prefill=True, mixed_prefill_tokens=())
+    fast = TorchSlotEngine(StaticKVDecoder.from_hf(hf, num_slots=8, max_len=256, dtype=torch.float32), [999], 0, opts)
+    fast.warmup()
+    assert sorted(fast._prefix_graphs) == [(n, s) for n in fast.prefill_batches for s in fast.prefill_lengths]
+    sched = {"max_model_len": 256, "max_batched_tokens": 512}
+    cached = LLMEngine(fast, None, SchedulerConfig(prefix_cache_mb=4.0, **sched))
+    plain = LLMEngine(fast, None, SchedulerConfig(prefix_cache_mb=0.0, **sched))
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    talks = [[3, 4, 5] * 12, [40, 41, 42, 43] * 9]
+    for turn in range(4):
+        want = [w[0] for w in plain.generate(talks, params)]
+        got = [g[0] for g in cached.generate(talks, params)]
+        assert got == want, f"turn {turn}"
+        talks = [t + a + [7 + turn, 8, 9 + turn] for t, a in zip(talks, got, strict=True)]
+    assert fast.prefix_graph_steps >= 3, fast.prefix_graph_steps

@@ -92,12 +92,13 @@ class SlotEngineOptions(Frozen):
     """Before ready (with ``capture_after_ready``): decode graphs attending up to this many positions, prefill graphs
     of up to this many tokens in all (prompts x padded length)."""
 
-    def before_ready(self, kind: Literal["decode", "prefill", "mixed"], rows: int, tokens: int) -> bool:
+    def before_ready(self, kind: Literal["decode", "prefill", "prefix", "mixed"], rows: int, tokens: int) -> bool:
         """Whether ``serve`` captures this bucket before ready when graphs may follow after it: decode (``rows``
         batch, ``tokens`` attended length) and prefill (``rows`` prompts, ``tokens`` = prompts x padded length) within
-        ``ready_rows`` / ``ready_tokens``; mixed steps never (a step without its mixed graph runs as decode + prefill,
-        both from graphs captured before ready)."""
-        if kind == "mixed":
+        ``ready_rows`` / ``ready_tokens``; mixed steps and prefix-hit prefills never (a step without its mixed graph
+        runs as decode + prefill, both from graphs captured before ready; a prefix hit before its graph runs its step
+        without one)."""
+        if kind in ("mixed", "prefix"):
             return False
         return rows <= self.ready_rows and tokens <= self.ready_tokens
 

@@ -146,13 +146,14 @@ def fill_decode_rows(
 
 class PrefillBuffers:
     """Static prefill inputs in one tensor (one host→device copy): per prompt row, ``length`` token ids, then its
-    real length, then its cache row (slot)."""
+    real length, its cache row (slot) and the position its tokens start at (0 but for a prefix-cache hit's rest)."""
 
     def __init__(self, prompts: int, length: int, device: torch.device | str, pin: bool) -> None:
-        self.all = torch.zeros((prompts, length + 2), dtype=torch.int64, device=device)
+        self.all = torch.zeros((prompts, length + 3), dtype=torch.int64, device=device)
         if pin:
             self.all = self.all.pin_memory()
         self.tokens, self.lengths, self.slots = self.all[:, :length], self.all[:, length], self.all[:, length + 1]
+        self.starts = self.all[:, length + 2]
 
 
 RECOMPILE_LIMIT = 64
