@@ -57,7 +57,7 @@ def _engine(args: argparse.Namespace, device: str) -> TorchSlotEngine:
         chosen = choose_defaults(dataclasses.asdict(dims), torch.cuda.mem_get_info()[1], dtype).engine
         opts = chosen.model_copy(update={"num_slots": args.slots, "max_len": args.max_len, "device": device})
     else:
-        opts = SlotEngineOptions(num_slots=args.slots, max_len=args.max_len, dtype=dtype, device=device)
+        opts = SlotEngineOptions(num_slots=args.slots, max_len=args.max_len, dtype="fp32", device=device)
     dec = StaticKVDecoder(
         dims, num_slots=opts.num_slots, max_len=opts.max_len, dtype={"bf16": torch.bfloat16}.get(dtype, torch.float32),
         device=device,
