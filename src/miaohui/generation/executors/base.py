@@ -39,7 +39,9 @@ def check_token_ids(ids: np.ndarray, vocab: int) -> None:
 
 @dataclass(frozen=True)
 class KVCache:
-    """Batched, left-padded KV cache (see the module docstring). Arrays are never modified in place."""
+    """Batched, left-padded KV cache (see the module docstring). Arrays are never modified in place (an int4 engine's
+    one-row steps return views of a longer buffer and write only beyond their end:
+    :mod:`~miaohui.generation.executors.ort_in_place`)."""
 
     keys: tuple[np.ndarray, ...]
     values: tuple[np.ndarray, ...]

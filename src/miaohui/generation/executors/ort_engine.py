@@ -3,7 +3,9 @@
 Session: CPU provider, all graph optimizations, ``intra_op_num_threads`` = the physical cores given
 (default: all cores this process may use), sequential execution. Inputs and outputs are numpy; the
 ``present`` outputs of one step are the next step's ``past`` inputs unchanged (see
-:mod:`miaohui.generation.executors.base` for the batched, left-padded KV layout).
+:mod:`miaohui.generation.executors.base` for the batched, left-padded KV layout). An int4 decoder's one-stream decode
+steps (its fused one-row graph) write the cache in place instead of copying it
+(:mod:`miaohui.generation.executors.ort_in_place`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from miaohui.engines.target import usable_cores
 from miaohui.errors import ArtifactError, BackendUnavailableError
 from miaohui.generation.build.export import MODEL_NAME, DecoderMeta, input_names, load_meta, output_names
 from miaohui.generation.executors.base import CausalLMEngine
+from miaohui.generation.executors.ort_in_place import InPlaceRow, runs_one_row
 
 
 class OrtCausalLMEngine(CausalLMEngine):
@@ -57,6 +60,10 @@ class OrtCausalLMEngine(CausalLMEngine):
                 f"export the decoder again into {self.folder}",
             )
         self._in_names = got_in
+        self._in_place: InPlaceRow | None = None
+        """The one-row steps with the cache written in place, where the one-row graph is the fused one."""
+        if self.meta.one_row_graph == "fused":
+            self._in_place = InPlaceRow(self._session, dims, got_in, got_out)
 
     @property
     def precision(self) -> str:
@@ -71,9 +78,11 @@ class OrtCausalLMEngine(CausalLMEngine):
     ) -> tuple[np.ndarray, list[np.ndarray]]:
         if self._session is None:
             raise ArtifactError("the engine is closed", "create a new OrtCausalLMEngine")
+        if self._in_place is not None and runs_one_row(input_ids, attention_mask):
+            return self._in_place.step(input_ids, attention_mask, position_ids, past)
         feeds = dict(zip(self._in_names, [input_ids, attention_mask, position_ids, *past], strict=True))
         outs = self._session.run(None, feeds)
         return outs[0], list(outs[1:])
 
     def close(self) -> None:
-        self._session = None
+        self._session, self._in_place = None, None
