@@ -1,4 +1,4 @@
-"""One stream's decode step with its key/value cache written in place, not copied (issue 44).
+"""One stream's decode step with its key/value cache written in place, not copied.
 
 An int4 decoder's one-row graph (:mod:`miaohui.generation.build.one_row_graph`) has one ``com.microsoft::
 GroupQueryAttention`` a layer. Fed numpy arrays, each step the kernel allocates its ``present`` key and value one slot
@@ -6,9 +6,8 @@ longer than the ``past``, zeroes them and copies the whole past into them. When 
 buffer (the kernel compares the pointers: ``past_present_share_buffer``), it writes the new token's key and value at
 the row's length and copies nothing: the buffer is ``[1, kv_heads, capacity, head_dim]`` and ``seqlens_k`` (the
 mask's sum less one) says how much of it is the row's. :class:`InPlaceRow` binds each layer's past input and present
-output to one such buffer with IOBinding. SmolLM2-135M int4, :meth:`OrtCausalLMEngine.decode` alone, two threads
-(``lab/probes/one_row_kv_share.py``, interleaved): 7.58 → 6.70 ms a step after a 100-token prompt, 11.60 → 8.28 ms
-after a 600-token one, the logits bit for bit the same.
+output to one such buffer with IOBinding; the logits are the same bit for bit, and the step no longer grows with the
+row's length (``lab/probes/one_row_kv_share.py`` measures it).
 
 The engine's :class:`~miaohui.generation.executors.base.KVCache` arrays are never modified in place, and still are
 not: the arrays a step returns are views ``buffer[:, :, :length]``, and a step writes only at the buffer's end (the
