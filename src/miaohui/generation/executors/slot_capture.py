@@ -113,9 +113,10 @@ class SlotGraphs:
                 self._capture(log, keep)
                 if self.options.static_prefill:
                     self._capture_prefill(log, keep)
-                    self._capture_prefix(log, keep)
                 if self.mixed_tokens:
                     self._capture_mixed(log, keep)
+                if self.options.static_prefill:  # last: after ready, the steps every request uses come first
+                    self._capture_prefix(log, keep)
             else:
                 self._decode_step(2, self.length_buckets[0])
         self.lengths[:] = 0
