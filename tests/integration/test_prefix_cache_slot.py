@@ -39,13 +39,18 @@ def _one_thread() -> Any:
     torch.set_num_threads(threads)
 
 
-def _tiny(slots: int = 4, mixed: tuple[int, ...] = (128, 256)) -> TorchSlotEngine:
+def _tiny(slots: int = 4, mixed: tuple[int, ...] = (128, 256), static_prefill: bool = False) -> TorchSlotEngine:
     """A tiny random decoder (the same weights every call: seed 0) on the slot engine, mixed steps on; decode attention
     in its matmul form (the triton op's CPU fallback costs ~50 ms a call behind its custom-op wrapper)."""
     dec = StaticKVDecoder(DIMS, num_slots=slots, max_len=MAX_LEN)
     dec.init_random(0, std=0.1)
     opts = SlotEngineOptions(
-        num_slots=slots, max_len=MAX_LEN, dtype="fp32", mixed_prefill_tokens=mixed, decode_attention="matmul"
+        num_slots=slots,
+        max_len=MAX_LEN,
+        dtype="fp32",
+        mixed_prefill_tokens=mixed,
+        decode_attention="matmul",
+        static_prefill=static_prefill,
     )
     return TorchSlotEngine(dec, [1], 0, opts)
 
@@ -102,6 +107,23 @@ def test_multi_turn_conversation_and_a_shared_system_prompt_match_no_cache() -> 
     other = [_words(50, 9)]
     assert _conversation(cached, system, other, end) == _conversation(plain, system, other, end)
     assert _stats(cached)[1] == 144 + 16
+
+
+def test_static_prefix_hit_step_matches_no_cache() -> None:
+    """With ``static_prefill`` a prefix hit's rest runs the step a GPU captures as a graph (the static buffers, padded
+    to its (prompts, length) bucket, padding rows repeating the first, the whole slot attended): the greedy tokens of
+    an engine without a cache, turn after turn, two conversations at once (a two-prompt bucket)."""
+    users = [[_words(10 + k, 5 + k), _words(30 + k, 9)] for k in range(4)]
+    engine = _tiny(static_prefill=True)
+    cached, plain = _llm(engine), _llm(_tiny(static_prefill=True), 0.0)
+    talks: list[list[int]] = [_words(1, 21), _words(2, 27)]
+    for turn in users:
+        talks = [t + u for t, u in zip(talks, turn, strict=True)]
+        got = [g[0] for g in cached.generate(talks, GREEDY)]
+        assert got == [w[0] for w in plain.generate(talks, GREEDY)]
+        talks = [t + g + [2, 13] for t, g in zip(talks, got, strict=True)]
+    assert engine.static_prefix_steps >= 2 and engine.prefix_graph_steps == 0  # no CUDA graphs on a CPU
+    assert _stats(cached)[1] > 0
 
 
 def test_concurrent_requests_share_a_system_prompt() -> None:

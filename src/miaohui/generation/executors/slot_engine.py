@@ -132,8 +132,10 @@ class TorchSlotEngine(SlotGraphs, SlotCausalLMEngine):
         self.prefill_batches, self.prefill_lengths = options.prefill_buckets()
         self.max_prefill_prompts = max(self.prefill_batches) if options.static_prefill else None
         self.eager_prefills = 0
+        self.static_prefix_steps = 0
+        """Prefix-hit prefills through the static prefill buffers (with ``static_prefill``)."""
         self.prefix_graph_steps = 0
-        """Prefix-hit prefills that replayed a CUDA graph (the rest ran their step without one)."""
+        """Those of them that replayed a CUDA graph."""
         """Prefills that fell back to the eager path with ``static_prefill`` on (the first one is logged)."""
         if options.static_prefill:
             pb, ps = max(self.prefill_batches), max(self.prefill_lengths)
@@ -255,15 +257,15 @@ class TorchSlotEngine(SlotGraphs, SlotCausalLMEngine):
         return TorchLogits(logits, range(len(prompts)), self._prefill_tokens.start(best, self.chaining), valid)
 
     def _static_prefill_from(self, slots: list[int], rests: list[list[int]], starts: list[int]) -> StepLogits | None:
-        """:meth:`_prefill_from` through its bucket's CUDA graph (the static prefill buffers, the whole slot attended);
-        None where the rests fit no captured graph (none yet, too many, too long, or past the slot's end).
-        Padding rows repeat the first row (its tokens, slot and start): the same writes to the same places."""
+        """:meth:`_prefill_from` through the static prefill buffers, attending over the whole slot: its bucket's CUDA
+        graph replayed where captured, else the same step run without one (a CPU, or before the capture after ready);
+        None where the rests fit no bucket (too many, too long, or a padded rest past the slot's end). Padding rows
+        repeat the first row (its tokens, slot and start): the same writes to the same places."""
         n, width = len(rests), max(len(r) for r in rests)
         if n > self.prefill_batches[-1] or width > self.prefill_lengths[-1]:
             return None
         nb, sb = bucket_for(n, self.prefill_batches), bucket_for(width, self.prefill_lengths)
-        graph = self._prefix_graphs.get((nb, sb))
-        if graph is None or max(starts) + sb > self.max_len:
+        if max(starts) + sb > self.max_len:
             return None
         turn, valid = self._next_turn("prefill")
         host, dev = self._pf_host[turn], self._pf_dev
@@ -275,9 +277,10 @@ class TorchSlotEngine(SlotGraphs, SlotCausalLMEngine):
         lens[:n], rows[:n], at[:n] = [len(r) for r in rests], slots, starts
         lens[n:nb], rows[n:nb], at[n:nb] = len(rests[0]), slots[0], starts[0]
         dev.all[:nb].copy_(host.all[:nb], non_blocking=True)
-        graph[0].replay()
-        logits, best = graph[1]
-        self.prefix_graph_steps += 1
+        graph = self._prefix_graphs.get((nb, sb))
+        logits, best = replay_or_run(graph, self._step_for("prefix", (nb, sb)))
+        self.static_prefix_steps += 1
+        self.prefix_graph_steps += graph is not None
         return TorchLogits(logits, range(n), self._prefill_tokens.start(best, self.chaining), valid)
 
     @_under_step_lock
@@ -285,7 +288,7 @@ class TorchSlotEngine(SlotGraphs, SlotCausalLMEngine):
         """The rests of prompts whose first ``starts`` tokens their slots already hold: through a prefix-hit graph
         where one fits (:meth:`_static_prefill_from`), else eagerly, right-padded to the longest rest."""
         rests = [p[s:] for p, s in zip(prompts, starts, strict=True)]
-        if self._prefix_graphs:
+        if self.options.static_prefill:
             out = self._static_prefill_from(slots, rests, starts)
             if out is not None:
                 return out
