@@ -49,13 +49,15 @@ ONE = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
 
 
 def _engine(args: argparse.Namespace, device: str) -> TorchSlotEngine:
-    """On a GPU the engine ``serve`` runs for this model without a generation.yaml (static prefill, prefix-hit and
-    mixed-step graphs), with ``--slots`` and ``--max-len`` (a 2,050-token conversation passes the default 2,048)."""
+    """On a GPU the engine ``serve`` runs for this model without a generation.yaml (static prefill and mixed-step
+    graphs), with ``--slots``, ``--max-len`` (a 2,050-token conversation passes the default 2,048) and
+    ``--prefix-graphs``."""
     dims = SHAPES[args.model]
     dtype = "bf16" if device == "cuda" else "fp32"
     if device == "cuda":
         chosen = choose_defaults(dataclasses.asdict(dims), torch.cuda.mem_get_info()[1], dtype).engine
-        opts = chosen.model_copy(update={"num_slots": args.slots, "max_len": args.max_len, "device": device})
+        opts = chosen.model_copy(update={"num_slots": args.slots, "max_len": args.max_len, "device": device,
+                                         "prefix_graphs": args.prefix_graphs})  # fmt: skip
     else:
         opts = SlotEngineOptions(num_slots=args.slots, max_len=args.max_len, dtype="fp32", device=device)
     dec = StaticKVDecoder(
@@ -148,6 +150,12 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--slots", type=int, default=8)
     ap.add_argument("--max-len", type=int, default=4096)
+    ap.add_argument(
+        "--prefix-graphs",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="engine.prefix_graphs: prefix hits' rests as CUDA graphs (off in serve's defaults)",
+    )
     ap.add_argument("--cache-mb", type=float, default=256.0, help="prefix_cache_mb of the cached engine")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = ap.parse_args()

@@ -182,7 +182,8 @@ def test_prefix_hit_graphs_match_the_engine_without_a_cache() -> None:
     from miaohui.generation.engine.scheduler import SchedulerConfig
 
     hf = tiny_qwen("cuda")
-    opts = SlotEngineOptions(num_slots=8, max_len=256, dtype="fp32", static_prefill=True, mixed_prefill_tokens=())
+    opts = SlotEngineOptions(num_slots=8, max_len=256, dtype="fp32", static_prefill=True, prefix_graphs=True,
+                             mixed_prefill_tokens=())  # fmt: skip
     fast = TorchSlotEngine(StaticKVDecoder.from_hf(hf, num_slots=8, max_len=256, dtype=torch.float32), [999], 0, opts)
     fast.warmup()
     assert sorted(fast._prefix_graphs) == [(n, s) for n in fast.prefill_batches for s in fast.prefill_lengths]

@@ -51,6 +51,7 @@ def _tiny(slots: int = 4, mixed: tuple[int, ...] = (128, 256), static_prefill: b
         mixed_prefill_tokens=mixed,
         decode_attention="matmul",
         static_prefill=static_prefill,
+        prefix_graphs=static_prefill,
     )
     return TorchSlotEngine(dec, [1], 0, opts)
 

@@ -9,8 +9,8 @@ replay a bucket's graph, or run its step without one. Graph kinds and their buck
 * ``prefill`` — (prompts, padded length), with ``static_prefill``;
 * ``prefix`` — the rest of prompts whose first tokens their slots already hold (prefix-cache hits), the same
   (prompts, padded length) buckets up to :data:`PREFIX_GRAPH_TOKENS`, attending over the whole slot (``max_len``) so
-  that one graph serves every cached length, with ``static_prefill``; always captured after ready (a hit before its
-  graph exists runs the same step without one);
+  that one graph serves every cached length, with ``static_prefill`` and ``prefix_graphs``; always captured after
+  ready (a hit before its graph exists runs the same step without one);
 * ``mixed`` — (batch, prompt tokens, attended length), with mixed steps on.
 """
 
@@ -115,7 +115,7 @@ class SlotGraphs:
                     self._capture_prefill(log, keep)
                 if self.mixed_tokens:
                     self._capture_mixed(log, keep)
-                if self.options.static_prefill:  # last: after ready, the steps every request uses come first
+                if self.options.static_prefill and self.options.prefix_graphs:  # last: every request's steps first
                     self._capture_prefix(log, keep)
             else:
                 self._decode_step(2, self.length_buckets[0])

@@ -288,7 +288,7 @@ class TorchSlotEngine(SlotGraphs, SlotCausalLMEngine):
         """The rests of prompts whose first ``starts`` tokens their slots already hold: through a prefix-hit graph
         where one fits (:meth:`_static_prefill_from`), else eagerly, right-padded to the longest rest."""
         rests = [p[s:] for p, s in zip(prompts, starts, strict=True)]
-        if self.options.static_prefill:
+        if self.options.static_prefill and self.options.prefix_graphs:
             out = self._static_prefill_from(slots, rests, starts)
             if out is not None:
                 return out

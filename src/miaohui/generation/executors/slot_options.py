@@ -78,6 +78,13 @@ class SlotEngineOptions(Frozen):
     (empty slices of the split-KV grid), while every length bucket multiplies the graphs captured at load: with the
     decode steps' five lengths at 64 slots, 105 mixed graphs instead of 21."""
 
+    prefix_graphs: bool = False
+    """With ``static_prefill``: a prefix-cache hit's rest (a prompt whose first tokens its slot already holds) runs
+    through the static prefill buffers, attending over the whole slot, as one CUDA graph per (prompts, padded rest)
+    bucket up to 512 tokens, captured after ready; ``false``: such a rest runs eagerly, attending only up to its end.
+    Off by default: the graphs have not yet been run on a GPU (``tests/gpu/test_slot_engine_gpu.py`` and
+    ``benchmarks/bench_prefix_cache_gpu.py`` are what decide); their step is tested on the CPU."""
+
     capture_after_ready: bool = True
     """Serve a GPU version before all its CUDA graphs are captured: ``serve`` captures the buckets a start's first
     requests use (:meth:`before_ready`) before the version reports ready, and the rest on a background thread after it
