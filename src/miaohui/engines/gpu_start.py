@@ -6,7 +6,7 @@ Creating a CUDA context is driver work that does not hold the GIL (torch lets go
 overlaps the main thread's imports; importing torch itself mostly holds the GIL, so that part overlaps only where the
 main thread waits (files, sockets). The model load that follows finds torch imported and the context made. A repository
 with no GPU model starts nothing (an ONNX Runtime or llama.cpp server never imports torch). Reading which models are
-GPU models costs a few small JSON reads: no torch, no pydantic.
+GPU models costs a few small JSON reads, no torch.
 """
 
 from __future__ import annotations
@@ -18,6 +18,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from miaohui.engines.base import MANIFEST_NAME
+from miaohui.engines.store import versions
+
 log = logging.getLogger(__name__)
 
 GPU_DECODER_BACKENDS = frozenset({"inductor"})
@@ -28,20 +31,14 @@ def _version_dirs(repository: Path, models: Sequence[str] | None) -> list[Path]:
     if not repository.is_dir():
         return []
     names = set(models) if models else None
-    return [
-        v
-        for m in sorted(repository.iterdir())
-        if m.is_dir() and (names is None or m.name in names)
-        for v in sorted(m.iterdir())
-        if v.is_dir() and v.name.isdigit()
-    ]
+    return [m / str(v) for m in sorted(repository.iterdir()) if names is None or m.name in names for v in versions(m)]
 
 
 def runs_on_gpu(version: Path) -> bool:
     """Whether the artifact in ``version`` runs on a GPU: a manifest built for ``cuda``, or a causal LM whose backend
     is a GPU engine. Unreadable files say no (the load reports them)."""
     try:
-        manifest = version / "manifest.json"
+        manifest = version / MANIFEST_NAME
         if manifest.is_file():
             target = json.loads(manifest.read_text(encoding="utf-8")).get("target") or {}
             return target.get("device") == "cuda"

@@ -20,7 +20,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
@@ -335,35 +335,36 @@ class SlotGraphs:
     def _capture_prefill(self, log: Callable[[str], None], keep: Callable[[Kind, int, int], bool]) -> None:
         """One CUDA graph per (prompts, prompt length) prefill bucket over the static prefill buffers. Capture
         runs write the pad token's K/V into slot 0's rows, which hold no sequence during warm-up."""
-        pool = self._pools["prefill"] = torch.cuda.graph_pool_handle()
-        self._prefill_inputs(0)
-        later: list[tuple[Kind, tuple[int, ...]]] = []
-        for n in sorted(self.prefill_batches, reverse=True):
-            for s in sorted(self.prefill_lengths, reverse=True):
-                if not keep("prefill", n, n * s):
-                    later.append(("prefill", (n, s)))
-                    continue
-                self._prefill_graphs[(n, s)] = self._capture_one(self._step_for("prefill", (n, s)), pool)
-        self._deferred += reversed(later)
-        log(f"captured {len(self._prefill_graphs)} prefill graphs")
+        self._pools["prefill"] = torch.cuda.graph_pool_handle()
+        self._capture_padded("prefill", self.prefill_lengths, log, keep)
 
     def _capture_prefix(self, log: Callable[[str], None], keep: Callable[[Kind, int, int], bool]) -> None:
         """One CUDA graph per (prompts, rest length) bucket of a prefix-hit prefill, rests up to
         :data:`PREFIX_GRAPH_TOKENS`, over the static prefill buffers (from the prefill graphs' pool: a prefix-hit
         prefill and a prefill never run at once, and a later one of either invalidates the other's logits)."""
-        pool = self._pools["prefix"] = self._pools["prefill"]
+        self._pools["prefix"] = self._pools["prefill"]
+        self._capture_padded("prefix", [s for s in self.prefill_lengths if s <= PREFIX_GRAPH_TOKENS], log, keep)
+
+    def _capture_padded(
+        self,
+        kind: Kind,
+        lengths: Sequence[int],
+        log: Callable[[str], None],
+        keep: Callable[[Kind, int, int], bool],
+    ) -> None:
+        """The (prompts, padded length) buckets of ``kind`` (``prefill`` or ``prefix``) over the static prefill
+        buffers, largest first; those ``keep`` declines are left for after ready."""
         self._prefill_inputs(0)
+        table, pool = self._graph_table(kind), self._pools[kind]
         later: list[tuple[Kind, tuple[int, ...]]] = []
         for n in sorted(self.prefill_batches, reverse=True):
-            for s in sorted(self.prefill_lengths, reverse=True):
-                if s > PREFIX_GRAPH_TOKENS:
+            for s in sorted(lengths, reverse=True):
+                if not keep(kind, n, n * s):
+                    later.append((kind, (n, s)))
                     continue
-                if not keep("prefix", n, n * s):
-                    later.append(("prefix", (n, s)))
-                    continue
-                self._prefix_graphs[(n, s)] = self._capture_one(self._step_for("prefix", (n, s)), pool)
+                table[(n, s)] = self._capture_one(self._step_for(kind, (n, s)), pool)
         self._deferred += reversed(later)
-        log(f"captured {len(self._prefix_graphs)} prefix-hit prefill graphs")
+        log(f"captured {len(table)} {kind} graphs")
 
     def _capture_mixed(self, log: Callable[[str], None], keep: Callable[[Kind, int, int], bool]) -> None:
         """One CUDA graph per (batch, length, prompt tokens) bucket over the static mixed-step inputs: every row a

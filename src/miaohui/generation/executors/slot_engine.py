@@ -202,30 +202,40 @@ class TorchSlotEngine(SlotGraphs, SlotCausalLMEngine):
 
     # ---- steps -------------------------------------------------------------------------------------------
 
-    def _static_prefill(self, slots: list[int], prompts: list[list[int]]) -> StepLogits | None:
-        """Prefill through the padded static buffers (a CUDA graph replay when captured); None when the prompts
-        fit no bucket (more prompts than the largest prefill bucket, or a longer one).
+    def _static_prefill(
+        self, slots: list[int], prompts: list[list[int]], starts: list[int] | None = None
+    ) -> StepLogits | None:
+        """Prefill through the padded static buffers (a CUDA graph replay when captured, else the same step without
+        one); None when the prompts fit no bucket (more prompts than the largest prefill bucket, or a longer one).
+        ``starts``: the prompts are the rests of prompts whose first ``starts`` tokens their slots hold (a prefix-cache
+        hit, :meth:`_prefill_from`), run as ``prefix`` steps attending over the whole slot; None also where a padded
+        rest would pass the slot's end.
 
-        Padding rows repeat the first prompt into its own slot: they write the same keys and values to the same
-        places, and their logits are dropped; so a full engine (no free slot) still prefills through its graphs."""
+        Padding rows repeat the first prompt (and start) into its own slot: they write the same keys and values to the
+        same places, and their logits are dropped; so a full engine (no free slot) still prefills through its graphs."""
         n, width = len(prompts), max(len(p) for p in prompts)
         if n > self.prefill_batches[-1] or width > self.prefill_lengths[-1]:
             return None
         nb, sb = bucket_for(n, self.prefill_batches), bucket_for(width, self.prefill_lengths)
+        at_0 = starts or [0] * n
+        if max(at_0) + sb > self.max_len:
+            return None
         turn, valid = self._next_turn("prefill")
         host, dev = self._pf_host[turn], self._pf_dev
-        tok, lens, rows = host.tokens.numpy(), host.lengths.numpy(), host.slots.numpy()
+        tok, lens, rows, at = host.tokens.numpy(), host.lengths.numpy(), host.slots.numpy(), host.starts.numpy()
         tok[:nb, :sb] = self.pad_token_id
         for r, p in enumerate(prompts):
             tok[r, : len(p)] = p
         tok[n:nb, : len(prompts[0])] = prompts[0]
-        lens[:n], rows[:n] = [len(p) for p in prompts], slots
-        lens[n:nb], rows[n:nb] = len(prompts[0]), slots[0]
+        lens[:n], rows[:n], at[:n] = [len(p) for p in prompts], slots, at_0
+        lens[n:nb], rows[n:nb], at[n:nb] = len(prompts[0]), slots[0], at_0[0]
         dev.all[:nb].copy_(host.all[:nb], non_blocking=True)
-        logits, best = replay_or_run(
-            self._prefill_graphs.get((nb, sb)),
-            lambda: self._prefill_step(dev.tokens[:nb, :sb], dev.lengths[:nb], dev.slots[:nb]),
-        )
+        kind: Kind = "prefill" if starts is None else "prefix"
+        graph = self._graph_table(kind).get((nb, sb))
+        logits, best = replay_or_run(graph, self._step_for(kind, (nb, sb)))
+        if kind == "prefix":
+            self.static_prefix_steps += 1
+            self.prefix_graph_steps += graph is not None
         return TorchLogits(logits, range(n), self._prefill_tokens.start(best, self.chaining), valid)
 
     @_under_step_lock
@@ -256,40 +266,14 @@ class TorchSlotEngine(SlotGraphs, SlotCausalLMEngine):
             )
         return TorchLogits(logits, range(len(prompts)), self._prefill_tokens.start(best, self.chaining), valid)
 
-    def _static_prefill_from(self, slots: list[int], rests: list[list[int]], starts: list[int]) -> StepLogits | None:
-        """:meth:`_prefill_from` through the static prefill buffers, attending over the whole slot: its bucket's CUDA
-        graph replayed where captured, else the same step run without one (a CPU, or before the capture after ready);
-        None where the rests fit no bucket (too many, too long, or a padded rest past the slot's end). Padding rows
-        repeat the first row (its tokens, slot and start): the same writes to the same places."""
-        n, width = len(rests), max(len(r) for r in rests)
-        if n > self.prefill_batches[-1] or width > self.prefill_lengths[-1]:
-            return None
-        nb, sb = bucket_for(n, self.prefill_batches), bucket_for(width, self.prefill_lengths)
-        if max(starts) + sb > self.max_len:
-            return None
-        turn, valid = self._next_turn("prefill")
-        host, dev = self._pf_host[turn], self._pf_dev
-        tok, lens, rows, at = host.tokens.numpy(), host.lengths.numpy(), host.slots.numpy(), host.starts.numpy()
-        tok[:nb, :sb] = self.pad_token_id
-        for r, rest in enumerate(rests):
-            tok[r, : len(rest)] = rest
-        tok[n:nb, : len(rests[0])] = rests[0]
-        lens[:n], rows[:n], at[:n] = [len(r) for r in rests], slots, starts
-        lens[n:nb], rows[n:nb], at[n:nb] = len(rests[0]), slots[0], starts[0]
-        dev.all[:nb].copy_(host.all[:nb], non_blocking=True)
-        graph = self._prefix_graphs.get((nb, sb))
-        logits, best = replay_or_run(graph, self._step_for("prefix", (nb, sb)))
-        self.static_prefix_steps += 1
-        self.prefix_graph_steps += graph is not None
-        return TorchLogits(logits, range(n), self._prefill_tokens.start(best, self.chaining), valid)
-
     @_under_step_lock
     def _prefill_from(self, slots: list[int], prompts: list[list[int]], starts: list[int]) -> StepLogits:
-        """The rests of prompts whose first ``starts`` tokens their slots already hold: through a prefix-hit graph
-        where one fits (:meth:`_static_prefill_from`), else eagerly, right-padded to the longest rest."""
+        """The rests of prompts whose first ``starts`` tokens their slots already hold: with ``prefix_graphs``
+        through the static buffers (:meth:`_static_prefill`) where they fit, else eagerly, right-padded to the longest
+        rest."""
         rests = [p[s:] for p, s in zip(prompts, starts, strict=True)]
         if self.options.static_prefill and self.options.prefix_graphs:
-            out = self._static_prefill_from(slots, rests, starts)
+            out = self._static_prefill(slots, rests, starts)
             if out is not None:
                 return out
         width = max(len(r) for r in rests)
