@@ -16,7 +16,7 @@ saved with ``save_pretrained`` as a team would hand it over. Steps, each timed:
 
     python benchmarks/bench_gpu_own_model.py --out benchmarks/results   (scripts/gpu/run_h200.sh own-model)
 
-Writes ``gpu_own_encoder_h200.json`` and ``.png`` and prints a table last.
+Writes ``gpu_own_encoder_<gpu>.json`` and ``.png`` (``h200``, ``h100``: the GPU's model number) and prints a table last.
 """
 
 from __future__ import annotations
@@ -230,6 +230,12 @@ def agreement(version: Path, src: Path, dev: Path) -> dict[str, float]:
     return {"texts": len(texts), "top1_agreement": float(torch.cat(top1).mean()), "max_softmax_diff": worst}
 
 
+def gpu_tag(name: str) -> str:
+    """``NVIDIA H200`` -> ``h200``: the model number of a GPU's name (the whole name, lowercased, otherwise)."""
+    found = re.search(r"\b([A-Z]+\d{2,4})\b", name)
+    return (found[1] if found else re.sub(r"\W+", "-", name)).lower()
+
+
 def plot(result: dict[str, Any], png: Path) -> None:
     import matplotlib
 
@@ -315,8 +321,9 @@ def main() -> None:
         "ms": ms,
         "ratios": ratios,
     }
-    (out / "gpu_own_encoder_h200.json").write_text(json.dumps(result, indent=1, ensure_ascii=False))
-    plot(result, out / "gpu_own_encoder_h200.png")
+    name = f"gpu_own_encoder_{gpu_tag(result['gpu'])}"  # the GPU in the name: H100 and H200 runs sit side by side
+    (out / f"{name}.json").write_text(json.dumps(result, indent=1, ensure_ascii=False))
+    plot(result, out / f"{name}.png")
     print(f"\nbuild {build_s:.1f}s ({result['format']}, kernels {result['gpu_kernels']}); serve ready "
           f"{result['serve_runs_ready_s']} s, phases {serve[-1]['phases']}")  # fmt: skip
     print(

@@ -16,7 +16,7 @@
 #   bench-generation  the 1.5B-shaped decoder behind the server, 64 streaming clients (benchmarks/bench_generation_gpu.py)
 #   own-model         benchmarks/bench_gpu_own_model.py: a team's HF BERT-base classifier through `miaohui build` /
 #                     `serve` defaults on empty compile caches (time to ready), against transformers eager and
-#                     torch.compile in the same run → gpu_own_encoder_h200.json + .png
+#                     torch.compile in the same run → gpu_own_encoder_<gpu>.json + .png
 #   own-decoder       benchmarks/bench_gpu_own_decoder.py: a team's Qwen2-1.5B-shaped HF decoder through `build-llm` /
 #                     `serve` defaults on empty compile caches (time to ready), then `miaohui bench --target chat` at
 #                     1 and 64 streams → gpu_own_decoder.json; carry a tokenizer folder (TOKENIZER, default var/gpu-tok)
