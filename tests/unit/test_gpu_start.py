@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import ctypes.util
 import json
 import sys
 from pathlib import Path
 
-from miaohui.engines.gpu_start import runs_on_gpu, start_cuda_early
+import pytest
+
+from miaohui.engines.gpu_start import driver_context, runs_on_gpu, start_cuda_early
 
 
 def _version(repo: Path, model: str, file: str, body: dict[str, object]) -> Path:
@@ -43,3 +46,10 @@ def test_a_gpu_model_imports_torch_on_a_thread(tmp_path: Path) -> None:
     thread.join(120)
     assert not thread.is_alive()
     assert "torch" in sys.modules
+
+
+def test_without_a_driver_the_context_is_left_to_the_load() -> None:
+    """This machine has no ``libcuda``: nothing is made, nothing raises (on a GPU the probe times it)."""
+    if ctypes.util.find_library("cuda"):
+        pytest.skip("a CUDA driver is installed here")
+    assert driver_context() is None
