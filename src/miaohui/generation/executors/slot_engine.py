@@ -132,11 +132,11 @@ class TorchSlotEngine(SlotGraphs, SlotCausalLMEngine):
         self.prefill_batches, self.prefill_lengths = options.prefill_buckets()
         self.max_prefill_prompts = max(self.prefill_batches) if options.static_prefill else None
         self.eager_prefills = 0
+        """Prefills that fell back to the eager path with ``static_prefill`` on (the first one is logged)."""
         self.static_prefix_steps = 0
         """Prefix-hit prefills through the static prefill buffers (with ``static_prefill``)."""
         self.prefix_graph_steps = 0
         """Those of them that replayed a CUDA graph."""
-        """Prefills that fell back to the eager path with ``static_prefill`` on (the first one is logged)."""
         if options.static_prefill:
             pb, ps = max(self.prefill_batches), max(self.prefill_lengths)
             self._pf_host = [PrefillBuffers(pb, ps, "cpu", pin) for _ in range(2)]
