@@ -154,7 +154,7 @@ def main() -> None:
         "--prefix-graphs",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="engine.prefix_graphs: prefix hits' rests as CUDA graphs (off in serve's defaults)",
+        help="engine.prefix_graphs: prefix hits' rests as CUDA graphs (on in serve's defaults)",
     )
     ap.add_argument("--cache-mb", type=float, default=256.0, help="prefix_cache_mb of the cached engine")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))

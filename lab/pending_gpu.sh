@@ -8,21 +8,25 @@
 #   device call: carry .whl .whlg var/gpu-tok.txz (scripts/gpu/fetch_wheels.sh; var/gpu-tok.txz is SmolLM2's
 #   tokenizer, see run_h200.sh own-decoder), command `bash lab/pending_gpu.sh`
 #
-# Steps (what each decides is in lab/notes/2026-12-07-gpu-start-and-prefix-graphs.md):
-#   1 setup            wheels, byte-compiled packages (so ready times do not include compiling Python source)
-#   2 prefix test      prefix-hit graphs against the engine without a cache (tests/gpu/test_slot_engine_gpu.py)
-#   3 prefix bench     TTFT of a 50-token turn after a cached 2,000-token history against a 50-token prompt
-#   4 own-model        a team's BERT classifier: build, serve ready on empty caches, speed against torch.compile
-#   5 encoder ready    the early CUDA start against the server entered without it (lab/probes/serve_ready.py)
-#   6 own-decoder      a team's 1.5B-shaped decoder: build-llm, serve ready on empty caches (no chat bench)
-#   7 decoder ready    as 5, for the decoder
-#   8 start steps      the decoder's start with a smaller ready set (1 row, 256 tokens) against the default
+# Steps (STEPS picks some, in this order; default all):
+#   setup            wheels, byte-compiled packages (so ready times do not include compiling Python source)
+#   prefix_test      prefix-hit graphs against the engine without a cache (tests/gpu/test_slot_engine_gpu.py)
+#   prefix_copy      a prefix hit's block copy, all layers at once against per layer (lab/probes/slot_prefix_copy.py)
+#   prefix_bench     TTFT of a 50-token turn after a cached 2,000-token history against a 50-token prompt
+#   own_model        a team's BERT classifier: build, serve ready on empty caches, speed against torch.compile
+#   encoder_ready    the early CUDA start against the server entered without it (lab/probes/serve_ready.py)
+#   own_decoder      a team's 1.5B-shaped decoder: build-llm, serve ready on empty caches (no chat bench)
+#   decoder_ready    as encoder_ready, for the decoder
+#   start_steps      the decoder's start steps per ready set (READY_SETS, default "1 256;2 256;4 512": rows tokens)
 set -uo pipefail
 BUDGET=${BUDGET:-570}
 R=${OUT:-/tmp/out}
 L=/tmp/pending-logs
 mkdir -p "$R" "$L"
 T0=$(date +%s)
+
+STEPS=${STEPS:-setup prefix_test prefix_copy prefix_bench own_model encoder_ready own_decoder decoder_ready start_steps}
+wanted() { [[ " $STEPS " == *" $1 "* ]]; }
 
 step() {  # step NAME MIN_SECONDS MAX_SECONDS COMMAND...: run COMMAND under the smaller of MAX and what is left
   local name=$1 min=$2 max=$3 left t started
@@ -39,23 +43,35 @@ step() {  # step NAME MIN_SECONDS MAX_SECONDS COMMAND...: run COMMAND under the 
   grep -vE "Warning|warn\(" "$L/$name.log" | tail -8
 }
 
-step setup 30 120 env OUT="$L" bash scripts/gpu/run_h200.sh setup
+wanted setup && step setup 30 120 env OUT="$L" bash scripts/gpu/run_h200.sh setup
 export PYTHONPATH=/tmp/site:$PWD/src:$PWD PYTHONPYCACHEPREFIX=/tmp/pycache MIAOHUI_HOME=/tmp/mh PYTHONUNBUFFERED=1
-step prefix_test 60 120 python3 -m pytest -q -p no:cacheprovider -rA tests/gpu/test_slot_engine_gpu.py \
-  -k "prefix_hit or static_prefill_graphs"
-step prefix_bench 90 160 python3 benchmarks/bench_prefix_cache_gpu.py --model qwen1.5b --iters 15 --out "$R"
-step own_model 120 220 env OUT="$R" bash scripts/gpu/run_h200.sh own-model
-step encoder_ready 40 80 python3 -m lab.probes.serve_ready /tmp/own-model/repo --runs 2 --out "$L" --tag _encoder
-cp "$L"/serve_ready_encoder.json "$R"/ 2>/dev/null
-step own_decoder 150 240 env OUT="$L/dec" bash scripts/gpu/run_h200.sh own-decoder --variants default --no-bench \
-  --ready-timeout 120
-cp "$L"/dec/gpu_own_decoder.json "$R"/ 2>/dev/null
-step decoder_ready 50 100 python3 -m lab.probes.serve_ready /tmp/own-decoder/repo --runs 1 --out "$L" --tag _decoder
-cp "$L"/serve_ready_decoder.json "$R"/ 2>/dev/null
-for rows_tokens in "1 256" "4 512"; do
-  set -- $rows_tokens
-  step "start_steps_r$1_t$2" 40 60 python3 -m lab.probes.decoder_start_steps /tmp/own-decoder/repo/own/1 \
-    --out "$L/steps" --tag "_r$1_t$2" --ready-rows "$1" --ready-tokens "$2"
-done
+wanted prefix_test && step prefix_test 60 120 python3 -m pytest -q -p no:cacheprovider -rA \
+  tests/gpu/test_slot_engine_gpu.py -k "prefix_hit or static_prefill_graphs"
+wanted prefix_copy && step prefix_copy 20 40 python3 -m lab.probes.slot_prefix_copy --history 2000 --out "$R"
+wanted prefix_bench && step prefix_bench 90 160 python3 benchmarks/bench_prefix_cache_gpu.py --model qwen1.5b \
+  --iters 15 --out "$R"
+wanted own_model && step own_model 120 220 env OUT="$R" bash scripts/gpu/run_h200.sh own-model
+if wanted encoder_ready; then
+  step encoder_ready 40 80 python3 -m lab.probes.serve_ready /tmp/own-model/repo --runs 2 --out "$L" --tag _encoder
+  cp "$L"/serve_ready_encoder.json "$R"/ 2>/dev/null
+fi
+if wanted own_decoder; then
+  step own_decoder 150 240 env OUT="$L/dec" bash scripts/gpu/run_h200.sh own-decoder --variants default --no-bench \
+    --ready-timeout 120
+  cp "$L"/dec/gpu_own_decoder.json "$R"/ 2>/dev/null
+fi
+if wanted decoder_ready; then
+  step decoder_ready 50 100 python3 -m lab.probes.serve_ready /tmp/own-decoder/repo --runs 1 --out "$L" --tag _decoder
+  cp "$L"/serve_ready_decoder.json "$R"/ 2>/dev/null
+fi
+if wanted start_steps; then
+  IFS=';' read -ra sets <<< "${READY_SETS:-1 256;2 256;4 512}"
+  for rows_tokens in "${sets[@]}"; do
+    set -- $rows_tokens
+    step "start_steps_r$1_t$2" 40 60 python3 -m lab.probes.decoder_start_steps /tmp/own-decoder/repo/own/1 \
+      --out "$L/steps" --tag "_r$1_t$2" --ready-rows "$1" --ready-tokens "$2"
+  done
+  tar -czf "$R/steps.tgz" -C "$L/steps" . 2>/dev/null
+fi
 tar -czf "$R/logs.tgz" -C "$L" . 2>/dev/null
 ls -l "$R"

@@ -3,15 +3,18 @@
 The slot engine's KV cache (:class:`~miaohui.generation.models.static_kv.StaticKVDecoder`) is one
 ``[slots, kv_heads, max_len, head_dim]`` tensor per layer for keys and one for values; a sequence owns a slot and its
 tokens sit at positions ``0 .. length-1``. The cached blocks live apart from the slots, in a pool allocated once on the
-same device: per layer one ``[pool_blocks, kv_heads, block_size, head_dim]`` tensor for keys and one for values, as
-many blocks as ``prefix_cache_mb`` holds. Which token blocks the pool holds, and which pool block each one is, is the
-hash chain of :class:`~miaohui.generation.cache.prefix_cache.PrefixCache` (the same LRU as the CPU runner's); a
-block's payload is its pool index, handed back to the free list when the block is evicted.
+same device: one ``[layers, pool_blocks, kv_heads, block_size, head_dim]`` tensor for keys and one for values, as
+many blocks as ``prefix_cache_mb`` holds (every layer in one tensor, so that a load or a store moves all layers' blocks
+in a few operations: with a tensor per layer, a 28-layer model's load was 168 small operations, whose host time
+exceeded the device's copy; ``lab/probes/slot_prefix_copy.py`` times both forms). Which token blocks the pool holds,
+and which pool block each one is, is the hash chain of :class:`~miaohui.generation.cache.prefix_cache.PrefixCache`
+(the same LRU as the CPU runner's); a block's payload is its pool index, handed back to the free list when the block
+is evicted.
 
 * :meth:`SlotPrefixKV.cached` — how many leading tokens of a prompt the pool holds (all but its last at most);
-* :meth:`SlotPrefixKV.load` — copies those blocks into a slot's positions ``0 ..`` (a device-to-device gather per
-  layer); the engine then prefills only the rest, from that position, attending over the loaded part
-  (:meth:`~miaohui.generation.models.static_kv.StaticKVDecoder.prefill_from`);
+* :meth:`SlotPrefixKV.load` — copies those blocks into a slot's positions ``0 ..`` (one device-to-device gather for
+  all layers, then one multi-tensor copy into the layers' slots); the engine then prefills only the rest, from that
+  position, attending over the loaded part (:meth:`~miaohui.generation.models.static_kv.StaticKVDecoder.prefill_from`);
 * :meth:`SlotPrefixKV.store` — copies the full blocks of a slot's tokens that are not cached yet into free pool blocks
   (evicting the least recently used): a prompt right after its prefill (requests that follow share a system prompt),
   its prompt and answer when the sequence leaves (a conversation's next turn repeats both).
@@ -19,8 +22,8 @@ block's payload is its pool index, handed back to the free list when the block i
 Why a pool and copies rather than matching new prompts against the slots that finished sequences left behind (keeping
 their KV resident): a slot is reused by the next prompt whatever it held, decode steps pad their batch with free slots
 (which write a padding token at position 0), and one cached system prompt is needed by many running sequences at
-once, each in its own slot. A copy is one gather and one write per layer, on the device, in the engine's stream; its
-bytes (the prefix's KV) are read once, where recomputing the prefix reads every weight.
+once, each in its own slot. A copy is a gather and a write on the device, in the engine's stream; its bytes (the
+prefix's KV) are read once, where recomputing the prefix reads every weight.
 """
 
 from __future__ import annotations
@@ -56,10 +59,10 @@ class SlotPrefixKV:
         """Pool blocks: as many as the budget holds."""
         self.cache: PrefixCache[PoolBlock] = PrefixCache(block_size, self.capacity * self.block_bytes, self._free)
         self.stats = PrefixStats()
-        shape = (self.capacity, kv_heads, block_size, head_dim)
+        shape = (len(self.keys), self.capacity, kv_heads, block_size, head_dim)
         # torch.empty: on a CPU the pages are only touched when a block is stored
-        self.pool_k = [torch.empty(shape, dtype=first.dtype, device=first.device) for _ in self.keys]
-        self.pool_v = [torch.empty(shape, dtype=first.dtype, device=first.device) for _ in self.keys]
+        self.pool_k = torch.empty(shape, dtype=first.dtype, device=first.device)
+        self.pool_v = torch.empty(shape, dtype=first.dtype, device=first.device)
         self._free_blocks = list(range(self.capacity - 1, -1, -1))
 
     @property
@@ -92,12 +95,15 @@ class SlotPrefixKV:
         if used > len(blocks):
             raise ValueError(f"prefix of {n} tokens asked, {len(blocks)} blocks cached")  # a runner bug
         self.stats.hit_tokens += n
-        idx = torch.tensor([b.payload.index for b in blocks[:used]], device=self.pool_k[0].device)
+        idx = self._indices([b.payload.index for b in blocks[:used]])
         width = used * self.block_size
         for cache, pool in ((self.keys, self.pool_k), (self.values, self.pool_v)):
-            for layer, part in zip(cache, pool, strict=True):
-                kv_heads, head_dim = part.shape[1], part.shape[3]
-                layer[slot, :, :width] = part[idx].transpose(0, 1).reshape(kv_heads, width, head_dim)
+            _, _, kv_heads, block, head_dim = pool.shape
+            # one gather for all layers ([layers, used, kv_heads, block, head_dim]), then one multi-tensor copy into
+            # the layers' slot rows, each seen as [kv_heads, used, block, head_dim]
+            part = pool.index_select(1, idx).transpose(1, 2).unbind(0)
+            rows = [layer[slot, :, :width].view(kv_heads, used, block, head_dim) for layer in cache]
+            torch._foreach_copy_(rows, list(part))
 
     def store(self, tokens: Sequence[int], slot: int) -> int:
         """Cache the full blocks of ``tokens``, whose KV ``slot`` holds at positions ``0 .. len(tokens)-1``; returns
@@ -114,13 +120,17 @@ class SlotPrefixKV:
             block.payload.index = self._free_blocks.pop()
         if not new:
             return 0
-        idx = torch.tensor([block.payload.index for block in new], device=self.pool_k[0].device)
+        idx = self._indices([block.payload.index for block in new])
         cols = slice(first * b, (first + len(new)) * b)
         for cache, pool in ((self.keys, self.pool_k), (self.values, self.pool_v)):
-            for layer, part in zip(cache, pool, strict=True):
-                kv_heads, head_dim = part.shape[1], part.shape[3]
-                part[idx] = layer[slot, :, cols].reshape(kv_heads, len(new), b, head_dim).transpose(0, 1)
+            layers, _, kv_heads, _, head_dim = pool.shape
+            rows = torch.stack([layer[slot, :, cols] for layer in cache])  # [layers, kv_heads, n * b, head_dim]
+            pool.index_copy_(1, idx, rows.view(layers, kv_heads, len(new), b, head_dim).transpose(1, 2))
         return added
+
+    def _indices(self, blocks: list[int]) -> torch.Tensor:
+        """Pool block indices on the pool's device; the host-to-device copy does not wait for the device's queue."""
+        return torch.tensor(blocks, dtype=torch.int64).to(self.pool_k.device, non_blocking=True)
 
     def clear(self) -> None:
         self.cache.clear()

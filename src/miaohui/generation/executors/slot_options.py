@@ -78,12 +78,13 @@ class SlotEngineOptions(Frozen):
     (empty slices of the split-KV grid), while every length bucket multiplies the graphs captured at load: with the
     decode steps' five lengths at 64 slots, 105 mixed graphs instead of 21."""
 
-    prefix_graphs: bool = False
+    prefix_graphs: bool = True
     """With ``static_prefill``: a prefix-cache hit's rest (a prompt whose first tokens its slot already holds) runs
     through the static prefill buffers, attending over the whole slot, as one CUDA graph per (prompts, padded rest)
     bucket up to 512 tokens, captured after ready; ``false``: such a rest runs eagerly, attending only up to its end.
-    Off by default: the graphs have not yet been run on a GPU (``tests/gpu/test_slot_engine_gpu.py`` and
-    ``benchmarks/bench_prefix_cache_gpu.py`` are what decide); their step is tested on the CPU."""
+    On by default: a conversation's next turn is the common case of a chat server, and run eagerly a 50-token rest
+    after a 2,000-token history cost as much as prefilling the whole conversation (``bench_prefix_cache_gpu.py``:
+    the graphs' outputs equal the engine's without a cache, ``tests/gpu/test_slot_engine_gpu.py``)."""
 
     capture_after_ready: bool = True
     """Serve a GPU version before all its CUDA graphs are captured: ``serve`` captures the buckets a start's first
