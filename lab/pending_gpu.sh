@@ -18,6 +18,7 @@
 #   own_decoder      a team's 1.5B-shaped decoder: build-llm, serve ready on empty caches (no chat bench)
 #   decoder_ready    as encoder_ready, for the decoder
 #   start_steps      the decoder's start steps per ready set (READY_SETS, default "1 256;2 256;4 512": rows tokens)
+#   prefix_profile   where a prefix hit's TTFT goes: cProfile and torch.profiler (lab/probes/prefix_turn_profile.py)
 set -uo pipefail
 BUDGET=${BUDGET:-570}
 R=${OUT:-/tmp/out}
@@ -25,7 +26,7 @@ L=/tmp/pending-logs
 mkdir -p "$R" "$L"
 T0=$(date +%s)
 
-STEPS=${STEPS:-setup prefix_test prefix_copy prefix_bench own_model encoder_ready own_decoder decoder_ready start_steps}
+STEPS=${STEPS:-setup prefix_test prefix_copy prefix_bench own_model encoder_ready own_decoder decoder_ready start_steps prefix_profile}
 wanted() { [[ " $STEPS " == *" $1 "* ]]; }
 
 step() {  # step NAME MIN_SECONDS MAX_SECONDS COMMAND...: run COMMAND under the smaller of MAX and what is left
@@ -73,5 +74,6 @@ if wanted start_steps; then
   done
   tar -czf "$R/steps.tgz" -C "$L/steps" . 2>/dev/null
 fi
+wanted prefix_profile && step prefix_profile 90 150 python3 -m lab.probes.prefix_turn_profile --out "$R"
 tar -czf "$R/logs.tgz" -C "$L" . 2>/dev/null
 ls -l "$R"
