@@ -14,9 +14,7 @@
 #   prefix_copy      a prefix hit's block copy, all layers at once against per layer (lab/probes/slot_prefix_copy.py)
 #   prefix_bench     TTFT of a 50-token turn after a cached 2,000-token history against a 50-token prompt
 #   own_model        a team's BERT classifier: build, serve ready on empty caches, speed against torch.compile
-#   encoder_ready    the early CUDA start against the server entered without it (lab/probes/serve_ready.py)
 #   own_decoder      a team's 1.5B-shaped decoder: build-llm, serve ready on empty caches (no chat bench)
-#   decoder_ready    as encoder_ready, for the decoder
 #   start_steps      the decoder's start steps per ready set (READY_SETS, default "1 256;2 256;4 512": rows tokens)
 #   prefix_profile   where a prefix hit's TTFT goes: cProfile and torch.profiler (lab/probes/prefix_turn_profile.py)
 set -uo pipefail
@@ -26,7 +24,7 @@ L=/tmp/pending-logs
 mkdir -p "$R" "$L"
 T0=$(date +%s)
 
-STEPS=${STEPS:-setup prefix_test prefix_copy prefix_bench own_model encoder_ready own_decoder decoder_ready start_steps prefix_profile}
+STEPS=${STEPS:-setup prefix_test prefix_copy prefix_bench own_model own_decoder start_steps prefix_profile}
 wanted() { [[ " $STEPS " == *" $1 "* ]]; }
 
 step() {  # step NAME MIN_SECONDS MAX_SECONDS COMMAND...: run COMMAND under the smaller of MAX and what is left
@@ -52,18 +50,10 @@ wanted prefix_copy && step prefix_copy 20 40 python3 -m lab.probes.slot_prefix_c
 wanted prefix_bench && step prefix_bench 90 160 python3 benchmarks/bench_prefix_cache_gpu.py --model qwen1.5b \
   --iters 15 --out "$R"
 wanted own_model && step own_model 120 220 env OUT="$R" bash scripts/gpu/run_h200.sh own-model
-if wanted encoder_ready; then
-  step encoder_ready 40 80 python3 -m lab.probes.serve_ready /tmp/own-model/repo --runs 2 --out "$L" --tag _encoder
-  cp "$L"/serve_ready_encoder.json "$R"/ 2>/dev/null
-fi
 if wanted own_decoder; then
   step own_decoder 150 240 env OUT="$L/dec" bash scripts/gpu/run_h200.sh own-decoder --variants default --no-bench \
     --ready-timeout 120
   cp "$L"/dec/gpu_own_decoder.json "$R"/ 2>/dev/null
-fi
-if wanted decoder_ready; then
-  step decoder_ready 50 100 python3 -m lab.probes.serve_ready /tmp/own-decoder/repo --runs 1 --out "$L" --tag _decoder
-  cp "$L"/serve_ready_decoder.json "$R"/ 2>/dev/null
 fi
 if wanted start_steps; then
   IFS=';' read -ra sets <<< "${READY_SETS:-1 256;2 256;4 512}"

@@ -521,10 +521,6 @@ def serve(
     ] = None,
 ) -> None:
     """Serve the repository: HTTP (KServe v2, /v1/intent, /v1/chat/completions, /v1/dialogue, /metrics) and gRPC."""
-    if workers == 1:  # one process loads the models: CUDA starts beside the server's imports (none without a GPU model)
-        from miaohui.engines.gpu_start import start_cuda_early
-
-        start_cuda_early(_repo(repository), models.split(",") if models else None)
     from miaohui.server.state import ServeSpec
 
     try:
