@@ -13,10 +13,10 @@
 #   prefix_test      prefix-hit graphs against the engine without a cache (tests/gpu/test_slot_engine_gpu.py)
 #   prefix_copy      a prefix hit's block copy, all layers at once against per layer (lab/probes/slot_prefix_copy.py)
 #   prefix_bench     TTFT of a 50-token turn after a cached 2,000-token history against a 50-token prompt
+#   prefix_profile   where a prefix hit's TTFT goes: cProfile and torch.profiler (lab/probes/prefix_turn_profile.py)
 #   own_model        a team's BERT classifier: build, serve ready on empty caches, speed against torch.compile
 #   own_decoder      a team's 1.5B-shaped decoder: build-llm, serve ready on empty caches (no chat bench)
 #   start_steps      the decoder's start steps per ready set (READY_SETS, default "1 256;2 256;4 512": rows tokens)
-#   prefix_profile   where a prefix hit's TTFT goes: cProfile and torch.profiler (lab/probes/prefix_turn_profile.py)
 set -uo pipefail
 BUDGET=${BUDGET:-570}
 R=${OUT:-/tmp/out}
@@ -24,7 +24,7 @@ L=/tmp/pending-logs
 mkdir -p "$R" "$L"
 T0=$(date +%s)
 
-STEPS=${STEPS:-setup prefix_test prefix_copy prefix_bench own_model own_decoder start_steps prefix_profile}
+STEPS=${STEPS:-setup prefix_test prefix_copy prefix_bench prefix_profile own_model own_decoder start_steps}
 wanted() { [[ " $STEPS " == *" $1 "* ]]; }
 
 step() {  # step NAME MIN_SECONDS MAX_SECONDS COMMAND...: run COMMAND under the smaller of MAX and what is left
@@ -49,6 +49,7 @@ wanted prefix_test && step prefix_test 60 120 python3 -m pytest -q -p no:cachepr
 wanted prefix_copy && step prefix_copy 20 40 python3 -m lab.probes.slot_prefix_copy --history 2000 --out "$R"
 wanted prefix_bench && step prefix_bench 90 160 python3 benchmarks/bench_prefix_cache_gpu.py --model qwen1.5b \
   --iters 15 --out "$R"
+wanted prefix_profile && step prefix_profile 90 150 python3 -m lab.probes.prefix_turn_profile --out "$R"
 wanted own_model && step own_model 120 220 env OUT="$R" bash scripts/gpu/run_h200.sh own-model
 if wanted own_decoder; then
   step own_decoder 150 240 env OUT="$L/dec" bash scripts/gpu/run_h200.sh own-decoder --variants default --no-bench \
@@ -64,6 +65,5 @@ if wanted start_steps; then
   done
   tar -czf "$R/steps.tgz" -C "$L/steps" . 2>/dev/null
 fi
-wanted prefix_profile && step prefix_profile 90 150 python3 -m lab.probes.prefix_turn_profile --out "$R"
 tar -czf "$R/logs.tgz" -C "$L" . 2>/dev/null
 ls -l "$R"
