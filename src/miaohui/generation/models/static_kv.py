@@ -369,7 +369,13 @@ class StaticKVDecoder(nn.Module):
         cos = self.cos_table[positions][:, :, None, :]  # [n, S, 1, D]
         sin = self.sin_table[positions][:, :, None, :]
         allowed = torch.arange(kv_len, device=tokens.device)[None, None, :] <= positions[:, :, None]  # [n, S, T]
-        mask = allowed[:, None]  # [n, 1, S, T]
+        # GQA as one attention per KV head over its group's query rows: SDPA with ``enable_gqa`` and a mask runs its
+        # math form on a GPU (every score materialised in fp32, with the keys repeated per query head), which cost
+        # a prefix hit more than the rest's own layers; folded, the masked rows take the memory-efficient kernel.
+        # Query row (g, s) of KV head k is head k * groups + g at token s, so the mask repeats per group.
+        g, kvh, hd = self.groups, d.num_kv_heads, d.head_dim
+        bias = torch.zeros(allowed.shape, dtype=x.dtype, device=x.device).masked_fill_(~allowed, float("-inf"))
+        bias = bias[:, None].repeat(1, 1, g, 1)  # [n, 1, G*S, T]
         for i, layer in enumerate(self.layers):
             assert isinstance(layer, _Layer)
             q, k, v = self._attn_in(
@@ -378,9 +384,9 @@ class StaticKVDecoder(nn.Module):
             self.k_cache[i][rows, :, positions] = k  # [n, S, KVH, D] at (row, every head, position)
             self.v_cache[i][rows, :, positions] = v
             keys, values = self.k_cache[i][slots, :, :kv_len], self.v_cache[i][slots, :, :kv_len]
-            attn = F.scaled_dot_product_attention(
-                q.transpose(1, 2), keys, values, attn_mask=mask, enable_gqa=self.groups > 1
-            )
+            folded = q.transpose(1, 2).reshape(n, kvh, g * s, hd)  # [n, H, S, D] -> [n, KVH, G*S, D]
+            attn = F.scaled_dot_product_attention(folded, keys, values, attn_mask=bias)
+            attn = attn.reshape(n, kvh * g, s, hd)  # [n, H, S, D]
             x = self._attn_proj_mlp(x, attn, layer.o, layer.post_norm, layer.gate_up, layer.down, d.rms_eps)
         last = x[torch.arange(n, device=tokens.device), lengths - 1]  # [n, hidden]
         return self._final(last, self.norm, self.head, d.rms_eps)
