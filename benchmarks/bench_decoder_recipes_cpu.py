@@ -31,13 +31,13 @@ import os
 import platform
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from miaohui.bench.report import git_commit
 from miaohui.generation.build.artifact import MARKER_NAME, ChatTokenizer, LLMPrecision, build_causal_lm, read_info
 from miaohui.generation.build.export import Int8Method, quantize_decoder, quantize_decoder_int4
 from miaohui.generation.executors.ort_engine import OrtCausalLMEngine
@@ -146,7 +146,7 @@ def _merge(path: Path, rows: list[dict[str, Any]], args: argparse.Namespace) -> 
     """Write ``rows`` into ``path``, keeping the rows of other recipes already there (recipes may run separately)."""
     from filelock import FileLock
 
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = git_commit() or "unknown"
     path.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(path) + ".lock"):
         old = json.loads(path.read_text()) if path.is_file() else {"rows": []}

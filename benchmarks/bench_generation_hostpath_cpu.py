@@ -53,6 +53,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from miaohui.bench.report import git_commit
+
 ROOT = Path(__file__).resolve().parents[1]
 SMOLLM_CACHE = ROOT / "var" / "test-cache" / "smollm2-135m"  # the integration tests' cache (tests/integration)
 PHASES = ("admit", "schedule", "advance", "emit", "deliver", "other", "total", "sched+adv+emit")
@@ -297,9 +299,7 @@ def run_child(argv: list[str]) -> dict[str, Any]:
 
 
 def git_state() -> str:
-    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--", "src"], capture_output=True, text=True, cwd=ROOT)
-    return (head or "unknown") + (" (src/ has uncommitted changes)" if dirty.stdout.strip() else "")
+    return git_commit() or "unknown"
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import httpx
 
+from miaohui.bench.report import git_commit
+
 QWEN_15B = dict(
     hidden_size=1536,
     intermediate_size=8960,
@@ -80,8 +82,7 @@ def main() -> None:
     shutil.rmtree(args.work, ignore_errors=True)
     src, repo = args.work / "hf", args.work / "repo"
     doc: dict = {"command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%d %H:%M:%S"), "model": QWEN_15B}
-    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    doc["commit"] = rev.stdout.strip()
+    doc["commit"] = git_commit() or "unknown"
     from miaohui.generation.build.compile_cache import machine_facts
 
     doc["machine"] = machine_facts()  # the GPU and the torch / CUDA / Triton versions

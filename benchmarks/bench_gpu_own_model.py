@@ -39,6 +39,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from miaohui.bench.report import git_commit
+
 SHAPES = ((1, 16), (1, 128), (32, 128))
 
 
@@ -292,7 +294,7 @@ def main() -> None:
     ratios = {key: {"vs_compile": ms["hf_compile_reduce_overhead"][key][0] / ms["engine"][key][0],
                     "vs_eager": ms["hf_eager_fp16"][key][0] / ms["engine"][key][0]}
               for key in ms["engine"]}  # fmt: skip
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = git_commit() or "unknown"
     import transformers
     import triton
 

@@ -28,7 +28,6 @@ import datetime as dt
 import json
 import platform
 import random
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,6 +37,7 @@ from typing import Any, cast
 import numpy as np
 import torch
 
+from miaohui.bench.report import git_commit
 from miaohui.models.checkpoint import load_checkpoint
 from miaohui.models.decision import decide, softmax
 from miaohui.models.intent import IntentClassifier
@@ -298,7 +298,7 @@ def main() -> None:
     results: list[dict[str, Any]] = []
     doc: dict[str, Any] = {
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "commit": subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip(),
+        "commit": git_commit() or "unknown",
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "hardware": {"cpu": platform.processor() or platform.machine(), "threads": TrainConfig().threads},
         "versions": {"python": platform.python_version(), "torch": torch.__version__},

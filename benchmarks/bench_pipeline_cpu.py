@@ -43,6 +43,8 @@ from typing import Any
 
 import httpx
 
+from miaohui.bench.report import git_commit
+
 GOAL_P99_MS = 300.0
 STAGES = ("normalize", "intent", "reply", "compliance")
 WORKLOAD: list[tuple[str, str]] = [
@@ -202,10 +204,7 @@ def environment(repository: Path, model: str) -> dict[str, Any]:
         except metadata.PackageNotFoundError:
             versions[pkg] = "not installed"
     m = read_manifest(resolve_artifact(model, repository))
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        commit = "unknown"
+    commit = git_commit() or "unknown"
     return {
         "cpu": cpu_name(),
         "cores_usable": len(os.sched_getaffinity(0)),
@@ -213,7 +212,7 @@ def environment(repository: Path, model: str) -> dict[str, Any]:
         "python": platform.python_version(),
         "versions": versions,
         "engine": {"name": m.name, "version": m.version, "backend": m.backend, "precision": m.precision},
-        "git_commit": commit.strip() + " (plus uncommitted work)",
+        "git_commit": commit,
         "command": " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]),
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }

@@ -27,7 +27,6 @@ import platform
 import shlex
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -35,6 +34,8 @@ import time
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+from miaohui.bench.report import git_commit
 
 SYSTEM = "You are a concise assistant of a bank's customer hotline."
 TURNS = [
@@ -133,7 +134,7 @@ def environment() -> dict[str, Any]:
             versions[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:
             versions[pkg] = "not installed"
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=False).stdout.strip()
+    commit = git_commit() or "unknown"
     return {
         "cpu": cpu_name(),
         "cores_usable": len(os.sched_getaffinity(0)),

@@ -22,7 +22,6 @@ import json
 import platform
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 from datetime import UTC, datetime
@@ -32,6 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from miaohui.bench.report import git_commit
 from miaohui.generation.engine.engine_loop import LLMEngine
 from miaohui.generation.engine.params import SamplingParams
 from miaohui.generation.engine.scheduler import SchedulerConfig
@@ -111,8 +111,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "benchmark": "prefix_cache_gpu",
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "commit": _git("rev-parse", "HEAD"),
-        "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+        "commit": git_commit() or "unknown",
         "command": shlex.join([sys.executable, *sys.argv]),
         "hardware": torch.cuda.get_device_name() if device == "cuda" else platform.processor() or platform.machine(),
         "versions": {"torch": torch.__version__, "python": platform.python_version()},
@@ -132,13 +131,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "prefill_graphs": len(engine._prefill_graphs),
         },
     }
-
-
-def _git(*cmd: str) -> str:
-    try:
-        return subprocess.run(["git", *cmd], capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def main() -> None:

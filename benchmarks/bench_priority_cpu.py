@@ -40,7 +40,7 @@ from typing import Any
 
 import httpx
 
-from miaohui.bench.report import environment, latency_stats, to_json
+from miaohui.bench.report import environment, git_commit, latency_stats, to_json
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = "帮我订个明天上午九点的会议室，八个人，两个小时，要有投影仪"
@@ -281,7 +281,7 @@ def main() -> None:
     load_before = os.getloadavg()[0]
     runs = [run_config(name, repo, args.work, keys, args) for name in ("priority-on", "priority-off")]
     on, off = (r["interactive"]["latency_ms"] for r in runs)
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    commit = git_commit() or "unknown"
     doc = {
         "benchmark": "priority_cpu",
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),

@@ -26,6 +26,8 @@ from pathlib import Path
 import httpx
 import psutil
 
+from miaohui.bench.report import git_commit
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -92,11 +94,10 @@ def main() -> None:
         }
         for name, rs in runs.items()
     }
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
     result = {
         "benchmark": "serve_footprint",
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "commit": commit.stdout.strip(),
+        "commit": git_commit() or "unknown",
         "hardware": {
             "cpu": platform.processor() or platform.machine(),
             "cores": os.cpu_count(),

@@ -50,7 +50,7 @@ import httpx
 
 from miaohui.bench.cli import parse_levels, parse_token_range
 from miaohui.bench.load import LoadPlan
-from miaohui.bench.report import environment, to_json
+from miaohui.bench.report import environment, git_commit, to_json
 from miaohui.bench.sweep import fit_token_range, load_texts, measure, tokenizer_counter
 from miaohui.bench.targets import TargetSpec
 from miaohui.engines.store import read_manifest
@@ -388,14 +388,6 @@ def goals(r: dict[str, Any]) -> dict[str, Any]:
 
 
 # ---- report --------------------------------------------------------------------------------------------
-def git_commit() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, cwd=ROOT)
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return out.stdout.strip()
-
-
 def plot(doc: dict[str, Any], path: Path) -> None:
     import matplotlib
 
@@ -537,7 +529,7 @@ def main() -> None:
         "schema": "miaohui-bench-server-cpu/1",
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "command": shlex.join([sys.executable, *sys.argv]),
-        "git_commit": git_commit() + " (plus uncommitted work, if any)",
+        "git_commit": git_commit() or "unknown",
         "environment": environment() | {"cores_usable": len(os.sched_getaffinity(0))},
         "settings": {
             "concurrency": levels,

@@ -30,7 +30,7 @@ from typing import Any
 
 import httpx
 
-from miaohui.bench.report import environment
+from miaohui.bench.report import environment, git_commit
 from miaohui.bench.scrape import fetch_metrics, gc_pauses
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,11 +40,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def git_commit() -> str:
-    out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT)
-    return out.stdout.strip() or "unknown"
 
 
 def tiny_repository(root: Path) -> Path:
@@ -176,7 +171,7 @@ def main() -> None:
         "benchmark": "server host path: tiny engine behind miaohui serve (HTTP /v1/intent, KServe HTTP, gRPC)",
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "command": shlex.join([sys.executable, *sys.argv]),
-        "git_commit": git_commit() + " (plus uncommitted work, if any)",
+        "git_commit": git_commit() or "unknown",
         "environment": environment() | {"cores_usable": len(os.sched_getaffinity(0))},
         "engine": "random-weight BERT (hidden 32, 2 layers), ONNX Runtime fp32, 1 thread; dynamic batching (default "
         "config) for concurrency > 1, off at concurrency 1",

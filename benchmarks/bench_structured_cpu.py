@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -29,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from miaohui.bench.report import environment
+from miaohui.bench.report import environment, git_commit
 
 RESULTS = Path(__file__).parent / "results"
 SCHEMA: dict[str, Any] = {
@@ -338,7 +337,7 @@ def main() -> None:
     result: dict[str, Any] = {
         "benchmark": "structured output: per-token overhead of grammar engines",
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "commit": subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip(),
+        "commit": git_commit() or "unknown",
         "command": f"PYTHONPATH=src python benchmarks/bench_structured_cpu.py --repeats {args.repeats}",
         "environment": environment(),
         "libraries": {p: metadata.version(p) for p in ("xgrammar", "llguidance", "outlines-core")},

@@ -18,13 +18,14 @@ import datetime as dt
 import json
 import platform
 import statistics
-import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from miaohui.bench.report import git_commit
 
 REPLAYS = 30
 """Timed replays per measurement."""
@@ -99,12 +100,7 @@ def rotating(fn: Callable[..., Any], *args: Any, items: Sequence[Any]) -> Callab
 
 def provenance() -> dict[str, Any]:
     """Date, commit, command, GPU and library versions of this run."""
-    root = Path(__file__).resolve().parents[1]
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
-                                timeout=10).stdout.strip() or None  # fmt: skip
-    except (OSError, subprocess.SubprocessError):
-        commit = None
+    commit = git_commit()
     versions: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__,
                                 "cuda": torch.version.cuda}  # fmt: skip
     try:

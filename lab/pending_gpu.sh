@@ -6,7 +6,8 @@
 # the result JSON/PNG under $OUT and every log in $OUT/logs.tgz.
 #
 #   device call: carry .whl .whlg var/gpu-tok.txz (scripts/gpu/fetch_wheels.sh; var/gpu-tok.txz is SmolLM2's
-#   tokenizer, see run_h200.sh own-decoder), command `bash lab/pending_gpu.sh`
+#   tokenizer, see run_h200.sh own-decoder), command `MIAOHUI_COMMIT=<this checkout's HEAD> bash lab/pending_gpu.sh`
+#   (the device copy's .git may be older than its files; the results name the commit MIAOHUI_COMMIT gives)
 #
 # Steps (STEPS picks some, in this order; default all):
 #   setup            wheels, byte-compiled packages (so ready times do not include compiling Python source)

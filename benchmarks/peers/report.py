@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from miaohui.bench.report import git_commit
+
 GEN_METRICS = {  # metric name → (path into a row, "lower" or "higher" is better)
     "ttft_p50_ms": (("ttft_ms", "p50"), "lower"),
     "ttft_p99_ms": (("ttft_ms", "p99"), "lower"),
@@ -45,16 +47,6 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def git_commit(root: Path) -> str:
-    """HEAD's hash, with ``+dirty`` when tracked files differ from it."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "-uno"], cwd=root, capture_output=True, text=True)
-        return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def environment(root: Path, argv: list[str], install: dict[str, Any], project_versions: dict[str, str]) -> dict:
     flags: list[str] = []
     try:
@@ -68,7 +60,7 @@ def environment(root: Path, argv: list[str], install: dict[str, Any], project_ve
         pass
     return {
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "commit": git_commit(root),
+        "commit": git_commit() or "unknown",
         "cpu": cpu_model(),
         "cores_usable": len(os.sched_getaffinity(0)),
         "cpu_flags": flags,

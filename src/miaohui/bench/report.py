@@ -199,10 +199,15 @@ def _gpus() -> list[str]:
 
 
 def git_commit() -> str | None:
-    """HEAD of the git checkout miaohui runs from (``+dirty`` when tracked files differ), None outside one."""
+    """HEAD of the git checkout miaohui runs from (``+dirty`` when tracked files differ), None outside one.
+    ``MIAOHUI_COMMIT`` overrides it: a copy of a working tree whose git metadata is not its files' (the lent GPU
+    machine's copy keeps an older ``.git``) says which commit it runs."""
+    import os
     import subprocess
     from pathlib import Path
 
+    if os.environ.get("MIAOHUI_COMMIT"):
+        return os.environ["MIAOHUI_COMMIT"]
     here = Path(__file__).resolve().parent
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10)
