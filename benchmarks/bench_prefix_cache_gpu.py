@@ -2,6 +2,7 @@
 conversation, against a short prompt alone, in one process.
 
     python benchmarks/bench_prefix_cache_gpu.py --model qwen1.5b --history 2000 --turn 50 [--out DIR]
+    python benchmarks/bench_prefix_cache_gpu.py --model qwen1.5b --history 500,1000,2000   (one engine, interleaved)
 
 The goal (issue 44): on the H200, a 1.5B model's TTFT for a 2,000-token conversation with a 50-token new turn
 <= 1.2x that of a 50-token prompt. Per iteration (fresh random tokens each time, so nothing but the history is
@@ -11,7 +12,9 @@ from the cache); ``turn_uncached`` — the same prompt on an engine without a pr
 removes). TTFT here is the wall time of a one-token ``generate`` through ``LLMEngine`` (scheduler, runner, engine,
 the token on the host): no HTTP. ``qwen1.5b`` is a Qwen2.5-1.5B-*shaped* decoder with RANDOM weights (speed depends on
 shape only); ``tiny`` a tiny one, for the CPU (tests). Median and p99 over ``--iters`` after ``--warmup``; ratios of
-medians. Writes ``prefix_cache_gpu_<model>.json`` under ``--out``.
+medians. With several ``--history`` lengths each iteration runs every one (what a hit costs beyond the short
+prompt, by history: ``by_history``); the top-level figures are the longest's. Writes ``prefix_cache_gpu_<model>.json``
+under ``--out``.
 """
 
 from __future__ import annotations
@@ -92,22 +95,35 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     def words(n: int) -> list[int]:
         return [int(t) for t in rng.integers(10, vocab, n)]
 
-    times: dict[str, list[float]] = {"short": [], "turn_cached": [], "turn_uncached": []}
+    histories = sorted({int(h) for h in str(args.history).split(",")})
+    times: dict[str, list[float]] = {"short": []}
+    for h in histories:
+        times[f"turn_cached_{h}"], times[f"turn_uncached_{h}"] = [], []
     for i in range(args.warmup + args.iters):
-        history, turn = words(args.history), words(args.turn)
-        cached.generate([history], ONE)  # the conversation so far: its blocks are cached
-        got = {
-            "short": _ttft(cached, words(args.turn)),
-            "turn_cached": _ttft(cached, history + turn),
-            "turn_uncached": _ttft(plain, history + turn),
-        }
+        got = {"short": _ttft(cached, words(args.turn))}
+        for h in histories:
+            history, turn = words(h), words(args.turn)
+            cached.generate([history], ONE)  # the conversation so far: its blocks are cached
+            got[f"turn_cached_{h}"] = _ttft(cached, history + turn)
+            got[f"turn_uncached_{h}"] = _ttft(plain, history + turn)
         if i >= args.warmup:
             for k, v in got.items():
                 times[k].append(v)
     pool = cached.runner.prefix_cache
     stats = pool.stats if pool is not None else None
-    out = {k: _summary(v) for k, v in times.items()}
-    short = out["short"]["median_ms"]
+    summary = {k: _summary(v) for k, v in times.items()}
+    short = summary["short"]["median_ms"]
+    by_history = {
+        str(h): {
+            "turn_cached": summary[f"turn_cached_{h}"],
+            "turn_uncached": summary[f"turn_uncached_{h}"],
+            "ratio_turn_cached_over_short": summary[f"turn_cached_{h}"]["median_ms"] / short,
+            "ratio_turn_uncached_over_short": summary[f"turn_uncached_{h}"]["median_ms"] / short,
+        }
+        for h in histories
+    }
+    longest = by_history[str(histories[-1])]
+    out = {"short": summary["short"], "turn_cached": longest["turn_cached"], "turn_uncached": longest["turn_uncached"]}
     return {
         "benchmark": "prefix_cache_gpu",
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -117,11 +133,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "versions": {"torch": torch.__version__, "python": platform.python_version()},
         "model": f"{args.model}-shaped decoder, RANDOM weights",
         "device": device,
-        "history_tokens": args.history,
+        "history_tokens": histories[-1],
         "turn_tokens": args.turn,
         "ttft": out,
-        "ratio_turn_cached_over_short": out["turn_cached"]["median_ms"] / short,
-        "ratio_turn_uncached_over_short": out["turn_uncached"]["median_ms"] / short,
+        "ratio_turn_cached_over_short": longest["ratio_turn_cached_over_short"],
+        "ratio_turn_uncached_over_short": longest["ratio_turn_uncached_over_short"],
+        "by_history": by_history,
         "goal": "ratio_turn_cached_over_short <= 1.2 on the H200 (qwen1.5b, history 2000, turn 50)",
         "prefix_cache": {"queried_tokens": stats.queried_tokens, "hit_tokens": stats.hit_tokens} if stats else None,
         "engine": {
@@ -136,7 +153,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", choices=sorted(SHAPES), default="qwen1.5b")
-    ap.add_argument("--history", type=int, default=2000, help="tokens of the conversation so far")
+    ap.add_argument("--history", default="2000", help="tokens of the conversation so far (a comma list: each)")
     ap.add_argument("--turn", type=int, default=50, help="tokens of the new turn (and of the short prompt)")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)

@@ -13,7 +13,7 @@
 #   setup            wheels, byte-compiled packages (so ready times do not include compiling Python source)
 #   prefix_test      prefix-hit graphs against the engine without a cache (tests/gpu/test_slot_engine_gpu.py)
 #   prefix_copy      a prefix hit's block copy, all layers at once against per layer (lab/probes/slot_prefix_copy.py)
-#   prefix_bench     TTFT of a 50-token turn after a cached 2,000-token history against a 50-token prompt
+#   prefix_bench     TTFT of a 50-token turn after a cached 500/1,000/2,000-token history against a 50-token prompt
 #   prefix_profile   where a prefix hit's TTFT goes: cProfile and torch.profiler (lab/probes/prefix_turn_profile.py)
 #   own_model        a team's BERT classifier: build, serve ready on empty caches, speed against torch.compile
 #   own_decoder      a team's 1.5B-shaped decoder: build-llm, serve ready on empty caches (no chat bench)
@@ -48,8 +48,8 @@ export PYTHONPATH=/tmp/site:$PWD/src:$PWD PYTHONPYCACHEPREFIX=/tmp/pycache MIAOH
 wanted prefix_test && step prefix_test 60 120 python3 -m pytest -q -p no:cacheprovider -rA \
   tests/gpu/test_slot_engine_gpu.py -k "prefix_hit or static_prefill_graphs"
 wanted prefix_copy && step prefix_copy 20 40 python3 -m lab.probes.slot_prefix_copy --history 2000 --out "$R"
-wanted prefix_bench && step prefix_bench 90 160 python3 benchmarks/bench_prefix_cache_gpu.py --model qwen1.5b \
-  --iters 15 --out "$R"
+wanted prefix_bench && step prefix_bench 90 170 python3 benchmarks/bench_prefix_cache_gpu.py --model qwen1.5b \
+  --history 500,1000,2000 --iters 15 --out "$R"
 wanted prefix_profile && step prefix_profile 90 150 python3 -m lab.probes.prefix_turn_profile --out "$R"
 wanted own_model && step own_model 120 220 env OUT="$R" bash scripts/gpu/run_h200.sh own-model
 if wanted own_decoder; then

@@ -50,10 +50,14 @@ def test_generation_benchmark_smoke_with_staggered_streams(tmp_path: Path) -> No
 
 def test_prefix_cache_gpu_benchmark_runs_on_the_cpu(tmp_path: Path) -> None:
     """The H200 prefix-cache TTFT script with a tiny random decoder on the CPU: it runs and writes its JSON."""
-    cmd = [sys.executable, "benchmarks/bench_prefix_cache_gpu.py", "--model", "tiny", "--history", "40"]
+    cmd = [sys.executable, "benchmarks/bench_prefix_cache_gpu.py", "--model", "tiny", "--history", "40,24"]
     cmd += ["--turn", "8", "--iters", "2", "--warmup", "0", "--max-len", "128", "--out", str(tmp_path)]
     subprocess.run(cmd, check=True, capture_output=True, timeout=300)
     doc = json.loads((tmp_path / "prefix_cache_gpu_tiny.json").read_text())
-    # per iteration the 48-token turn reuses the history's 2 full blocks (32 tokens); each history itself misses
-    assert doc["prefix_cache"] == {"queried_tokens": 2 * (40 + 8 + 48), "hit_tokens": 2 * 32}
+    # per iteration: the short prompt (8 tokens, no full block); each history misses, then its turn reuses the
+    # history's full blocks (the 48-token turn 2 blocks, 32 tokens; the 32-token turn 1 block, 16 tokens)
+    queried, hits = 8 + (40 + 48) + (24 + 32), 32 + 16
+    assert doc["prefix_cache"] == {"queried_tokens": 2 * queried, "hit_tokens": 2 * hits}
     assert sorted(doc["ttft"]) == ["short", "turn_cached", "turn_uncached"]
+    assert sorted(doc["by_history"]) == ["24", "40"] and doc["history_tokens"] == 40
+    assert doc["ttft"]["turn_cached"] == doc["by_history"]["40"]["turn_cached"]
