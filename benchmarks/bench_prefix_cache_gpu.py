@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     def words(n: int) -> list[int]:
         return [int(t) for t in rng.integers(10, vocab, n)]
 
-    histories = sorted({int(h) for h in str(args.history).split(",")})
+    histories = sorted({int(h) for h in args.history.split(",")})
     times: dict[str, list[float]] = {"short": []}
     for h in histories:
         times[f"turn_cached_{h}"], times[f"turn_uncached_{h}"] = [], []
