@@ -63,13 +63,21 @@ class PrefixCache(Generic[P]):
         self._on_evict = on_evict
         """Called with the payload of every block that leaves the cache (evicted or cleared): a pool hands its
         storage back."""
+        self._last: tuple[tuple[int, ...], list[tuple[int, ...]]] = ((), [])
+        """The last tuple whose blocks were cut, and its blocks: one request's prompt is looked up, loaded and
+        stored (three walks), and cutting a long history into blocks costs more than the walk itself."""
 
     def __len__(self) -> int:
         return len(self._lru)
 
     def _keys(self, tokens: Sequence[int]) -> list[tuple[int, ...]]:
+        if tokens is self._last[0]:  # the same (immutable) tuple again
+            return self._last[1]
         b = self.block_size
-        return [tuple(tokens[i : i + b]) for i in range(0, len(tokens) - b + 1, b)]
+        keys = [tuple(tokens[i : i + b]) for i in range(0, len(tokens) - b + 1, b)]
+        if type(tokens) is tuple:
+            self._last = (tokens, keys)
+        return keys
 
     def match(self, tokens: Sequence[int]) -> list[Block[P]]:
         """The longest chain of cached blocks that starts ``tokens`` (first block first); touches it."""

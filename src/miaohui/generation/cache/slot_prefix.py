@@ -109,23 +109,27 @@ class SlotPrefixKV:
         """Cache the full blocks of ``tokens``, whose KV ``slot`` holds at positions ``0 .. len(tokens)-1``; returns
         the blocks added (evicting least recently used ones; a chain never evicts itself, so under a tiny budget a
         long sequence caches its first blocks only)."""
-        b = self.block_size
-        first = self.cache.missing(tokens)
-        if first * b + b > len(tokens) or self.capacity == 0:
-            self.cache.match(tokens)  # all cached: a use all the same
+        if self.capacity == 0:
             return 0
-        added = self.cache.insert(tokens, lambda i: (PoolBlock(), self.block_bytes))
-        new = self.cache.match(tokens)[first : first + added]
-        for block in new:
-            block.payload.index = self._free_blocks.pop()
-        if not new:
+        made: list[tuple[int, PoolBlock]] = []
+
+        def payload(i: int) -> tuple[PoolBlock, int]:
+            made.append((i, PoolBlock()))
+            return made[-1][1], self.block_bytes
+
+        added = self.cache.insert(tokens, payload)  # one walk; a use of the cached blocks all the same
+        if not added:
             return 0
-        idx = self._indices([block.payload.index for block in new])
-        cols = slice(first * b, (first + len(new)) * b)
+        new = made[:added]  # a block made but not added (no room) is the last one made
+        for _, block in new:
+            block.index = self._free_blocks.pop()
+        b, first = self.block_size, new[0][0]
+        idx = self._indices([block.index for _, block in new])
+        cols = slice(first * b, (first + added) * b)
         for cache, pool in ((self.keys, self.pool_k), (self.values, self.pool_v)):
             layers, _, kv_heads, _, head_dim = pool.shape
-            rows = torch.stack([layer[slot, :, cols] for layer in cache])  # [layers, kv_heads, n * b, head_dim]
-            pool.index_copy_(1, idx, rows.view(layers, kv_heads, len(new), b, head_dim).transpose(1, 2))
+            rows = torch.stack([layer[slot, :, cols] for layer in cache])  # [layers, kv_heads, added * b, head_dim]
+            pool.index_copy_(1, idx, rows.view(layers, kv_heads, added, b, head_dim).transpose(1, 2))
         return added
 
     def _indices(self, blocks: list[int]) -> torch.Tensor:
