@@ -60,6 +60,30 @@ def test_kernels_match_the_matmul_attention_under_the_interpreter() -> None:
     assert run_interpreted(CHECK) == "ok 5"
 
 
+PREFIX_CHECK = """
+import torch
+from miaohui.generation.models.static_kv_layers import prefix_attention
+
+torch.manual_seed(0)
+# a prefix hit's rests (the GPU form: every token a decode row of its slot) against SDPA over the slots with a mask
+for n, s, heads, kvh, d, starts, slots in [(1, 5, 12, 2, 64, [37], [2]), (3, 4, 4, 4, 32, [0, 16, 9], [0, 3, 1])]:
+    kc, vc = torch.randn(5, kvh, 64, d), torch.randn(5, kvh, 64, d)
+    q = torch.randn(n, s, heads, d)
+    positions = torch.tensor(starts)[:, None] + torch.arange(s)[None, :]
+    rows = torch.tensor(slots)[:, None].expand(n, s).contiguous()
+    kv_len = int(positions.max()) + 1
+    got = prefix_attention(q, kc, vc, rows, positions, kv_len, kernel=True)
+    want = prefix_attention(q, kc, vc, rows, positions, kv_len, kernel=False)
+    assert got.shape == want.shape == (n, heads, s, d), (got.shape, want.shape)
+    assert float((got - want).abs().max()) < 1e-4, float((got - want).abs().max())
+print("ok")
+"""
+
+
+def test_prefix_attention_kernel_form_matches_sdpa_under_the_interpreter() -> None:
+    assert run_interpreted(PREFIX_CHECK) == "ok"
+
+
 @pytest.mark.parametrize(
     ("dtype", "block", "indirect"),
     [("bf16", BLOCK_T, False), ("bf16", BLOCK_T_BATCHED, True), ("fp32", 32, False)],

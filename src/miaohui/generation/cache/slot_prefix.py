@@ -12,8 +12,9 @@ and which pool block each one is, is the hash chain of :class:`~miaohui.generati
 is evicted.
 
 * :meth:`SlotPrefixKV.cached` — how many leading tokens of a prompt the pool holds (all but its last at most);
-* :meth:`SlotPrefixKV.load` — copies those blocks into a slot's positions ``0 ..`` (one device-to-device gather for
-  all layers, then one multi-tensor copy into the layers' slots); the engine then prefills only the rest, from that
+* :meth:`SlotPrefixKV.load` — copies those blocks into a slot's positions ``0 ..`` (on a GPU one Triton kernel each for
+  keys and values, :mod:`~miaohui.generation.kernels.block_copy`; elsewhere one gather for all layers, then one
+  multi-tensor copy into the layers' slots); the engine then prefills only the rest, from that
   position, attending over the loaded part (:meth:`~miaohui.generation.models.static_kv.StaticKVDecoder.prefill_from`);
 * :meth:`SlotPrefixKV.store` — copies the full blocks of a slot's tokens that are not cached yet into free pool blocks
   (evicting the least recently used): a prompt right after its prefill (requests that follow share a system prompt),
@@ -35,6 +36,7 @@ import torch
 
 from miaohui.generation.cache.prefix_cache import PrefixCache
 from miaohui.generation.cache.prefix_kv import PrefixStats
+from miaohui.generation.kernels import block_copy
 
 
 @dataclass(eq=False)
@@ -64,6 +66,11 @@ class SlotPrefixKV:
         self.pool_k = torch.empty(shape, dtype=first.dtype, device=first.device)
         self.pool_v = torch.empty(shape, dtype=first.dtype, device=first.device)
         self._free_blocks = list(range(self.capacity - 1, -1, -1))
+        self._tables: tuple[torch.Tensor, torch.Tensor] | None = None
+        """On a GPU, the layers' cache addresses for keys and values: a load is then one kernel launch each
+        (:mod:`miaohui.generation.kernels.block_copy`)."""
+        if first.is_cuda and block_copy.supported(self.keys + self.values, block_size):
+            self._tables = (block_copy.address_table(self.keys), block_copy.address_table(self.values))
 
     @property
     def block_size(self) -> int:
@@ -95,12 +102,25 @@ class SlotPrefixKV:
         if used > len(blocks):
             raise ValueError(f"prefix of {n} tokens asked, {len(blocks)} blocks cached")  # a runner bug
         self.stats.hit_tokens += n
-        idx = self._indices([b.payload.index for b in blocks[:used]])
+        self.copy_in(self._indices([b.payload.index for b in blocks[:used]]), slot, kernel=self._tables is not None)
+
+    def copy_in(self, idx: torch.Tensor, slot: int, kernel: bool) -> None:
+        """Copy pool blocks ``idx`` (int64, prefix order, on the pool's device) of every layer into ``slot``'s
+        positions ``0 ..``: ``kernel``, one Triton launch each for keys and values (a GPU, :attr:`_tables`); else one
+        gather for all layers, then one multi-tensor copy into the layers' slot rows (the reference form)."""
+        if kernel:
+            assert self._tables is not None, "the kernel copy needs the caches' address tables (a GPU)"
+            for table, cache, pool in zip(
+                self._tables, (self.keys, self.values), (self.pool_k, self.pool_v), strict=True
+            ):
+                block_copy.copy_blocks_to_slot(table, cache[0], pool, idx, slot)
+            return
+        used = idx.shape[0]
         width = used * self.block_size
         for cache, pool in ((self.keys, self.pool_k), (self.values, self.pool_v)):
             _, _, kv_heads, block, head_dim = pool.shape
-            # one gather for all layers ([layers, used, kv_heads, block, head_dim]), then one multi-tensor copy into
-            # the layers' slot rows, each seen as [kv_heads, used, block, head_dim]
+            # [layers, used, kv_heads, block, head_dim] in one gather; each layer's slot row seen as
+            # [kv_heads, used, block, head_dim]
             part = pool.index_select(1, idx).transpose(1, 2).unbind(0)
             rows = [layer[slot, :, :width].view(kv_heads, used, block, head_dim) for layer in cache]
             torch._foreach_copy_(rows, list(part))

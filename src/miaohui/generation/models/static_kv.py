@@ -36,6 +36,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from miaohui.errors import ArtifactError
+from miaohui.generation.kernels.decode_attention import supported as decode_attention_supported
 from miaohui.generation.kernels.int8_weights import RopeGemvWeight, Weight, add_residual, int8_head, int8_layer
 from miaohui.generation.kernels.w8_layer import w8_gemv_rope_op
 from miaohui.generation.models.constants import with_constants
@@ -46,6 +47,7 @@ from miaohui.generation.models.static_kv_layers import (
     attn_proj_mlp,
     final_logits,
     make_decode_layer,
+    prefix_attention,
 )
 
 if TYPE_CHECKING:
@@ -364,18 +366,11 @@ class StaticKVDecoder(nn.Module):
         d = self.dims
         n, s = tokens.shape
         positions = starts[:, None] + torch.arange(s, device=tokens.device)[None, :]  # [n, S]
-        rows = slots[:, None].expand(n, s)
+        rows = slots[:, None].expand(n, s).contiguous()  # [n, S]: each token's cache row
         x = F.embedding(tokens, self.embed)  # [n, S, hidden]
         cos = self.cos_table[positions][:, :, None, :]  # [n, S, 1, D]
         sin = self.sin_table[positions][:, :, None, :]
-        allowed = torch.arange(kv_len, device=tokens.device)[None, None, :] <= positions[:, :, None]  # [n, S, T]
-        # GQA as one attention per KV head over its group's query rows: SDPA with ``enable_gqa`` and a mask runs its
-        # math form on a GPU (every score materialised in fp32, with the keys repeated per query head), which cost
-        # a prefix hit more than the rest's own layers; folded, the masked rows take the memory-efficient kernel.
-        # Query row (g, s) of KV head k is head k * groups + g at token s, so the mask repeats per group.
-        g, kvh, hd = self.groups, d.num_kv_heads, d.head_dim
-        bias = torch.zeros(allowed.shape, dtype=x.dtype, device=x.device).masked_fill_(~allowed, float("-inf"))
-        bias = bias[:, None].repeat(1, 1, g, 1)  # [n, 1, G*S, T]
+        kernel = tokens.is_cuda and decode_attention_supported(self.k_cache[0], self.k_cache[0])  # q's head size
         for i, layer in enumerate(self.layers):
             assert isinstance(layer, _Layer)
             q, k, v = self._attn_in(
@@ -383,10 +378,7 @@ class StaticKVDecoder(nn.Module):
             )
             self.k_cache[i][rows, :, positions] = k  # [n, S, KVH, D] at (row, every head, position)
             self.v_cache[i][rows, :, positions] = v
-            keys, values = self.k_cache[i][slots, :, :kv_len], self.v_cache[i][slots, :, :kv_len]
-            folded = q.transpose(1, 2).reshape(n, kvh, g * s, hd)  # [n, H, S, D] -> [n, KVH, G*S, D]
-            attn = F.scaled_dot_product_attention(folded, keys, values, attn_mask=bias)
-            attn = attn.reshape(n, kvh * g, s, hd)  # [n, H, S, D]
+            attn = prefix_attention(q, self.k_cache[i], self.v_cache[i], rows, positions, kv_len, kernel)
             x = self._attn_proj_mlp(x, attn, layer.o, layer.post_norm, layer.gate_up, layer.down, d.rms_eps)
         last = x[torch.arange(n, device=tokens.device), lengths - 1]  # [n, hidden]
         return self._final(last, self.norm, self.head, d.rms_eps)

@@ -4,6 +4,7 @@ graph serves every layer of :class:`~miaohui.generation.models.static_kv.StaticK
 * :func:`attn_in` — RMSNorm → fused QKV → RoPE (decode and prefill);
 * :func:`make_decode_layer` — a whole decode layer, cache write included, around a decode attention
   (:data:`DECODE_ATTENTION`: ``matmul``, the reference, or ``triton``, miaohui's split-KV kernels);
+* :func:`prefix_attention` — a prefix hit's rest over its slot (the decode kernels on a GPU, SDPA elsewhere);
 * :func:`attn_proj_mlp` — prefill's second half after SDPA;
 * :func:`mlp_block` — the residual SwiGLU MLP, optionally handing its output to the next layer (:data:`Carry`);
 * :func:`final_logits` — final RMSNorm and LM head.
@@ -18,7 +19,7 @@ from typing import Any, Literal, overload
 import torch
 from torch.nn import functional as F
 
-from miaohui.generation.kernels.decode_attention import decode_attention_op
+from miaohui.generation.kernels.decode_attention import decode_attention_op, triton_decode_attention
 from miaohui.generation.kernels.int8_weights import (
     GluGemvWeight,
     Weight,
@@ -135,6 +136,40 @@ def attn_proj_mlp(
     n, heads, s, d = attn.shape
     h = attn.transpose(1, 2).reshape(n, s, heads * d)
     return mlp_block(residual_linear(x, h, o, addmm=False), post_norm, gate_up, down, eps)
+
+
+def prefix_attention(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    rows: torch.Tensor,
+    positions: torch.Tensor,
+    kv_len: int,
+    kernel: bool,
+) -> torch.Tensor:
+    """Attention of a prefix hit's rest: ``q`` [n, S, H, D], token (i, s) at ``positions[i, s]`` of cache row
+    ``rows[i, s]`` (both [n, S], contiguous), over that row of the layer's cache ``keys`` / ``values``
+    [rows, KVH, max_len, D] up to its own position → [n, H, S, D].
+
+    ``kernel``: each token as a decode row of miaohui's split-KV decode kernels (reading its cache row only up to its
+    position, the cache rows and the history's length spread over every SM). Else (the CPU; the reference) SDPA over
+    the rows' first ``kv_len`` positions with a boolean mask. On a GPU the SDPA form was a fixed ~5 ms per hit at the
+    1.5B shape (H100): with GQA and a mask SDPA runs its math form, and folded per KV head it keeps a few programs
+    busy over all ``kv_len`` positions."""
+    n, s, heads, d = q.shape
+    if kernel:
+        flat = q.reshape(n * s, heads, d).contiguous()
+        out = triton_decode_attention(flat, keys, values, positions.reshape(-1), rows.reshape(-1))
+        return out.view(n, s, heads, d).transpose(1, 2)
+    allowed = torch.arange(kv_len, device=q.device)[None, None, :] <= positions[:, :, None]  # [n, S, T]
+    slots = rows[:, 0]
+    return F.scaled_dot_product_attention(
+        q.transpose(1, 2),
+        keys[slots, :, :kv_len],
+        values[slots, :, :kv_len],
+        attn_mask=allowed[:, None],
+        enable_gqa=heads != keys.shape[1],
+    )
 
 
 def attn_out_mlp_triton(

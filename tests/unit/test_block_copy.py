@@ -1,0 +1,61 @@
+"""A prefix hit's copy as one Triton kernel (``miaohui.generation.kernels.block_copy``, the GPU form of
+``SlotPrefixKV.copy_in``): under Triton's interpreter it leaves the slot exactly as the gather form does, and both
+leave what the cached tokens' KV was; compiled for the H200 (compute capability 9.0) on the CPU. The interpreter must be
+on before Triton is imported, so that check runs in a child process."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tests.triton_checks import compile_for_h200, run_interpreted
+
+from miaohui.generation.kernels import block_copy
+
+CHECK = """
+import torch
+from miaohui.generation.cache.slot_prefix import SlotPrefixKV
+from miaohui.generation.kernels.block_copy import address_table
+
+torch.manual_seed(0)
+layers, slots, kvh, max_len, d, block = 3, 4, 2, 64, 8, 4
+keys = [torch.randn(slots, kvh, max_len, d) for _ in range(layers)]
+values = [torch.randn(slots, kvh, max_len, d) for _ in range(layers)]
+cache = SlotPrefixKV(keys, values, block, 1 << 20)
+cache._tables = (address_table(keys), address_table(values))  # what a GPU's SlotPrefixKV makes
+prompt = list(range(100, 130))  # 30 tokens: 7 full blocks
+want_k = [k[2, :, :28].clone() for k in keys]  # slot 2 holds them now
+want_v = [v[2, :, :28].clone() for v in values]
+assert cache.store(prompt, 2) == 7
+other = list(range(500, 540))
+cache.store(other, 1)  # another chain in the pool: its blocks sit between and after
+idx = cache._indices([b.payload.index for b in cache.cache.match(prompt)[:7]])
+before = [t[3].clone() for t in (*keys, *values)]
+for kernel in (False, True):
+    for t, b in zip((*keys, *values), before):
+        t[3].copy_(b)
+    cache.copy_in(idx, 3, kernel=kernel)
+    for t, w in zip((*keys, *values), (*want_k, *want_v)):
+        assert torch.equal(t[3, :, :28], w), kernel
+    for t, b in zip((*keys, *values), before):
+        assert torch.equal(t[3, :, 28:], b[:, 28:]), kernel  # nothing past the blocks
+print("ok")
+"""
+
+
+def test_kernel_copy_matches_the_gather_copy_under_the_interpreter() -> None:
+    assert run_interpreted(CHECK) == "ok"
+
+
+@pytest.mark.skipif(block_copy.triton is None, reason="Triton is not installed (it comes with CUDA builds of torch)")
+def test_kernel_compiles_for_the_h200() -> None:
+    compile_for_h200(
+        block_copy._blocks_to_slot,
+        ["*i64", "*bf16", "*i64", "i32", "i32", "i32"],
+        {"KV_HEADS": 2, "CHUNK": 2048, "DTYPE": block_copy.tl.bfloat16},
+    )
+
+
+def test_supported_needs_a_power_of_two_chunk() -> None:
+    caches = [torch.zeros(2, 2, 8, 6) for _ in range(2)]
+    assert not block_copy.supported(caches, 4)  # 24 elements per block and head
+    assert block_copy.supported([torch.zeros(2, 2, 8, 8) for _ in range(2)], 4) == (block_copy.triton is not None)
