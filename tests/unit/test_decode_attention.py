@@ -2,7 +2,8 @@
 the matmul form (the ``matmul`` decode path's arithmetic) for GQA groups of 1/3/6/8, head sizes 32–128, cache views
 sliced out of a bigger cache, positions from 0 to the last slot, batch 1 to 6 (one to many slices per row); compiled
 for the H200 (compute capability 9.0) on the CPU, as the GPU would compile them; the op's CPU path; the slicing plan.
-The interpreter must be on before Triton is imported, so that check runs in a child process."""
+The prefix-hit kernel (``miaohui.generation.kernels.prefix_attention``, blocks of tokens over their slot) likewise,
+against SDPA with a mask. The interpreter must be on before Triton is imported, so that check runs in a child process."""
 
 from __future__ import annotations
 
@@ -62,11 +63,19 @@ def test_kernels_match_the_matmul_attention_under_the_interpreter() -> None:
 
 PREFIX_CHECK = """
 import torch
+from miaohui.generation.kernels.prefix_attention import tokens_per_program
 from miaohui.generation.models.static_kv_layers import prefix_attention
 
 torch.manual_seed(0)
-# a prefix hit's rests (the GPU form: every token a decode row of its slot) against SDPA over the slots with a mask
-for n, s, heads, kvh, d, starts, slots in [(1, 5, 12, 2, 64, [37], [2]), (3, 4, 4, 4, 32, [0, 16, 9], [0, 3, 1])]:
+# a prefix hit's rests (the GPU form: blocks of tokens per program) against SDPA over the slots with a mask: one token
+# per program (an odd rest), 4 (no GQA), 8 tokens of 6 query heads over two prompts, 16 tokens of 3 heads
+cases = [
+    (1, 5, 12, 2, 64, [37], [2]),
+    (3, 4, 4, 4, 32, [0, 16, 9], [0, 3, 1]),
+    (2, 16, 12, 2, 64, [40, 3], [4, 1]),
+    (1, 16, 9, 3, 64, [47], [0]),
+]
+for n, s, heads, kvh, d, starts, slots in cases:
     kc, vc = torch.randn(5, kvh, 64, d), torch.randn(5, kvh, 64, d)
     q = torch.randn(n, s, heads, d)
     positions = torch.tensor(starts)[:, None] + torch.arange(s)[None, :]
@@ -76,12 +85,26 @@ for n, s, heads, kvh, d, starts, slots in [(1, 5, 12, 2, 64, [37], [2]), (3, 4, 
     want = prefix_attention(q, kc, vc, rows, positions, kv_len, kernel=False)
     assert got.shape == want.shape == (n, heads, s, d), (got.shape, want.shape)
     assert float((got - want).abs().max()) < 1e-4, float((got - want).abs().max())
+assert [tokens_per_program(heads // kvh, s) for _, s, heads, kvh, *_ in cases] == [1, 4, 8, 16]
 print("ok")
 """
 
 
 def test_prefix_attention_kernel_form_matches_sdpa_under_the_interpreter() -> None:
     assert run_interpreted(PREFIX_CHECK) == "ok"
+
+
+def test_prefix_kernel_compiles_for_the_h200() -> None:
+    """The prefix-hit kernel down to a cubin for compute capability 9.0 (the 1.5B shape: 8 tokens of 6 query heads)."""
+    from miaohui.generation.kernels import prefix_attention as pa
+
+    kernel = compile_for_h200(
+        pa._prefix_partial_kernel,
+        ["*bf16", "*bf16", "*bf16", "*i64", "*i64", "*fp32", "*fp32", "*fp32", *["i32"] * 8, "fp32"],
+        {"KVH": 2, "GROUP": 6, "G_PAD": 16, "TOK": 8, "R_PAD": 64, "D": 128, "CHUNK": 512, "SPLITS": 8,
+         "BLOCK": pa.BLOCK, "PRECISION": "tf32"},
+    )  # fmt: skip
+    assert "ld.global.v4" in kernel.asm["ptx"]
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,7 @@ from typing import Any, Literal, overload
 import torch
 from torch.nn import functional as F
 
-from miaohui.generation.kernels.decode_attention import decode_attention_op, triton_decode_attention
+from miaohui.generation.kernels.decode_attention import decode_attention_op
 from miaohui.generation.kernels.int8_weights import (
     GluGemvWeight,
     Weight,
@@ -29,6 +29,7 @@ from miaohui.generation.kernels.int8_weights import (
     residual_linear,
     rms_norm,
 )
+from miaohui.generation.kernels.prefix_attention import triton_prefix_attention
 from miaohui.generation.kernels.w8_layer import w8_gemv_glu_op
 
 
@@ -151,16 +152,14 @@ def prefix_attention(
     ``rows[i, s]`` (both [n, S], contiguous), over that row of the layer's cache ``keys`` / ``values``
     [rows, KVH, max_len, D] up to its own position → [n, H, S, D].
 
-    ``kernel``: each token as a decode row of miaohui's split-KV decode kernels (reading its cache row only up to its
-    position, the cache rows and the history's length spread over every SM). Else (the CPU; the reference) SDPA over
-    the rows' first ``kv_len`` positions with a boolean mask. On a GPU the SDPA form was a fixed ~5 ms per hit at the
-    1.5B shape (H100): with GQA and a mask SDPA runs its math form, and folded per KV head it keeps a few programs
-    busy over all ``kv_len`` positions."""
+    ``kernel``: miaohui's split-KV prefix kernel (:mod:`~miaohui.generation.kernels.prefix_attention`: blocks of
+    tokens read the row only up to their positions, the history spread over every SM). Else (the CPU; the reference)
+    SDPA over the rows' first ``kv_len`` positions with a boolean mask. On a GPU the SDPA form was a fixed ~5 ms per
+    hit at the 1.5B shape (H100): with GQA and a mask SDPA runs its math form, and folded per KV head it keeps a few
+    programs busy over all ``kv_len`` positions."""
     n, s, heads, d = q.shape
     if kernel:
-        flat = q.reshape(n * s, heads, d).contiguous()
-        out = triton_decode_attention(flat, keys, values, positions.reshape(-1), rows.reshape(-1))
-        return out.view(n, s, heads, d).transpose(1, 2)
+        return triton_prefix_attention(q, keys, values, positions, rows).view(n, s, heads, d).transpose(1, 2)
     allowed = torch.arange(kv_len, device=q.device)[None, None, :] <= positions[:, :, None]  # [n, S, T]
     slots = rows[:, 0]
     return F.scaled_dot_product_attention(
