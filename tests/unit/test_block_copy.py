@@ -1,6 +1,7 @@
-"""A prefix hit's copy as one Triton kernel (``miaohui.generation.kernels.block_copy``, the GPU form of
-``SlotPrefixKV.copy_in``): under Triton's interpreter it leaves the slot exactly as the gather form does, and both
-leave what the cached tokens' KV was; compiled for the H200 (compute capability 9.0) on the CPU. The interpreter must be
+"""A prefix hit's copy and a store as one Triton kernel each (``miaohui.generation.kernels.block_copy``, the GPU forms
+of ``SlotPrefixKV.copy_in`` and ``store``): under Triton's interpreter a store leaves the pool as the stack form does
+(from the slot's first block and from a later one), and a load leaves the slot exactly as the gather form does, both
+what the cached tokens' KV was; compiled for the H200 (compute capability 9.0) on the CPU. The interpreter must be
 on before Triton is imported, so that check runs in a child process."""
 
 from __future__ import annotations
@@ -20,24 +21,28 @@ torch.manual_seed(0)
 layers, slots, kvh, max_len, d, block = 3, 4, 2, 64, 8, 4
 keys = [torch.randn(slots, kvh, max_len, d) for _ in range(layers)]
 values = [torch.randn(slots, kvh, max_len, d) for _ in range(layers)]
-cache = SlotPrefixKV(keys, values, block, 1 << 20)
-cache._tables = (address_table(keys), address_table(values))  # what a GPU's SlotPrefixKV makes
-prompt = list(range(100, 130))  # 30 tokens: 7 full blocks
-want_k = [k[2, :, :28].clone() for k in keys]  # slot 2 holds them now
+gather = SlotPrefixKV(keys, values, block, 1 << 20)  # the reference forms (no address tables: a CPU's)
+kernel = SlotPrefixKV(keys, values, block, 1 << 20)
+kernel._tables = (address_table(keys), address_table(values))  # what a GPU's SlotPrefixKV makes
+prompt = list(range(100, 130))  # 30 tokens: 7 full blocks, slot 2 holds them
+other = list(range(500, 540))  # another chain, in slot 1
+for cache in (gather, kernel):  # stores: 4 blocks, then the 3 after them (from block 4 of the slot), then another
+    assert cache.store(prompt[:17], 2) == 4 and cache.store(prompt, 2) == 3 and cache.store(other, 1) == 10
+for pool in ("pool_k", "pool_v"):
+    used = torch.tensor([b.payload.index for b in kernel.cache.match(prompt) + kernel.cache.match(other)])
+    assert torch.equal(getattr(kernel, pool)[:, used], getattr(gather, pool)[:, used]), pool
+want_k = [k[2, :, :28].clone() for k in keys]
 want_v = [v[2, :, :28].clone() for v in values]
-assert cache.store(prompt, 2) == 7
-other = list(range(500, 540))
-cache.store(other, 1)  # another chain in the pool: its blocks sit between and after
-idx = cache._indices([b.payload.index for b in cache.cache.match(prompt)[:7]])
+idx = kernel._indices([b.payload.index for b in kernel.cache.match(prompt)[:7]])
 before = [t[3].clone() for t in (*keys, *values)]
-for kernel in (False, True):
+for form in (False, True):
     for t, b in zip((*keys, *values), before):
         t[3].copy_(b)
-    cache.copy_in(idx, 3, kernel=kernel)
+    kernel.copy_in(idx, 3, kernel=form)
     for t, w in zip((*keys, *values), (*want_k, *want_v)):
-        assert torch.equal(t[3, :, :28], w), kernel
+        assert torch.equal(t[3, :, :28], w), form
     for t, b in zip((*keys, *values), before):
-        assert torch.equal(t[3, :, 28:], b[:, 28:]), kernel  # nothing past the blocks
+        assert torch.equal(t[3, :, 28:], b[:, 28:]), form  # nothing past the blocks
 print("ok")
 """
 
@@ -47,11 +52,12 @@ def test_kernel_copy_matches_the_gather_copy_under_the_interpreter() -> None:
 
 
 @pytest.mark.skipif(block_copy.triton is None, reason="Triton is not installed (it comes with CUDA builds of torch)")
-def test_kernel_compiles_for_the_h200() -> None:
+@pytest.mark.parametrize("to_slot", [True, False])
+def test_kernel_compiles_for_the_h200(to_slot: bool) -> None:
     compile_for_h200(
-        block_copy._blocks_to_slot,
+        block_copy._copy_blocks,
         ["*i64", "*bf16", "*i64", "i32", "i32", "i32"],
-        {"KV_HEADS": 2, "CHUNK": 2048, "DTYPE": block_copy.tl.bfloat16},
+        {"KV_HEADS": 2, "CHUNK": 2048, "DTYPE": block_copy.tl.bfloat16, "TO_SLOT": to_slot},
     )
 
 

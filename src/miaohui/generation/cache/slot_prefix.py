@@ -17,8 +17,9 @@ is evicted.
   multi-tensor copy into the layers' slots); the engine then prefills only the rest, from that
   position, attending over the loaded part (:meth:`~miaohui.generation.models.static_kv.StaticKVDecoder.prefill_from`);
 * :meth:`SlotPrefixKV.store` — copies the full blocks of a slot's tokens that are not cached yet into free pool blocks
-  (evicting the least recently used): a prompt right after its prefill (requests that follow share a system prompt),
-  its prompt and answer when the sequence leaves (a conversation's next turn repeats both).
+  (on a GPU one kernel each for keys and values, else a stack and an index copy; evicting the least recently used):
+  a prompt right after its prefill (requests that follow share a system prompt), its prompt and answer when the
+  sequence leaves (a conversation's next turn repeats both).
 
 Why a pool and copies rather than matching new prompts against the slots that finished sequences left behind (keeping
 their KV resident): a slot is reused by the next prompt whatever it held, decode steps pad their batch with free slots
@@ -113,7 +114,7 @@ class SlotPrefixKV:
             for table, cache, pool in zip(
                 self._tables, (self.keys, self.values), (self.pool_k, self.pool_v), strict=True
             ):
-                block_copy.copy_blocks_to_slot(table, cache[0], pool, idx, slot)
+                block_copy.copy_blocks(table, cache[0], pool, idx, slot, to_slot=True)
             return
         used = idx.shape[0]
         width = used * self.block_size
@@ -145,12 +146,22 @@ class SlotPrefixKV:
             block.index = self._free_blocks.pop()
         b, first = self.block_size, new[0][0]
         idx = self._indices([block.index for _, block in new])
+        if self._tables is not None:
+            self._kernel_copy(idx, slot, to_slot=False, start_block=first)
+            return added
         cols = slice(first * b, (first + added) * b)
         for cache, pool in ((self.keys, self.pool_k), (self.values, self.pool_v)):
             layers, _, kv_heads, _, head_dim = pool.shape
             rows = torch.stack([layer[slot, :, cols] for layer in cache])  # [layers, kv_heads, added * b, head_dim]
             pool.index_copy_(1, idx, rows.view(layers, kv_heads, added, b, head_dim).transpose(1, 2))
         return added
+
+    def _kernel_copy(self, idx: torch.Tensor, slot: int, *, to_slot: bool, start_block: int = 0) -> None:
+        """:func:`~miaohui.generation.kernels.block_copy.copy_blocks` for keys and for values."""
+        assert self._tables is not None, "the kernel copy needs the caches' address tables (a GPU)"
+        sides = zip(self._tables, (self.keys[0], self.values[0]), (self.pool_k, self.pool_v), strict=True)
+        for table, first, pool in sides:
+            block_copy.copy_blocks(table, first, pool, idx, slot, to_slot=to_slot, start_block=start_block)
 
     def _indices(self, blocks: list[int]) -> torch.Tensor:
         """Pool block indices on the pool's device; the host-to-device copy does not wait for the device's queue."""

@@ -304,11 +304,17 @@ class SequenceUpdate:
         d["logprobs"] = logprobs
 
 
+def _plain_ids(ids: Seq[int], vocab: int) -> bool:
+    """Whether every id is a plain ``int`` in ``[0, vocab)``, at C speed: the common case, checked on every turn of a
+    conversation whatever its length (anything else takes the per-id check, which names the bad ids)."""
+    return not ids or (set(map(type, ids)) <= {int} and min(ids) >= 0 and max(ids) < vocab)
+
+
 def check_prompt(prompt_ids: Seq[int], config: SchedulerConfig, vocab: int | None, *, step_budget: bool = True) -> None:
     """The one prompt check of every engine (the scheduler's and llama.cpp's): InputError unless the prompt is
     non-empty, its ids are ints in ``[0, vocab)``, it leaves room for an answer in ``max_model_len`` and (with
     ``step_budget``: miaohui's scheduler prefills a prompt in one step) fits one step's ``max_batched_tokens``."""
-    if vocab is not None:
+    if vocab is not None and not _plain_ids(prompt_ids, vocab):
         bad = [t for t in prompt_ids if not (isinstance(t, int) and 0 <= t < vocab)]
         if bad:
             raise InputError(
@@ -400,7 +406,7 @@ class Scheduler:
         sid = self.new_seq_id() if seq_id is None else seq_id
         if sid in self._seqs:
             raise InputError(f"sequence id {sid} is already in use", "use a new id or let the scheduler pick")
-        ids = [int(t) for t in prompt_ids]
+        ids = list(map(int, prompt_ids))
         seq = Sequence(sid, ids, params, self._clock(), detokenizer=self._detok(ids) if self._detok else None)
         seq.bulk = PRIORITY.get() == "bulk"  # the API key's class: interactive requests wait ahead of bulk ones
         ahead = next((i for i, s in enumerate(self._waiting) if s.bulk), None) if not seq.bulk else None

@@ -1,5 +1,6 @@
 """A prefix-cache hit's copy on the GPU: cached token blocks from the prefix pool into a slot of every layer's static KV
-cache, as one Triton kernel launch (per keys, per values) instead of a gather and one copy per layer.
+cache, as one Triton kernel launch (per keys, per values) instead of a gather and one copy per layer; and the other
+way, a slot's new blocks into the pool (a store), instead of a slice per layer, a stack and an index copy.
 
 The pool (:class:`~miaohui.generation.cache.slot_prefix.SlotPrefixKV`) is one contiguous
 ``[layers, pool_blocks, kv_heads, block, head_dim]`` tensor; each layer's cache is its own
@@ -24,24 +25,28 @@ except ImportError:  # pragma: no cover - exercised only where triton is missing
 if triton is not None:
 
     @triton.jit
-    def _blocks_to_slot(
+    def _copy_blocks(
         table_ptr,  # int64 [layers]: each layer's cache tensor's address
         pool_ptr,  # [layers, pool_blocks, kv_heads, block, head_dim], contiguous
-        idx_ptr,  # int64 [used]: the pool blocks, in prefix order
-        slot_offset,  # elements from a layer cache's start to (slot, head 0, position 0)
+        idx_ptr,  # int64 [used]: the pool blocks, in the slot's block order
+        slot_offset,  # elements from a layer cache's start to (slot, head 0, first position)
         stride_head,  # elements between a layer cache's heads
         pool_blocks,
         KV_HEADS: tl.constexpr,
         CHUNK: tl.constexpr,  # block * head_dim: a block of one head is contiguous in the pool and in the slot
         DTYPE: tl.constexpr,
+        TO_SLOT: tl.constexpr,  # pool → slot (a hit's load), else slot → pool (a store)
     ) -> None:
         layer, j, head = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         block = tl.load(idx_ptr + j)
         base = tl.load(table_ptr + layer).to(tl.pointer_type(DTYPE))
         offs = tl.arange(0, CHUNK)
-        src = pool_ptr + ((layer * pool_blocks + block) * KV_HEADS + head) * CHUNK + offs
-        dst = base + slot_offset + head * stride_head + j * CHUNK + offs
-        tl.store(dst, tl.load(src))
+        pool = pool_ptr + ((layer * pool_blocks + block) * KV_HEADS + head) * CHUNK + offs
+        slot = base + slot_offset + head * stride_head + j * CHUNK + offs
+        if TO_SLOT:
+            tl.store(slot, tl.load(pool))
+        else:
+            tl.store(pool, tl.load(slot))
 
 
 def supported(caches: list[torch.Tensor], block_size: int) -> bool:
@@ -62,16 +67,25 @@ def address_table(caches: list[torch.Tensor]) -> torch.Tensor:
     return torch.tensor([c.data_ptr() for c in caches], dtype=torch.int64, device=caches[0].device)
 
 
-def copy_blocks_to_slot(
-    table: torch.Tensor, first: torch.Tensor, pool: torch.Tensor, blocks: torch.Tensor, slot: int
+def copy_blocks(
+    table: torch.Tensor,
+    first: torch.Tensor,
+    pool: torch.Tensor,
+    blocks: torch.Tensor,
+    slot: int,
+    *,
+    to_slot: bool,
+    start_block: int = 0,
 ) -> None:
-    """Copy pool blocks ``blocks`` (int64 [used], prefix order) of every layer into ``slot``'s positions
-    ``0 .. used * block - 1`` of the caches ``table`` addresses (``first``: one of them, for shape and strides)."""
+    """Copy between pool blocks ``blocks`` (int64 [used]) of every layer and ``slot``'s positions from
+    ``start_block * block`` on, of the caches ``table`` addresses (``first``: one of them, for shape and strides):
+    ``to_slot`` pool → slot (a hit's load), else slot → pool (a store)."""
     if triton is None:
-        raise RuntimeError("copy_blocks_to_slot needs Triton (it comes with CUDA builds of torch)")
+        raise RuntimeError("copy_blocks needs Triton (it comes with CUDA builds of torch)")
     layers, pool_blocks, kv_heads, block, head_dim = pool.shape
     dtype = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}[first.dtype]
-    _blocks_to_slot[(layers, blocks.shape[0], kv_heads)](
-        table, pool, blocks, slot * first.stride(0), first.stride(1), pool_blocks,
-        KV_HEADS=kv_heads, CHUNK=block * head_dim, DTYPE=dtype,
+    offset = slot * first.stride(0) + start_block * block * first.stride(2)
+    _copy_blocks[(layers, blocks.shape[0], kv_heads)](
+        table, pool, blocks, offset, first.stride(1), pool_blocks,
+        KV_HEADS=kv_heads, CHUNK=block * head_dim, DTYPE=dtype, TO_SLOT=to_slot,
     )  # fmt: skip
