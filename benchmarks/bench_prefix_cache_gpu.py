@@ -14,7 +14,7 @@ the token on the host): no HTTP. ``qwen1.5b`` is a Qwen2.5-1.5B-*shaped* decoder
 shape only); ``tiny`` a tiny one, for the CPU (tests). Median and p99 over ``--iters`` after ``--warmup``; ratios of
 medians. With several ``--history`` lengths each iteration runs every one (what a hit costs beyond the short
 prompt, by history: ``by_history``); the top-level figures are the longest's. Writes ``prefix_cache_gpu_<model>.json``
-under ``--out``.
+and ``.png`` under ``--out``; ``--plot-from JSON`` redraws a result's PNG.
 """
 
 from __future__ import annotations
@@ -150,6 +150,44 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def plot(doc: dict[str, Any], png: Path) -> None:
+    """TTFT by history length: the 50-token prompt alone, the turn with its history cached and without the cache,
+    medians with p99 whiskers, and the goal (1.2x the short prompt)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    by = doc.get("by_history") or {
+        str(doc["history_tokens"]): {k: doc["ttft"][k] for k in ("turn_cached", "turn_uncached")}
+    }
+    lengths = sorted(by, key=int)
+    short = doc["ttft"]["short"]
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    width = 0.27
+    for i, (kind, label) in enumerate(
+        (("short", f"{doc['turn_tokens']}-token prompt alone"), ("turn_cached", "turn, history cached"),
+         ("turn_uncached", "turn, no prefix cache"))
+    ):  # fmt: skip
+        stats = [short if kind == "short" else by[h][kind] for h in lengths]
+        med = [x["median_ms"] for x in stats]
+        err = [[0] * len(stats), [x["p99_ms"] - x["median_ms"] for x in stats]]
+        xs = [j + (i - 1) * width for j in range(len(lengths))]
+        ax.bar(xs, med, width, yerr=err, capsize=3, label=label)
+        for x, m in zip(xs, med, strict=True):
+            ax.annotate(
+                f"{m:.2f}", (x, m), ha="center", va="bottom", fontsize=7, xytext=(0, 2), textcoords="offset points"
+            )
+    ax.axhline(1.2 * short["median_ms"], color="gray", ls="--", lw=1, label="goal: 1.2x the short prompt")
+    ax.set_xticks(range(len(lengths)), [f"{h} tokens of history" for h in lengths])
+    ax.set_ylabel("time to first token, ms (median, p99 whisker)")
+    ax.set_title(f"{doc['model']}: prefix cache on {doc['hardware']}", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", choices=sorted(SHAPES), default="qwen1.5b")
@@ -167,11 +205,17 @@ def main() -> None:
     )
     ap.add_argument("--cache-mb", type=float, default=256.0, help="prefix_cache_mb of the cached engine")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    ap.add_argument("--plot-from", type=Path, help="only redraw the PNG of this result JSON (no GPU needed)")
     args = ap.parse_args()
+    if args.plot_from:
+        plot(json.loads(args.plot_from.read_text(encoding="utf-8")), args.plot_from.with_suffix(".png"))
+        print(f"wrote {args.plot_from.with_suffix('.png')}")
+        return
     doc = run(args)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"prefix_cache_gpu_{args.model}.json"
     path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    plot(doc, path.with_suffix(".png"))
     print(json.dumps({k: doc[k] for k in ("ttft", "ratio_turn_cached_over_short", "ratio_turn_uncached_over_short")}))
     print(f"wrote {path}")
 

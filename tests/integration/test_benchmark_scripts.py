@@ -49,7 +49,7 @@ def test_generation_benchmark_smoke_with_staggered_streams(tmp_path: Path) -> No
 
 
 def test_prefix_cache_gpu_benchmark_runs_on_the_cpu(tmp_path: Path) -> None:
-    """The H200 prefix-cache TTFT script with a tiny random decoder on the CPU: it runs and writes its JSON."""
+    """The H200 prefix-cache TTFT script with a tiny random decoder on the CPU: it runs and writes its JSON and PNG."""
     cmd = [sys.executable, "benchmarks/bench_prefix_cache_gpu.py", "--model", "tiny", "--history", "40,24"]
     cmd += ["--turn", "8", "--iters", "2", "--warmup", "0", "--max-len", "128", "--out", str(tmp_path)]
     subprocess.run(cmd, check=True, capture_output=True, timeout=300)
@@ -61,3 +61,4 @@ def test_prefix_cache_gpu_benchmark_runs_on_the_cpu(tmp_path: Path) -> None:
     assert sorted(doc["ttft"]) == ["short", "turn_cached", "turn_uncached"]
     assert sorted(doc["by_history"]) == ["24", "40"] and doc["history_tokens"] == 40
     assert doc["ttft"]["turn_cached"] == doc["by_history"]["40"]["turn_cached"]
+    assert (tmp_path / "prefix_cache_gpu_tiny.png").read_bytes().startswith(b"\x89PNG")
