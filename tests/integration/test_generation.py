@@ -350,7 +350,8 @@ async def test_async_engine_streams_and_cancellation_frees_the_slot(
     async with AsyncLLMEngine(llm, rec) as engine:
         long = engine.add(prompts[0], SamplingParams(max_tokens=500, temperature=0.0, ignore_eos=True))
         queued = engine.add(prompts[1], GREEDY)  # waits: only one slot
-        assert (engine.num_running, engine.num_waiting) == (0, 2)
+        # the loop may have scheduled the first request before the second arrived
+        assert engine.num_running <= 1 and engine.num_running + engine.num_waiting == 2
         events: list[TokenEvent] = []
         async for ev in long:
             events.append(ev)

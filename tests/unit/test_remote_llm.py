@@ -1,12 +1,16 @@
 """A chat version of the engine process seen from an HTTP worker (``RemoteLLMEngine``): the version that served a
 request is known even when its last token arrived before the admission's reply was read (a short answer under load:
-the worker then reported its own, older version in ``system_fingerprint`` after another worker swapped versions)."""
+the worker then reported its own, older version in ``system_fingerprint`` after another worker swapped versions); a
+worker that connects to a version the engine process has just swapped out follows the serving one."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from miaohui.serving.engine_messages import ItemSink
+import pytest
+
+from miaohui.errors import UnavailableError
+from miaohui.serving.engine_messages import ChatFacts, ChatStatus, ItemSink
 from miaohui.serving.remote_llm import RemoteLLMEngine
 
 
@@ -41,3 +45,21 @@ async def test_the_serving_version_is_set_when_the_answer_came_first() -> None:
     assert client.released == [7] and engine.num_running == 0
     events = [e async for e in stream]
     assert [(e.token_id, e.finish_reason) for e in events] == [(42, "length")]
+
+
+class _SwappedEngineProcess:
+    """An engine-process client that already serves version 2 of ``chat`` (another worker loaded it) when this worker,
+    still starting, connects to the version 1 it found. A fake: that ordering is a race between processes."""
+
+    async def llm_status(self) -> ChatStatus:
+        return {"chat": {2: ChatFacts(vocab=100, max_model_len=64)}}
+
+
+async def test_an_unpinned_version_follows_a_swap_made_while_it_loaded() -> None:
+    client = _SwappedEngineProcess()
+    engine = await RemoteLLMEngine.connect(client, "chat", 1)  # type: ignore[arg-type]
+    assert (engine.version, engine.vocab, engine.max_model_len) == (1, 100, 64)  # requests go to the serving version
+    with pytest.raises(UnavailableError, match=r"does not serve chat version 1 \(it serves \[2\]\)"):
+        await RemoteLLMEngine.connect(client, "chat", 1, pinned=True)  # a shadow candidate is that version or nothing
+    with pytest.raises(UnavailableError, match="it serves none"):
+        await RemoteLLMEngine.connect(client, "other", 1)

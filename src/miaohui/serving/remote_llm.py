@@ -12,6 +12,7 @@ through :meth:`RequestStream.admitted`.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Sequence
 
 from miaohui.errors import UnavailableError
@@ -19,6 +20,8 @@ from miaohui.generation.engine.client import EngineStoppedError, RequestStream, 
 from miaohui.generation.engine.params import SamplingParams
 from miaohui.serving.engine_messages import ItemSink, StreamError, StreamItem
 from miaohui.serving.engine_process import EngineClient, remote_error
+
+log = logging.getLogger("miaohui.generation")
 
 
 class RemoteLLMEngine:
@@ -37,10 +40,15 @@ class RemoteLLMEngine:
 
     @classmethod
     async def connect(cls, client: EngineClient, model: str, version: int, *, pinned: bool = False) -> RemoteLLMEngine:
-        """The engine process's ``model`` version ``version``; UnavailableError (503) unless it serves it.
-        ``pinned``: see :attr:`pinned`."""
+        """The engine process's ``model`` version ``version``; UnavailableError (503) unless it serves it (unpinned: or
+        another version of the model, which unpinned requests go to anyway). ``pinned``: see :attr:`pinned`."""
         served = (await client.llm_status()).get(model, {})
         facts = served.get(version)
+        if facts is None and served and not pinned:
+            # another worker swapped the model to a newer version while this one was loading the older: unpinned
+            # requests go to the serving version whichever this worker loaded, so this one follows it
+            facts = served[max(served)]
+            log.info("%s: the engine process serves version %d, not %d: following it", model, max(served), version)
         if facts is None:
             raise UnavailableError(
                 f"the engine process does not serve {model} version {version} (it serves {sorted(served) or 'none'})",
