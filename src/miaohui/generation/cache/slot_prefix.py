@@ -110,11 +110,7 @@ class SlotPrefixKV:
         positions ``0 ..``: ``kernel``, one Triton launch each for keys and values (a GPU, :attr:`_tables`); else one
         gather for all layers, then one multi-tensor copy into the layers' slot rows (the reference form)."""
         if kernel:
-            assert self._tables is not None, "the kernel copy needs the caches' address tables (a GPU)"
-            for table, cache, pool in zip(
-                self._tables, (self.keys, self.values), (self.pool_k, self.pool_v), strict=True
-            ):
-                block_copy.copy_blocks(table, cache[0], pool, idx, slot, to_slot=True)
+            self._kernel_copy(idx, slot, to_slot=True)
             return
         used = idx.shape[0]
         width = used * self.block_size

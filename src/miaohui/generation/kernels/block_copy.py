@@ -7,7 +7,7 @@ The pool (:class:`~miaohui.generation.cache.slot_prefix.SlotPrefixKV`) is one co
 ``[slots, kv_heads, max_len, head_dim]`` tensor, reached through a table of their addresses (``int64 [layers]``,
 made once: the caches are allocated once and never move). One program copies one block of one KV head of one layer,
 ``block * head_dim`` contiguous elements on both sides. On an H100, for a 2,000-token prefix of a 28-layer model:
-0.26 ms against 1.41 ms for the gather and the multi-tensor copy and 3.25 ms layer by layer
+0.25 ms against 1.41 ms for the gather and the multi-tensor copy and 3.03 ms layer by layer
 (``lab/probes/slot_prefix_copy.py``, ``lab/results/slot_prefix_copy_h100.json``), most of the difference being the
 host's time to issue the copies. Checked on the CPU under Triton's interpreter (``tests/unit/test_block_copy.py``).
 """

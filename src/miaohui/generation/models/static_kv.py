@@ -36,7 +36,6 @@ from torch import nn
 from torch.nn import functional as F
 
 from miaohui.errors import ArtifactError
-from miaohui.generation.kernels.decode_attention import supported as decode_attention_supported
 from miaohui.generation.kernels.int8_weights import RopeGemvWeight, Weight, add_residual, int8_head, int8_layer
 from miaohui.generation.kernels.w8_layer import w8_gemv_rope_op
 from miaohui.generation.models.constants import with_constants
@@ -370,7 +369,6 @@ class StaticKVDecoder(nn.Module):
         x = F.embedding(tokens, self.embed)  # [n, S, hidden]
         cos = self.cos_table[positions][:, :, None, :]  # [n, S, 1, D]
         sin = self.sin_table[positions][:, :, None, :]
-        kernel = tokens.is_cuda and decode_attention_supported(self.k_cache[0], self.k_cache[0])  # q's head size
         for i, layer in enumerate(self.layers):
             assert isinstance(layer, _Layer)
             q, k, v = self._attn_in(
@@ -378,7 +376,7 @@ class StaticKVDecoder(nn.Module):
             )
             self.k_cache[i][rows, :, positions] = k  # [n, S, KVH, D] at (row, every head, position)
             self.v_cache[i][rows, :, positions] = v
-            attn = prefix_attention(q, self.k_cache[i], self.v_cache[i], rows, positions, kv_len, kernel)
+            attn = prefix_attention(q, self.k_cache[i], self.v_cache[i], rows, positions, kv_len)
             x = self._attn_proj_mlp(x, attn, layer.o, layer.post_norm, layer.gate_up, layer.down, d.rms_eps)
         last = x[torch.arange(n, device=tokens.device), lengths - 1]  # [n, hidden]
         return self._final(last, self.norm, self.head, d.rms_eps)

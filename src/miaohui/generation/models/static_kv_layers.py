@@ -4,7 +4,7 @@ graph serves every layer of :class:`~miaohui.generation.models.static_kv.StaticK
 * :func:`attn_in` — RMSNorm → fused QKV → RoPE (decode and prefill);
 * :func:`make_decode_layer` — a whole decode layer, cache write included, around a decode attention
   (:data:`DECODE_ATTENTION`: ``matmul``, the reference, or ``triton``, miaohui's split-KV kernels);
-* :func:`prefix_attention` — a prefix hit's rest over its slot (the decode kernels on a GPU, SDPA elsewhere);
+* :func:`prefix_attention` — a prefix hit's rest over its slot (miaohui's prefix kernel on a GPU, SDPA elsewhere);
 * :func:`attn_proj_mlp` — prefill's second half after SDPA;
 * :func:`mlp_block` — the residual SwiGLU MLP, optionally handing its output to the next layer (:data:`Carry`);
 * :func:`final_logits` — final RMSNorm and LM head.
@@ -20,6 +20,7 @@ import torch
 from torch.nn import functional as F
 
 from miaohui.generation.kernels.decode_attention import decode_attention_op
+from miaohui.generation.kernels.decode_attention import supported as prefix_kernel_supported
 from miaohui.generation.kernels.int8_weights import (
     GluGemvWeight,
     Weight,
@@ -146,18 +147,21 @@ def prefix_attention(
     rows: torch.Tensor,
     positions: torch.Tensor,
     kv_len: int,
-    kernel: bool,
+    kernel: bool | None = None,
 ) -> torch.Tensor:
     """Attention of a prefix hit's rest: ``q`` [n, S, H, D], token (i, s) at ``positions[i, s]`` of cache row
     ``rows[i, s]`` (both [n, S], contiguous), over that row of the layer's cache ``keys`` / ``values``
     [rows, KVH, max_len, D] up to its own position → [n, H, S, D].
 
-    ``kernel``: miaohui's split-KV prefix kernel (:mod:`~miaohui.generation.kernels.prefix_attention`: blocks of
-    tokens read the row only up to their positions, the history spread over every SM). Else (the CPU; the reference)
-    SDPA over the rows' first ``kv_len`` positions with a boolean mask. On a GPU the SDPA form was a fixed ~5 ms per
-    hit at the 1.5B shape (H100): with GQA and a mask SDPA runs its math form, and folded per KV head it keeps a few
-    programs busy over all ``kv_len`` positions."""
+    ``kernel`` (default: on CUDA where the kernel takes the head size): miaohui's split-KV prefix kernel
+    (:mod:`~miaohui.generation.kernels.prefix_attention`: blocks of tokens read the row only up to their positions,
+    the history spread over every SM). Else (the CPU; the reference) SDPA over the rows' first ``kv_len`` positions
+    with a boolean mask. On a GPU the SDPA form was a fixed ~5 ms per hit at the 1.5B shape (H100): with GQA and a
+    mask SDPA runs its math form, and folded per KV head it keeps a few programs busy over all ``kv_len``
+    positions."""
     n, s, heads, d = q.shape
+    if kernel is None:
+        kernel = q.is_cuda and prefix_kernel_supported(q, keys)
     if kernel:
         return triton_prefix_attention(q, keys, values, positions, rows).view(n, s, heads, d).transpose(1, 2)
     allowed = torch.arange(kv_len, device=q.device)[None, None, :] <= positions[:, :, None]  # [n, S, T]
