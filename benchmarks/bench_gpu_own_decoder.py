@@ -103,6 +103,7 @@ def main() -> None:
     doc["compile_cache_bytes"] = cache[0].stat().st_size if cache else None
     meta = list(repo.glob("own/*/static_decoder.json"))
     doc["precompiled"] = json.loads(meta[0].read_text()).get("precompiled") if meta else None
+    doc["compile_cache"] = json.loads(meta[0].read_text()).get("compile_cache") if meta else None
     (args.out / "gpu_own_decoder.json").write_text(json.dumps(doc, indent=1))  # what a cut-off run keeps
 
     doc["serves"] = {}

@@ -82,8 +82,9 @@ def test_graphs_captured_after_ready_leave_the_tokens_served_meanwhile(tmp_path:
     recorder.save(tmp_path)
     loaded_index, why = read_index(tmp_path)
     assert loaded_index is not None, why
-    served = engine(Precompiled(tmp_path, loaded_index, fallback=torch.compile))  # type: ignore[arg-type]
-    served.precompiled_graphs = True
+    precompiled = Precompiled(tmp_path, loaded_index, fallback=torch.compile)  # type: ignore[arg-type]
+    served = engine(precompiled)
+    served.precompiled = precompiled
     with CompileClock() as clock:
         served.warmup(defer=True)
     left = served.pending_graphs
@@ -98,6 +99,7 @@ def test_graphs_captured_after_ready_leave_the_tokens_served_meanwhile(tmp_path:
     print(f"{left} graphs after ready in {served.start_phases['capture_after_ready']:.2f}s")
     assert served.pending_graphs == 0 and served._mixed_graphs and (8, 256) in served._graphs
     assert clock.compiles == 0
+    assert precompiled.artifacts_loaded == len(precompiled.variants)  # the rest loaded after ready
     assert got == want
     assert [g[0] for g in LLMEngine(served, None).generate(prompts, params)] == want  # every graph now
     served.close()

@@ -157,9 +157,11 @@ def test_build_saves_the_graphs_and_load_uses_them(tmp_path: Path, caplog: pytes
     with caplog.at_level(logging.INFO, logger="miaohui.generation.build.static_artifact"):
         engine = load_slot_engine(tmp_path, OPTIONS)
     assert f"precompiled graphs of {tmp_path}: {meta.precompiled.graphs} graphs" in caplog.text
+    assert engine.precompiled is not None and engine.precompiled.artifacts_loaded == 0  # each at its first call
     with CompileClock() as clock:
         engine.warmup()
     assert clock.compiles == 0
+    assert 0 < engine.precompiled.artifacts_loaded <= meta.precompiled.graphs
     engine.close()
     other = meta.model_copy(
         update={"precompiled": meta.precompiled.model_copy(update={"facts": {**meta.precompiled.facts, "torch": "0"}})}

@@ -83,3 +83,33 @@ def test_the_builds_triton_kernels_are_restored_with_their_groups_moved(
     wrong = info.model_copy(update={"triton_sha256": "0" * 64})
     assert restore_triton(version, wrong).startswith("Triton kernels not used: ")
     assert restore_triton(version, _info(b"x")) == "no Triton kernels saved"
+
+
+def test_a_build_with_no_inductor_cache_still_keeps_its_triton_kernels(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A build whose graphs are all precompiled records no Inductor cache artifacts (``standalone_compile`` writes
+    none), but miaohui's own kernels still compiled during its warm-up: they are saved and restored at load. The
+    warm-up here writes a kernel file into the build's Triton cache as Triton would (no Triton on a CPU)."""
+    import os
+
+    from miaohui.generation.build.compile_cache import TRITON_FILE, save_compile_cache
+
+    def warmup() -> float:
+        kernel = Path(os.environ["TRITON_CACHE_DIR"]) / "abc" / "decode.cubin"
+        kernel.parent.mkdir(parents=True)
+        kernel.write_bytes(b"\x7fELF")
+        return 1.5
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "machine"))
+    version = tmp_path / "version"
+    version.mkdir()
+    (version / CACHE_FILE).write_bytes(b"an earlier build's")
+    info = save_compile_cache(version, warmup)
+    assert info is not None and info.file is None and info.triton_files == 1
+    assert not (version / CACHE_FILE).exists()
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "fresh"))
+    got = load_compile_cache(version, info)
+    assert got.startswith("no Inductor cache saved (the engine compiles at load); 1 Triton files restored in ")
+    assert (tmp_path / "fresh" / "abc" / "decode.cubin").read_bytes() == b"\x7fELF"
+    assert save_compile_cache(version, lambda: 0.0) is None and not (version / TRITON_FILE).exists()

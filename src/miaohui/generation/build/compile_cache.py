@@ -33,9 +33,11 @@ TRITON_FILE = "triton-cache.tar"
 class CompileCacheInfo(BaseModel):
     """What ``static_decoder.json`` records about ``compile-cache.bin``."""
 
-    file: str = CACHE_FILE
-    sha256: str
-    bytes: int
+    file: str | None = CACHE_FILE
+    """``compile-cache.bin``; None where torch recorded no cache artifacts (a build whose graphs are all
+    precompiled: ``standalone_compile`` records none) and only the Triton kernels below were saved."""
+    sha256: str | None = None
+    bytes: int = 0
     facts: dict[str, str]
     """:func:`machine_facts` at build: a load under other facts does not use the file."""
     compile_seconds: float
@@ -75,12 +77,16 @@ def _other_facts(built: dict[str, str]) -> str:
 
 def save_compile_cache(folder: Path, compile_all: Callable[[], float]) -> CompileCacheInfo | None:
     """Run ``compile_all`` (an engine's warm-up over every bucket; returns seconds) and write what it compiled into
-    ``folder / compile-cache.bin``; None when torch recorded nothing."""
+    ``folder / compile-cache.bin`` and the Triton kernels it compiled into ``triton-cache.tar``, each where there is
+    something to write (a build whose graphs are precompiled records no Inductor cache, but its own kernels still
+    compiled); None when neither was."""
     import torch
+    from torch.compiler._cache import CacheArtifactManager
 
     from miaohui.engines.fast_graphs import pack, private_triton_cache
 
-    torch.compiler.reset()  # only this engine's artifacts are recorded from here
+    torch.compiler.reset()
+    CacheArtifactManager.clear()  # only this engine's artifacts are recorded from here (reset() keeps them)
     triton: dict[str, object] = {}
     with private_triton_cache() as private:
         seconds = compile_all()
@@ -91,14 +97,18 @@ def save_compile_cache(folder: Path, compile_all: Callable[[], float]) -> Compil
         else:
             (folder / TRITON_FILE).unlink(missing_ok=True)
     saved = torch.compiler.save_cache_artifacts()
-    if saved is None:
-        return None
-    data = saved[0]
-    (folder / CACHE_FILE).write_bytes(data)
+    cache: dict[str, object] = {"file": None}
+    if saved is not None:
+        data = saved[0]
+        (folder / CACHE_FILE).write_bytes(data)
+        cache = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    else:
+        (folder / CACHE_FILE).unlink(missing_ok=True)
+        if not triton:
+            return None
     return CompileCacheInfo.model_validate(
-        {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data), "facts": machine_facts(),
-         "compile_seconds": round(seconds, 2), **triton}
-    )  # fmt: skip
+        {**cache, "facts": machine_facts(), "compile_seconds": round(seconds, 2), **triton}
+    )
 
 
 def restore_triton(folder: Path, info: CompileCacheInfo) -> str:
@@ -121,6 +131,7 @@ def restore_triton(folder: Path, info: CompileCacheInfo) -> str:
 
 def _checked_bytes(folder: Path, info: CompileCacheInfo) -> bytes | str:
     """``compile-cache.bin``'s bytes, or why they are not usable here (unreadable, not the build's, other versions)."""
+    assert info.file is not None  # the caller restores only the Triton kernels of a build without the file
     path = folder / info.file
     try:
         data = path.read_bytes()
@@ -128,7 +139,7 @@ def _checked_bytes(folder: Path, info: CompileCacheInfo) -> bytes | str:
         return f"cannot read {path} ({exc})"
     digest = hashlib.sha256(data).hexdigest()
     if digest != info.sha256:
-        return f"{path} has sha256 {digest[:12]}…, the build wrote {info.sha256[:12]}…"
+        return f"{path} has sha256 {digest[:12]}…, the build wrote {str(info.sha256)[:12]}…"
     other = _other_facts(info.facts)
     if other:
         return f"made under other versions ({other}; rebuild on this machine)"
@@ -140,6 +151,8 @@ def load_compile_cache(folder: Path, info: CompileCacheInfo | None) -> str:
     (``"loaded ..."`` or why not). Never raises: a bad file only means the engine compiles at load."""
     if info is None:
         return "none built (the engine compiles at load)"
+    if info.file is None:
+        return f"no Inductor cache saved (the engine compiles at load); {restore_triton(folder, info)}"
     path = folder / info.file
     started = time.perf_counter()
     data = _checked_bytes(folder, info)

@@ -185,8 +185,8 @@ def load_slot_engine(
     engine.start_phases["load"] = time.perf_counter() - started
     if compile_fn is precompiled:
         if precompiled is not None:
-            engine.precompiled_graphs = True
-            said += f"; loaded in {precompiled.seconds:.2f}s"
+            engine.precompiled = precompiled
+            said += " (each loaded at its first call)"
         logging.getLogger(__name__).info("precompiled graphs of %s: %s", folder, said)
     return engine
 

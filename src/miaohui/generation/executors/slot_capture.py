@@ -32,6 +32,7 @@ from miaohui.generation.executors.slot_steps import Graph, Outputs, PrefillBuffe
 from miaohui.generation.models import mixed_step
 
 if TYPE_CHECKING:
+    from miaohui.engines.precompiled import Precompiled
     from miaohui.generation.models.static_kv import StaticKVDecoder
 
 logger = logging.getLogger(__name__)
@@ -54,7 +55,7 @@ class SlotGraphs:
     max_len: int
     compiled: bool
     graphs_on: bool
-    precompiled_graphs: bool
+    precompiled: Precompiled | None
     batch_buckets: tuple[int, ...]
     length_buckets: tuple[int, ...]
     prefill_batches: tuple[int, ...]
@@ -86,7 +87,7 @@ class SlotGraphs:
         """Whether :meth:`warmup` with ``defer`` may leave graphs for after ready: CUDA graphs on, and no compile can
         follow the load (the build's precompiled graphs, or compile off), so a bucket without its graph yet runs the
         same kernels, not a compile under load."""
-        return self.graphs_on and (self.precompiled_graphs or not self.compiled)
+        return self.graphs_on and (self.precompiled is not None or not self.compiled)
 
     @property
     def pending_graphs(self) -> int:
@@ -134,6 +135,7 @@ class SlotGraphs:
             "mixed CUDA graphs, "
             f"compile={'on' if self.compiled else 'off'} ({clock.compiles} compiles, {clock.seconds:.1f}s{counted}), "
             f"graphs and first runs {self.start_phases['capture']:.1f}s"
+            + (f" ({self.precompiled.summary()})" if self.precompiled is not None else "")
             + (f"; {len(self._deferred)} graphs left for after ready" if self._deferred else "")
         )
         return self.warmup_seconds
@@ -212,6 +214,8 @@ class SlotGraphs:
         try:
             if self.device.index is not None:
                 torch.cuda.set_device(self.device)
+            if self.precompiled is not None:  # outside the step lock: a step need not wait for a load
+                self.precompiled.load_all()
             with torch.inference_mode():
                 while self._deferred and not self._closing:
                     kind, key = self._deferred[0]

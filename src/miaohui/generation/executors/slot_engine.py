@@ -53,6 +53,7 @@ from miaohui.generation.models import mixed_step
 from miaohui.generation.models.static_kv import StaticKVDecoder
 
 if TYPE_CHECKING:
+    from miaohui.engines.precompiled import Precompiled
     from miaohui.generation.cache.slot_prefix import SlotPrefixKV
 
 logger = logging.getLogger(__name__)
@@ -162,8 +163,9 @@ class TorchSlotEngine(SlotGraphs, SlotCausalLMEngine):
         """Where the start went, in seconds: ``load`` (weights and compile cache, set by the loader), ``compile``
         (torch.compile during :meth:`warmup`), ``capture`` (the rest of the warm-up: CUDA graphs, first runs) and,
         once done, ``capture_after_ready`` (the graphs :meth:`capture_deferred` captured after ready)."""
-        self.precompiled_graphs = False
-        """The compiled pieces are the build's precompiled graphs (set by the loader): no call compiles after load."""
+        self.precompiled: Precompiled | None = None
+        """The build's precompiled graphs, where they are the compiled pieces (set by the loader): no call compiles
+        after load."""
         self._pools: dict[str, Any] = {}
         self._deferred: list[tuple[Kind, tuple[int, ...]]] = []
         """Buckets :meth:`warmup` left for :meth:`capture_deferred`, in capture order."""
