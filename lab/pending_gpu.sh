@@ -14,6 +14,7 @@
 #   prefix_test      prefix-hit graphs against the engine without a cache (tests/gpu/test_slot_engine_gpu.py)
 #   prefix_copy      a prefix hit's block copy: per layer, all layers at once, one Triton kernel per K/V
 #                    (lab/probes/slot_prefix_copy.py)
+#   prefix_sweep     the prefix-hit attention kernel per slice length (lab/probes/prefix_attention_sweep.py)
 #   prefix_bench     TTFT of a 50-token turn after a cached 500/1,000/2,000-token history against a 50-token prompt
 #   prefix_profile   where a prefix hit's TTFT goes: cProfile and torch.profiler (lab/probes/prefix_turn_profile.py)
 #   own_model        a team's BERT classifier: build, serve ready on empty caches, speed against torch.compile
@@ -26,7 +27,7 @@ L=/tmp/pending-logs
 mkdir -p "$R" "$L"
 T0=$(date +%s)
 
-ALL="setup prefix_test prefix_copy prefix_bench prefix_profile own_model own_decoder start_steps"
+ALL="setup prefix_test prefix_copy prefix_sweep prefix_bench prefix_profile own_model own_decoder start_steps"
 STEPS=${STEPS:-$ALL}
 wanted() { [[ " $STEPS " == *" $1 "* ]]; }
 
@@ -50,6 +51,7 @@ export PYTHONPATH=/tmp/site:$PWD/src:$PWD PYTHONPYCACHEPREFIX=/tmp/pycache MIAOH
 wanted prefix_test && step prefix_test 60 120 python3 -m pytest -q -p no:cacheprovider -rA \
   tests/gpu/test_slot_engine_gpu.py -k "prefix_hit or static_prefill_graphs"
 wanted prefix_copy && step prefix_copy 20 40 python3 -m lab.probes.slot_prefix_copy --history 2000 --out "$R"
+wanted prefix_sweep && step prefix_sweep 20 60 python3 -m lab.probes.prefix_attention_sweep --out "$R"
 wanted prefix_bench && step prefix_bench 90 170 python3 benchmarks/bench_prefix_cache_gpu.py --model qwen1.5b \
   --history 500,1000,2000 --iters 15 --out "$R"
 wanted prefix_profile && step prefix_profile 90 150 python3 -m lab.probes.prefix_turn_profile --out "$R"

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 
 from miaohui.errors import ConfigError
 from miaohui.generation.cache.prefix_cache import PrefixCache
 
 
-def _insert(cache: PrefixCache[str], tokens: list[int]) -> int:
+def _insert(cache: PrefixCache[str], tokens: Sequence[int]) -> int:
     return cache.insert(tokens, lambda i: (f"kv{tokens[i * 4 : i * 4 + 4]}", 10))
 
 
@@ -46,3 +48,47 @@ def test_eviction_is_lru_from_the_ends_of_chains_and_stays_in_budget() -> None:
 def test_bad_block_size_is_a_clear_error() -> None:
     with pytest.raises(ConfigError, match=r"^prefix cache block_size=0 — use a block size of at least 1 token$"):
         PrefixCache(block_size=0, budget_bytes=10)
+
+
+def test_a_remembered_walk_gives_what_a_fresh_walk_gives() -> None:
+    """The same random mix of lookups, loads and stores (under evictions) on two caches: one sees each prompt as the
+    same tuple again (its walks are remembered), the other a fresh list every time (it walks each time). Every
+    answer, the blocks held and their LRU order stay equal."""
+    import random
+
+    rng = random.Random(0)
+    prompts = [tuple(rng.choice((1, 2)) for _ in range(rng.randrange(4, 40))) for _ in range(30)]
+    fast: PrefixCache[str] = PrefixCache(block_size=4, budget_bytes=200)  # 20 blocks: evictions happen
+    slow: PrefixCache[str] = PrefixCache(block_size=4, budget_bytes=200)
+    remembered, p = 0, prompts[0]
+    for _ in range(3000):
+        p = p if rng.random() < 0.6 else rng.choice(prompts)  # a request's lookup, load and store follow each other
+        op = rng.randrange(4)
+        for cache, tokens in ((fast, p), (slow, list(p))):
+            if op == 0:
+                remembered += cache._remembered(tokens) is not None
+                got = [b.tokens for b in cache.match(tokens)]
+            elif op == 1:
+                got = [cache.missing(tokens)]
+            elif op == 2:
+                got = [_insert(cache, tokens)]
+            else:
+                got = [b.tokens for b in cache.match(tokens)] + [_insert(cache, tokens)]
+            if cache is fast:
+                want = got
+        assert got == want
+        assert list(fast._lru) == list(slow._lru) and fast.used_bytes == slow.used_bytes
+    assert remembered > 50 and fast.evicted_blocks > 50
+
+
+def test_a_lookup_after_another_prompts_use_touches_again() -> None:
+    """A remembered walk is not reused once another chain was touched in between (here by a store that adds
+    nothing): the lookup makes its chain the most recent again, as a fresh walk does."""
+    cache: PrefixCache[str] = PrefixCache(block_size=4, budget_bytes=1000)
+    a, b = (1, 1, 1, 1, 2, 2, 2, 2), (3, 3, 3, 3)
+    _insert(cache, a)
+    _insert(cache, b)
+    cache.match(a)
+    assert _insert(cache, b) == 0  # b most recent
+    cache.match(a)
+    assert [blk.tokens for blk in cache._lru.values()][-1] == a[:4]

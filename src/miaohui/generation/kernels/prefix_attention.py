@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from miaohui.generation.kernels.decode_attention import plan, supported
+from miaohui.generation.kernels.decode_attention import supported
 
 try:  # Triton comes with CUDA builds of torch; CPU installs may lack it
     import triton
@@ -31,8 +31,12 @@ ROWS = 64
 """Query rows per program at most (tokens × query heads per KV head, padded to a power of two)."""
 BLOCK = 64
 """Cache positions per inner step."""
-TARGET_PROGRAMS = 132
-"""Programs aimed for (one per SM of an H100/H200), by slicing the cache."""
+CHUNK = 256
+"""Cache positions per slice (one program's share of a row's cache; a multiple of :data:`BLOCK`). The slices are
+laid over the whole slot (a prefix-hit graph serves every cached length), and a slice past its tokens' positions
+stops at once, so the programs that work are those over the history: with 256-position slices a 50-token turn after
+a 2,000-token history keeps 8 token blocks × 2 KV heads × 8 slices = 128 programs busy on 4 steps each, about one
+per SM of an H100. ``lab/probes/prefix_attention_sweep.py`` times other slice lengths."""
 
 
 if triton is not None:
@@ -94,8 +98,7 @@ if triton is not None:
         crow = tl.load(rows_ptr + tb * TOK)  # a block's tokens are one prompt's: one cache row
         k_base = k_ptr + crow * stride_kb + head * stride_kh
         v_base = v_ptr + crow * stride_vb + head * stride_vh
-        for it in range(CHUNK // BLOCK):  # a compile-time trip count; blocks past `end` load nothing (masked)
-            t0 = start + it * BLOCK
+        for t0 in range(start, end, BLOCK):  # none where the slice starts past every row's position
             t = t0 + tl.arange(0, BLOCK)
             tmask = t < end
             k = tl.load(k_base + t[:, None] * stride_kt + d[None, :], mask=tmask[:, None], other=0.0)
@@ -125,11 +128,17 @@ def tokens_per_program(group: int, tokens: int, rows: int = ROWS) -> int:
 
 
 def triton_prefix_attention(
-    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    positions: torch.Tensor,
+    rows: torch.Tensor,
+    *,
+    chunk: int = CHUNK,
 ) -> torch.Tensor:
     """``q`` [n, S, H, D] (n prompts' rests of S tokens, right-padded), token (i, s) at ``positions[i, s]`` of cache
     row ``rows[i, s]`` (the same for a prompt's tokens) of ``keys``/``values`` [rows, KVH, T, D], attending there to
-    positions 0..its own → [n * S, H, D] in q's dtype."""
+    positions 0..its own → [n * S, H, D] in q's dtype. ``chunk``: see :data:`CHUNK`."""
     if triton is None:
         raise RuntimeError("triton_prefix_attention needs Triton (it comes with CUDA builds of torch)")
     n, s, heads, d = q.shape
@@ -147,7 +156,9 @@ def triton_prefix_attention(
     tok = tokens_per_program(group, s)
     blocks = n * s // tok
     g_pad = max(16, triton.next_power_of_2(group))
-    chunk, splits = plan(blocks, kv_heads, length, BLOCK, TARGET_PROGRAMS)
+    if chunk % BLOCK or chunk <= 0:
+        raise ValueError(f"prefix attention: chunk={chunk} must be a positive multiple of {BLOCK}")
+    splits = -(-length // chunk)
     parts = n * s * kv_heads * splits
     m = torch.empty((parts, g_pad), dtype=torch.float32, device=q.device)
     total = torch.empty((parts, g_pad), dtype=torch.float32, device=q.device)
