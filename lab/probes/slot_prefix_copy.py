@@ -78,7 +78,7 @@ def main() -> None:
         "fused": engine_load(cache, kernel=False),
     }
     if block_copy.triton is not None and (cuda or interpreted):
-        cache._tables = (block_copy.address_table(keys), block_copy.address_table(values))  # a GPU's cache has them
+        cache._table = block_copy.address_table(keys + values)  # a GPU's cache has it
         forms["kernel"] = engine_load(cache, kernel=True)
 
     before = [t[1].clone() for t in caches]

@@ -1,5 +1,5 @@
 """A prefix hit's copy and a store as one Triton kernel each (``miaohui.generation.kernels.block_copy``, the GPU forms
-of ``SlotPrefixKV.copy_in`` and ``store``): under Triton's interpreter a store leaves the pool as the stack form does
+of ``SlotPrefixKV.copy_in`` and ``store``, keys and values in one launch): under Triton's interpreter a store leaves the pool as the stack form does
 (from the slot's first block and from a later one), and a load leaves the slot exactly as the gather form does, both
 what the cached tokens' KV was; compiled for the H200 (compute capability 9.0) on the CPU. The interpreter must be
 on before Triton is imported, so that check runs in a child process."""
@@ -23,7 +23,7 @@ keys = [torch.randn(slots, kvh, max_len, d) for _ in range(layers)]
 values = [torch.randn(slots, kvh, max_len, d) for _ in range(layers)]
 gather = SlotPrefixKV(keys, values, block, 1 << 20)  # the reference forms (no address tables: a CPU's)
 kernel = SlotPrefixKV(keys, values, block, 1 << 20)
-kernel._tables = (address_table(keys), address_table(values))  # what a GPU's SlotPrefixKV makes
+kernel._table = address_table(keys + values)  # what a GPU's SlotPrefixKV makes
 prompt = list(range(100, 130))  # 30 tokens: 7 full blocks, slot 2 holds them
 other = list(range(500, 540))  # another chain, in slot 1
 for cache in (gather, kernel):  # stores: 4 blocks, then the 3 after them (from block 4 of the slot), then another

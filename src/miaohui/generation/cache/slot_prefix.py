@@ -12,12 +12,12 @@ and which pool block each one is, is the hash chain of :class:`~miaohui.generati
 is evicted.
 
 * :meth:`SlotPrefixKV.cached` — how many leading tokens of a prompt the pool holds (all but its last at most);
-* :meth:`SlotPrefixKV.load` — copies those blocks into a slot's positions ``0 ..`` (on a GPU one Triton kernel each for
+* :meth:`SlotPrefixKV.load` — copies those blocks into a slot's positions ``0 ..`` (on a GPU one Triton kernel for
   keys and values, :mod:`~miaohui.generation.kernels.block_copy`; elsewhere one gather for all layers, then one
   multi-tensor copy into the layers' slots); the engine then prefills only the rest, from that
   position, attending over the loaded part (:meth:`~miaohui.generation.models.static_kv.StaticKVDecoder.prefill_from`);
 * :meth:`SlotPrefixKV.store` — copies the full blocks of a slot's tokens that are not cached yet into free pool blocks
-  (on a GPU one kernel each for keys and values, else a stack and an index copy; evicting the least recently used):
+  (on a GPU one kernel for keys and values, else a stack and an index copy; evicting the least recently used):
   a prompt right after its prefill (requests that follow share a system prompt), its prompt and answer when the
   sequence leaves (a conversation's next turn repeats both).
 
@@ -62,16 +62,18 @@ class SlotPrefixKV:
         """Pool blocks: as many as the budget holds."""
         self.cache: PrefixCache[PoolBlock] = PrefixCache(block_size, self.capacity * self.block_bytes, self._free)
         self.stats = PrefixStats()
-        shape = (len(self.keys), self.capacity, kv_heads, block_size, head_dim)
+        shape = (2, len(self.keys), self.capacity, kv_heads, block_size, head_dim)
         # torch.empty: on a CPU the pages are only touched when a block is stored
-        self.pool_k = torch.empty(shape, dtype=first.dtype, device=first.device)
-        self.pool_v = torch.empty(shape, dtype=first.dtype, device=first.device)
+        self.pool = torch.empty(shape, dtype=first.dtype, device=first.device)
+        """Keys' blocks then values' blocks: ``pool[0]`` and ``pool[1]`` are laid out as the layers in the address
+        table (keys' layers, then values'), so one kernel launch moves both."""
+        self.pool_k, self.pool_v = self.pool[0], self.pool[1]
         self._free_blocks = list(range(self.capacity - 1, -1, -1))
-        self._tables: tuple[torch.Tensor, torch.Tensor] | None = None
-        """On a GPU, the layers' cache addresses for keys and values: a load is then one kernel launch each
+        self._table: torch.Tensor | None = None
+        """On a GPU, the caches' addresses, keys' layers then values': a load or a store is then one kernel launch
         (:mod:`miaohui.generation.kernels.block_copy`)."""
         if first.is_cuda and block_copy.supported(self.keys + self.values, block_size):
-            self._tables = (block_copy.address_table(self.keys), block_copy.address_table(self.values))
+            self._table = block_copy.address_table(self.keys + self.values)
 
     @property
     def block_size(self) -> int:
@@ -103,11 +105,11 @@ class SlotPrefixKV:
         if used > len(blocks):
             raise ValueError(f"prefix of {n} tokens asked, {len(blocks)} blocks cached")  # a runner bug
         self.stats.hit_tokens += n
-        self.copy_in(self._indices([b.payload.index for b in blocks[:used]]), slot, kernel=self._tables is not None)
+        self.copy_in(self._indices([b.payload.index for b in blocks[:used]]), slot, kernel=self._table is not None)
 
     def copy_in(self, idx: torch.Tensor, slot: int, kernel: bool) -> None:
         """Copy pool blocks ``idx`` (int64, prefix order, on the pool's device) of every layer into ``slot``'s
-        positions ``0 ..``: ``kernel``, one Triton launch each for keys and values (a GPU, :attr:`_tables`); else one
+        positions ``0 ..``: ``kernel``, one Triton launch for keys and values (a GPU, :attr:`_table`); else one
         gather for all layers, then one multi-tensor copy into the layers' slot rows (the reference form)."""
         if kernel:
             self._kernel_copy(idx, slot, to_slot=True)
@@ -142,7 +144,7 @@ class SlotPrefixKV:
             block.index = self._free_blocks.pop()
         b, first = self.block_size, new[0][0]
         idx = self._indices([block.index for _, block in new])
-        if self._tables is not None:
+        if self._table is not None:
             self._kernel_copy(idx, slot, to_slot=False, start_block=first)
             return added
         cols = slice(first * b, (first + added) * b)
@@ -153,11 +155,11 @@ class SlotPrefixKV:
         return added
 
     def _kernel_copy(self, idx: torch.Tensor, slot: int, *, to_slot: bool, start_block: int = 0) -> None:
-        """:func:`~miaohui.generation.kernels.block_copy.copy_blocks` for keys and for values."""
-        assert self._tables is not None, "the kernel copy needs the caches' address tables (a GPU)"
-        sides = zip(self._tables, (self.keys[0], self.values[0]), (self.pool_k, self.pool_v), strict=True)
-        for table, first, pool in sides:
-            block_copy.copy_blocks(table, first, pool, idx, slot, to_slot=to_slot, start_block=start_block)
+        """:func:`~miaohui.generation.kernels.block_copy.copy_blocks` for keys and values at once (the pool seen as
+        ``2 × layers`` layers, as the table lists them)."""
+        assert self._table is not None, "the kernel copy needs the caches' address table (a GPU)"
+        pool = self.pool.flatten(0, 1)
+        block_copy.copy_blocks(self._table, self.keys[0], pool, idx, slot, to_slot=to_slot, start_block=start_block)
 
     def _indices(self, blocks: list[int]) -> torch.Tensor:
         """Pool block indices on the pool's device; the host-to-device copy does not wait for the device's queue."""

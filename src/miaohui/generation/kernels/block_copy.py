@@ -1,15 +1,16 @@
 """A prefix-cache hit's copy on the GPU: cached token blocks from the prefix pool into a slot of every layer's static KV
-cache, as one Triton kernel launch (per keys, per values) instead of a gather and one copy per layer; and the other
-way, a slot's new blocks into the pool (a store), instead of a slice per layer, a stack and an index copy.
+cache, as one Triton kernel launch instead of a gather and one copy per layer; and the other way, a slot's new blocks
+into the pool (a store), instead of a slice per layer, a stack and an index copy. Keys and values go in the same
+launch: the table lists the keys' layers then the values', and the pool holds them in that order.
 
 The pool (:class:`~miaohui.generation.cache.slot_prefix.SlotPrefixKV`) is one contiguous
-``[layers, pool_blocks, kv_heads, block, head_dim]`` tensor; each layer's cache is its own
-``[slots, kv_heads, max_len, head_dim]`` tensor, reached through a table of their addresses (``int64 [layers]``,
+``[2 × layers, pool_blocks, kv_heads, block, head_dim]`` tensor; each layer's cache is its own
+``[slots, kv_heads, max_len, head_dim]`` tensor, reached through a table of their addresses (``int64 [2 × layers]``,
 made once: the caches are allocated once and never move). One program copies one block of one KV head of one layer,
 ``block * head_dim`` contiguous elements on both sides. On an H100, for a 2,000-token prefix of a 28-layer model:
-0.25 ms against 1.41 ms for the gather and the multi-tensor copy and 3.03 ms layer by layer
-(``lab/probes/slot_prefix_copy.py``, ``lab/results/slot_prefix_copy_h100.json``), most of the difference being the
-host's time to issue the copies. Checked on the CPU under Triton's interpreter (``tests/unit/test_block_copy.py``).
+0.25 ms (then a launch each for keys and values) against 1.41 ms for the gather and the multi-tensor copy and 3.03 ms
+layer by layer (``lab/probes/slot_prefix_copy.py``, ``lab/results/slot_prefix_copy_h100.json``), most of the
+difference being the host's time to issue the copies. Checked on the CPU under Triton's interpreter (``tests/unit/test_block_copy.py``).
 """
 
 from __future__ import annotations

@@ -135,10 +135,13 @@ def triton_prefix_attention(
     rows: torch.Tensor,
     *,
     chunk: int = CHUNK,
+    block: int = BLOCK,
+    warps: int = 4,
 ) -> torch.Tensor:
     """``q`` [n, S, H, D] (n prompts' rests of S tokens, right-padded), token (i, s) at ``positions[i, s]`` of cache
     row ``rows[i, s]`` (the same for a prompt's tokens) of ``keys``/``values`` [rows, KVH, T, D], attending there to
-    positions 0..its own → [n * S, H, D] in q's dtype. ``chunk``: see :data:`CHUNK`."""
+    positions 0..its own → [n * S, H, D] in q's dtype. ``chunk`` (:data:`CHUNK`), ``block`` (:data:`BLOCK`) and
+    ``warps`` (of the first kernel) are what ``lab/probes/prefix_attention_sweep.py`` varies."""
     if triton is None:
         raise RuntimeError("triton_prefix_attention needs Triton (it comes with CUDA builds of torch)")
     n, s, heads, d = q.shape
@@ -156,8 +159,8 @@ def triton_prefix_attention(
     tok = tokens_per_program(group, s)
     blocks = n * s // tok
     g_pad = max(16, triton.next_power_of_2(group))
-    if chunk % BLOCK or chunk <= 0:
-        raise ValueError(f"prefix attention: chunk={chunk} must be a positive multiple of {BLOCK}")
+    if chunk % block or chunk <= 0:
+        raise ValueError(f"prefix attention: chunk={chunk} must be a positive multiple of block={block}")
     splits = -(-length // chunk)
     parts = n * s * kv_heads * splits
     m = torch.empty((parts, g_pad), dtype=torch.float32, device=q.device)
@@ -170,7 +173,7 @@ def triton_prefix_attention(
         flat, keys, values, token_positions, token_rows, m, total, acc, flat.stride(0), flat.stride(1),
         keys.stride(0), keys.stride(1), keys.stride(2), values.stride(0), values.stride(1), values.stride(2), d**-0.5,
         KVH=kv_heads, GROUP=group, G_PAD=g_pad, TOK=tok, R_PAD=max(16, triton.next_power_of_2(tok * group)), D=d,
-        CHUNK=chunk, SPLITS=splits, BLOCK=BLOCK, PRECISION=precision,
+        CHUNK=chunk, SPLITS=splits, BLOCK=block, PRECISION=precision, num_warps=warps,
     )  # fmt: skip
     _merge_kernel[(n * s * heads,)](
         m, total, acc, out, out.stride(0), out.stride(1),
