@@ -10,7 +10,8 @@ made once: the caches are allocated once and never move). One program copies one
 ``block * head_dim`` contiguous elements on both sides. On an H100, for a 2,000-token prefix of a 28-layer model:
 0.25 ms (then a launch each for keys and values) against 1.41 ms for the gather and the multi-tensor copy and 3.03 ms
 layer by layer (``lab/probes/slot_prefix_copy.py``, ``lab/results/slot_prefix_copy_h100.json``), most of the
-difference being the host's time to issue the copies. Checked on the CPU under Triton's interpreter (``tests/unit/test_block_copy.py``).
+difference being the host's time to issue the copies. Checked on the CPU under Triton's interpreter
+(``tests/unit/test_block_copy.py``).
 """
 
 from __future__ import annotations
