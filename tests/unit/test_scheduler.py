@@ -533,3 +533,18 @@ async def test_a_broken_loop_ends_every_request_instead_of_hanging(monkeypatch: 
         with pytest.raises(EngineStoppedError, match="the generation loop stopped: KeyError"):
             await asyncio.wait_for(stream.__anext__(), 5)
         assert not engine.is_running
+
+
+def test_prompt_check_returns_plain_ints_and_names_bad_ids() -> None:
+    """The C-speed check of a prompt's ids: integers of any kind (numpy's too) in range come back as a list of
+    ``int``; a float, a string, an id out of range or past int64 is named in the error."""
+    from miaohui.generation.engine.scheduler import SchedulerConfig, check_prompt
+
+    cfg = SchedulerConfig(max_model_len=64, max_batched_tokens=64)
+    got = check_prompt((np.int64(3), 4, True), cfg, 50)
+    assert got == [3, 4, 1] and all(type(t) is int for t in got)
+    assert check_prompt(tuple(range(50)), cfg, 50) == list(range(50))
+    for bad, named in (([1, 2.0], "[2.0]"), ([1, "7"], "['7']"), ([49, 50], "[50]"), ([-1], "[-1]"),
+                       ([1 << 70], f"[{1 << 70}]"), ([np.int64(60)], "[np.int64(60)]")):  # fmt: skip
+        with pytest.raises(InputError, match=re.escape(f"prompt token ids must be ints in [0, 50); got {named}")):
+            check_prompt(bad, cfg, 50)

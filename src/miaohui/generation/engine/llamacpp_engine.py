@@ -314,11 +314,10 @@ class LlamaCppLLMEngine:
             raise EngineStoppedError("the generation engine is not running", "await engine.start() first")
         params = params or SamplingParams()
         cfg = self.config
-        check_prompt(prompt_ids, cfg, self.meta.vocab, step_budget=False)  # llama.cpp prefills in chunks of its own
+        prompt = check_prompt(prompt_ids, cfg, self.meta.vocab, step_budget=False)  # llama.cpp prefills in its chunks
         if len(self._running) >= cfg.max_running_seqs:
             check_queue(len(self._waiting), cfg, "max_running_seqs")
         rid = next(self._ids)
-        prompt = [int(t) for t in prompt_ids]
         req = _Request(rid, prompt, params, RequestStream(self, rid, len(prompt), sink))
         req.limit = min(params.max_tokens, cfg.max_model_len - len(prompt))
         self._waiting.append(req)
