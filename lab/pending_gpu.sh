@@ -51,7 +51,8 @@ export PYTHONPATH=/tmp/site:$PWD/src:$PWD PYTHONPYCACHEPREFIX=/tmp/pycache MIAOH
 wanted prefix_test && step prefix_test 60 120 python3 -m pytest -q -p no:cacheprovider -rA \
   tests/gpu/test_slot_engine_gpu.py -k "prefix_hit or static_prefill_graphs"
 wanted prefix_copy && step prefix_copy 20 40 python3 -m lab.probes.slot_prefix_copy --history 2000 --out "$R"
-wanted prefix_sweep && step prefix_sweep 20 60 python3 -m lab.probes.prefix_attention_sweep --out "$R"
+wanted prefix_sweep && step prefix_sweep 20 120 python3 -m lab.probes.prefix_attention_sweep --out "$R" \
+  --chunks 128,256,512 --blocks 64 --warps 4,8 --rows 64,128 --stages 0,2
 wanted prefix_bench && step prefix_bench 90 170 python3 benchmarks/bench_prefix_cache_gpu.py --model qwen1.5b \
   --history 500,1000,2000 --iters 15 --out "$R"
 wanted prefix_profile && step prefix_profile 90 150 python3 -m lab.probes.prefix_turn_profile --out "$R"

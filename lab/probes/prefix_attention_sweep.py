@@ -1,7 +1,8 @@
 """The prefix-hit attention kernel's slice length on a GPU: a 50-token turn (its rest padded to 64, as the prefix-hit
 graphs pad it) after a cached history of H tokens, at the Qwen2.5-1.5B shape (12 query heads, 2 KV heads of 128, bf16)
 over a slot of 4,096 positions (a prefix-hit graph attends over the whole slot), for each slice length (``--chunks``),
-inner step (``--blocks``) and warp count (``--warps``) of the kernel:
+inner step (``--blocks``), warp count (``--warps``), query rows per program (``--rows``) and pipeline stages
+(``--stages``) of the kernel:
 
     python -m lab.probes.prefix_attention_sweep --history 500,1000,2000 --chunks 128,256,512 --blocks 32,64 \
         --warps 4,8 [--out DIR]
@@ -18,17 +19,18 @@ import argparse
 import json
 import statistics
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from miaohui.generation.kernels.prefix_attention import BLOCK, CHUNK, triton_prefix_attention
+from miaohui.generation.kernels.prefix_attention import BLOCK, CHUNK, ROWS, triton_prefix_attention
 from miaohui.generation.models.static_kv_layers import prefix_attention
 
 LAYERS, HEADS, KV_HEADS, HEAD_DIM, SLOT_LEN, REST, TURN = 28, 12, 2, 128, 4096, 64, 50
 
 
 def time_config(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor,
-                rows: torch.Tensor, config: dict[str, int], iters: int) -> list[float]:  # fmt: skip
+                rows: torch.Tensor, config: dict[str, Any], iters: int) -> list[float]:  # fmt: skip
     """Milliseconds per call of each replay of a graph of :data:`LAYERS` calls."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -59,6 +61,8 @@ def main() -> None:
     ap.add_argument("--chunks", default="128,256,512")
     ap.add_argument("--blocks", default="32,64")
     ap.add_argument("--warps", default="4,8")
+    ap.add_argument("--rows", default="64,128", help="query rows per program at most (tokens x query heads)")
+    ap.add_argument("--stages", default="0", help="Triton's num_stages (0: Triton's default)")
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--out", type=Path, default=Path("/tmp"))
     args = ap.parse_args()
@@ -70,10 +74,12 @@ def main() -> None:
     q = torch.randn((1, REST, HEADS, HEAD_DIM), device="cuda", dtype=torch.bfloat16)
     rows = torch.full((1, REST), 1, dtype=torch.int64, device="cuda")
     configs = [
-        {"chunk": c, "block": b, "warps": w}
+        {"chunk": c, "block": b, "warps": w, "rows_per_program": r, "stages": st or None}
         for c in (int(x) for x in args.chunks.split(","))
         for b in (int(x) for x in args.blocks.split(","))
         for w in (int(x) for x in args.warps.split(","))
+        for r in (int(x) for x in args.rows.split(","))
+        for st in (int(x) for x in args.stages.split(","))
         if c % b == 0
     ]
     results: dict[str, dict[str, dict[str, float]]] = {}
@@ -83,7 +89,7 @@ def main() -> None:
         want = prefix_attention(q, keys, values, rows, positions, history + TURN, kernel=False).float()
         results[str(history)] = {}
         for config in configs:
-            name = "chunk{chunk}_block{block}_warps{warps}".format(**config)
+            name = "chunk{chunk}_block{block}_warps{warps}_rows{rows_per_program}_stages{stages}".format(**config)
             got = triton_prefix_attention(q, keys, values, positions, rows, **config)
             error = float((got.view(1, REST, HEADS, HEAD_DIM).transpose(1, 2).float() - want).abs().max())
             times = time_config(q, keys, values, positions, rows, config, args.iters)
@@ -97,7 +103,7 @@ def main() -> None:
         "probe": "prefix_attention_sweep",
         "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,
-        "default": f"chunk{CHUNK}_block{BLOCK}_warps4",
+        "default": f"chunk{CHUNK}_block{BLOCK}_warps4_rows{ROWS}_stagesNone",
         "shape": {
             "layers": LAYERS,
             "heads": HEADS,

@@ -89,12 +89,14 @@ assert [tokens_per_program(heads // kvh, s) for _, s, heads, kvh, *_ in cases] =
 # slices over a whole 256-position slot, 64 each: the rests end in the second slice, the last two stop at once
 from miaohui.generation.kernels.prefix_attention import triton_prefix_attention
 kc, vc = torch.randn(3, 2, 256, 64), torch.randn(3, 2, 256, 64)
-q = torch.randn(2, 8, 12, 64)
-positions = torch.tensor([[60], [100]]) + torch.arange(8)[None, :]
-rows = torch.tensor([[2], [0]]).expand(2, 8).contiguous()
-got = triton_prefix_attention(q, kc, vc, positions, rows, chunk=64).view(2, 8, 12, 64).transpose(1, 2)
-want = prefix_attention(q, kc, vc, rows, positions, 108, kernel=False)
-assert float((got - want).abs().max()) < 1e-4, float((got - want).abs().max())
+q = torch.randn(2, 16, 12, 64)
+positions = torch.tensor([[60], [100]]) + torch.arange(16)[None, :]
+rows = torch.tensor([[2], [0]]).expand(2, 16).contiguous()
+want = prefix_attention(q, kc, vc, rows, positions, 116, kernel=False)
+for rows_per_program in (64, 128):  # 8 or 16 tokens of 6 query heads per program
+    got = triton_prefix_attention(q, kc, vc, positions, rows, chunk=64, rows_per_program=rows_per_program, stages=2)
+    got = got.view(2, 16, 12, 64).transpose(1, 2)
+    assert float((got - want).abs().max()) < 1e-4, float((got - want).abs().max())
 print("ok")
 """
 

@@ -137,11 +137,14 @@ def triton_prefix_attention(
     chunk: int = CHUNK,
     block: int = BLOCK,
     warps: int = 4,
+    rows_per_program: int = ROWS,
+    stages: int | None = None,
 ) -> torch.Tensor:
     """``q`` [n, S, H, D] (n prompts' rests of S tokens, right-padded), token (i, s) at ``positions[i, s]`` of cache
     row ``rows[i, s]`` (the same for a prompt's tokens) of ``keys``/``values`` [rows, KVH, T, D], attending there to
-    positions 0..its own → [n * S, H, D] in q's dtype. ``chunk`` (:data:`CHUNK`), ``block`` (:data:`BLOCK`) and
-    ``warps`` (of the first kernel) are what ``lab/probes/prefix_attention_sweep.py`` varies."""
+    positions 0..its own → [n * S, H, D] in q's dtype. ``chunk`` (:data:`CHUNK`), ``block`` (:data:`BLOCK`),
+    ``rows_per_program`` (:data:`ROWS`), ``warps`` and ``stages`` (Triton's default where None) of the first kernel are
+    what ``lab/probes/prefix_attention_sweep.py`` varies."""
     if triton is None:
         raise RuntimeError("triton_prefix_attention needs Triton (it comes with CUDA builds of torch)")
     n, s, heads, d = q.shape
@@ -156,7 +159,7 @@ def triton_prefix_attention(
         raise ValueError(f"prefix attention: head size {d} must be a power of two ≥ 16, with contiguous last dims")
     group = heads // kv_heads
     flat = q.reshape(n * s, heads, d).contiguous()
-    tok = tokens_per_program(group, s)
+    tok = tokens_per_program(group, s, rows_per_program)
     blocks = n * s // tok
     g_pad = max(16, triton.next_power_of_2(group))
     if chunk % block or chunk <= 0:
@@ -174,6 +177,7 @@ def triton_prefix_attention(
         keys.stride(0), keys.stride(1), keys.stride(2), values.stride(0), values.stride(1), values.stride(2), d**-0.5,
         KVH=kv_heads, GROUP=group, G_PAD=g_pad, TOK=tok, R_PAD=max(16, triton.next_power_of_2(tok * group)), D=d,
         CHUNK=chunk, SPLITS=splits, BLOCK=block, PRECISION=precision, num_warps=warps,
+        **({} if stages is None else {"num_stages": stages}),
     )  # fmt: skip
     _merge_kernel[(n * s * heads,)](
         m, total, acc, out, out.stride(0), out.stride(1),
