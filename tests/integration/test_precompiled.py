@@ -99,6 +99,32 @@ def test_a_fresh_engine_runs_the_saved_graphs_without_compiling(recorded: tuple[
         assert torch.equal(g, w), f"step {i}: {float((g - w).abs().max()):.2e}"
 
 
+def test_each_artifact_loads_once_at_its_first_call_whichever_thread_asks(
+    recorded: tuple[Path, list[torch.Tensor]],
+) -> None:
+    """Nothing loads when the engine is made; the after-ready capture thread (``load_all``) and a serving step may
+    ask for the same artifact at once, and it is loaded once."""
+    import threading
+
+    folder, _ = recorded
+    index, _ = read_index(folder)
+    assert index is not None
+    precompiled = Precompiled(folder, index, fallback=_refuse)
+    _engine(precompiled)
+    variants = precompiled.variants
+    assert precompiled.artifacts_loaded == 0 and all(v.artifact is None for v in variants)
+    got: list[object] = []
+    threads = [threading.Thread(target=lambda: got.append(precompiled.load(variants[0]))) for _ in range(4)]
+    threads.append(threading.Thread(target=precompiled.load_all))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert precompiled.artifacts_loaded == len(variants) and all(v.artifact is not None for v in variants)
+    assert all(g is variants[0].artifact for g in got)
+    assert precompiled.summary().startswith(f"{len(variants)} of {len(variants)} precompiled graphs loaded in ")
+
+
 def test_a_call_no_saved_graph_fits_is_compiled_and_said(
     recorded: tuple[Path, list[torch.Tensor]], caplog: pytest.LogCaptureFixture
 ) -> None:
