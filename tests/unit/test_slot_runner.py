@@ -81,6 +81,10 @@ def test_bad_slot_calls_are_input_errors() -> None:
         engine.prefill([0], [list(range(1, 40)) * 2])
     with pytest.raises(InputError, match="token ids"):
         engine.prefill([0], [[VOCAB + 3]])
+    with pytest.raises(InputError, match="token ids"):  # a prefix hit's rest is checked
+        engine.prefill([0], [[1, 2, VOCAB + 3]], starts=[1])
+    with pytest.raises(NotImplementedError):  # its cached prefix is not (equal to a prompt checked before)
+        engine.prefill([0], [[VOCAB + 3, 2, 3]], starts=[1])
     with pytest.raises(InputError, match="needs every token"):
         engine.prefill([0], [[1]])
         engine.decode([0], [None])
