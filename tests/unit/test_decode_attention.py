@@ -86,8 +86,14 @@ for n, s, heads, kvh, d, starts, slots in cases:
     assert got.shape == want.shape == (n, heads, s, d), (got.shape, want.shape)
     assert float((got - want).abs().max()) < 1e-4, float((got - want).abs().max())
 assert [tokens_per_program(heads // kvh, s) for _, s, heads, kvh, *_ in cases] == [1, 4, 8, 16]
-# slices over a whole 256-position slot, 64 each: the rests end in the second slice, the last two stop at once
+# slices over a whole 256-position slot, 64 each: the rests end in the second slice, the last two stop at once and
+# leave their weighted values unwritten (NaN here: every float32 buffer starts as NaN), which the merge must not read
 from miaohui.generation.kernels.prefix_attention import triton_prefix_attention
+_empty = torch.empty
+def nan_empty(*args, **kwargs):
+    t = _empty(*args, **kwargs)
+    return t.fill_(float("nan")) if t.dtype == torch.float32 else t
+torch.empty = nan_empty
 kc, vc = torch.randn(3, 2, 256, 64), torch.randn(3, 2, 256, 64)
 q = torch.randn(2, 16, 12, 64)
 positions = torch.tensor([[60], [100]]) + torch.arange(16)[None, :]

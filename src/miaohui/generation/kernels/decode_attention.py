@@ -142,7 +142,8 @@ if triton is not None:
         w = tl.exp(m - tl.max(m, axis=0))  # the max is finite: the first slice always holds position 0
         total = tl.sum(w * tl.load(l_ptr + at, mask=smask, other=0.0), axis=0)
         d = tl.arange(0, D)
-        acc = tl.load(acc_ptr + at[:, None] * D + d[None, :], mask=smask[:, None], other=0.0)
+        live = smask & (m > float("-inf"))  # an empty slice's weighted values are not read (a writer may skip them)
+        acc = tl.load(acc_ptr + at[:, None] * D + d[None, :], mask=live[:, None], other=0.0)
         out = tl.sum(w[:, None] * acc, axis=0) / total
         tl.store(out_ptr + row * stride_ob + qh * stride_oh + d, out.to(out_ptr.dtype.element_ty))
 

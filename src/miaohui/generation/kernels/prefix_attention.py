@@ -115,7 +115,10 @@ if triton is not None:
         part = (tok * KVH + head) * SPLITS + split
         tl.store(m_ptr + part * G_PAD + g, m_i, mask=rmask)
         tl.store(l_ptr + part * G_PAD + g, l_i, mask=rmask)
-        tl.store(acc_ptr + (part * G_PAD + g)[:, None] * D + d[None, :], acc, mask=rmask[:, None])
+        # a row whose position is before the slice (every row, in most of a long slot's slices) saw nothing here: its
+        # weighted values are left unwritten, and the merge reads none where the max is -inf
+        live = rmask & (pos >= start)
+        tl.store(acc_ptr + (part * G_PAD + g)[:, None] * D + d[None, :], acc, mask=live[:, None])
 
 
 def tokens_per_program(group: int, tokens: int, rows: int = ROWS) -> int:
