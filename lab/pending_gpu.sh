@@ -12,6 +12,7 @@
 # Steps (STEPS picks some, in this order; default all):
 #   setup            wheels, byte-compiled packages (so ready times do not include compiling Python source)
 #   prefix_test      prefix-hit graphs against the engine without a cache (tests/gpu/test_slot_engine_gpu.py)
+#   slot_tests       every slot-engine GPU test (decode steps and their attention merge included)
 #   prefix_copy      a prefix hit's block copy: per layer, all layers at once, one Triton kernel per K/V
 #                    (lab/probes/slot_prefix_copy.py)
 #   prefix_sweep     the prefix-hit attention kernel per slice length (lab/probes/prefix_attention_sweep.py)
@@ -27,7 +28,7 @@ L=/tmp/pending-logs
 mkdir -p "$R" "$L"
 T0=$(date +%s)
 
-ALL="setup prefix_test prefix_copy prefix_sweep prefix_bench prefix_profile own_model own_decoder start_steps"
+ALL="setup prefix_test slot_tests prefix_copy prefix_sweep prefix_bench prefix_profile own_model own_decoder start_steps"
 STEPS=${STEPS:-$ALL}
 wanted() { [[ " $STEPS " == *" $1 "* ]]; }
 
@@ -50,6 +51,7 @@ wanted setup && step setup 30 120 env OUT="$L" bash scripts/gpu/run_h200.sh setu
 export PYTHONPATH=/tmp/site:$PWD/src:$PWD PYTHONPYCACHEPREFIX=/tmp/pycache MIAOHUI_HOME=/tmp/mh PYTHONUNBUFFERED=1
 wanted prefix_test && step prefix_test 60 120 python3 -m pytest -q -p no:cacheprovider -rA \
   tests/gpu/test_slot_engine_gpu.py -k "prefix_hit or static_prefill_graphs"
+wanted slot_tests && step slot_tests 90 240 python3 -m pytest -q -p no:cacheprovider -rA tests/gpu/test_slot_engine_gpu.py
 wanted prefix_copy && step prefix_copy 20 40 python3 -m lab.probes.slot_prefix_copy --history 2000 --out "$R"
 wanted prefix_sweep && step prefix_sweep 20 120 python3 -m lab.probes.prefix_attention_sweep --out "$R" \
   --chunks 128,256,512 --blocks 64 --warps 4,8 --rows 64,128 --stages 0,2
