@@ -39,6 +39,39 @@ TARGET_PROGRAMS = 264
 if triton is not None:
 
     @triton.jit
+    def attend_block(
+        q,
+        k_base,
+        v_base,
+        t,
+        tmask,
+        allowed,
+        d,
+        stride_kt,
+        stride_vt,
+        sm_scale,
+        m_i,
+        l_i,
+        acc,
+        PRECISION: tl.constexpr,
+    ):
+        """One step of the online softmax (inlined into its caller): query rows ``q`` [rows, D] against cache
+        positions ``t`` [BLOCK] of one KV head (``tmask``: the positions to load; ``allowed``: which scores count,
+        [rows, BLOCK] or broadcast to it), carrying each row's max score ``m_i``, exp-sum ``l_i`` and exp-weighted
+        values ``acc``; returns them updated. The decode and the prefix-hit kernels' shared inner loop."""
+        k = tl.load(k_base + t[:, None] * stride_kt + d[None, :], mask=tmask[:, None], other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale  # [rows, BLOCK]
+        s = tl.where(allowed, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing seen yet: exp(-inf - 0) = 0, not NaN
+        alpha = tl.exp(m_i - m_use)
+        p = tl.exp(s - m_use[:, None])
+        v = tl.load(v_base + t[:, None] * stride_vt + d[None, :], mask=tmask[:, None], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        return m_new, l_i, acc
+
+    @triton.jit
     def _partial_kernel(
         q_ptr,
         k_ptr,
@@ -99,17 +132,9 @@ if triton is not None:
             t0 = start + it * BLOCK
             t = t0 + tl.arange(0, BLOCK)
             tmask = t < end
-            k = tl.load(k_base + t[:, None] * stride_kt + d[None, :], mask=tmask[:, None], other=0.0)
-            s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale  # [G_PAD, BLOCK]
-            s = tl.where(tmask[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing seen yet: exp(-inf - 0) = 0, not NaN
-            alpha = tl.exp(m_i - m_use)
-            p = tl.exp(s - m_use[:, None])
-            v = tl.load(v_base + t[:, None] * stride_vt + d[None, :], mask=tmask[:, None], other=0.0)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            m_i = m_new
+            m_i, l_i, acc = attend_block(
+                q, k_base, v_base, t, tmask, tmask[None, :], d, stride_kt, stride_vt, sm_scale, m_i, l_i, acc, PRECISION
+            )
         part = pid * SPLITS + split
         tl.store(m_ptr + part * G_PAD + g, m_i, mask=gmask)
         tl.store(l_ptr + part * G_PAD + g, l_i, mask=gmask)

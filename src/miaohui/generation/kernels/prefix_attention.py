@@ -23,7 +23,7 @@ try:  # Triton comes with CUDA builds of torch; CPU installs may lack it
     import triton
     import triton.language as tl
 
-    from miaohui.generation.kernels.decode_attention import _merge_kernel
+    from miaohui.generation.kernels.decode_attention import _merge_kernel, attend_block
 except ImportError:  # pragma: no cover - exercised only where triton is missing
     triton = None
 
@@ -101,17 +101,10 @@ if triton is not None:
         for t0 in range(start, end, BLOCK):  # none where the slice starts past every row's position
             t = t0 + tl.arange(0, BLOCK)
             tmask = t < end
-            k = tl.load(k_base + t[:, None] * stride_kt + d[None, :], mask=tmask[:, None], other=0.0)
-            s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * sm_scale  # [R_PAD, BLOCK]
-            s = tl.where(tmask[None, :] & (t[None, :] <= pos[:, None]), s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing seen yet: exp(-inf - 0) = 0, not NaN
-            alpha = tl.exp(m_i - m_use)
-            p = tl.exp(s - m_use[:, None])
-            v = tl.load(v_base + t[:, None] * stride_vt + d[None, :], mask=tmask[:, None], other=0.0)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            m_i = m_new
+            allowed = tmask[None, :] & (t[None, :] <= pos[:, None])  # each row up to its own position
+            m_i, l_i, acc = attend_block(
+                q, k_base, v_base, t, tmask, allowed, d, stride_kt, stride_vt, sm_scale, m_i, l_i, acc, PRECISION
+            )
         part = (tok * KVH + head) * SPLITS + split
         tl.store(m_ptr + part * G_PAD + g, m_i, mask=rmask)
         tl.store(l_ptr + part * G_PAD + g, l_i, mask=rmask)
