@@ -25,7 +25,8 @@ Per model, in one process, bf16 everywhere except the fp32 reference:
    chunk carries every token that queued up while its stream waited for the event loop (under load
    ``tokens_per_chunk`` > 1) — and the server
    process's CPU (all threads, and its main thread — the event loop that runs HTTP and SSE) per streamed token;
-   the client processes start together once all have imported (``generation_server_load.CLIENT_START_S``) and measure one common window;
+   the client processes start together once all have imported (``generation_server_load.CLIENT_START_S``) and
+   measure one common window;
    each counts the tokens that arrived in it (``window_tokens_per_s``) and reports its own CPU; from the server's
    metrics, ``steps`` (the window until the last stream ends) and ``steady`` (until the window's end, while every
    stream is still in its loop: ``generated_tokens_per_s`` is the server's steady output rate);
