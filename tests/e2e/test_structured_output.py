@@ -172,6 +172,25 @@ def test_forced_tool_calls_plain_and_streamed(client: openai.OpenAI, choice: Any
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
+def answer_keys(client: openai.OpenAI, model: str) -> set[str]:
+    """The keys of sampled answers to a schema that lists one key and does not say whether others may appear (closed
+    by default, as llama.cpp's grammars and xgrammar's default; OpenAI's ``strict`` must say it explicitly)."""
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    fmt: Any = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": True}}
+    keys: set[str] = set()
+    for seed in range(8):
+        r = client.chat.completions.create(
+            model=model, messages=MSG, max_tokens=24, temperature=1.0, seed=seed, response_format=fmt
+        )
+        if r.choices[0].finish_reason == "stop":
+            keys |= set(json.loads(r.choices[0].message.content or ""))
+    return keys
+
+
+def test_a_schema_that_lists_its_keys_gets_only_those_keys(client: openai.OpenAI) -> None:
+    assert answer_keys(client, MODEL) == {"a"}
+
+
 def test_auto_and_none_tool_choice(client: openai.OpenAI) -> None:
     r = client.chat.completions.create(model=MODEL, messages=MSG, max_tokens=8, temperature=0, tools=TOOLS)
     choice = r.choices[0]

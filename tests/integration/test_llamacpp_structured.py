@@ -15,7 +15,7 @@ import jsonschema
 import openai
 import pytest
 import yaml
-from tests.e2e.test_structured_output import ASKS, BOOKING, TOOLS
+from tests.e2e.test_structured_output import ASKS, BOOKING, TOOLS, answer_keys
 from tests.integration.conftest import SMOLLM_CACHE
 from tests.servers import UvicornThread
 
@@ -114,3 +114,7 @@ def test_forced_tool_call_and_greedy_logprobs_through_the_openai_client(client: 
     content = r.choices[0].logprobs.content  # type: ignore[union-attr]
     assert content and len(content[0].top_logprobs) == 2
     assert [e.logprob for e in content] == [e.top_logprobs[0].logprob for e in content]  # greedy: the best token
+
+
+def test_a_schema_that_lists_its_keys_gets_only_those_keys(client: openai.OpenAI) -> None:
+    assert answer_keys(client, MODEL) == {"a"}

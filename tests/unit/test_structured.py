@@ -15,7 +15,7 @@ from tests.prebuild import SMOLLM_CACHE
 
 from miaohui.generation.engine.logprobs import token_logprobs
 from miaohui.generation.engine.params import SamplingParams
-from miaohui.generation.engine.structured import TokenMasks, check_supported
+from miaohui.generation.engine.structured import TokenMasks, check_supported, closed_objects
 from miaohui.server.openai_schema import ChatRequest, OpenAIError
 from miaohui.server.openai_tools import ANY_OBJECT, ChatPlan, plan, prompt_messages, tool_calls
 
@@ -177,3 +177,42 @@ def test_random_walks_under_the_mask_always_validate(masks: TokenMasks) -> None:
         ids, ended = walk(masks, ANY_OBJECT, rng, 24)
         if ended:
             assert isinstance(json.loads(tok.decode(ids)), dict)
+
+
+def test_objects_that_list_their_properties_are_closed_unless_they_say_otherwise() -> None:
+    booking = {"type": "object", "properties": {"room": {"type": "string"}, "properties": {"type": "object"}}}
+    closed = closed_objects({"type": "array", "items": booking, "$defs": {"b": booking}})
+    assert closed["items"]["additionalProperties"] is False
+    assert closed["$defs"]["b"]["additionalProperties"] is False
+    # a property named "properties" is a name: its own schema lists no properties and stays open
+    assert closed["items"]["properties"]["properties"] == {"type": "object"}
+    assert "additionalProperties" not in booking  # the caller's schema is not changed
+    assert closed_objects({"type": "object"}) == {"type": "object"}  # json_object: any object
+    for open_ in ({"additionalProperties": True}, {"patternProperties": {"^x": {}}}, {"anyOf": [booking]}):
+        out = closed_objects({**booking, **open_})
+        assert out.get("additionalProperties", "unset") == open_.get("additionalProperties", "unset")
+    assert closed_objects({"anyOf": [booking]})["anyOf"][0]["additionalProperties"] is False
+
+
+def test_the_mask_refuses_a_key_the_schema_does_not_list(masks: TokenMasks) -> None:
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(SMOLLM_CACHE / "tokenizer.json"))
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a"]}
+
+    def refused(text: str) -> bool:
+        masks.start(0, json.dumps(schema))
+        try:
+            for token in tok.encode(text).ids:
+                allowed = masks.mask(np.zeros((1, masks._vocab), np.float32), [0])[0]
+                if allowed[token] == -np.inf:
+                    return True
+                masks.consume(0, token)
+            return False
+        finally:
+            masks.drop(0)
+
+    assert not refused('{"a": 1, "b": 2}')
+    assert refused('{"a": 1, "c": 2}')
+    schema["additionalProperties"] = True  # an open schema says so
+    assert not refused('{"a": 1, "c": 2}')

@@ -29,7 +29,9 @@ samplers neutral (top-k 0, min-p 0); ``seed`` is taken modulo 2**32. With ``igno
 end tokens (where the other engines generate and pass them).
 
 Structured output and log-probabilities are llama.cpp's own: ``SamplingParams.json_schema`` goes in as its
-``json_schema`` (llama.cpp turns it into a GBNF grammar and samples under it), ``logprobs`` as ``n_probs`` without
+``json_schema`` with its objects closed as on the other engines (``structured.closed_objects``; llama.cpp's own
+default leaves them open), and llama.cpp turns it into a GBNF grammar and samples under it; ``logprobs`` as
+``n_probs`` without
 ``post_sampling_probs`` (the log-softmax of the raw logits, as miaohui's other engines report). A token llama.cpp
 sends together with the next one (an incomplete character) reports the later token's log-probabilities only.
 
@@ -60,6 +62,7 @@ from miaohui.generation.engine.logprobs import TokenLogprobs
 from miaohui.generation.engine.observer import GenerationObserver, safe_call
 from miaohui.generation.engine.params import SamplingParams
 from miaohui.generation.engine.scheduler import FinishReason, SchedulerConfig, check_prompt, check_queue, find_stop
+from miaohui.generation.engine.structured import closed_objects
 
 logger = logging.getLogger(__name__)
 
@@ -130,7 +133,7 @@ def request_body(prompt: Sequence[int], params: SamplingParams, max_tokens: int,
     if params.ignore_eos:
         body["ignore_eos"] = True
     if params.json_schema is not None:
-        body["json_schema"] = json.loads(params.json_schema)
+        body["json_schema"] = closed_objects(json.loads(params.json_schema))
     if params.logprobs is not None:
         body["n_probs"] = max(1, params.logprobs)
         body["post_sampling_probs"] = False

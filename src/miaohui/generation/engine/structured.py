@@ -7,6 +7,13 @@ logit to -inf before sampling; the sampled token is then consumed by the matcher
 matcher allows only the end-of-sequence token, so the sequence ends with ``stop``; ``max_tokens`` can still cut a
 document short, and then the request finishes with ``length`` as any other.
 
+An object that lists ``properties`` and says nothing of other keys (no ``additionalProperties``,
+``patternProperties``, ``unevaluatedProperties`` or sibling ``allOf`` / ``anyOf`` / ``oneOf`` / ``$ref``) is closed:
+only its listed keys may appear (:func:`closed_objects`), as xgrammar's default (vLLM's) does and as OpenAI's
+``strict`` schemas must say explicitly. llguidance and llama.cpp's server (as shipped here) would follow JSON
+Schema's open default, where SmolLM2 adds keys nobody asked for to one answer in a few; the llamacpp engine sends
+the closed schema too, so both chat backends agree. An open schema says so with ``"additionalProperties": true``.
+
 JSON whitespace is fixed (``", "`` between items, ``": "`` after keys, none elsewhere): a small model can then
 not loop on blank lines inside a document. Unconstrained rows are untouched and cost nothing.
 
@@ -34,13 +41,41 @@ JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": 
 SCHEMA_FIX = "send a JSON schema object (draft 2020-12 keywords: type, properties, required, enum, ...)"
 
 
+_OPEN_KEYS = ("additionalProperties", "patternProperties", "unevaluatedProperties", "allOf", "anyOf", "oneOf", "$ref")
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
+_SCHEMA_ONE = ("items", "additionalProperties", "not", "if", "then", "else", "contains", "unevaluatedProperties")
+
+
+def closed_objects(schema: Any) -> Any:
+    """A copy of ``schema`` in which every object schema that lists ``properties`` and does not say whether other
+    keys may appear gets ``"additionalProperties": false`` (see the module docstring). Only schema positions are
+    walked (a property *named* ``properties`` is a name, not a keyword); anything else is returned as it is."""
+    if not isinstance(schema, dict):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key in _SCHEMA_MAPS and isinstance(value, dict):
+            out[key] = {name: closed_objects(sub) for name, sub in value.items()}
+        elif key in _SCHEMA_LISTS and isinstance(value, list):
+            out[key] = [closed_objects(sub) for sub in value]
+        elif key in _SCHEMA_ONE:
+            out[key] = [closed_objects(s) for s in value] if isinstance(value, list) else closed_objects(value)
+        else:
+            out[key] = value
+    if isinstance(out.get("properties"), dict) and not any(k in out for k in _OPEN_KEYS):
+        out["additionalProperties"] = False
+    return out
+
+
 def schema_grammar(schema: str) -> str:
-    """The llguidance grammar of a JSON schema given as JSON text; InputError (HTTP 400) when it is not one
-    llguidance can compile."""
+    """The llguidance grammar of a JSON schema given as JSON text, its objects closed (:func:`closed_objects`);
+    InputError (HTTP 400) when it is not one llguidance can compile."""
     import llguidance
 
     try:
-        grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)  # type: ignore[arg-type]
+        closed = json.dumps(closed_objects(json.loads(schema)))
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(closed, defaults=JSON_OPTIONS)  # type: ignore[arg-type]
     except ValueError as exc:
         raise InputError(f"the JSON schema is not valid JSON: {exc}", SCHEMA_FIX) from None
     error = llguidance.LLMatcher.validate_grammar(grammar)
