@@ -60,12 +60,18 @@ def test_a_remembered_walk_gives_what_a_fresh_walk_gives() -> None:
     prompts = [tuple(rng.choice((1, 2)) for _ in range(rng.randrange(4, 40))) for _ in range(30)]
     fast: PrefixCache[str] = PrefixCache(block_size=4, budget_bytes=200)  # 20 blocks: evictions happen
     slow: PrefixCache[str] = PrefixCache(block_size=4, budget_bytes=200)
-    remembered, p = 0, prompts[0]
+    remembered, p, hinted = 0, prompts[0], 0
+    ends: dict[tuple[int, ...], int] = {}  # the fast cache's chain end after each prompt's store, stale or not
     for _ in range(3000):
         p = p if rng.random() < 0.6 else rng.choice(prompts)  # a request's lookup, load and store follow each other
-        op = rng.randrange(4)
+        op = rng.randrange(5)
+        answer = [rng.choice((1, 2)) for _ in range(rng.randrange(0, 12))]
         for cache, tokens in ((fast, p), (slow, list(p))):
-            if op == 0:
+            if op == 4:  # a finished sequence: its prompt and answer, from its prompt's chain end on the fast cache
+                after = ends.get(p) if cache is fast else None
+                hinted += cache is fast and after is not None and cache._chain(after, [*p, *answer]) is not None
+                got = [cache.insert([*p, *answer], lambda i: ("x", 10), after)]
+            elif op == 0:
                 remembered += cache._remembered(tokens) is not None
                 got = [b.tokens for b in cache.match(tokens)]
             elif op == 1:
@@ -76,9 +82,11 @@ def test_a_remembered_walk_gives_what_a_fresh_walk_gives() -> None:
                 got = [b.tokens for b in cache.match(tokens)] + [_insert(cache, tokens)]
             if cache is fast:
                 want = got
+                if op in (2, 3):
+                    ends[p] = cache.chain_end
         assert got == want
         assert list(fast._lru) == list(slow._lru) and fast.used_bytes == slow.used_bytes
-    assert remembered > 50 and fast.evicted_blocks > 50
+    assert remembered > 50 and fast.evicted_blocks > 50 and hinted > 50
 
 
 def test_a_lookup_after_another_prompts_use_touches_again() -> None:

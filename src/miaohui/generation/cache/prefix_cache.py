@@ -71,6 +71,9 @@ class PrefixCache(Generic[P]):
         self._walked: tuple[Sequence[int] | None, int, list[Block[P]]] = (None, -1, [])
         """The last :meth:`match`: its tokens, the state after it, its chain. A prompt's load repeats its lookup and
         its store starts where the lookup ended; with a 2,000-token history each walk hashes 125 blocks."""
+        self.chain_end = ROOT
+        """The id of the last block of the chain the last :meth:`insert` left (ROOT: none): the caller may pass it
+        back as ``after`` when it stores the same tokens extended (a finished sequence after its prompt)."""
 
     def __len__(self) -> int:
         return len(self._lru)
@@ -119,19 +122,27 @@ class PrefixCache(Generic[P]):
             parent, n = block.block_id, n + 1
         return n
 
-    def insert(self, tokens: Sequence[int], payload: Callable[[int], tuple[P, int]]) -> int:
+    def insert(self, tokens: Sequence[int], payload: Callable[[int], tuple[P, int]], after: int | None = None) -> int:
         """Cache the full blocks of ``tokens``; ``payload(i)`` makes block ``i``'s (payload, nbytes), called only for
         blocks not cached yet. Evicts least-recently-used blocks to stay within the budget; stops (caching a shorter
-        prefix) where a block does not fit without evicting this chain itself. Returns the blocks added."""
-        chain = list(self._remembered(tokens) or ())  # blocks a lookup just found: the walk goes on from there
+        prefix) where a block does not fit without evicting this chain itself. Returns the blocks added.
+
+        ``after``: a :attr:`chain_end` an earlier insert left for a prefix of these same ``tokens`` (the caller
+        vouches for that): the walk goes on from that block without hashing the blocks before it again (a finished
+        sequence's store after its prompt's, at the start of the next request's step). Ignored where that block
+        was evicted since, or its tokens are not these tokens' block at its place."""
+        chain = self._chain(after, tokens) if after is not None else None
+        if chain is None:
+            chain = list(self._remembered(tokens) or ())  # blocks a lookup just found: the walk goes on from there
         parent, added = (chain[-1].block_id if chain else ROOT), 0
-        keys = self._keys(tokens)
-        for i in range(len(chain), len(keys)):
-            key = keys[i]
+        b = self.block_size
+        keys = self._keys(tokens) if type(tokens) is tuple else None  # a list: cut only the blocks walked
+        for i in range(len(chain), len(tokens) // b):
+            key = keys[i] if keys is not None else tuple(tokens[i * b : i * b + b])
             block = self._by_key.get((parent, key))
             if block is None:
                 data, nbytes = payload(i)
-                if not self._make_room(nbytes, {b.block_id for b in chain}):
+                if not self._make_room(nbytes, {blk.block_id for blk in chain}):
                     break
                 block = Block(next(self._ids), parent, key, data, nbytes)
                 self._by_key[(parent, key)] = block
@@ -144,7 +155,25 @@ class PrefixCache(Generic[P]):
             chain.append(block)
             parent = block.block_id
         self._touch(chain)
+        self.chain_end = parent
         return added
+
+    def _chain(self, last: int, tokens: Sequence[int]) -> list[Block[P]] | None:
+        """The cached chain that ends at block ``last`` (first block first), or None where ``last`` is gone (a
+        block present means its whole chain is: eviction trims chains from their ends) or is not the block of
+        ``tokens`` at its place."""
+        block = self._lru.get(last)
+        if block is None:
+            return None
+        chain = [block]
+        while block.parent != ROOT:
+            block = self._lru[block.parent]
+            chain.append(block)
+        b, n = self.block_size, len(chain)
+        if n * b > len(tokens) or tuple(tokens[(n - 1) * b : n * b]) != chain[0].tokens:
+            return None
+        chain.reverse()
+        return chain
 
     def clear(self) -> None:
         if self._on_evict is not None:

@@ -124,10 +124,11 @@ class SlotPrefixKV:
             rows = [layer[slot, :, :width].view(kv_heads, used, block, head_dim) for layer in cache]
             torch._foreach_copy_(rows, list(part))
 
-    def store(self, tokens: Sequence[int], slot: int) -> int:
+    def store(self, tokens: Sequence[int], slot: int, after: int | None = None) -> int:
         """Cache the full blocks of ``tokens``, whose KV ``slot`` holds at positions ``0 .. len(tokens)-1``; returns
         the blocks added (evicting least recently used ones; a chain never evicts itself, so under a tiny budget a
-        long sequence caches its first blocks only)."""
+        long sequence caches its first blocks only). ``after``: the :attr:`chain_end` of an earlier store of a prefix
+        of ``tokens`` (``PrefixCache.insert``'s)."""
         if self.capacity == 0:
             return 0
         made: list[tuple[int, PoolBlock]] = []
@@ -136,7 +137,7 @@ class SlotPrefixKV:
             made.append((i, PoolBlock()))
             return made[-1][1], self.block_bytes
 
-        added = self.cache.insert(tokens, payload)  # one walk; a use of the cached blocks all the same
+        added = self.cache.insert(tokens, payload, after)  # one walk; a use of the cached blocks all the same
         if not added:
             return 0
         new = made[:added]  # a block made but not added (no room) is the last one made
@@ -153,6 +154,11 @@ class SlotPrefixKV:
             rows = torch.stack([layer[slot, :, cols] for layer in cache])  # [layers, kv_heads, added * b, head_dim]
             pool.index_copy_(1, idx, rows.view(layers, kv_heads, added, b, head_dim).transpose(1, 2))
         return added
+
+    @property
+    def chain_end(self) -> int:
+        """The last block of the chain the last :meth:`store` left (``PrefixCache.chain_end``)."""
+        return self.cache.chain_end
 
     def _kernel_copy(self, idx: torch.Tensor, slot: int, *, to_slot: bool, start_block: int = 0) -> None:
         """:func:`~miaohui.generation.kernels.block_copy.copy_blocks` for keys and values at once (the pool seen as

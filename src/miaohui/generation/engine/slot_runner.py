@@ -60,6 +60,9 @@ class SlotModelRunner(SeededRows):
         self._tokens: dict[int, list[int]] = {}
         """Each sequence's prompt and sampled tokens, when there is a prefix cache (its slot holds the KV of the
         first ``engine.lengths[slot]`` of them)."""
+        self._chain_end: dict[int, int] = {}
+        """Each sequence's last cached prompt block (``SlotPrefixKV.chain_end``): its release stores the prompt and
+        the answer from there without hashing the prompt's blocks again, before the next request's prefill."""
         self._hits = (0, 0)
         """(prompt tokens looked up, tokens reused) of the step being launched."""
         self.last_timing = StepTiming(0.0, 0.0, 0, 0)
@@ -76,7 +79,7 @@ class SlotModelRunner(SeededRows):
         """Forget every sequence (after an engine error the cache cannot be trusted: the prefix cache is emptied)."""
         for slot in self._slot.values():
             self.engine.release(slot)
-        self._slot, self._rngs, self._tokens = {}, {}, {}
+        self._slot, self._rngs, self._tokens, self._chain_end = {}, {}, {}, {}
         self._free = list(range(self.engine.num_slots))
         if self.prefix_cache is not None:
             self.prefix_cache.clear()
@@ -84,8 +87,9 @@ class SlotModelRunner(SeededRows):
     def _release(self, seq_id: int) -> None:
         slot = self._slot.pop(seq_id)
         tokens = self._tokens.pop(seq_id, None)
+        after = self._chain_end.pop(seq_id, None)
         if self.prefix_cache is not None and tokens is not None:
-            self.prefix_cache.store(tokens[: int(self.engine.lengths[slot])], slot)
+            self.prefix_cache.store(tokens[: int(self.engine.lengths[slot])], slot, after)
         self.engine.release(slot)
         heapq.heappush(self._free, slot)
         self._rngs.pop(seq_id, None)
@@ -169,6 +173,7 @@ class SlotModelRunner(SeededRows):
             for p, slot in zip(out.prefill, slots, strict=True):
                 self._tokens[p.seq_id] = list(p.prompt_ids)
                 self.prefix_cache.store(p.prompt_ids, slot)
+                self._chain_end[p.seq_id] = self.prefix_cache.chain_end
 
     def _collect(
         self,
