@@ -31,9 +31,9 @@ end tokens (where the other engines generate and pass them).
 Structured output and log-probabilities are llama.cpp's own: ``SamplingParams.json_schema`` goes in as its
 ``json_schema`` with its objects closed as on the other engines (``structured.closed_objects``; llama.cpp's own
 default leaves them open), and llama.cpp turns it into a GBNF grammar and samples under it; ``logprobs`` as
-``n_probs`` without
-``post_sampling_probs`` (the log-softmax of the raw logits, as miaohui's other engines report). A token llama.cpp
-sends together with the next one (an incomplete character) reports the later token's log-probabilities only.
+``n_probs`` without ``post_sampling_probs`` (the log-softmax of the raw logits, as miaohui's other engines report). A
+token llama.cpp sends together with the next one (an incomplete character) reports the later token's log-probabilities
+only.
 
 Not reported here: the per-step figures (``on_step``: batch sizes, step time, queue wait per prefill): llama.cpp's
 steps are inside the server.
