@@ -123,6 +123,31 @@ def test_same_source_same_options_is_reused(repo: Path, minilm: Path) -> None:
     assert again.reused and again.path == repo / "minilm" / "1"
 
 
+def test_a_model_of_another_task_is_refused_under_a_serving_name(
+    repo: Path, minilm: Path, classifier: Path, tmp_path: Path
+) -> None:
+    """An embedding model built under an intent classifier's name (the default --name is ``intent``) would become
+    its latest version and take over its routes: refused, naming both, and nothing is written."""
+    with pytest.raises(ConfigError) as info:
+        build_artifact(minilm, "support", BuildConfig(), repo, log=quiet)
+    assert "'support' v1" in info.value.message and "task 'intent'" in info.value.message
+    assert "task 'encoder'" in info.value.message and "--name" in (info.value.fix or "")
+    assert sorted(p.name for p in (repo / "support").iterdir() if p.is_dir()) == ["1"]
+    # a classifier whose labels change gets a new version and a note naming the change
+    from transformers import BertForSequenceClassification
+
+    other = {0: "refund", 1: "shipping", 2: "warranty"}
+    model = BertForSequenceClassification.from_pretrained(
+        str(minilm), num_labels=3, id2label=other, label2id={v: k for k, v in other.items()}
+    )
+    lines: list[str] = []
+    shutil.copytree(repo / "support", tmp_path / "support")
+    build_artifact(
+        with_tokenizer(model, tmp_path / "clf2", minilm), "support", BuildConfig(), tmp_path, log=lines.append
+    )
+    assert any("changes the labels of v1" in m and "added: warranty" in m for m in lines), lines
+
+
 async def test_v1_embeddings_openai_shape(client: httpx.AsyncClient, repo: Path) -> None:
     r = await client.post("/v1/embeddings", json={"model": "minilm", "input": TEXTS[:2]})
     assert r.status_code == 200

@@ -165,6 +165,41 @@ def versions(model_dir: Path) -> list[int]:
     return sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit())
 
 
+def _check_same_task(model_dir: Path, src: Source, log: Log) -> None:
+    """ConfigError where ``model_dir``'s latest version serves another task than ``src`` (an embedding model built
+    as a new version of an intent classifier would take over ``/v1/intent``: the default ``--name`` is ``intent``);
+    a log line where an intent classifier's labels change (a retrained model may add one, the pipelines route by
+    them)."""
+    available = versions(model_dir)
+    if not available:
+        return
+    latest = model_dir / str(available[-1])
+    if (latest / MANIFEST_NAME).is_file():
+        try:
+            old = read_manifest(latest)
+        except ArtifactError:  # a broken version: the new one may be what replaces it
+            return
+        task, labels = old.task, old.labels
+    elif (latest / "causal_lm.json").is_file():
+        task, labels = "causal-lm", []
+    else:
+        return
+    name = model_dir.name
+    if task != src.task:
+        raise ConfigError(
+            f"model {name!r} v{available[-1]} in {model_dir.parent} has task {task!r} and {src.path} has task "
+            f"{src.task!r}: as a new version of {name!r} it would replace the one serving",
+            "give it its own name: --name NAME (see `miaohui build --help`)",
+        )
+    new = src.meta.labels if src.meta is not None else []
+    if task == "intent" and new and labels and new != labels:
+        added, gone = sorted(set(new) - set(labels)), sorted(set(labels) - set(new))
+        log(
+            f"note: {name} v{available[-1] + 1} changes the labels of v{available[-1]} "
+            f"(added: {', '.join(added) or 'none'}; removed: {', '.join(gone) or 'none'}; or their order)"
+        )
+
+
 def resolve_artifact(spec: str, repository: Path) -> Path:
     """An artifact named by ``spec``: a directory with a manifest, or ``name[:version]`` in ``repository``
     (the latest version by default)."""
@@ -292,6 +327,7 @@ def build_artifact(
         )
         return BuildOutcome(path=cached, manifest=read_manifest(cached), reused=True)
 
+    _check_same_task(model_dir, src, log)
     if src.format == "onnx" and cfg.backend not in ("onnxruntime", "tensorrt", "tensorrt-rtx"):
         raise ConfigError(
             f"--backend {cfg.backend} compiles a PyTorch model; {source} is an ONNX file",
