@@ -180,7 +180,7 @@ def _check_same_task(model_dir: Path, src: Source, log: Log) -> None:
         except ArtifactError:  # a broken version: the new one may be what replaces it
             return
         task, labels = old.task, old.labels
-    elif (latest / "causal_lm.json").is_file():
+    elif (latest / "causal_lm.json").is_file():  # generation.build.artifact's MARKER_NAME (generation imports engines)
         task, labels = "causal-lm", []
     else:
         return
