@@ -4,17 +4,19 @@ conversation, against a short prompt alone, in one process.
     python benchmarks/bench_prefix_cache_gpu.py --model qwen1.5b --history 2000 --turn 50 [--out DIR]
     python benchmarks/bench_prefix_cache_gpu.py --model qwen1.5b --history 500,1000,2000   (one engine, interleaved)
 
-The goal (issue 44): on the H200, a 1.5B model's TTFT for a 2,000-token conversation with a 50-token new turn
-<= 1.2x that of a 50-token prompt. Per iteration (fresh random tokens each time, so nothing but the history is
-shared): ``short`` — a ``--turn``-token prompt alone (no hit); ``turn_cached`` — a ``--history``-token conversation is
-run once (its blocks are cached, not timed), then history + a ``--turn``-token new turn is timed (its prefix comes
-from the cache); ``turn_uncached`` — the same prompt on an engine without a prefix cache (the baseline the cache
-removes). TTFT here is the wall time of a one-token ``generate`` through ``LLMEngine`` (scheduler, runner, engine,
-the token on the host): no HTTP. ``qwen1.5b`` is a Qwen2.5-1.5B-*shaped* decoder with RANDOM weights (speed depends on
-shape only); ``tiny`` a tiny one, for the CPU (tests). Median and p99 over ``--iters`` after ``--warmup``; ratios of
-medians. With several ``--history`` lengths each iteration runs every one (what a hit costs beyond the short
-prompt, by history: ``by_history``); the top-level figures are the longest's. Writes ``prefix_cache_gpu_<model>.json``
-and ``.png`` under ``--out``; ``--plot-from JSON`` redraws a result's PNG.
+The goal (issue 44): on the H200, a 1.5B model's TTFT for a 2,000-token conversation with a 50-token new turn <= 1.2x
+that of a 50-token prompt. Per iteration (fresh random tokens each time, so nothing but the history is shared):
+``short`` — a ``--turn``-token prompt alone (no hit); ``turn_cached`` — a ``--history``-token conversation is run once
+(its blocks are cached, not timed), then history + a ``--turn``-token new turn is timed (its prefix comes from the
+cache, and the slot the history left still holds it: a quiet server, nothing copied); ``turn_pool`` — another new turn
+after the same history, once an unrelated ``--turn``-token request (not timed) has taken that slot: the prefix is copied
+from the cache's pool (a busy server); ``turn_uncached`` — the same prompt on an engine without a prefix cache (the
+baseline the cache removes). TTFT here is the wall time of a one-token ``generate`` through ``LLMEngine`` (scheduler,
+runner, engine, the token on the host): no HTTP. ``qwen1.5b`` is a Qwen2.5-1.5B-*shaped* decoder with RANDOM weights
+(speed depends on shape only); ``tiny`` a tiny one, for the CPU (tests). Median and p99 over ``--iters`` after
+``--warmup``; ratios of medians. With several ``--history`` lengths each iteration runs every one (what a hit costs
+beyond the short prompt, by history: ``by_history``); the top-level figures are the longest's. Writes
+``prefix_cache_gpu_<model>.json`` and ``.png`` under ``--out``; ``--plot-from JSON`` redraws a result's PNG.
 """
 
 from __future__ import annotations
@@ -97,14 +99,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     histories = sorted({int(h) for h in args.history.split(",")})
     times: dict[str, list[float]] = {"short": []}
+    kinds = ("turn_cached", "turn_pool", "turn_uncached")
     for h in histories:
-        times[f"turn_cached_{h}"], times[f"turn_uncached_{h}"] = [], []
+        for kind in kinds:
+            times[f"{kind}_{h}"] = []
     for i in range(args.warmup + args.iters):
         got = {"short": _ttft(cached, words(args.turn))}
         for h in histories:
             history, turn = words(h), words(args.turn)
             cached.generate([history], ONE)  # the conversation so far: its blocks are cached
             got[f"turn_cached_{h}"] = _ttft(cached, history + turn)
+            cached.generate([words(args.turn)], ONE)  # another request takes the slot the conversation left
+            got[f"turn_pool_{h}"] = _ttft(cached, history + words(args.turn))
+            # the engine without a cache writes the same slots; the cached engine's next request is an unrelated
+            # prompt (the short one, or the next history), which takes the slot it wrote before any could match it
             got[f"turn_uncached_{h}"] = _ttft(plain, history + turn)
         if i >= args.warmup:
             for k, v in got.items():
@@ -115,15 +123,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     short = summary["short"]["median_ms"]
     by_history = {
         str(h): {
-            "turn_cached": summary[f"turn_cached_{h}"],
-            "turn_uncached": summary[f"turn_uncached_{h}"],
-            "ratio_turn_cached_over_short": summary[f"turn_cached_{h}"]["median_ms"] / short,
-            "ratio_turn_uncached_over_short": summary[f"turn_uncached_{h}"]["median_ms"] / short,
+            **{kind: summary[f"{kind}_{h}"] for kind in kinds},
+            **{f"ratio_{kind}_over_short": summary[f"{kind}_{h}"]["median_ms"] / short for kind in kinds},
         }
         for h in histories
     }
     longest = by_history[str(histories[-1])]
-    out = {"short": summary["short"], "turn_cached": longest["turn_cached"], "turn_uncached": longest["turn_uncached"]}
+    out = {"short": summary["short"], **{kind: longest[kind] for kind in kinds}}
     return {
         "benchmark": "prefix_cache_gpu",
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -136,11 +142,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "history_tokens": histories[-1],
         "turn_tokens": args.turn,
         "ttft": out,
-        "ratio_turn_cached_over_short": longest["ratio_turn_cached_over_short"],
-        "ratio_turn_uncached_over_short": longest["ratio_turn_uncached_over_short"],
+        **{f"ratio_{kind}_over_short": longest[f"ratio_{kind}_over_short"] for kind in kinds},
         "by_history": by_history,
         "goal": "ratio_turn_cached_over_short <= 1.2 on the H200 (qwen1.5b, history 2000, turn 50)",
-        "prefix_cache": {"queried_tokens": stats.queried_tokens, "hit_tokens": stats.hit_tokens} if stats else None,
+        "prefix_cache": dataclasses.asdict(stats) if stats else None,
         "engine": {
             "options": engine.options.model_dump(mode="json"),
             "prefix_graphs": len(engine._prefix_graphs),
@@ -151,8 +156,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def plot(doc: dict[str, Any], png: Path) -> None:
-    """TTFT by history length: the 50-token prompt alone, the turn with its history cached and without the cache,
-    medians with p99 whiskers, and the goal (1.2x the short prompt)."""
+    """TTFT by history length: the 50-token prompt alone, the turn with its history cached (still in its slot; copied
+    from the pool, where the result has it) and without the cache, medians with p99 whiskers, and the goal (1.2x the
+    short prompt)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -163,16 +169,20 @@ def plot(doc: dict[str, Any], png: Path) -> None:
     }
     lengths = sorted(by, key=int)
     short = doc["ttft"]["short"]
-    fig, ax = plt.subplots(figsize=(7.5, 4.2))
-    width = 0.27
-    for i, (kind, label) in enumerate(
-        (("short", f"{doc['turn_tokens']}-token prompt alone"), ("turn_cached", "turn, history cached"),
-         ("turn_uncached", "turn, no prefix cache"))
-    ):  # fmt: skip
+    series = [
+        ("short", f"{doc['turn_tokens']}-token prompt alone"),
+        ("turn_cached", "turn, history cached, still in its slot"),
+        ("turn_pool", "turn, history cached, copied from the pool"),
+        ("turn_uncached", "turn, no prefix cache"),
+    ]
+    series = [(k, label) for k, label in series if k == "short" or k in by[lengths[0]]]
+    fig, ax = plt.subplots(figsize=(8.5, 4.4))
+    width = 0.8 / len(series)
+    for i, (kind, label) in enumerate(series):
         stats = [short if kind == "short" else by[h][kind] for h in lengths]
         med = [x["median_ms"] for x in stats]
         err = [[0] * len(stats), [x["p99_ms"] - x["median_ms"] for x in stats]]
-        xs = [j + (i - 1) * width for j in range(len(lengths))]
+        xs = [j + (i - (len(series) - 1) / 2) * width for j in range(len(lengths))]
         ax.bar(xs, med, width, yerr=err, capsize=3, label=label)
         for x, m in zip(xs, med, strict=True):
             ax.annotate(
@@ -216,7 +226,7 @@ def main() -> None:
     path = args.out / f"prefix_cache_gpu_{args.model}.json"
     path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
     plot(doc, path.with_suffix(".png"))
-    print(json.dumps({k: doc[k] for k in ("ttft", "ratio_turn_cached_over_short", "ratio_turn_uncached_over_short")}))
+    print(json.dumps({k: v for k, v in doc.items() if k == "ttft" or k.startswith("ratio_")}))
     print(f"wrote {path}")
 
 

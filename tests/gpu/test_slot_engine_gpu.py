@@ -178,7 +178,9 @@ async def test_mixed_step_graphs_match_the_eager_engine() -> None:
 def test_prefix_hit_graphs_match_the_engine_without_a_cache() -> None:
     """A conversation whose turns reuse their history from the prefix cache: the rests run through the prefix-hit
     CUDA graphs (the whole slot attended, padding rows repeating the first) and give the greedy tokens of the same
-    graphs engine without a prefix cache, turn after turn; two conversations at once take a two-prompt graph."""
+    graphs engine without a prefix cache, turn after turn; two conversations at once take a two-prompt graph. A turn
+    finds its history in the slots the turn before left, or, after other requests took those slots, copies it from
+    the pool (the block-copy kernel)."""
     from miaohui.generation.engine.scheduler import SchedulerConfig
 
     hf = tiny_qwen("cuda")
@@ -193,8 +195,12 @@ def test_prefix_hit_graphs_match_the_engine_without_a_cache() -> None:
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
     talks = [[3, 4, 5] * 12, [40, 41, 42, 43] * 9]
     for turn in range(4):
-        want = [w[0] for w in plain.generate(talks, params)]
         got = [g[0] for g in cached.generate(talks, params)]
+        want = [w[0] for w in plain.generate(talks, params)]
         assert got == want, f"turn {turn}"
         talks = [t + a + [7 + turn, 8, 9 + turn] for t, a in zip(talks, got, strict=True)]
+        if turn % 2:  # other requests take the slots the conversations left: the next turn copies from the pool
+            cached.generate([[60 + turn] * 20, [70 + turn] * 20], params)
     assert fast.prefix_graph_steps >= 2, fast.prefix_graph_steps
+    stats = cached.runner.prefix_cache.stats
+    assert 0 < stats.kept_tokens < stats.hit_tokens, stats

@@ -55,10 +55,11 @@ def test_prefix_cache_gpu_benchmark_runs_on_the_cpu(tmp_path: Path) -> None:
     subprocess.run(cmd, check=True, capture_output=True, timeout=300)
     doc = json.loads((tmp_path / "prefix_cache_gpu_tiny.json").read_text())
     # per iteration: the short prompt (8 tokens, no full block); each history misses, then its turn reuses the
-    # history's full blocks (the 48-token turn 2 blocks, 32 tokens; the 32-token turn 1 block, 16 tokens)
-    queried, hits = 8 + (40 + 48) + (24 + 32), 32 + 16
-    assert doc["prefix_cache"] == {"queried_tokens": 2 * queried, "hit_tokens": 2 * hits}
-    assert sorted(doc["ttft"]) == ["short", "turn_cached", "turn_uncached"]
+    # history's full blocks (the 48-token turn 2 blocks, 32 tokens; the 32-token turn 1 block, 16 tokens) from the
+    # slot the history left; an unrelated 8-token prompt takes that slot, and a second turn copies them from the pool
+    queried, hits = 8 + (40 + 48 + 8 + 48) + (24 + 32 + 8 + 32), 2 * (32 + 16)
+    assert doc["prefix_cache"] == {"queried_tokens": 2 * queried, "hit_tokens": 2 * hits, "kept_tokens": 2 * 48}
+    assert sorted(doc["ttft"]) == ["short", "turn_cached", "turn_pool", "turn_uncached"]
     assert sorted(doc["by_history"]) == ["24", "40"] and doc["history_tokens"] == 40
     assert doc["ttft"]["turn_cached"] == doc["by_history"]["40"]["turn_cached"]
     assert (tmp_path / "prefix_cache_gpu_tiny.png").read_bytes().startswith(b"\x89PNG")

@@ -197,6 +197,48 @@ def test_eviction_under_a_tiny_budget_keeps_outputs_equal() -> None:
     assert _conversation(cached, system, users[:1], end) == _conversation(plain, system, users[:1], end)
 
 
+def test_a_conversations_next_turn_takes_the_slot_its_last_turn_left() -> None:
+    """On a quiet engine each turn lands in the slot the turn before left, which still holds the history: the hit copies
+    nothing from the pool (every hit token kept). A request in between takes that slot (the lowest free one); the turn
+    after it copies the pool's blocks again. Tokens equal an engine without a cache throughout."""
+    system, users, end = _words(1, 21), [_words(10 + k, 5 + k) for k in range(4)], [2, 13]
+    cached, plain = _llm(_tiny()), _llm(_tiny(), 0.0)
+    assert _conversation(cached, system, users[:3], end) == _conversation(plain, system, users[:3], end)
+    stats = _cache(cached).stats
+    assert (stats.hit_tokens, stats.kept_tokens) == (32 + 48, 32 + 48)
+    history = system + users[0]
+    for user in users[1:3]:
+        history += plain.generate([history], GREEDY)[0][0] + end + user
+    history += plain.generate([history], GREEDY)[0][0] + end + users[3]
+    other = _words(77, 40)
+    assert cached.generate([other], GREEDY) == plain.generate([other], GREEDY)
+    assert cached.generate([history], GREEDY) == plain.generate([history], GREEDY)
+    assert (stats.hit_tokens - 80, stats.kept_tokens) == (64, 80)  # 67 + 11 fed tokens cached → 64 reused, copied
+
+
+def test_a_decode_padding_a_held_slot_makes_the_next_turn_copy_again() -> None:
+    """A (2 tokens) and B (12) start together in slots 0 and 1. A leaves first; B's decode steps then run rows 0..1,
+    padding with slot 0 (a padding token written at its position 0), so slot 0 no longer holds A's history: A's next
+    turn copies its blocks from the pool, and its tokens equal an engine without a cache."""
+    a, b, end = _words(21, 37), _words(22, 30), [2, 13]
+    short = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+    engines = {"cached": _llm(_tiny()), "plain": _llm(_tiny(), 0.0)}
+    got: dict[str, list[list[int]]] = {}
+    for name, llm in engines.items():
+        ids = [llm.add_request(a, short), llm.add_request(b, GREEDY)]
+        tokens: dict[int, list[int]] = {i: [] for i in ids}
+        while llm.has_work():
+            step = llm.step_fn()
+            for up in step.updates if step is not None else ():
+                if up.token_id is not None:
+                    tokens[up.seq_id].append(up.token_id)
+        turn = a + tokens[ids[0]] + end + _words(23, 6)
+        got[name] = [tokens[ids[0]], tokens[ids[1]], llm.generate([turn], GREEDY)[0][0]]
+    assert got["cached"] == got["plain"]
+    stats = _cache(engines["cached"]).stats
+    assert (stats.hit_tokens, stats.kept_tokens) == (32, 0)  # 37 + 1 fed tokens cached → 32 reused, copied
+
+
 async def test_async_scheduling_and_metrics_count_the_hits() -> None:
     from miaohui.server.metrics import Metrics
     from miaohui.server.observer_metrics import MetricsObserver

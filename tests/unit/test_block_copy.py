@@ -1,7 +1,7 @@
 """A prefix hit's copy and a store as one Triton kernel each (``miaohui.generation.kernels.block_copy``, the GPU forms
 of ``SlotPrefixKV.copy_in`` and ``store``, keys and values in one launch): under Triton's interpreter a store leaves the pool as the stack form does
 (from the slot's first block and from a later one), and a load leaves the slot exactly as the gather form does, both
-what the cached tokens' KV was; compiled for the H200 (compute capability 9.0) on the CPU. The interpreter must be
+what the cached tokens' KV was (from the first block, and from a later one where the slot holds those before); compiled for the H200 (compute capability 9.0) on the CPU. The interpreter must be
 on before Triton is imported, so that check runs in a child process."""
 
 from __future__ import annotations
@@ -43,6 +43,13 @@ for form in (False, True):
         assert torch.equal(t[3, :, :28], w), form
     for t, b in zip((*keys, *values), before):
         assert torch.equal(t[3, :, 28:], b[:, 28:]), form  # nothing past the blocks
+    # a slot that already holds the first two blocks: only the others are copied, to their places
+    for t, b in zip((*keys, *values), before):
+        t[3].copy_(b)
+    kernel.copy_in(idx[2:], 3, kernel=form, start_block=2)
+    for t, w, b in zip((*keys, *values), (*want_k, *want_v), before):
+        assert torch.equal(t[3, :, 8:28], w[:, 8:]) and torch.equal(t[3, :, :8], b[:, :8]), form
+        assert torch.equal(t[3, :, 28:], b[:, 28:]), form
 print("ok")
 """
 

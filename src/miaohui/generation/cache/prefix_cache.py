@@ -46,6 +46,22 @@ class Block(Generic[P]):
     children: set[int] = field(default_factory=set)
 
 
+def shared_blocks(a: Sequence[Block[P]], b: Sequence[Block[P]]) -> int:
+    """How many leading blocks two chains share (each from :meth:`PrefixCache.match` or :attr:`PrefixCache.last_chain`,
+    possibly of different times). A block stands for its whole prefix (its key names its parent, and ids are never
+    reused), so two chains hold the same blocks up to some point and none after it: a binary search finds it. A block
+    evicted since the older chain was taken is not in the newer one (one made again for the same tokens is another
+    block), so the shared part ends there."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[mid - 1] is b[mid - 1]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 class PrefixCache(Generic[P]):
     """Token blocks → payloads (see the module docstring). Not thread-safe: one runner owns it."""
 
@@ -74,6 +90,8 @@ class PrefixCache(Generic[P]):
         self.chain_end = ROOT
         """The id of the last block of the chain the last :meth:`insert` left (ROOT: none): the caller may pass it
         back as ``after`` when it stores the same tokens extended (a finished sequence after its prompt)."""
+        self.last_chain: list[Block[P]] = []
+        """The chain the last :meth:`insert` left, first block first (what :func:`shared_blocks` compares)."""
 
     def __len__(self) -> int:
         return len(self._lru)
@@ -155,7 +173,7 @@ class PrefixCache(Generic[P]):
             chain.append(block)
             parent = block.block_id
         self._touch(chain)
-        self.chain_end = parent
+        self.chain_end, self.last_chain = parent, chain
         return added
 
     def _chain(self, last: int, tokens: Sequence[int]) -> list[Block[P]] | None:

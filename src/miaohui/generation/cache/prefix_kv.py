@@ -43,6 +43,9 @@ class PrefixStats:
 
     queried_tokens: int = 0
     hit_tokens: int = 0
+    kept_tokens: int = 0
+    """Of the hit tokens, those whose KV the sequence's slot still held from the turn before, so nothing was copied
+    (the GPU slot engine; :mod:`~miaohui.generation.cache.slot_prefix`)."""
 
 
 class PrefixKV:

@@ -21,11 +21,14 @@ is evicted.
   a prompt right after its prefill (requests that follow share a system prompt), its prompt and answer when the
   sequence leaves (a conversation's next turn repeats both).
 
-Why a pool and copies rather than matching new prompts against the slots that finished sequences left behind (keeping
-their KV resident): a slot is reused by the next prompt whatever it held, decode steps pad their batch with free slots
-(which write a padding token at position 0), and one cached system prompt is needed by many running sequences at
-once, each in its own slot. A copy is a gather and a write on the device, in the engine's stream; its bytes (the
-prefix's KV) are read once, where recomputing the prefix reads every weight.
+Why a pool and copies rather than only matching new prompts against the slots that finished sequences left behind
+(keeping their KV resident): a slot is reused by the next prompt whatever it held, decode steps pad their batch with
+free slots (which write a padding token at position 0), and one cached system prompt is needed by many running
+sequences at once, each in its own slot. A copy is a gather and a write on the device, in the engine's stream; its
+bytes (the prefix's KV) are read once, where recomputing the prefix reads every weight. The slot a conversation's last
+turn left is still used where nothing wrote it since (the runner gives the next turn that slot and :meth:`load` copies
+only the blocks it lacks): on a quiet server that is a conversation's every turn, and it saves the copy's launch and
+bytes (``held``).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from dataclasses import dataclass
 
 import torch
 
-from miaohui.generation.cache.prefix_cache import PrefixCache
+from miaohui.generation.cache.prefix_cache import Block, PrefixCache
 from miaohui.generation.cache.prefix_kv import PrefixStats
 from miaohui.generation.kernels import block_copy
 
@@ -94,34 +97,41 @@ class SlotPrefixKV:
         self.stats.queried_tokens += len(prompt)
         return max(0, min(len(self.cache.match(prompt)) * self.block_size, len(prompt) - 1))
 
-    def load(self, prompt: Sequence[int], n: int, slot: int) -> None:
+    def load(self, prompt: Sequence[int], n: int, slot: int, held: int = 0) -> None:
         """Copy the cached KV of the first ``n`` tokens of ``prompt`` (at most :meth:`cached`'s count) into ``slot``'s
         positions ``0 .. n-1``, in whole blocks (positions up to the end of the last block are written too; the
-        prefill of the rest overwrites them). Counts the ``n`` tokens as hits."""
+        prefill of the rest overwrites them), but for the first ``held`` blocks, which the slot already holds (the
+        runner's word: the turn before left them there). Counts the ``n`` tokens as hits."""
         if n <= 0:
             return
-        blocks = self.cache.match(prompt)
         used = -(-n // self.block_size)
+        self.stats.hit_tokens += n
+        if held >= used:
+            self.stats.kept_tokens += n
+            return
+        blocks = self.cache.match(prompt)
         if used > len(blocks):
             raise ValueError(f"prefix of {n} tokens asked, {len(blocks)} blocks cached")  # a runner bug
-        self.stats.hit_tokens += n
-        self.copy_in(self._indices([b.payload.index for b in blocks[:used]]), slot, kernel=self._table is not None)
+        self.stats.kept_tokens += held * self.block_size
+        idx = self._indices([b.payload.index for b in blocks[held:used]])
+        self.copy_in(idx, slot, kernel=self._table is not None, start_block=held)
 
-    def copy_in(self, idx: torch.Tensor, slot: int, kernel: bool) -> None:
+    def copy_in(self, idx: torch.Tensor, slot: int, kernel: bool, start_block: int = 0) -> None:
         """Copy pool blocks ``idx`` (int64, prefix order, on the pool's device) of every layer into ``slot``'s
-        positions ``0 ..``: ``kernel``, one Triton launch for keys and values (a GPU, :attr:`_table`); else one
-        gather for all layers, then one multi-tensor copy into the layers' slot rows (the reference form)."""
+        positions from block ``start_block`` on: ``kernel``, one Triton launch for keys and values (a GPU,
+        :attr:`_table`); else one gather for all layers, then one multi-tensor copy into the layers' slot rows (the
+        reference form)."""
         if kernel:
-            self._kernel_copy(idx, slot, to_slot=True)
+            self._kernel_copy(idx, slot, to_slot=True, start_block=start_block)
             return
         used = idx.shape[0]
-        width = used * self.block_size
+        cols = slice(start_block * self.block_size, (start_block + used) * self.block_size)
         for cache, pool in ((self.keys, self.pool_k), (self.values, self.pool_v)):
             _, _, kv_heads, block, head_dim = pool.shape
             # [layers, used, kv_heads, block, head_dim] in one gather; each layer's slot row seen as
             # [kv_heads, used, block, head_dim]
             part = pool.index_select(1, idx).transpose(1, 2).unbind(0)
-            rows = [layer[slot, :, :width].view(kv_heads, used, block, head_dim) for layer in cache]
+            rows = [layer[slot, :, cols].view(kv_heads, used, block, head_dim) for layer in cache]
             torch._foreach_copy_(rows, list(part))
 
     def store(self, tokens: Sequence[int], slot: int, after: int | None = None) -> int:
@@ -154,6 +164,11 @@ class SlotPrefixKV:
             rows = torch.stack([layer[slot, :, cols] for layer in cache])  # [layers, kv_heads, added * b, head_dim]
             pool.index_copy_(1, idx, rows.view(layers, kv_heads, added, b, head_dim).transpose(1, 2))
         return added
+
+    @property
+    def chain(self) -> list[Block[PoolBlock]]:
+        """The chain the last :meth:`store` left (``PrefixCache.last_chain``): the blocks whose KV that slot holds."""
+        return self.cache.last_chain if self.capacity else []
 
     @property
     def chain_end(self) -> int:

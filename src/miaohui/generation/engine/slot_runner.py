@@ -7,7 +7,9 @@ a sequence that left frees its slot before the step runs.
 
 With a prefix cache (:mod:`miaohui.generation.cache.slot_prefix`) a new prompt's longest cached prefix is copied into
 its slot and only the rest is prefilled, from that position; the blocks of a prompt are cached right after its
-prefill, and those of its prompt + answer when its sequence leaves (before its slot is reused).
+prefill, and those of its prompt + answer when its sequence leaves (before its slot is reused). A free slot still holds
+what its last sequence left, until a step writes it: a prompt that continues it (a conversation's next turn) takes
+that slot rather than the lowest free one, and only the cached blocks the slot lacks are copied.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from miaohui.errors import InternalError
+from miaohui.generation.cache.prefix_cache import Block, shared_blocks
 from miaohui.generation.engine.params import SamplingParams
 from miaohui.generation.engine.runner import Collect, SeededRows, StepTiming
 from miaohui.generation.engine.sampling import make_rng, sample
@@ -28,7 +31,8 @@ from miaohui.generation.engine.scheduler import RunnerOutput, SchedulerOutput
 from miaohui.generation.executors.base import SlotCausalLMEngine, StepLogits
 
 if TYPE_CHECKING:
-    from miaohui.generation.cache.slot_prefix import SlotPrefixKV  # torch: imported where an engine makes one
+    # torch: imported where an engine makes one
+    from miaohui.generation.cache.slot_prefix import PoolBlock, SlotPrefixKV
 
 
 def sample_step(logits: StepLogits, params: Sequence[SamplingParams], rngs: Sequence[np.random.Generator]) -> list[int]:
@@ -63,6 +67,9 @@ class SlotModelRunner(SeededRows):
         self._chain_end: dict[int, int] = {}
         """Each sequence's last cached prompt block (``SlotPrefixKV.chain_end``): its release stores the prompt and
         the answer from there without hashing the prompt's blocks again, before the next request's prefill."""
+        self._held: dict[int, list[Block[PoolBlock]]] = {}
+        """Free slots → the cached chain whose KV they still hold (what their last sequence stored when it left).
+        Forgotten where a step writes the slot: it is given to a prompt, or a decode step pads its batch with it."""
         self._hits = (0, 0)
         """(prompt tokens looked up, tokens reused) of the step being launched."""
         self.last_timing = StepTiming(0.0, 0.0, 0, 0)
@@ -79,7 +86,7 @@ class SlotModelRunner(SeededRows):
         """Forget every sequence (after an engine error the cache cannot be trusted: the prefix cache is emptied)."""
         for slot in self._slot.values():
             self.engine.release(slot)
-        self._slot, self._rngs, self._tokens, self._chain_end = {}, {}, {}, {}
+        self._slot, self._rngs, self._tokens, self._chain_end, self._held = {}, {}, {}, {}, {}
         self._free = list(range(self.engine.num_slots))
         if self.prefix_cache is not None:
             self.prefix_cache.clear()
@@ -90,6 +97,8 @@ class SlotModelRunner(SeededRows):
         after = self._chain_end.pop(seq_id, None)
         if self.prefix_cache is not None and tokens is not None:
             self.prefix_cache.store(tokens[: int(self.engine.lengths[slot])], slot, after)
+            if self.prefix_cache.chain:
+                self._held[slot] = self.prefix_cache.chain
         self.engine.release(slot)
         heapq.heappush(self._free, slot)
         self._rngs.pop(seq_id, None)
@@ -114,29 +123,32 @@ class SlotModelRunner(SeededRows):
         prefill: _Rows | None = None
         slots = [self._slot[d.seq_id] for d in out.decode]
         tokens = [d.token_id for d in out.decode]
+        prompts = [p.prompt_ids for p in out.prefill]
         new_slots: list[int] = []
+        held: list[int] = []
         if out.prefill:
             if len(out.prefill) > len(self._free):
                 raise InternalError(
                     f"{len(out.prefill)} new sequences but {len(self._free)} free KV slots",
                     f"set max_running_seqs <= {self.engine.num_slots} (the engine's num_slots)",
                 )
-            new_slots = [heapq.heappop(self._free) for _ in out.prefill]
+            new_slots, held = self._take_slots(prompts)
             for p, slot in zip(out.prefill, new_slots, strict=True):
                 self._slot[p.seq_id] = slot
                 self._rngs[p.seq_id] = make_rng(p.params.seed)
-        prompts = [p.prompt_ids for p in out.prefill]
         starts = self._reuse(prompts)
         mixable = slots and prompts and not any(starts)  # a mixed step starts its prompts at position 0
         both = self.engine.decode_and_prefill(slots, tokens, new_slots, prompts) if mixable else None
         if out.decode:
+            if both is None:  # a mixed step's padding rows write the scratch row; a decode's write free slots
+                self._forget_padded(self.engine.decode_rows(slots), new_slots, held)
             logits = both[0] if both else self.engine.decode(slots, tokens)
             decode = _Rows([d.seq_id for d in out.decode], [d.params for d in out.decode], logits)
         if out.prefill:
             if both:
                 logits = both[1]
             else:  # prefixes are loaded after the decode, which pads its batch with free slots (writing position 0)
-                self._load(prompts, new_slots, starts)
+                self._load(prompts, new_slots, starts, held)
                 logits = self.engine.prefill(new_slots, prompts, starts)
             prefill = _Rows([p.seq_id for p in out.prefill], [p.params for p in out.prefill], logits)
             self._store(out, new_slots)
@@ -162,10 +174,42 @@ class SlotModelRunner(SeededRows):
         self._hits = (total, sum(starts))
         return starts
 
-    def _load(self, prompts: list[tuple[int, ...]], slots: list[int], starts: list[int]) -> None:
+    def _take_slots(self, prompts: list[tuple[int, ...]]) -> tuple[list[int], list[int]]:
+        """A free slot for each new prompt, and how many leading blocks of the prompt's cached chain that slot still
+        holds: the free slot whose held chain shares the most blocks with the prompt's (the slot its conversation's
+        last turn left), else the lowest free slot (which keeps the decode batch small)."""
+        slots, held = [], []
+        for prompt in prompts:
+            slot, best = -1, 0
+            if self._held and self.prefix_cache is not None:
+                chain = self.prefix_cache.cache.match(prompt)  # the lookup that follows reuses this walk
+                for s, blocks in self._held.items():
+                    k = shared_blocks(blocks, chain)
+                    if k > best:
+                        slot, best = s, k
+            if slot < 0:
+                slot = heapq.heappop(self._free)
+            else:
+                self._free.remove(slot)
+                heapq.heapify(self._free)
+            self._held.pop(slot, None)
+            slots.append(slot)
+            held.append(best)
+        return slots, held
+
+    def _forget_padded(self, rows: int, new_slots: list[int], held: list[int]) -> None:
+        """A decode step is about to write position 0 of its padding rows, the free slots below ``rows`` (the new
+        prompts' slots too, which are free to the engine until their prefill): none holds its chain after it."""
+        for slot in [s for s in self._held if s < rows]:
+            del self._held[slot]
+        for i, slot in enumerate(new_slots):
+            if slot < rows:
+                held[i] = 0
+
+    def _load(self, prompts: list[tuple[int, ...]], slots: list[int], starts: list[int], held: list[int]) -> None:
         if self.prefix_cache is not None:
-            for prompt, slot, n in zip(prompts, slots, starts, strict=True):
-                self.prefix_cache.load(prompt, n, slot)
+            for prompt, slot, n, k in zip(prompts, slots, starts, held, strict=True):
+                self.prefix_cache.load(prompt, n, slot, k)
 
     def _store(self, out: SchedulerOutput, slots: list[int]) -> None:
         """Cache the blocks of the prompts just prefilled (queued behind the prefill on the device)."""

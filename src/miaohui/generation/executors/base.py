@@ -373,6 +373,11 @@ class SlotCausalLMEngine(abc.ABC):
         """The slot's sequence is gone (its cache rows are simply overwritten by the next prefill)."""
         self.lengths[slot] = 0
 
+    def decode_rows(self, slots: Sequence[int]) -> int:
+        """How many cache rows a :meth:`decode` of ``slots`` writes: rows ``0 .. n-1``, those that hold no sequence at
+        position 0 (the engine pads its batch with them). Every slot unless an engine says less."""
+        return self.num_slots
+
     def _check_slots(self, slots: Sequence[int]) -> None:
         if len(set(slots)) != len(slots) or min(slots) < 0 or max(slots) >= self.num_slots:
             raise InputError(

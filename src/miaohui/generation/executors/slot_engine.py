@@ -311,9 +311,13 @@ class TorchSlotEngine(SlotGraphs, SlotCausalLMEngine):
 
         return SlotPrefixKV(self.model.k_cache, self.model.v_cache, block_size, budget_bytes)
 
+    def decode_rows(self, slots: Sequence[int]) -> int:
+        """The batch bucket holding the highest slot: a decode step's rows are slots ``0 .. bucket-1``."""
+        return bucket_for(max(slots) + 1, self.batch_buckets)
+
     @_under_step_lock
     def _decode(self, slots: list[int], tokens: list[int | None], positions: np.ndarray) -> StepLogits:
-        b = bucket_for(max(slots) + 1, self.batch_buckets)
+        b = self.decode_rows(slots)
         t = bucket_for(int(positions.max()) + 1, self.length_buckets)
         turn, valid = self._next_turn("decode")
         io = self._io_host[turn].numpy()
