@@ -239,6 +239,27 @@ def test_a_decode_padding_a_held_slot_makes_the_next_turn_copy_again() -> None:
     assert (stats.hit_tokens, stats.kept_tokens) == (32, 0)  # 37 + 1 fed tokens cached → 32 reused, copied
 
 
+def test_a_held_slot_is_taken_only_for_a_prompt_it_holds_half_of() -> None:
+    """Slots 0 and 1 end first and are padded by slot 2's decode; slot 2 then ends holding its prompt's blocks. A prompt
+    sharing one of those blocks (16 of its 76 tokens) takes the lowest free slot, not slot 2; one that continues slot
+    2's prompt takes slot 2."""
+    llm = _llm(_tiny())
+    runner = llm.runner
+    assert isinstance(runner, SlotModelRunner)
+    one, four = (SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in (1, 4))
+    third = _words(33, 40)
+    for prompt, params in ((_words(31, 20), one), (_words(32, 20), one), (third, four)):
+        llm.add_request(prompt, params)
+    while llm.has_work():
+        llm.step_fn()
+    for prompt, slot in ((third[:16] + _words(34, 60), 0), (third + _words(35, 8), 2)):
+        seq = llm.add_request(prompt, one)
+        llm.step_fn()
+        assert runner._slot[seq] == slot
+        while llm.has_work():
+            llm.step_fn()
+
+
 async def test_async_scheduling_and_metrics_count_the_hits() -> None:
     from miaohui.server.metrics import Metrics
     from miaohui.server.observer_metrics import MetricsObserver

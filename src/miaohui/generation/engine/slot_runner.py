@@ -177,15 +177,17 @@ class SlotModelRunner(SeededRows):
     def _take_slots(self, prompts: list[tuple[int, ...]]) -> tuple[list[int], list[int]]:
         """A free slot for each new prompt, and how many leading blocks of the prompt's cached chain that slot still
         holds: the free slot whose held chain shares the most blocks with the prompt's (the slot its conversation's
-        last turn left), else the lowest free slot (which keeps the decode batch small)."""
+        last turn left) where those are at least half the prompt (as llama.cpp's ``--slot-prompt-similarity`` 0.5;
+        less would not be reused, :meth:`_reuse`), else the lowest free slot (which keeps the decode batch small)."""
         slots, held = [], []
         for prompt in prompts:
             slot, best = -1, 0
             if self._held and self.prefix_cache is not None:
                 chain = self.prefix_cache.cache.match(prompt)  # the lookup that follows reuses this walk
+                least = -(-len(prompt) // (2 * self.prefix_cache.block_size))
                 for s, blocks in self._held.items():
                     k = shared_blocks(blocks, chain)
-                    if k > best:
+                    if k > best and k >= least:
                         slot, best = s, k
             if slot < 0:
                 slot = heapq.heappop(self._free)
