@@ -184,11 +184,13 @@ class SlotModelRunner(SeededRows):
             slot, best = -1, 0
             if self._held and self.prefix_cache is not None:
                 chain = self.prefix_cache.cache.match(prompt)  # the lookup that follows reuses this walk
-                least = -(-len(prompt) // (2 * self.prefix_cache.block_size))
-                for s, blocks in self._held.items():
-                    k = shared_blocks(blocks, chain)
-                    if k > best and k >= least:
-                        slot, best = s, k
+                least = max(1, -(-len(prompt) // (2 * self.prefix_cache.block_size)))
+                for s, blocks in self._held.items() if len(chain) >= least else ():
+                    # the chains share `least` blocks exactly when they share the last of them: one check per slot
+                    if len(blocks) >= least and blocks[least - 1] is chain[least - 1]:
+                        k = shared_blocks(blocks, chain)
+                        if k > best:
+                            slot, best = s, k
             if slot < 0:
                 slot = heapq.heappop(self._free)
             else:
