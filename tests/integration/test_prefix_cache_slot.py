@@ -272,10 +272,16 @@ async def test_async_scheduling_and_metrics_count_the_hits() -> None:
     async with AsyncLLMEngine(llm, MetricsObserver(metrics, "t", 1), async_scheduling=True) as engine:
         streams = [engine.add(p, GREEDY) for p in prompts]
         got = [[e.token_id for e in [ev async for ev in s] if e.token_id is not None] for s in streams]
+        # the last to finish still holds its slot (the others' were padding rows of its decode steps): its next
+        # turn (45 + 12 + 2 + 5 tokens) takes that slot and copies none of the 48 cached tokens it reuses
+        turn = prompts[2] + got[2] + [2, 13] + _words(43, 5)
+        nxt = [e.token_id async for e in engine.add(turn, GREEDY) if e.token_id is not None]
     assert got == [g[0] for g in plain]
+    assert nxt == _llm(_tiny(), 0.0).generate([turn], GREEDY)[0][0]
     sample = metrics.registry.get_sample_value
-    assert sample("miaohui_prefix_cache_queried_tokens_total", {"model": "t"}) == 3 * 45
-    assert sample("miaohui_prefix_cache_hit_tokens_total", {"model": "t"}) == 2 * 32
+    assert sample("miaohui_prefix_cache_queried_tokens_total", {"model": "t"}) == 3 * 45 + 64
+    assert sample("miaohui_prefix_cache_hit_tokens_total", {"model": "t"}) == 2 * 32 + 48
+    assert sample("miaohui_prefix_cache_kept_tokens_total", {"model": "t"}) == 48
 
 
 def test_smollm2_conversation_matches_no_cache(smollm: tuple[Any, Any]) -> None:

@@ -350,6 +350,13 @@ class Metrics:
             ["model"],
             registry=r,
         )
+        self.prefix_kept_tokens = Counter(
+            "miaohui_prefix_cache_kept_tokens",
+            "Of miaohui_prefix_cache_hit_tokens_total, the tokens their KV slot still held from the conversation's "
+            "last turn, so nothing was copied (the GPU slot engine)",
+            ["model"],
+            registry=r,
+        )
         self.prefix_queried_tokens = Counter(
             "miaohui_prefix_cache_queried_tokens",
             "Prompt tokens looked up in the prefix cache (every prompt token, while the model has a prefix cache)",

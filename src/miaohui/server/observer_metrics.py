@@ -38,6 +38,7 @@ class MetricsObserver(GenerationObserver):
         self._prefills = metrics.prefill_seqs.labels(model)
         self._mixed = metrics.mixed_steps.labels(model)
         self._prefix_hit = metrics.prefix_hit_tokens.labels(model)
+        self._prefix_kept = metrics.prefix_kept_tokens.labels(model)
         self._prefix_queried = metrics.prefix_queried_tokens.labels(model)
         stage = metrics.serving_stage_seconds
         self._decode, self._prefill, self._loop = (stage.labels(model, v, s) for s in ("decode", "prefill", "loop"))
@@ -56,9 +57,10 @@ class MetricsObserver(GenerationObserver):
         self._prompt.inc(prompt_tokens)
         self._generated.inc(completion_tokens)
 
-    def on_prefix_cache(self, prompt_tokens: int, cached_tokens: int) -> None:
+    def on_prefix_cache(self, prompt_tokens: int, cached_tokens: int, kept_tokens: int = 0) -> None:
         self._prefix_queried.inc(prompt_tokens)
         self._prefix_hit.inc(cached_tokens)
+        self._prefix_kept.inc(kept_tokens)
 
     def on_queue(self, running: int, waiting: int) -> None:
         self._running.set(running)

@@ -221,6 +221,7 @@ class LLMEngine:
             timing.mixed,
             timing.prompt_tokens,
             timing.cached_tokens,
+            timing.kept_tokens,
         )
 
     def _fail_step(self, exc: Exception) -> StepOutput:
@@ -464,7 +465,8 @@ class AsyncLLMEngine:
         if step.report is not None:
             safe_call(self.observer.on_step, step.report)
             if step.report.prompt_tokens:
-                safe_call(self.observer.on_prefix_cache, step.report.prompt_tokens, step.report.cached_tokens)
+                report = step.report
+                safe_call(self.observer.on_prefix_cache, report.prompt_tokens, report.cached_tokens, report.kept_tokens)
         now = time.monotonic()  # the step's tokens are all streamed now
         itls: list[float] = []
         for update in step.updates:

@@ -40,6 +40,8 @@ class StepReport:
     """Prompt tokens the step's prefill looked up in the prefix cache (0: none, or no prefix cache)."""
     cached_tokens: int = 0
     """Of those, the tokens whose KV the prefix cache gave (not computed)."""
+    kept_tokens: int = 0
+    """Of those, the tokens their slot still held from the turn before (nothing copied; the GPU slot engine)."""
 
 
 class GenerationObserver:
@@ -60,10 +62,10 @@ class GenerationObserver:
     def on_finish(self, e2e_s: float, prompt_tokens: int, completion_tokens: int, reason: str) -> None:
         """A request ended (``stop``, ``length``, ``abort`` or ``error``) ``e2e_s`` after it was added."""
 
-    def on_prefix_cache(self, prompt_tokens: int, cached_tokens: int) -> None:
+    def on_prefix_cache(self, prompt_tokens: int, cached_tokens: int, kept_tokens: int = 0) -> None:
         """A request's ``prompt_tokens`` were looked up in a prefix cache and ``cached_tokens`` of them came from it
         (engines that report their cache per request: llama.cpp's prompt cache; the ONNX Runtime runner reports each
-        prefill step's prompts together)."""
+        prefill step's prompts together); ``kept_tokens`` of those their slot still held (the GPU slot engine)."""
 
     def on_queue(self, running: int, waiting: int) -> None:
         """Running and waiting sequence counts changed (after each step, add and abort)."""

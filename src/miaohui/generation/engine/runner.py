@@ -42,6 +42,8 @@ class StepTiming:
     """Prompt tokens this step's prefill looked up in the prefix cache (0 without a prefix cache)."""
     cached_tokens: int = 0
     """Of those, the tokens whose KV came from the prefix cache (not computed)."""
+    kept_tokens: int = 0
+    """Of those, the tokens their slot still held from the sequence before it (nothing copied; the GPU slot engine)."""
 
 
 class SeededRows:

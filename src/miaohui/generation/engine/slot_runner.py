@@ -70,8 +70,8 @@ class SlotModelRunner(SeededRows):
         self._held: dict[int, list[Block[PoolBlock]]] = {}
         """Free slots → the cached chain whose KV they still hold (what their last sequence stored when it left).
         Forgotten where a step writes the slot: it is given to a prompt, or a decode step pads its batch with it."""
-        self._hits = (0, 0)
-        """(prompt tokens looked up, tokens reused) of the step being launched."""
+        self._hits = (0, 0, 0)
+        """(prompt tokens looked up, tokens reused, of those the tokens their slot held) of the step being launched."""
         self.last_timing = StepTiming(0.0, 0.0, 0, 0)
 
     def enable_chaining(self) -> None:
@@ -148,7 +148,8 @@ class SlotModelRunner(SeededRows):
             if both:
                 logits = both[1]
             else:  # prefixes are loaded after the decode, which pads its batch with free slots (writing position 0)
-                self._load(prompts, new_slots, starts, held)
+                kept = self._load(prompts, new_slots, starts, held)
+                self._hits = (*self._hits[:2], kept)
                 logits = self.engine.prefill(new_slots, prompts, starts)
             prefill = _Rows([p.seq_id for p in out.prefill], [p.params for p in out.prefill], logits)
             self._store(out, new_slots)
@@ -160,7 +161,7 @@ class SlotModelRunner(SeededRows):
         reuses a prefix computes the step's widest rest (it takes back the end of its prefix where that is longer
         than its own rest), so no row's padding runs past its prompt's end, i.e. past the slot's length."""
         cache = self.prefix_cache
-        self._hits = (0, 0)
+        self._hits = (0, 0, 0)
         if cache is None or not prompts:
             return [0] * len(prompts)
         cached = [cache.cached(p) for p in prompts]
@@ -171,7 +172,7 @@ class SlotModelRunner(SeededRows):
             # reusing less than half the step's prompt tokens (a common chat-template start, say) is not worth
             # leaving the captured paths (mixed steps, static prefill graphs), which start prompts at position 0
             starts = [0] * len(prompts)
-        self._hits = (total, sum(starts))
+        self._hits = (total, sum(starts), 0)
         return starts
 
     def _take_slots(self, prompts: list[tuple[int, ...]]) -> tuple[list[int], list[int]]:
@@ -210,10 +211,14 @@ class SlotModelRunner(SeededRows):
             if slot < rows:
                 held[i] = 0
 
-    def _load(self, prompts: list[tuple[int, ...]], slots: list[int], starts: list[int], held: list[int]) -> None:
-        if self.prefix_cache is not None:
-            for prompt, slot, n, k in zip(prompts, slots, starts, held, strict=True):
-                self.prefix_cache.load(prompt, n, slot, k)
+    def _load(self, prompts: list[tuple[int, ...]], slots: list[int], starts: list[int], held: list[int]) -> int:
+        """Load the prompts' cached prefixes into their slots; the tokens their slots already held (not copied)."""
+        if self.prefix_cache is None:
+            return 0
+        kept = self.prefix_cache.stats.kept_tokens
+        for prompt, slot, n, k in zip(prompts, slots, starts, held, strict=True):
+            self.prefix_cache.load(prompt, n, slot, k)
+        return self.prefix_cache.stats.kept_tokens - kept
 
     def _store(self, out: SchedulerOutput, slots: list[int]) -> None:
         """Cache the blocks of the prompts just prefilled (queued behind the prefill on the device)."""
@@ -230,12 +235,12 @@ class SlotModelRunner(SeededRows):
         decode: _Rows | None,
         prefill: _Rows | None,
         mixed: bool,
-        hits: tuple[int, int] = (0, 0),
+        hits: tuple[int, int, int] = (0, 0, 0),
     ) -> RunnerOutput:
         """Sample the launched rows (decode first). ``decode_s``: launch until the decode tokens are on the host;
         on a GPU the prefill was queued behind the decode on the same stream, so in a step with both this includes
         the prefill's GPU time and ``prefill_s`` is what is left (sampling its rows). ``hits``: the prefill's (prompt
-        tokens looked up, tokens reused from the prefix cache)."""
+        tokens looked up, tokens reused from the prefix cache, of those the tokens their slots held)."""
         tokens: dict[int, int] = {}
         if decode is not None:
             tokens.update(self._sample(decode))
