@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import pytest
 
 from miaohui.errors import ConfigError
-from miaohui.generation.cache.prefix_cache import PrefixCache
+from miaohui.generation.cache.prefix_cache import PrefixCache, shared_blocks
 
 
 def _insert(cache: PrefixCache[str], tokens: Sequence[int]) -> int:
@@ -100,3 +100,23 @@ def test_a_lookup_after_another_prompts_use_touches_again() -> None:
     assert _insert(cache, b) == 0  # b most recent
     cache.match(a)
     assert [blk.tokens for blk in cache._lru.values()][-1] == a[:4]
+
+
+def test_shared_blocks_of_a_stored_chain_and_a_later_lookup() -> None:
+    """What a slot holds (the chain its sequence's store left) against a later prompt's lookup: the blocks both
+    chains hold, up to where they part; a block evicted since (and made again for the same tokens) ends it."""
+    cache: PrefixCache[str] = PrefixCache(block_size=4, budget_bytes=50)  # five blocks
+    held_tokens = list(range(1, 17))  # four blocks
+    _insert(cache, held_tokens)
+    held = cache.last_chain
+    assert [b.block_id for b in held] == [b.block_id for b in cache.match(held_tokens)]
+    assert shared_blocks(held, cache.match([*held_tokens, 17, 18, 19, 20])) == 4  # a continuation: all of it
+    assert shared_blocks(held, cache.match([*held_tokens[:10], 0, 0, 0, 0, 0, 0])) == 2  # parts in block 3
+    assert shared_blocks(held, cache.match([9, 9, 9, 9, *held_tokens])) == 0
+    assert shared_blocks(held, []) == shared_blocks([], held) == 0
+    cache.match(held_tokens[:8])  # the first two blocks most recent: the last two go first
+    _insert(cache, [50, 51, 52, 53, 54, 55, 56, 57])  # two new blocks: evicts the held chain's last
+    assert cache.evicted_blocks == 1
+    cache.match(held_tokens[:12])  # the new chain least recent now
+    assert _insert(cache, held_tokens) == 1  # its last block made again: another block for the same tokens
+    assert len(cache.match(held_tokens)) == 4 and shared_blocks(held, cache.match(held_tokens)) == 3
