@@ -17,6 +17,7 @@
 #                    (lab/probes/slot_prefix_copy.py)
 #   prefix_sweep     the prefix-hit attention kernel per slice length (lab/probes/prefix_attention_sweep.py)
 #   prefix_bench     TTFT of a 50-token turn after a cached 500/1,000/2,000-token history against a 50-token prompt
+#                    (the history still in its slot, and copied from the pool after another request took the slot)
 #   prefix_profile   where a prefix hit's TTFT goes: cProfile and torch.profiler (lab/probes/prefix_turn_profile.py)
 #   prefix_host      the prefix cache's host walks on this host's CPU (lab/probes/prefix_cache_host.py)
 #   own_model        a team's BERT classifier: build, serve ready on empty caches, speed against torch.compile
