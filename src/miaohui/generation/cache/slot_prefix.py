@@ -97,24 +97,26 @@ class SlotPrefixKV:
         self.stats.queried_tokens += len(prompt)
         return max(0, min(len(self.cache.match(prompt)) * self.block_size, len(prompt) - 1))
 
-    def load(self, prompt: Sequence[int], n: int, slot: int, held: int = 0) -> None:
+    def load(self, prompt: Sequence[int], n: int, slot: int, held: int = 0) -> int:
         """Copy the cached KV of the first ``n`` tokens of ``prompt`` (at most :meth:`cached`'s count) into ``slot``'s
         positions ``0 .. n-1``, in whole blocks (positions up to the end of the last block are written too; the
         prefill of the rest overwrites them), but for the first ``held`` blocks, which the slot already holds (the
-        runner's word: the turn before left them there). Counts the ``n`` tokens as hits."""
+        runner's word: the turn before left them there). Counts the ``n`` tokens as hits; returns those of them the
+        slot held (not copied)."""
         if n <= 0:
-            return
+            return 0
         used = -(-n // self.block_size)
+        kept = n if held >= used else held * self.block_size
         self.stats.hit_tokens += n
+        self.stats.kept_tokens += kept
         if held >= used:
-            self.stats.kept_tokens += n
-            return
+            return kept
         blocks = self.cache.match(prompt)
         if used > len(blocks):
             raise ValueError(f"prefix of {n} tokens asked, {len(blocks)} blocks cached")  # a runner bug
-        self.stats.kept_tokens += held * self.block_size
         idx = self._indices([b.payload.index for b in blocks[held:used]])
         self.copy_in(idx, slot, kernel=self._table is not None, start_block=held)
+        return kept
 
     def copy_in(self, idx: torch.Tensor, slot: int, kernel: bool, start_block: int = 0) -> None:
         """Copy pool blocks ``idx`` (int64, prefix order, on the pool's device) of every layer into ``slot``'s

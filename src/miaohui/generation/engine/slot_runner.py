@@ -213,12 +213,10 @@ class SlotModelRunner(SeededRows):
 
     def _load(self, prompts: list[tuple[int, ...]], slots: list[int], starts: list[int], held: list[int]) -> int:
         """Load the prompts' cached prefixes into their slots; the tokens their slots already held (not copied)."""
-        if self.prefix_cache is None:
+        cache = self.prefix_cache
+        if cache is None:
             return 0
-        kept = self.prefix_cache.stats.kept_tokens
-        for prompt, slot, n, k in zip(prompts, slots, starts, held, strict=True):
-            self.prefix_cache.load(prompt, n, slot, k)
-        return self.prefix_cache.stats.kept_tokens - kept
+        return sum(cache.load(p, n, slot, k) for p, slot, n, k in zip(prompts, slots, starts, held, strict=True))
 
     def _store(self, out: SchedulerOutput, slots: list[int]) -> None:
         """Cache the blocks of the prompts just prefilled (queued behind the prefill on the device)."""
