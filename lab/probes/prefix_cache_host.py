@@ -1,7 +1,8 @@
 """The host's part of a multi-turn prefix hit, per request, on this machine's CPU (no model, no device): the prompt's
-lookup (a new tuple: the walk is not remembered), and the finished sequence's store of its prompt and answer at the
-start of the next request's step, hashing the prompt's blocks again or going on from the prompt's chain end
-(``PrefixCache.insert(after=...)``).
+lookup (a new tuple: the walk is not remembered), a conversation's next turn looked up from its first block or, as
+the slot runner does, after the chain its slot holds (its tokens compared), and the finished sequence's store of its
+prompt and answer at the start of the next request's step, hashing the prompt's blocks again or going on from the
+prompt's chain end (``PrefixCache.insert(after=...)``).
 
     python -m lab.probes.prefix_cache_host --history 2000 --turn 50 [--out DIR]
 
@@ -45,6 +46,15 @@ def main() -> None:
     end = cache.chain_end
     done = [*prompt, *(rng.randrange(50_000) for _ in range(args.answer))]
     blocks = len(prompt) // args.block
+    cache.insert(tuple(done), lambda i: (object(), 1), end)
+    held, stored, b = cache.last_chain, tuple(done), args.block
+    n = len(held) * b
+    next_turn = [*done, *(rng.randrange(50_000) for _ in range(args.turn))]
+
+    def next_turn_lookup() -> None:  # the slot runner's: compare the held slot's tokens, walk on after its chain
+        t = tuple(next_turn)
+        assert t[n - b : n] == held[-1].tokens and t[:n] == stored[:n]
+        cache.match(t, held)
 
     def us(fn: Any) -> float:
         return min(timeit.repeat(fn, number=500, repeat=7)) / 500 * 1e6
@@ -54,6 +64,8 @@ def main() -> None:
         "blocks": blocks,
         "lookup_us": us(lambda: cache.match(tuple(list(prompt)))),
         # the answer's blocks are added once; later calls find them cached: the walk is what is timed
+        "next_turn_lookup_full_walk_us": us(lambda: cache.match(tuple(next_turn))),
+        "next_turn_lookup_from_held_chain_us": us(next_turn_lookup),
         "release_store_rehash_us": us(lambda: cache.insert(list(done), lambda i: (object(), 1))),
         "release_store_from_chain_end_us": us(lambda: cache.insert(list(done), lambda i: (object(), 1), end)),
         "date": time.strftime("%Y-%m-%d"),

@@ -252,12 +252,29 @@ def test_a_held_slot_is_taken_only_for_a_prompt_it_holds_half_of() -> None:
         llm.add_request(prompt, params)
     while llm.has_work():
         llm.step_fn()
+    cache = _cache(llm).cache
+    gets = []
     for prompt, slot in ((third[:16] + _words(34, 60), 0), (third + _words(35, 8), 2)):
         seq = llm.add_request(prompt, one)
+        cache._by_key = _CountingGets(cache._by_key)
         llm.step_fn()
+        gets.append(cache._by_key.gets)
         assert runner._slot[seq] == slot
         while llm.has_work():
             llm.step_fn()
+    # the continuation's lookup starts after slot 2's two blocks: its third block is looked up, and again when stored
+    # (a walk from the first block would look up all three first)
+    assert gets[1] == 2
+
+
+class _CountingGets(dict):  # type: ignore[type-arg]
+    """The prefix cache's key dict, counting lookups (the blocks a step hashed)."""
+
+    gets = 0
+
+    def get(self, key, default=None):  # type: ignore[no-untyped-def]
+        self.gets += 1
+        return super().get(key, default)
 
 
 async def test_async_scheduling_and_metrics_count_the_hits() -> None:

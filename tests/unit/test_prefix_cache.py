@@ -120,3 +120,39 @@ def test_shared_blocks_of_a_stored_chain_and_a_later_lookup() -> None:
     cache.match(held_tokens[:12])  # the new chain least recent now
     assert _insert(cache, held_tokens) == 1  # its last block made again: another block for the same tokens
     assert len(cache.match(held_tokens)) == 4 and shared_blocks(held, cache.match(held_tokens)) == 3
+
+
+class _CountingGets(dict):  # type: ignore[type-arg]
+    """The cache's key dict, counting lookups (how many blocks a walk hashed)."""
+
+    gets = 0
+
+    def get(self, key, default=None):  # type: ignore[no-untyped-def]
+        self.gets += 1
+        return super().get(key, default)
+
+
+def test_a_walk_from_a_known_chain_hashes_only_the_blocks_past_it() -> None:
+    """``match(tokens, start)`` goes on after ``start`` (a stored chain the caller compared with the tokens) where its
+    last block is still cached, and finds the same chain as a walk from the first block; where that block was evicted
+    it walks from the first block."""
+    cache: PrefixCache[str] = PrefixCache(block_size=4, budget_bytes=60)  # six blocks: full after the turn
+    history = list(range(1, 21))  # five blocks
+    _insert(cache, history)
+    held = cache.last_chain
+    turn = (*history, 30, 31, 32, 33, 34)
+    _insert(cache, turn)  # the turn's sixth block cached too
+    counting = _CountingGets(cache._by_key)
+    cache._by_key = counting
+    chain = cache.match(turn, held)
+    assert counting.gets == 1  # the sixth block only
+    assert [b.block_id for b in chain] == [
+        b.block_id for b in cache.match(tuple(list(turn)))
+    ]  # a new tuple: walked again
+    assert counting.gets == 1 + 6
+    cache.match(history[:4])  # the first block most recent; the turn's sixth, then the fifth are least recent
+    _insert(cache, [50, 51, 52, 53, 54, 55, 56, 57])  # two new blocks evict those two
+    assert cache.evicted_blocks == 2 and cache._lru.get(held[-1].block_id) is None
+    counting.gets = 0
+    assert [b.block_id for b in cache.match((*turn,), held)] == [b.block_id for b in held[:4]]
+    assert counting.gets == 5  # from the first block: four found, the fifth is gone

@@ -110,14 +110,24 @@ class PrefixCache(Generic[P]):
         walked, state, chain = self._walked
         return chain if tokens is walked and state == self._state else None
 
-    def match(self, tokens: Sequence[int]) -> list[Block[P]]:
-        """The longest chain of cached blocks that starts ``tokens`` (first block first); touches it."""
+    def match(self, tokens: Sequence[int], start: Sequence[Block[P]] = ()) -> list[Block[P]]:
+        """The longest chain of cached blocks that starts ``tokens`` (first block first); touches it.
+
+        ``start``: a chain (:attr:`last_chain` of an earlier insert) whose blocks' tokens the caller compared with the
+        first ``len(start)`` blocks of ``tokens``: where its last block is still cached (so is all of it: eviction
+        trims chains from their ends) the walk goes on after it, hashing only the blocks past it (a conversation's
+        next turn after a 2,000-token history walks its last few blocks, not 125)."""
         chain = self._remembered(tokens)
         if chain is not None:  # walked and touched already, and nothing moved since
             return list(chain)
-        chain = []
-        parent = ROOT
-        for key in self._keys(tokens):
+        b = self.block_size
+        if start and self._lru.get(start[-1].block_id) is start[-1] and len(start) * b <= len(tokens):
+            chain, keys = list(start), None
+        else:
+            chain, keys = [], self._keys(tokens)
+        parent = chain[-1].block_id if chain else ROOT
+        for i in range(len(chain), len(tokens) // b):
+            key = keys[i] if keys is not None else tuple(tokens[i * b : i * b + b])
             block = self._by_key.get((parent, key))
             if block is None:
                 break
@@ -154,7 +164,7 @@ class PrefixCache(Generic[P]):
             chain = list(self._remembered(tokens) or ())  # blocks a lookup just found: the walk goes on from there
         parent, added = (chain[-1].block_id if chain else ROOT), 0
         b = self.block_size
-        keys = self._keys(tokens) if type(tokens) is tuple else None  # a list: cut only the blocks walked
+        keys = self._last[1] if tokens is self._last[0] else None  # else cut only the blocks walked
         for i in range(len(chain), len(tokens) // b):
             key = keys[i] if keys is not None else tuple(tokens[i * b : i * b + b])
             block = self._by_key.get((parent, key))

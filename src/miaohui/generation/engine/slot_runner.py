@@ -67,9 +67,10 @@ class SlotModelRunner(SeededRows):
         self._chain_end: dict[int, int] = {}
         """Each sequence's last cached prompt block (``SlotPrefixKV.chain_end``): its release stores the prompt and
         the answer from there without hashing the prompt's blocks again, before the next request's prefill."""
-        self._held: dict[int, list[Block[PoolBlock]]] = {}
-        """Free slots → the cached chain whose KV they still hold (what their last sequence stored when it left).
-        Forgotten where a step writes the slot: it is given to a prompt, or a decode step pads its batch with it."""
+        self._held: dict[int, tuple[list[Block[PoolBlock]], tuple[int, ...]]] = {}
+        """Free slots → the cached chain whose KV they still hold (what their last sequence stored when it left) and
+        the tokens that sequence stored. Forgotten where a step writes the slot: it is given to a prompt, or a decode
+        step pads its batch with it."""
         self._hits = (0, 0, 0)
         """(prompt tokens looked up, tokens reused, of those the tokens their slot held) of the step being launched."""
         self.last_timing = StepTiming(0.0, 0.0, 0, 0)
@@ -96,9 +97,10 @@ class SlotModelRunner(SeededRows):
         tokens = self._tokens.pop(seq_id, None)
         after = self._chain_end.pop(seq_id, None)
         if self.prefix_cache is not None and tokens is not None:
-            self.prefix_cache.store(tokens[: int(self.engine.lengths[slot])], slot, after)
+            stored = tuple(tokens[: int(self.engine.lengths[slot])])
+            self.prefix_cache.store(stored, slot, after)
             if self.prefix_cache.chain:
-                self._held[slot] = self.prefix_cache.chain
+                self._held[slot] = (self.prefix_cache.chain, stored)
         self.engine.release(slot)
         heapq.heappush(self._free, slot)
         self._rngs.pop(seq_id, None)
@@ -184,14 +186,7 @@ class SlotModelRunner(SeededRows):
         for prompt in prompts:
             slot, best = -1, 0
             if self._held and self.prefix_cache is not None:
-                chain = self.prefix_cache.cache.match(prompt)  # the lookup that follows reuses this walk
-                least = max(1, -(-len(prompt) // (2 * self.prefix_cache.block_size)))
-                for s, blocks in self._held.items() if len(chain) >= least else ():
-                    # the chains share `least` blocks exactly when they share the last of them: one check per slot
-                    if len(blocks) >= least and blocks[least - 1] is chain[least - 1]:
-                        k = shared_blocks(blocks, chain)
-                        if k > best:
-                            slot, best = s, k
+                slot, best = self._held_slot(prompt, self.prefix_cache)
             if slot < 0:
                 slot = heapq.heappop(self._free)
             else:
@@ -201,6 +196,29 @@ class SlotModelRunner(SeededRows):
             slots.append(slot)
             held.append(best)
         return slots, held
+
+    def _held_slot(self, prompt: tuple[int, ...], pool: SlotPrefixKV) -> tuple[int, int]:
+        """The free slot whose held chain shares the most blocks with ``prompt``'s lookup, and that count, where it is
+        at least half the prompt; else (-1, 0). The lookup starts after the chain of a slot whose stored tokens
+        ``prompt`` continues (a conversation's next turn: two tuple compares), so it hashes the blocks past the
+        history (:meth:`PrefixCache.match`'s ``start``), not the history's again."""
+        b = pool.block_size
+        start: list[Block[PoolBlock]] = []
+        for blocks, stored in self._held.values():
+            n = len(blocks) * b
+            # the last block's tokens first: for one short compare they tell most other slots apart
+            if len(blocks) > len(start) and prompt[n - b : n] == blocks[-1].tokens and prompt[:n] == stored[:n]:
+                start = blocks
+        chain = pool.cache.match(prompt, start)  # the lookup that follows reuses this walk
+        least = max(1, -(-len(prompt) // (2 * b)))
+        slot, best = -1, 0
+        for s, (blocks, _) in self._held.items() if len(chain) >= least else ():
+            # the chains share `least` blocks exactly when they share the last of them: one check per slot
+            if len(blocks) >= least and blocks[least - 1] is chain[least - 1]:
+                k = shared_blocks(blocks, chain)
+                if k > best:
+                    slot, best = s, k
+        return slot, best
 
     def _forget_padded(self, rows: int, new_slots: list[int], held: list[int]) -> None:
         """A decode step is about to write position 0 of its padding rows, the free slots below ``rows`` (the new
