@@ -18,6 +18,8 @@
 #   prefix_sweep     the prefix-hit attention kernel per slice length (lab/probes/prefix_attention_sweep.py)
 #   prefix_bench     TTFT of a 50-token turn after a cached 500/1,000/2,000-token history against a 50-token prompt
 #                    (the history still in its slot, and copied from the pool after another request took the slot)
+#   prefix_bench_again  prefix_bench once more on the same machine, into $OUT/again (a ratio within 1-2 % of the
+#                    goal needs a second run to say which side it is on)
 #   prefix_profile   where a prefix hit's TTFT goes: cProfile and torch.profiler (lab/probes/prefix_turn_profile.py)
 #   prefix_host      the prefix cache's host walks on this host's CPU (lab/probes/prefix_cache_host.py)
 #   own_model        a team's BERT classifier: build, serve ready on empty caches, speed against torch.compile
@@ -30,7 +32,7 @@ L=/tmp/pending-logs
 mkdir -p "$R" "$L"
 T0=$(date +%s)
 
-ALL="setup prefix_test slot_tests prefix_copy prefix_sweep prefix_bench prefix_profile prefix_host own_model own_decoder start_steps"
+ALL="setup prefix_test slot_tests prefix_copy prefix_sweep prefix_bench prefix_bench_again prefix_profile prefix_host own_model own_decoder start_steps"
 STEPS=${STEPS:-$ALL}
 wanted() { [[ " $STEPS " == *" $1 "* ]]; }
 
@@ -59,6 +61,8 @@ wanted prefix_sweep && step prefix_sweep 20 120 python3 -m lab.probes.prefix_att
   --chunks 128,256,512 --blocks 64 --warps 4,8 --rows 64,128 --stages 0,2
 wanted prefix_bench && step prefix_bench 90 170 python3 benchmarks/bench_prefix_cache_gpu.py --model qwen1.5b \
   --history 500,1000,2000 --iters 15 --out "$R"
+wanted prefix_bench_again && step prefix_bench_again 90 170 python3 benchmarks/bench_prefix_cache_gpu.py \
+  --model qwen1.5b --history 500,1000,2000 --iters 15 --out "$R/again"
 wanted prefix_profile && step prefix_profile 90 150 python3 -m lab.probes.prefix_turn_profile --out "$R"
 wanted prefix_host && step prefix_host 5 30 python3 -m lab.probes.prefix_cache_host --out "$R" --tag gpu_host
 wanted own_model && step own_model 120 220 env OUT="$R" bash scripts/gpu/run_h200.sh own-model
