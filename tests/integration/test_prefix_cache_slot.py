@@ -6,6 +6,7 @@ tiny budget, prompts shorter than a block; the reused token counts are exact (bl
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pytest
@@ -267,6 +268,20 @@ def test_a_held_slot_is_taken_only_for_a_prompt_it_holds_half_of() -> None:
     assert gets[1] == 2
 
 
+def test_a_prompt_sharing_only_the_held_chains_last_block_does_not_start_from_it() -> None:
+    """The runner starts a lookup after a held slot's chain only where the prompt begins with every token that slot
+    stored, not just its last block's: a prompt whose second block equals the held one but whose first does not
+    reuses nothing, and its tokens equal an engine without a cache."""
+    x, y, other = _words(41, 16), _words(42, 16), _words(43, 16)
+    engines = {"cached": _llm(_tiny()), "plain": _llm(_tiny(), 0.0)}
+    got = {}
+    for name, llm in engines.items():
+        llm.generate([x + y + _words(44, 5)], SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))
+        got[name] = llm.generate([other + y + _words(45, 20)], GREEDY)
+    assert got["cached"] == got["plain"]
+    assert _stats(engines["cached"])[1] == 0
+
+
 class _CountingGets(dict):  # type: ignore[type-arg]
     """The prefix cache's key dict, counting lookups (the blocks a step hashed)."""
 
@@ -332,3 +347,62 @@ def _prompts(messages: list[dict[str, str]], tok: Any) -> list[list[int]]:
     from miaohui.zoo.smollm import encode_chat
 
     return [encode_chat(messages[: 2 + 2 * k], tokenizer=tok) for k in range(len(messages) // 2)]
+
+
+def _random_rounds(llm: LLMEngine, seed: int, rounds: int = 24) -> list[list[int]]:
+    """Four conversations and unrelated prompts, in rounds of one to four requests that start a few steps apart (so
+    some prefill while others decode, decode steps pad with free slots, and a turn finds its slot held or taken); each
+    conversation continues at most once a round, with its reply and a new user turn, and starts over near the slots'
+    end. The choices come from ``seed`` alone, so two engines get the same requests while their answers agree. Returns
+    every request's tokens in order."""
+    rng = random.Random(seed)
+    histories = [_words(100 + k, rng.randint(20, 60)) for k in range(4)]
+    done: list[list[int]] = []
+    for r in range(rounds):
+        keys = rng.sample(["c0", "c1", "c2", "c3", "other", "other"], rng.choice([1, 1, 2, 2, 3, 4]))
+        due: list[tuple[int, str, list[int], SamplingParams]] = []
+        for i, key in enumerate(keys):
+            params = SamplingParams(max_tokens=rng.randint(1, 12), temperature=0.0, ignore_eos=True)
+            prompt = _words(1000 + 10 * r + i, rng.randint(3, 40)) if key == "other" else histories[int(key[1])]
+            due.append((rng.randint(0, 3), key, list(prompt), params))
+        tokens: dict[int, list[int]] = {}
+        which: dict[int, str] = {}
+        step = 0
+        while due or llm.has_work():
+            for item in [d for d in due if d[0] <= step]:
+                due.remove(item)
+                seq = llm.add_request(item[2], item[3])
+                tokens[seq], which[seq] = [], item[1]
+            out = llm.step_fn()
+            for up in out.updates if out is not None else ():
+                if up.token_id is not None:
+                    tokens[up.seq_id].append(up.token_id)
+            step += 1
+        for seq, got in tokens.items():
+            done.append(got)
+            if which[seq] != "other":
+                k = int(which[seq][1])
+                nxt = histories[k] + got + [2, 13] + _words(200 + 10 * r + k, rng.randint(3, 20))
+                histories[k] = nxt if len(nxt) + 12 < MAX_LEN else _words(300 + 10 * r + k, 30)
+    return done
+
+
+@pytest.mark.parametrize(
+    ("static_prefill", "async_scheduling", "mb"),
+    [(False, False, 16.0), (True, True, 16.0), (False, True, 0.125)],
+    ids=["eager", "static-async", "evicting"],
+)
+def test_random_rounds_of_conversations_and_other_prompts_match_no_cache(
+    static_prefill: bool, async_scheduling: bool, mb: float
+) -> None:
+    """Whatever interleaves (held slots taken, padded or kept, the pool's copies, evictions under a budget of a few
+    blocks), every answer equals the engine's without a prefix cache."""
+    engines = {"cached": _llm(_tiny(static_prefill=static_prefill), mb), "plain": _llm(_tiny(), 0.0)}
+    if async_scheduling:
+        engines["cached"].use_async_scheduling()
+    got = {name: _random_rounds(llm, seed=7) for name, llm in engines.items()}
+    assert got["cached"] == got["plain"]
+    stats = _cache(engines["cached"]).stats
+    assert stats.hit_tokens > 0 and stats.kept_tokens > 0
+    if mb < 1:
+        assert _cache(engines["cached"]).cache.evicted_blocks > 0
