@@ -9,6 +9,7 @@ from miaohui.errors import InputError
 from miaohui.generation.engine.engine_loop import LLMEngine
 from miaohui.generation.engine.params import SamplingParams
 from miaohui.generation.engine.scheduler import SchedulerConfig
+from miaohui.generation.engine.slot_runner import SlotModelRunner
 from miaohui.generation.executors.base import NumpyLogits, SlotCausalLMEngine, StepLogits
 from miaohui.generation.models.dims import DecoderDims
 
@@ -69,6 +70,30 @@ def test_sampled_rows_use_host_logits_and_their_seed() -> None:
     a = llm.generate([[3], [3]], seeded)
     b = llm.generate([[3]], seeded)
     assert a[0][0] == a[1][0] == b[0][0]
+
+
+def test_greedy_sequences_make_no_generator() -> None:
+    """A generator costs 7-15 µs to make: a greedy request's first token does not wait for one."""
+    llm = LLMEngine(CountingEngine(num_slots=4), None)
+    runner = llm.runner
+    assert isinstance(runner, SlotModelRunner)
+    made = []
+    runner._rngs = _Recording(made)
+    llm.generate([[3], [4]], GREEDY)
+    llm.generate([[3]], SamplingParams(max_tokens=2, temperature=1.0, seed=7, ignore_eos=True))
+    assert len(made) == 1
+
+
+class _Recording(dict):  # type: ignore[type-arg]
+    """The runner's generators by sequence, recording each one made."""
+
+    def __init__(self, made: list[int]) -> None:
+        super().__init__()
+        self.made = made
+
+    def __setitem__(self, key, value):  # type: ignore[no-untyped-def]
+        self.made.append(key)
+        super().__setitem__(key, value)
 
 
 def test_bad_slot_calls_are_input_errors() -> None:

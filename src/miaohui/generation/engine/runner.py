@@ -46,12 +46,24 @@ class StepTiming:
     """Of those, the tokens their slot still held from the sequence before it (nothing copied; the GPU slot engine)."""
 
 
+_GREEDY_ROWS = np.random.default_rng(0)
+"""What greedy rows are given as their generator: an argmax draws nothing from it."""
+
+
 class SeededRows:
-    """Each sequence's own random generator (made from its seed at prefill, fresh entropy otherwise)."""
+    """Each sampled sequence's own random generator (made from its seed at prefill, fresh entropy otherwise). A greedy
+    sequence has none: making one costs 7 µs seeded and 15 µs from the OS's entropy, on every request's first token."""
 
     _rngs: dict[int, np.random.Generator]
 
-    def _rng(self, seq_id: int) -> np.random.Generator:
+    def _seed(self, seq_id: int, params: SamplingParams) -> None:
+        """At a sequence's prefill: its generator, where it samples."""
+        if not params.greedy:
+            self._rngs[seq_id] = make_rng(params.seed)
+
+    def _rng(self, seq_id: int, params: SamplingParams) -> np.random.Generator:
+        if params.greedy:
+            return _GREEDY_ROWS
         rng = self._rngs.get(seq_id)
         if rng is None:
             rng = self._rngs[seq_id] = make_rng(None)
@@ -139,7 +151,7 @@ class ModelRunner(SeededRows):
         t1 = time.perf_counter()
         if out.prefill:
             for p in out.prefill:
-                self._rngs[p.seq_id] = make_rng(p.params.seed)
+                self._seed(p.seq_id, p.params)
                 if p.params.json_schema is not None:
                     self._masks().start(p.seq_id, p.params.json_schema)
             prompts = [p.prompt_ids for p in out.prefill]
@@ -170,7 +182,7 @@ class ModelRunner(SeededRows):
         log-probabilities of the rows that asked into ``logprobs``."""
         masks = self.masks
         masked = masks.mask(logits, seq_ids) if masks else logits
-        sampled = sample_batch(masked, params, [self._rng(s) for s in seq_ids])
+        sampled = sample_batch(masked, params, [self._rng(s, p) for s, p in zip(seq_ids, params, strict=True)])
         tokens.update(zip(seq_ids, sampled, strict=True))
         if masks:
             for sid, tok in zip(seq_ids, sampled, strict=True):

@@ -26,7 +26,7 @@ from miaohui.errors import InternalError
 from miaohui.generation.cache.prefix_cache import Block, shared_blocks
 from miaohui.generation.engine.params import SamplingParams
 from miaohui.generation.engine.runner import Collect, SeededRows, StepTiming
-from miaohui.generation.engine.sampling import make_rng, sample
+from miaohui.generation.engine.sampling import sample
 from miaohui.generation.engine.scheduler import RunnerOutput, SchedulerOutput
 from miaohui.generation.executors.base import SlotCausalLMEngine, StepLogits
 
@@ -137,7 +137,7 @@ class SlotModelRunner(SeededRows):
             new_slots, held = self._take_slots(prompts)
             for p, slot in zip(out.prefill, new_slots, strict=True):
                 self._slot[p.seq_id] = slot
-                self._rngs[p.seq_id] = make_rng(p.params.seed)
+                self._seed(p.seq_id, p.params)
         starts = self._reuse(prompts)
         mixable = slots and prompts and not any(starts)  # a mixed step starts its prompts at position 0
         both = self.engine.decode_and_prefill(slots, tokens, new_slots, prompts) if mixable else None
@@ -273,7 +273,8 @@ class SlotModelRunner(SeededRows):
         return RunnerOutput(step, tokens)
 
     def _sample(self, rows: _Rows) -> zip[tuple[int, int]]:
-        return zip(rows.ids, sample_step(rows.logits, rows.params, [self._rng(i) for i in rows.ids]), strict=True)
+        rngs = [self._rng(i, p) for i, p in zip(rows.ids, rows.params, strict=True)]
+        return zip(rows.ids, sample_step(rows.logits, rows.params, rngs), strict=True)
 
 
 @dataclass(frozen=True)
