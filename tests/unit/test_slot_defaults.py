@@ -124,3 +124,26 @@ def test_a_cpu_serve_without_generation_yaml_sizes_the_engine_from_the_scheduler
     options, chosen = _default_options(folder, _version(folder, None), sched)
     assert (options.num_slots, options.max_len, options.dtype) == (4, 256, "bf16")
     assert chosen == sched  # the scheduler's own figures fit: unchanged, async scheduling included
+
+
+def test_the_defaults_log_says_whether_a_generation_yaml_has_no_engine_section(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A generation.yaml with only ``scheduler:`` (a prefix cache turned off, say) leaves the engine to the defaults;
+    the log names that file rather than saying there is none."""
+    import torch
+
+    from miaohui.generation.engine.scheduler import SchedulerConfig
+    from miaohui.serving.chat import _default_options
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    folder = tmp_path / "qwen" / "1"
+    info = _version(folder, None)
+    sched = SchedulerConfig(max_running_seqs=4, max_model_len=256)
+    with caplog.at_level("INFO", logger="miaohui"):
+        _default_options(folder, info, sched)
+        (folder.parent / "generation.yaml").write_text("scheduler:\n  prefix_cache_mb: 0\n")
+        _default_options(folder, info, sched)
+    said = [r.getMessage() for r in caplog.records if "v1" in r.getMessage()]
+    assert said[0].startswith("qwen v1 has no generation.yaml: on the CPU")
+    assert said[1].startswith("qwen v1's generation.yaml has no engine section: on the CPU")

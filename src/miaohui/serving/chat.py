@@ -210,9 +210,10 @@ async def load_chat_version(
 def _default_options(
     path: Path, info: CausalLMInfo, sched: SchedulerConfig
 ) -> tuple[SlotEngineOptions, SchedulerConfig]:
-    """A decoder without a ``generation.yaml``: on a GPU, the options :func:`version_defaults` picks for its memory;
-    on a CPU, :func:`~miaohui.generation.executors.slot_defaults.choose_cpu_defaults` for ``sched`` and the
-    machine's memory (the engine's own 64 slots x 2048 tokens are a GPU server's: in fp32 on a CPU, GBs of RAM)."""
+    """A decoder without engine options (no ``generation.yaml``, or one without ``engine:``): on a GPU, the options
+    :func:`version_defaults` picks for its memory; on a CPU,
+    :func:`~miaohui.generation.executors.slot_defaults.choose_cpu_defaults` for ``sched`` and the machine's memory
+    (the engine's own 64 slots x 2048 tokens are a GPU server's: in fp32 on a CPU, GBs of RAM)."""
     import torch
 
     if torch.cuda.is_available():
@@ -226,7 +227,9 @@ def _default_options(
         meta = read_static_meta(path)
         memory = psutil.virtual_memory().total
         chosen = choose_cpu_defaults(meta.dims, memory, meta.precision, sched.max_running_seqs, sched.max_model_len)
-    log.info("%s v%d has no %s: %s", info.name, info.version, CONFIG_NAME, chosen.reason)
+    has_file = (path.parent / CONFIG_NAME).is_file()
+    given = f"'s {CONFIG_NAME} has no engine section" if has_file else f" has no {CONFIG_NAME}"
+    log.info("%s v%d%s: %s", info.name, info.version, given, chosen.reason)
     return chosen.engine, sched.model_copy(update=chosen.scheduler)
 
 
