@@ -110,7 +110,7 @@ def test_eviction_under_a_tiny_budget_keeps_outputs_equal(tiny: OrtCausalLMEngin
     cache = runner.prefix_cache.cache
     # one chain never evicts itself: the conversation's history fills the budget and stops there
     assert (len(cache), cache.evicted_blocks, len(cache.match(system + users[0]))) == (3, 0, 2)
-    other = _words(99, 40)
+    other = _words(99, 36)  # two blocks, and its answer (11 fed tokens) fills no third
     assert cached.generate([other], GREEDY) == plain.generate([other], GREEDY)
     # another prompt's two blocks evict the two least recent: the conversation's last blocks, not its first
     assert (len(cache), cache.used_bytes, cache.evicted_blocks) == (3, 3 * block, 2)

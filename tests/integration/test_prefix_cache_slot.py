@@ -6,6 +6,7 @@ tiny budget, prompts shorter than a block; the reused token counts are exact (bl
 
 from __future__ import annotations
 
+import asyncio
 import random
 from typing import Any
 
@@ -190,7 +191,7 @@ def test_eviction_under_a_tiny_budget_keeps_outputs_equal() -> None:
     cache = pool.cache
     # one chain never evicts itself: the conversation's history fills the budget and stops there
     assert (len(cache), cache.evicted_blocks, len(cache.match(system + users[0]))) == (3, 0, 2)
-    other = _words(99, 40)
+    other = _words(99, 36)  # two blocks, and its answer (11 fed tokens) fills no third
     assert cached.generate([other], GREEDY) == plain.generate([other], GREEDY)
     # another prompt's two blocks evict the two least recent (the conversation's last) and take their pool blocks
     assert (len(cache), cache.used_bytes, cache.evicted_blocks) == (3, 3 * block, 2)
@@ -290,6 +291,24 @@ class _CountingGets(dict):  # type: ignore[type-arg]
     def get(self, key, default=None):  # type: ignore[no-untyped-def]
         self.gets += 1
         return super().get(key, default)
+
+
+async def test_an_idle_loop_stores_and_holds_a_finished_sequence_before_the_next_request() -> None:
+    """When the serving loop runs out of work it lets go of the finished sequences (their prompt and answer stored,
+    their slot held for the next turn), so that is not part of the next request's time to first token."""
+    llm = _llm(_tiny())
+    runner = llm.runner
+    assert isinstance(runner, SlotModelRunner)
+    prompt = _words(50, 40)
+    async with AsyncLLMEngine(llm, None, async_scheduling=True) as engine:
+        got = [e.token_id async for e in engine.add(prompt, GREEDY) if e.token_id is not None]
+        for _ in range(200):  # the loop thread goes idle right after the last token
+            if runner._held:  # set last, after the store
+                break
+            await asyncio.sleep(0.01)
+        assert runner._slot == {} and list(runner._held) == [0]
+        # the prompt's 40 tokens and the 11 answer tokens fed back: three blocks cached, before any next request
+        assert len(_cache(llm).cache.match(tuple(prompt + got[:11]))) == 3
 
 
 async def test_async_scheduling_and_metrics_count_the_hits() -> None:

@@ -390,7 +390,7 @@ def test_runner_batches_rows_of_different_lengths_and_drops_finished_ones() -> N
     assert [r[0] for r in results] == [[4, 5, 6, 7], [11, 12, 13, 14], [22, 23, 24, 25]]
     assert engine.calls[0] == (3, 3)  # one left-padded prefill
     assert all(c == (3, 1) for c in engine.calls[1:])  # then one decode call per step for all rows
-    assert llm.runner.rows == [0, 1, 2]  # finished; their rows are dropped at the start of the next step
+    assert llm.runner.rows == []  # finished: generate leaves the engine idle, and the runner drops their rows
     a = llm.add_request([5], SamplingParams(temperature=0.0, max_tokens=2))
     llm.step()
     b = llm.add_request([7, 8], SamplingParams(temperature=0.0, max_tokens=3))

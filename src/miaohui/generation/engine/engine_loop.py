@@ -142,8 +142,12 @@ class LLMEngine:
         return self._inflight is not None or self.scheduler.has_work()
 
     def idle(self) -> None:
-        """The caller sat idle: the next step's ``loop_s`` is not measured from the last one."""
+        """The caller sits idle (nothing to run): the next step's ``loop_s`` is not measured from the last one, and the
+        runner lets go of the sequences that finished now (with a prefix cache, storing their prompts and answers),
+        not at the next request's first step, where it would be part of that request's time to first token."""
         self._last_end = None
+        if not self.has_work():
+            self.runner.idle()
 
     # ---- the two step variants ------------------------------------------------------------------------
 
@@ -251,6 +255,7 @@ class LLMEngine:
                     toks.append(up.token_id)
                 texts.append(up.text)
                 reason[0] = up.finish_reason
+        self.idle()
         return [(results[i][0], "".join(results[i][1]), results[i][2][0]) for i in ids]
 
 
@@ -429,9 +434,10 @@ class AsyncLLMEngine:
         """``llm.step_fn`` back to back while there is work; each collected step's tokens go to the event loop."""
         llm = self.llm
         while True:
+            if not llm.has_work():
+                llm.idle()  # outside the lock: a request that comes meanwhile is queued at once (the runner is ours)
             with self._work:
                 while not self._stopping and not llm.has_work():
-                    llm.idle()
                     self._work.wait()
                 if self._stopping:
                     return

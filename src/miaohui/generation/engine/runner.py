@@ -109,6 +109,13 @@ class ModelRunner(SeededRows):
         if self.prefix_cache is not None:
             self.prefix_cache.clear()
 
+    def idle(self) -> None:
+        """No sequence runs (the engine loop has no work): store the rows of those that finished in the prefix cache
+        (and retain them) now rather than at the next step, and free their KV."""
+        if self._rows:
+            self._store_leaving([])
+            self._kv, self._rows = None, []
+
     def launch(self, out: SchedulerOutput) -> Collect:
         """Run the step (synchronously: the CPU engines compute in the call)."""
         result = self.execute(out)

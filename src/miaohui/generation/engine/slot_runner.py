@@ -105,6 +105,12 @@ class SlotModelRunner(SeededRows):
         heapq.heappush(self._free, slot)
         self._rngs.pop(seq_id, None)
 
+    def idle(self) -> None:
+        """No sequence runs (the engine loop has no work): release the slots of those that finished (stored in the
+        prefix cache, held for their conversation's next turn) now rather than at the next step."""
+        for seq_id in list(self._slot):
+            self._release(seq_id)
+
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
         return self.launch(out)()
 
