@@ -157,8 +157,8 @@ class PrefixCache(Generic[P]):
 
         ``after``: a :attr:`chain_end` an earlier insert left for a prefix of these same ``tokens`` (the caller
         vouches for that): the walk goes on from that block without hashing the blocks before it again (a finished
-        sequence's store after its prompt's, at the start of the next request's step). Ignored where that block
-        was evicted since, or its tokens are not these tokens' block at its place."""
+        sequence's store after its prompt's, when the loop goes idle or at the start of the next step). Ignored where
+        that block was evicted since, or its tokens are not these tokens' block at its place."""
         chain = self._chain(after, tokens) if after is not None else None
         if chain is None:
             chain = list(self._remembered(tokens) or ())  # blocks a lookup just found: the walk goes on from there

@@ -7,9 +7,10 @@ a sequence that left frees its slot before the step runs.
 
 With a prefix cache (:mod:`miaohui.generation.cache.slot_prefix`) a new prompt's longest cached prefix is copied into
 its slot and only the rest is prefilled, from that position; the blocks of a prompt are cached right after its
-prefill, and those of its prompt + answer when its sequence leaves (before its slot is reused). A free slot still holds
-what its last sequence left, until a step writes it: a prompt that continues it (a conversation's next turn) takes
-that slot rather than the lowest free one, and only the cached blocks the slot lacks are copied.
+prefill, and those of its prompt + answer when its sequence leaves (when the engine loop goes idle, or at the
+start of the next step, before its slot is reused). A free slot still holds what its last sequence left, until a
+step writes it: a prompt that continues it (a conversation's next turn) takes that slot rather than the lowest free
+one, and only the cached blocks the slot lacks are copied.
 """
 
 from __future__ import annotations
