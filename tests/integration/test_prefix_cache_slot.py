@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+from tests.counting import CountingGets
 
 from miaohui.generation.cache.slot_prefix import SlotPrefixKV
 from miaohui.generation.engine.engine_loop import AsyncLLMEngine, LLMEngine
@@ -258,7 +259,7 @@ def test_a_held_slot_is_taken_only_for_a_prompt_it_holds_half_of() -> None:
     gets = []
     for prompt, slot in ((third[:16] + _words(34, 60), 0), (third + _words(35, 8), 2)):
         seq = llm.add_request(prompt, one)
-        cache._by_key = _CountingGets(cache._by_key)
+        cache._by_key = CountingGets(cache._by_key)
         llm.step_fn()
         gets.append(cache._by_key.gets)
         assert runner._slot[seq] == slot
@@ -281,16 +282,6 @@ def test_a_prompt_sharing_only_the_held_chains_last_block_does_not_start_from_it
         got[name] = llm.generate([other + y + _words(45, 20)], GREEDY)
     assert got["cached"] == got["plain"]
     assert _stats(engines["cached"])[1] == 0
-
-
-class _CountingGets(dict):  # type: ignore[type-arg]
-    """The prefix cache's key dict, counting lookups (the blocks a step hashed)."""
-
-    gets = 0
-
-    def get(self, key, default=None):  # type: ignore[no-untyped-def]
-        self.gets += 1
-        return super().get(key, default)
 
 
 async def test_an_idle_loop_stores_and_holds_a_finished_sequence_before_the_next_request() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pytest
+from tests.counting import CountingGets
 
 from miaohui.errors import ConfigError
 from miaohui.generation.cache.prefix_cache import PrefixCache, shared_blocks
@@ -122,16 +123,6 @@ def test_shared_blocks_of_a_stored_chain_and_a_later_lookup() -> None:
     assert len(cache.match(held_tokens)) == 4 and shared_blocks(held, cache.match(held_tokens)) == 3
 
 
-class _CountingGets(dict):  # type: ignore[type-arg]
-    """The cache's key dict, counting lookups (how many blocks a walk hashed)."""
-
-    gets = 0
-
-    def get(self, key, default=None):  # type: ignore[no-untyped-def]
-        self.gets += 1
-        return super().get(key, default)
-
-
 def test_a_walk_from_a_known_chain_hashes_only_the_blocks_past_it() -> None:
     """``match(tokens, start)`` goes on after ``start`` (a stored chain the caller compared with the tokens) where its
     last block is still cached, and finds the same chain as a walk from the first block; where that block was evicted
@@ -142,7 +133,7 @@ def test_a_walk_from_a_known_chain_hashes_only_the_blocks_past_it() -> None:
     held = cache.last_chain
     turn = (*history, 30, 31, 32, 33, 34)
     _insert(cache, turn)  # the turn's sixth block cached too
-    counting = _CountingGets(cache._by_key)
+    counting = CountingGets(cache._by_key)
     cache._by_key = counting
     chain = cache.match(turn, held)
     assert counting.gets == 1  # the sixth block only

@@ -112,9 +112,7 @@ class ModelRunner(SeededRows):
     def idle(self) -> None:
         """No sequence runs (the engine loop has no work): store the rows of those that finished in the prefix cache
         (and retain them) now rather than at the next step, and free their KV."""
-        if self._rows:
-            self._store_leaving([])
-            self._kv, self._rows = None, []
+        self._keep_rows([])
 
     def launch(self, out: SchedulerOutput) -> Collect:
         """Run the step (synchronously: the CPU engines compute in the call)."""
@@ -127,11 +125,7 @@ class ModelRunner(SeededRows):
             self._rngs.pop(sid, None)
             if self.masks is not None:
                 self.masks.drop(sid)
-        keep = [i for i, sid in enumerate(self._rows) if sid in decode_ids]
-        if len(keep) != len(self._rows):
-            self._store_leaving(keep)
-            self._kv = self._kv.select(keep) if self._kv is not None else None
-            self._rows = [self._rows[i] for i in keep]
+        self._keep_rows([i for i, sid in enumerate(self._rows) if sid in decode_ids])
         if set(self._rows) != decode_ids:
             missing = sorted(decode_ids - set(self._rows))
             self.reset()
@@ -223,6 +217,13 @@ class ModelRunner(SeededRows):
             cache.store(p, kv, r)
         self._fed += [list(p) for p in prompts]
         return logits, kv
+
+    def _keep_rows(self, keep: list[int]) -> None:
+        """Keep rows ``keep`` of the cache (in order); the others leave, stored in the prefix cache first."""
+        if len(keep) != len(self._rows):
+            self._store_leaving(keep)
+            self._kv = self._kv.select(keep) if self._kv is not None else None
+            self._rows = [self._rows[i] for i in keep]
 
     def _store_leaving(self, keep: list[int]) -> None:
         """Cache the blocks of the rows that leave (all but ``keep``): their prompt and the answer so far."""
