@@ -94,7 +94,7 @@ def _shadow_status(url: str, want: int) -> dict[str, Any]:
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         body: dict[str, Any] = httpx.get(f"{url}/v1/shadow/{MODEL}", timeout=10).json()
-        if body["pending"] == 0 and (body["observed"] == want or (want == 0 and body["observed"] > 0)):
+        if body["pending"] == 0 and (body["observed"] == want if want else body["observed"] > 0):
             return body
         time.sleep(0.1)
     pytest.fail(f"the shadow runs did not finish: {body}")
